@@ -1,0 +1,47 @@
+//! # idemkit-core
+//!
+//! The idempotency contract of idemkit as plain types: keys and their validation,
+//! scopes, request fingerprints, the record and its state machine, per-route
+//! policy, RFC 9457 problem documents with stable codes, and the [`KeyStore`]
+//! trait that SQLite, PostgreSQL and Redis backends implement.
+//!
+//! What keys buy is *effectively once* within the key scope and replay window:
+//! at-least-once delivery plus de-duplication. This crate knows no database, no
+//! HTTP framework and no async runtime.
+//!
+//! ```
+//! use std::time::Duration;
+//! use idemkit_core::{decide, Decision, Fingerprinter, IdempotencyKey, Millis};
+//!
+//! let key = IdempotencyKey::parse("order-confirm-42").unwrap();
+//! let fp = Fingerprinter::new().compute("POST", "/orders", br#"{"sku":"A","quantity":1}"#);
+//! // Nothing stored yet: the first attempt claims the key.
+//! assert_eq!(decide(None, &fp, Millis(0), Duration::from_secs(86_400)), Decision::Insert);
+//! # let _ = key;
+//! ```
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+mod clock;
+mod fingerprint;
+mod key;
+mod policy;
+mod problem;
+mod record;
+mod scope;
+mod store;
+
+pub use clock::{Clock, Millis, SystemClock};
+pub use fingerprint::{Fingerprint, Fingerprinter, PointerError};
+pub use key::{IdempotencyKey, KeyError, MAX_KEY_LEN};
+pub use policy::{
+    DEFAULT_REPLAYED_HEADERS, InFlightBehavior, MismatchStatus, NEVER_REPLAYED_HEADERS, Policy, PolicyError,
+    ServerErrorPolicy,
+};
+pub use problem::{ErrorCode, PROBLEM_CONTENT_TYPE, Problem};
+pub use record::{
+    Decision, FencingToken, Record, RecordHead, RecordState, StoredHeader, StoredRequest, StoredResponse, decide,
+};
+pub use scope::{Account, Scope};
+pub use store::{
+    ClaimOutcome, ClaimRequest, KeyStore, Lease, StoreError, StoreResult, TransactionalStore, TxClaim,
+};

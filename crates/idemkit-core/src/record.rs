@@ -1,0 +1,237 @@
+//! The idempotency record, its states, and the claim decision (SPEC §3, §6).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::{Fingerprint, Millis, Scope};
+
+/// A fencing token: strictly increasing per record, across takeovers, releases and
+/// window reuse. Every write a lease holder makes carries it, and a store refuses
+/// writes whose token is no longer current.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct FencingToken(pub i64);
+
+/// The state of a record. `absent` is the absence of a record (or a released one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum RecordState {
+    /// Claimed; a lease holder is (or was) executing it.
+    InFlight,
+    /// Finished with a stored response.
+    Completed,
+    /// Released (validation error or retryable failure before any phase committed):
+    /// behaves as absent. The row is kept so the fencing token keeps increasing.
+    Released,
+}
+
+impl RecordState {
+    /// The name stores persist.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::InFlight => "in_flight",
+            Self::Completed => "completed",
+            Self::Released => "released",
+        }
+    }
+
+    /// Parses a persisted name.
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "in_flight" => Self::InFlight,
+            "completed" => Self::Completed,
+            "released" => Self::Released,
+            _ => return None,
+        })
+    }
+}
+
+/// One header of a stored request or response. Values are bytes: HTTP allows
+/// non-UTF-8 header values and replay must be faithful.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredHeader {
+    /// Lower-case name.
+    pub name: String,
+    /// Raw value.
+    pub value: Vec<u8>,
+}
+
+/// The request as received, kept so a completer can finish it without the client.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct StoredRequest {
+    /// HTTP method.
+    pub method: String,
+    /// Route path (with query string, if any).
+    pub path: String,
+    /// Selected headers (never credentials).
+    pub headers: Vec<StoredHeader>,
+    /// The body.
+    pub body: Vec<u8>,
+}
+
+/// A response stored for replay: byte-identical body, status, allowlisted headers.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct StoredResponse {
+    /// Status code.
+    pub status: u16,
+    /// Allowlisted headers, in the original order.
+    pub headers: Vec<StoredHeader>,
+    /// The body bytes.
+    pub body: Vec<u8>,
+}
+
+/// A whole record as a store returns it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    /// (account, key).
+    pub scope: Scope,
+    /// Fingerprint of the request that claimed the key.
+    pub fingerprint: Fingerprint,
+    /// Current state.
+    pub state: RecordState,
+    /// When the current claim began.
+    pub created_at: Millis,
+    /// When it completed.
+    pub completed_at: Option<Millis>,
+    /// When the current lease ends.
+    pub lease_expires_at: Millis,
+    /// The current fencing token.
+    pub fencing_token: FencingToken,
+    /// The last recovery point a phase committed, if any.
+    pub recovery_point: Option<String>,
+    /// Saved outputs of completed steps, by step name.
+    pub step_outputs: BTreeMap<String, serde_json::Value>,
+    /// The request that claimed the key.
+    pub request: StoredRequest,
+    /// The stored response, once completed.
+    pub response: Option<StoredResponse>,
+    /// The last error recorded by a retryable outcome.
+    pub last_error: Option<String>,
+}
+
+/// The part of a record the claim decision needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecordHead {
+    /// Current state.
+    pub state: RecordState,
+    /// Fingerprint of the claiming request.
+    pub fingerprint: Fingerprint,
+    /// When the current claim began.
+    pub created_at: Millis,
+    /// When it completed.
+    pub completed_at: Option<Millis>,
+    /// When the current lease ends.
+    pub lease_expires_at: Millis,
+}
+
+impl From<&Record> for RecordHead {
+    fn from(r: &Record) -> Self {
+        Self {
+            state: r.state,
+            fingerprint: r.fingerprint,
+            created_at: r.created_at,
+            completed_at: r.completed_at,
+            lease_expires_at: r.lease_expires_at,
+        }
+    }
+}
+
+/// What a claim does, given the record (if any) it finds. This is the state machine
+/// of SPEC §3 as a pure function; every store's atomic claim implements exactly it,
+/// and the conformance suite checks each store against it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// No record: insert one, in flight, token 1.
+    Insert,
+    /// The record is absent in effect (released, or past the replay window): start
+    /// a new request on it with the next token and a clean slate.
+    Reuse,
+    /// In flight with an expired lease and the same fingerprint: take over with
+    /// the next token, keeping the recovery point.
+    Takeover,
+    /// Completed within the window with the same fingerprint: replay.
+    Replay,
+    /// Same key, different request: `idempotency_key_reused`.
+    Mismatch,
+    /// Held by a live lease: `idempotency_request_in_progress`; retry after this long.
+    InProgress {
+        /// Time left on the holder's lease.
+        retry_after: Duration,
+    },
+}
+
+/// Decides a claim. See [`Decision`].
+pub fn decide(existing: Option<&RecordHead>, fingerprint: &Fingerprint, now: Millis, replay_window: Duration) -> Decision {
+    let Some(r) = existing else {
+        return Decision::Insert;
+    };
+    match r.state {
+        RecordState::Released => Decision::Reuse,
+        RecordState::Completed => {
+            let done = r.completed_at.unwrap_or(r.created_at);
+            if done.plus(replay_window) <= now {
+                Decision::Reuse
+            } else if r.fingerprint != *fingerprint {
+                Decision::Mismatch
+            } else {
+                Decision::Replay
+            }
+        }
+        RecordState::InFlight => {
+            if r.lease_expires_at > now {
+                if r.fingerprint != *fingerprint {
+                    Decision::Mismatch
+                } else {
+                    Decision::InProgress { retry_after: now.until(r.lease_expires_at) }
+                }
+            } else if r.created_at.plus(replay_window) <= now {
+                // Abandoned longer than a replay window: nobody may still be retrying it.
+                Decision::Reuse
+            } else if r.fingerprint != *fingerprint {
+                Decision::Mismatch
+            } else {
+                Decision::Takeover
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Fingerprinter;
+
+    fn head(state: RecordState, fp: Fingerprint, created: i64, completed: Option<i64>, lease: i64) -> RecordHead {
+        RecordHead {
+            state,
+            fingerprint: fp,
+            created_at: Millis(created),
+            completed_at: completed.map(Millis),
+            lease_expires_at: Millis(lease),
+        }
+    }
+
+    #[test]
+    fn state_machine() {
+        let f = Fingerprinter::new();
+        let a = f.compute("POST", "/", b"a");
+        let b = f.compute("POST", "/", b"b");
+        let w = Duration::from_millis(1000);
+        let now = Millis(10_000);
+        assert_eq!(decide(None, &a, now, w), Decision::Insert);
+        let done = head(RecordState::Completed, a, 9_000, Some(9_500), 9_100);
+        assert_eq!(decide(Some(&done), &a, now, w), Decision::Replay);
+        assert_eq!(decide(Some(&done), &b, now, w), Decision::Mismatch);
+        assert_eq!(decide(Some(&done), &b, Millis(10_500), w), Decision::Reuse);
+        let live = head(RecordState::InFlight, a, 9_900, None, 10_300);
+        assert_eq!(decide(Some(&live), &a, now, w), Decision::InProgress { retry_after: Duration::from_millis(300) });
+        assert_eq!(decide(Some(&live), &b, now, w), Decision::Mismatch);
+        let dead = head(RecordState::InFlight, a, 9_500, None, 9_800);
+        assert_eq!(decide(Some(&dead), &a, now, w), Decision::Takeover);
+        assert_eq!(decide(Some(&dead), &b, now, w), Decision::Mismatch);
+        assert_eq!(decide(Some(&dead), &b, Millis(10_500), w), Decision::Reuse);
+        let released = head(RecordState::Released, a, 9_500, None, 9_800);
+        assert_eq!(decide(Some(&released), &b, now, w), Decision::Reuse);
+    }
+}

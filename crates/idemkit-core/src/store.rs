@@ -1,0 +1,164 @@
+//! The `KeyStore` trait every backend implements, and the transactional extension
+//! only SQL stores offer.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::{FencingToken, Fingerprint, Millis, Record, Scope, StoredRequest, StoredResponse};
+
+/// Everything a claim needs.
+#[derive(Debug, Clone)]
+pub struct ClaimRequest {
+    /// (account, key).
+    pub scope: Scope,
+    /// The request's fingerprint.
+    pub fingerprint: Fingerprint,
+    /// The request, stored for the completer.
+    pub request: StoredRequest,
+    /// Lease length for a successful claim.
+    pub lease: Duration,
+    /// The route's replay window.
+    pub replay_window: Duration,
+}
+
+/// A successful claim: the caller now holds the key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    /// The token every later write must carry.
+    pub token: FencingToken,
+    /// When the lease ends unless extended.
+    pub expires_at: Millis,
+    /// Set when the claim took over an abandoned attempt: where it had got to.
+    pub resumed_from: Option<String>,
+}
+
+/// The result of a claim.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ClaimOutcome {
+    /// The caller holds the key and must execute the request.
+    Claimed(Lease),
+    /// The request already completed: replay this response, do not execute.
+    Replay(StoredResponse),
+    /// The key was used with a different request.
+    Mismatch,
+    /// Another attempt holds a live lease.
+    InProgress {
+        /// Time left on that lease.
+        retry_after: Duration,
+    },
+}
+
+/// Backend failures, normalised to kinds so the layer answers the same way
+/// whatever the backend (a stale token in SQLite, PostgreSQL or Redis is `Fenced`).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The caller's fencing token is no longer current: its lease was taken over
+    /// (or the record was released or reused). The write was refused.
+    #[error("fencing token is stale: the lease was taken over")]
+    Fenced,
+    /// The store cannot be reached, timed out, or is overloaded; retrying later may work.
+    #[error("key store unavailable: {0}")]
+    Unavailable(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// Stored data could not be decoded.
+    #[error("key store data is corrupt: {0}")]
+    Corrupt(String),
+    /// Any other backend failure.
+    #[error("key store failure: {0}")]
+    Backend(#[source] Box<dyn std::error::Error + Send + Sync>),
+}
+
+impl StoreError {
+    /// Whether retrying the same request later may succeed.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, Self::Unavailable(_) | Self::Fenced)
+    }
+}
+
+/// Result alias for store operations.
+pub type StoreResult<T, E = StoreError> = Result<T, E>;
+
+/// A key store: arbitrates claims atomically and keeps records.
+///
+/// Object safe, so `Arc<dyn KeyStore>` works. Every method that takes a
+/// [`FencingToken`] is a lease-holder write and must be refused with
+/// [`StoreError::Fenced`] when the token is not the record's current one.
+/// Implementations get their notion of "now" from an injectable [`crate::Clock`].
+#[async_trait]
+pub trait KeyStore: Send + Sync + std::fmt::Debug + 'static {
+    /// Atomically claims `(account, key)`; see [`crate::decide`] for the decision
+    /// every implementation must make. Check-then-insert is forbidden.
+    async fn claim(&self, req: &ClaimRequest) -> StoreResult<ClaimOutcome>;
+
+    /// Extends the lease to now + `lease`; returns the new expiry.
+    async fn heartbeat(&self, scope: &Scope, token: FencingToken, lease: Duration) -> StoreResult<Millis>;
+
+    /// Stores the response and marks the record completed.
+    async fn complete(&self, scope: &Scope, token: FencingToken, response: &StoredResponse) -> StoreResult<()>;
+
+    /// Releases the key: the record becomes absent in effect and the next request
+    /// with the key runs as a first attempt (validation errors, retryable failures
+    /// before any phase committed).
+    async fn release(&self, scope: &Scope, token: FencingToken) -> StoreResult<()>;
+
+    /// Ends the lease at once while keeping the record resumable (a retryable
+    /// outcome after progress was made), recording why.
+    async fn abandon(&self, scope: &Scope, token: FencingToken, error: &str) -> StoreResult<()>;
+
+    /// Reads a record.
+    async fn get(&self, scope: &Scope) -> StoreResult<Option<Record>>;
+
+    /// The store's clock.
+    fn now(&self) -> Millis;
+}
+
+/// A claim made inside a business transaction.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum TxClaim<T> {
+    /// Claimed: the open transaction holds the uncommitted claim. Business writes go
+    /// into it, and [`TransactionalStore::complete_in_tx`] commits all together.
+    /// Dropping the transaction rolls the claim back.
+    Claimed {
+        /// The open transaction.
+        tx: T,
+        /// The (uncommitted) lease.
+        lease: Lease,
+    },
+    /// Not claimed; the transaction was rolled back.
+    Other(ClaimOutcome),
+}
+
+/// The extension only SQL stores offer: sharing the business transaction.
+///
+/// Single-step mode claims, runs the handler's writes and stores the response in
+/// one transaction, so a loser's claim is what fails and a crash leaves nothing
+/// half-done. `Tx` is the backend's transaction type (e.g. an sqlx transaction);
+/// this crate names no database.
+#[async_trait]
+pub trait TransactionalStore: KeyStore {
+    /// The backend's transaction type.
+    type Tx: Send + 'static;
+
+    /// Opens a transaction and claims in it.
+    async fn claim_in_tx(&self, req: &ClaimRequest) -> StoreResult<TxClaim<Self::Tx>>;
+
+    /// Opens a transaction for a lease holder, after checking its token.
+    async fn begin_fenced(&self, scope: &Scope, token: FencingToken) -> StoreResult<Self::Tx>;
+
+    /// Stores the response with a fenced write and commits the transaction. On
+    /// [`StoreError::Fenced`] the whole transaction, business writes included, is
+    /// rolled back.
+    async fn complete_in_tx(
+        &self,
+        tx: Self::Tx,
+        scope: &Scope,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> StoreResult<()>;
+}
+
+#[allow(dead_code)]
+fn _assert_object_safe(_: &dyn KeyStore) {}
