@@ -115,8 +115,6 @@ pub trait KeyStore: Send + Sync + std::fmt::Debug + 'static {
 }
 
 /// A claim made inside a business transaction.
-#[derive(Debug)]
-#[non_exhaustive]
 pub enum TxClaim<T> {
     /// Claimed: the open transaction holds the uncommitted claim. Business writes go
     /// into it, and [`TransactionalStore::complete_in_tx`] commits all together.
@@ -129,6 +127,15 @@ pub enum TxClaim<T> {
     },
     /// Not claimed; the transaction was rolled back.
     Other(ClaimOutcome),
+}
+
+impl<T> std::fmt::Debug for TxClaim<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Claimed { lease, .. } => f.debug_struct("Claimed").field("lease", lease).finish_non_exhaustive(),
+            Self::Other(o) => f.debug_tuple("Other").field(o).finish(),
+        }
+    }
 }
 
 /// The extension only SQL stores offer: sharing the business transaction.

@@ -1,1 +1,475 @@
-//! placeholder
+//! # idemkit-sqlite
+//!
+//! The embedded default [`KeyStore`]: SQLite through sqlx, in WAL mode, with
+//! embedded migrations. Claims are arbitrated by the table's primary key
+//! `(account, idem_key)` with `INSERT … ON CONFLICT DO NOTHING RETURNING`; a
+//! conflicting row is then read and moved on only by a compare-and-swap on its
+//! fencing token, all inside one `BEGIN IMMEDIATE` transaction.
+//!
+//! It also implements [`TransactionalStore`]: single-step requests claim, write
+//! their business rows and store the response in one SQLite transaction.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), idemkit_core::StoreError> {
+//! use idemkit_sqlite::SqliteStore;
+//! let store = SqliteStore::open("idemkit.db").await?;
+//! # let _ = store; Ok(()) }
+//! ```
+//!
+//! SQLite allows one writer at a time. In single-step mode the claim's
+//! transaction is held while the handler runs, so concurrent duplicates queue
+//! behind the first and then replay its stored response; other writers queue too
+//! (up to the busy timeout). That is the right trade for an embedded store; use
+//! PostgreSQL when many instances share keys.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use idemkit_core::{
+    Account, ClaimOutcome, ClaimRequest, Clock, Decision, FencingToken, Fingerprint, IdempotencyKey,
+    KeyStore, Lease, Millis, Record, RecordHead, RecordState, Scope, StoreError, StoreResult,
+    StoredHeader, StoredRequest, StoredResponse, SystemClock, TransactionalStore, TxClaim, decide,
+};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow, SqliteSynchronous};
+use sqlx::{Row, Sqlite, SqliteConnection, SqlitePool};
+
+/// The transaction handed to single-step handlers.
+pub type SqliteTx = sqlx::Transaction<'static, Sqlite>;
+
+/// Embedded migrations (run by [`SqliteStore::from_pool`]).
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
+
+const SELECT_RECORD: &str = "SELECT account, idem_key, fingerprint, state, created_at, completed_at, \
+     lease_expires_at, fencing_token, recovery_point, step_outputs, req_method, req_path, req_headers, \
+     req_body, resp_status, resp_headers, resp_body, last_error \
+     FROM idemkit_keys WHERE account = ?1 AND idem_key = ?2";
+
+/// A [`KeyStore`] on SQLite.
+#[derive(Debug, Clone)]
+pub struct SqliteStore {
+    pool: SqlitePool,
+    clock: Arc<dyn Clock>,
+}
+
+/// Connection settings for [`SqliteStore::open_with`].
+#[derive(Debug, Clone)]
+pub struct SqliteConfig {
+    /// Largest number of pooled connections (default 8).
+    pub max_connections: u32,
+    /// How long a writer waits for SQLite's write lock before the request fails
+    /// with a retryable `503` (default 10 s).
+    pub busy_timeout: Duration,
+}
+
+impl Default for SqliteConfig {
+    fn default() -> Self {
+        Self { max_connections: 8, busy_timeout: Duration::from_secs(10) }
+    }
+}
+
+impl SqliteStore {
+    /// Opens (creating if missing) the database file at `path` with defaults.
+    pub async fn open(path: impl AsRef<Path>) -> StoreResult<Self> {
+        Self::open_with(path, &SqliteConfig::default()).await
+    }
+
+    /// Opens the database at `path`, which may also be a `sqlite://` URL.
+    pub async fn open_with(path: impl AsRef<Path>, config: &SqliteConfig) -> StoreResult<Self> {
+        let path = path.as_ref();
+        let options = match path.to_str() {
+            Some(url) if url.starts_with("sqlite:") => SqliteConnectOptions::from_str(url).map_err(backend)?,
+            _ => SqliteConnectOptions::new().filename(path),
+        }
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal)
+        // NORMAL in WAL mode never corrupts; a power loss may drop the last commits.
+        // Idempotency records are written in the same transaction as the business
+        // rows, so they are lost (or kept) together.
+        .synchronous(SqliteSynchronous::Normal)
+        .busy_timeout(config.busy_timeout)
+        .foreign_keys(true);
+        let pool = SqlitePoolOptions::new()
+            .max_connections(config.max_connections)
+            .connect_with(options)
+            .await
+            .map_err(map_err)?;
+        Self::from_pool(pool).await
+    }
+
+    /// Uses an existing pool (the application's own, so business tables and keys
+    /// live in one database), running the embedded migrations.
+    pub async fn from_pool(pool: SqlitePool) -> StoreResult<Self> {
+        MIGRATOR.run(&pool).await.map_err(|e| StoreError::Backend(Box::new(e)))?;
+        Ok(Self { pool, clock: Arc::new(SystemClock) })
+    }
+
+    /// Replaces the clock (tests move time with it).
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// The pool, for the application's own queries.
+    pub fn pool(&self) -> &SqlitePool {
+        &self.pool
+    }
+
+    async fn begin(&self) -> StoreResult<SqliteTx> {
+        // IMMEDIATE takes the write lock up front (waiting up to the busy timeout),
+        // so the read that follows a conflicting insert cannot go stale.
+        self.pool.begin_with("BEGIN IMMEDIATE").await.map_err(map_err)
+    }
+
+    /// Claims inside `tx`. Returns the lease when claimed, or the outcome to answer.
+    async fn claim_on(&self, conn: &mut SqliteConnection, req: &ClaimRequest) -> StoreResult<Result<Lease, ClaimOutcome>> {
+        let now = self.clock.now();
+        let expires = now.plus(req.lease);
+        let headers = to_json(&req.request.headers)?;
+        let inserted = sqlx::query(
+            "INSERT INTO idemkit_keys (account, idem_key, fingerprint, state, created_at, lease_expires_at, \
+             fencing_token, req_method, req_path, req_headers, req_body) \
+             VALUES (?1, ?2, ?3, 'in_flight', ?4, ?5, 1, ?6, ?7, ?8, ?9) \
+             ON CONFLICT (account, idem_key) DO NOTHING RETURNING fencing_token",
+        )
+        .bind(req.scope.account.as_str())
+        .bind(req.scope.key.as_str())
+        .bind(&req.fingerprint.as_bytes()[..])
+        .bind(now.0)
+        .bind(expires.0)
+        .bind(&req.request.method)
+        .bind(&req.request.path)
+        .bind(&headers)
+        .bind(&req.request.body)
+        .fetch_optional(&mut *conn)
+        .await
+        .map_err(map_err)?;
+        if let Some(row) = inserted {
+            let token: i64 = row.try_get(0).map_err(corrupt)?;
+            return Ok(Ok(Lease { token: FencingToken(token), expires_at: expires, resumed_from: None }));
+        }
+
+        let existing = fetch_record(&mut *conn, &req.scope).await?.ok_or_else(|| {
+            StoreError::Corrupt("insert conflicted but no row was found under the write lock".into())
+        })?;
+        let next = FencingToken(existing.fencing_token.0 + 1);
+        match decide(Some(&RecordHead::from(&existing)), &req.fingerprint, now, req.replay_window) {
+            Decision::Insert => Err(StoreError::Corrupt("decision `insert` for an existing row".into())),
+            Decision::Replay => Ok(Err(replay_of(existing)?)),
+            Decision::Mismatch => Ok(Err(ClaimOutcome::Mismatch)),
+            Decision::InProgress { retry_after } => Ok(Err(ClaimOutcome::InProgress { retry_after })),
+            Decision::Takeover => {
+                let moved = sqlx::query(
+                    "UPDATE idemkit_keys SET fencing_token = ?3, lease_expires_at = ?4 \
+                     WHERE account = ?1 AND idem_key = ?2 AND fencing_token = ?5",
+                )
+                .bind(req.scope.account.as_str())
+                .bind(req.scope.key.as_str())
+                .bind(next.0)
+                .bind(expires.0)
+                .bind(existing.fencing_token.0)
+                .execute(&mut *conn)
+                .await
+                .map_err(map_err)?;
+                cas_ok(moved.rows_affected())?;
+                Ok(Ok(Lease { token: next, expires_at: expires, resumed_from: existing.recovery_point }))
+            }
+            Decision::Reuse => {
+                let moved = sqlx::query(
+                    "UPDATE idemkit_keys SET fingerprint = ?3, state = 'in_flight', created_at = ?4, \
+                     completed_at = NULL, lease_expires_at = ?5, fencing_token = ?6, recovery_point = NULL, \
+                     step_outputs = '{}', req_method = ?7, req_path = ?8, req_headers = ?9, req_body = ?10, \
+                     resp_status = NULL, resp_headers = NULL, resp_body = NULL, last_error = NULL \
+                     WHERE account = ?1 AND idem_key = ?2 AND fencing_token = ?11",
+                )
+                .bind(req.scope.account.as_str())
+                .bind(req.scope.key.as_str())
+                .bind(&req.fingerprint.as_bytes()[..])
+                .bind(now.0)
+                .bind(expires.0)
+                .bind(next.0)
+                .bind(&req.request.method)
+                .bind(&req.request.path)
+                .bind(&headers)
+                .bind(&req.request.body)
+                .bind(existing.fencing_token.0)
+                .execute(&mut *conn)
+                .await
+                .map_err(map_err)?;
+                cas_ok(moved.rows_affected())?;
+                Ok(Ok(Lease { token: next, expires_at: expires, resumed_from: None }))
+            }
+        }
+    }
+
+    /// Answers from a plain read when the answer does not need the write lock:
+    /// a completed record within its window is immutable, and an in-flight one
+    /// with a live lease is in progress at the moment it was read.
+    async fn fast_path(&self, req: &ClaimRequest) -> StoreResult<Option<ClaimOutcome>> {
+        let mut conn = self.pool.acquire().await.map_err(map_err)?;
+        let Some(existing) = fetch_record(&mut conn, &req.scope).await? else {
+            return Ok(None);
+        };
+        let now = self.clock.now();
+        Ok(match decide(Some(&RecordHead::from(&existing)), &req.fingerprint, now, req.replay_window) {
+            Decision::Replay => Some(replay_of(existing)?),
+            Decision::Mismatch => Some(ClaimOutcome::Mismatch),
+            Decision::InProgress { retry_after } => Some(ClaimOutcome::InProgress { retry_after }),
+            Decision::Insert | Decision::Reuse | Decision::Takeover => None,
+        })
+    }
+
+    /// Runs a fenced single-row update; zero rows means the token is stale.
+    async fn fenced_update(
+        &self,
+        conn: &mut SqliteConnection,
+        sql: &'static str,
+        scope: &Scope,
+        token: FencingToken,
+        bind: impl FnOnce(
+            sqlx::query::Query<'static, Sqlite, sqlx::sqlite::SqliteArguments>,
+        ) -> sqlx::query::Query<'static, Sqlite, sqlx::sqlite::SqliteArguments>,
+    ) -> StoreResult<()> {
+        let q = sqlx::query(sql).bind(scope.account.as_str().to_owned()).bind(scope.key.as_str().to_owned()).bind(token.0);
+        let done = bind(q).execute(&mut *conn).await.map_err(map_err)?;
+        if done.rows_affected() == 1 { Ok(()) } else { Err(StoreError::Fenced) }
+    }
+
+    async fn complete_on(
+        &self,
+        conn: &mut SqliteConnection,
+        scope: &Scope,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> StoreResult<()> {
+        let headers = to_json(&response.headers)?;
+        let now = self.clock.now().0;
+        let status = i64::from(response.status);
+        let body = response.body.clone();
+        self.fenced_update(
+            conn,
+            "UPDATE idemkit_keys SET state = 'completed', completed_at = ?4, resp_status = ?5, \
+             resp_headers = ?6, resp_body = ?7, last_error = NULL \
+             WHERE account = ?1 AND idem_key = ?2 AND fencing_token = ?3 AND state = 'in_flight'",
+            scope,
+            token,
+            move |q| q.bind(now).bind(status).bind(headers).bind(body),
+        )
+        .await
+    }
+}
+
+#[async_trait]
+impl KeyStore for SqliteStore {
+    async fn claim(&self, req: &ClaimRequest) -> StoreResult<ClaimOutcome> {
+        match self.claim_in_tx(req).await? {
+            TxClaim::Claimed { tx, lease } => {
+                tx.commit().await.map_err(map_err)?;
+                Ok(ClaimOutcome::Claimed(lease))
+            }
+            TxClaim::Other(outcome) => Ok(outcome),
+        }
+    }
+
+    async fn heartbeat(&self, scope: &Scope, token: FencingToken, lease: Duration) -> StoreResult<Millis> {
+        let expires = self.clock.now().plus(lease);
+        let mut conn = self.pool.acquire().await.map_err(map_err)?;
+        self.fenced_update(
+            &mut conn,
+            "UPDATE idemkit_keys SET lease_expires_at = ?4 \
+             WHERE account = ?1 AND idem_key = ?2 AND fencing_token = ?3 AND state = 'in_flight'",
+            scope,
+            token,
+            move |q| q.bind(expires.0),
+        )
+        .await?;
+        Ok(expires)
+    }
+
+    async fn complete(&self, scope: &Scope, token: FencingToken, response: &StoredResponse) -> StoreResult<()> {
+        let mut conn = self.pool.acquire().await.map_err(map_err)?;
+        self.complete_on(&mut conn, scope, token, response).await
+    }
+
+    async fn release(&self, scope: &Scope, token: FencingToken) -> StoreResult<()> {
+        let mut conn = self.pool.acquire().await.map_err(map_err)?;
+        // The row stays (state `released`, behaving as absent) so the next claim's
+        // token is higher than any this record ever handed out.
+        self.fenced_update(
+            &mut conn,
+            "UPDATE idemkit_keys SET state = 'released', lease_expires_at = 0, req_body = x'' \
+             WHERE account = ?1 AND idem_key = ?2 AND fencing_token = ?3 AND state = 'in_flight'",
+            scope,
+            token,
+            |q| q,
+        )
+        .await
+    }
+
+    async fn abandon(&self, scope: &Scope, token: FencingToken, error: &str) -> StoreResult<()> {
+        let now = self.clock.now().0;
+        let error = error.to_owned();
+        let mut conn = self.pool.acquire().await.map_err(map_err)?;
+        self.fenced_update(
+            &mut conn,
+            "UPDATE idemkit_keys SET lease_expires_at = ?4, last_error = ?5 \
+             WHERE account = ?1 AND idem_key = ?2 AND fencing_token = ?3 AND state = 'in_flight'",
+            scope,
+            token,
+            move |q| q.bind(now).bind(error),
+        )
+        .await
+    }
+
+    async fn get(&self, scope: &Scope) -> StoreResult<Option<Record>> {
+        let mut conn = self.pool.acquire().await.map_err(map_err)?;
+        fetch_record(&mut conn, scope).await
+    }
+
+    fn now(&self) -> Millis {
+        self.clock.now()
+    }
+}
+
+#[async_trait]
+impl TransactionalStore for SqliteStore {
+    type Tx = SqliteTx;
+
+    async fn claim_in_tx(&self, req: &ClaimRequest) -> StoreResult<TxClaim<SqliteTx>> {
+        if let Some(outcome) = self.fast_path(req).await? {
+            return Ok(TxClaim::Other(outcome));
+        }
+        let mut tx = self.begin().await?;
+        match self.claim_on(&mut tx, req).await? {
+            Ok(lease) => Ok(TxClaim::Claimed { tx, lease }),
+            Err(outcome) => Ok(TxClaim::Other(outcome)),
+        }
+    }
+
+    async fn begin_fenced(&self, scope: &Scope, token: FencingToken) -> StoreResult<SqliteTx> {
+        let mut tx = self.begin().await?;
+        let held = sqlx::query(
+            "SELECT 1 FROM idemkit_keys WHERE account = ?1 AND idem_key = ?2 AND fencing_token = ?3 \
+             AND state = 'in_flight'",
+        )
+        .bind(scope.account.as_str())
+        .bind(scope.key.as_str())
+        .bind(token.0)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(map_err)?;
+        if held.is_none() {
+            return Err(StoreError::Fenced);
+        }
+        Ok(tx)
+    }
+
+    async fn complete_in_tx(
+        &self,
+        mut tx: SqliteTx,
+        scope: &Scope,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> StoreResult<()> {
+        // On `Fenced` the transaction is dropped, which rolls back the business writes.
+        self.complete_on(&mut tx, scope, token, response).await?;
+        tx.commit().await.map_err(map_err)
+    }
+}
+
+async fn fetch_record(conn: &mut SqliteConnection, scope: &Scope) -> StoreResult<Option<Record>> {
+    let row = sqlx::query(SELECT_RECORD)
+        .bind(scope.account.as_str())
+        .bind(scope.key.as_str())
+        .fetch_optional(&mut *conn)
+        .await
+        .map_err(map_err)?;
+    row.map(|r| decode(&r)).transpose()
+}
+
+fn decode(row: &SqliteRow) -> StoreResult<Record> {
+    let get_str = |i: usize| -> StoreResult<String> { row.try_get::<String, _>(i).map_err(corrupt) };
+    let fp: Vec<u8> = row.try_get(2).map_err(corrupt)?;
+    let fp: [u8; 32] = fp.try_into().map_err(|_| StoreError::Corrupt("fingerprint is not 32 bytes".into()))?;
+    let state = get_str(3)?;
+    let key = get_str(1)?;
+    let resp_status: Option<i64> = row.try_get(14).map_err(corrupt)?;
+    let response = match resp_status {
+        Some(status) => Some(StoredResponse {
+            status: u16::try_from(status).map_err(|_| StoreError::Corrupt(format!("status {status}")))?,
+            headers: from_json(&row.try_get::<Option<String>, _>(15).map_err(corrupt)?.unwrap_or_default())?,
+            body: row.try_get::<Option<Vec<u8>>, _>(16).map_err(corrupt)?.unwrap_or_default(),
+        }),
+        None => None,
+    };
+    Ok(Record {
+        scope: Scope::new(
+            Account::new(get_str(0)?),
+            IdempotencyKey::parse(&key).map_err(|e| StoreError::Corrupt(e.to_string()))?,
+        ),
+        fingerprint: Fingerprint::from_bytes(fp),
+        state: RecordState::parse(&state).ok_or_else(|| StoreError::Corrupt(format!("state {state}")))?,
+        created_at: Millis(row.try_get(4).map_err(corrupt)?),
+        completed_at: row.try_get::<Option<i64>, _>(5).map_err(corrupt)?.map(Millis),
+        lease_expires_at: Millis(row.try_get(6).map_err(corrupt)?),
+        fencing_token: FencingToken(row.try_get(7).map_err(corrupt)?),
+        recovery_point: row.try_get(8).map_err(corrupt)?,
+        step_outputs: serde_json::from_str::<BTreeMap<String, serde_json::Value>>(&get_str(9)?)
+            .map_err(|e| StoreError::Corrupt(e.to_string()))?,
+        request: StoredRequest {
+            method: get_str(10)?,
+            path: get_str(11)?,
+            headers: from_json(&get_str(12)?)?,
+            body: row.try_get(13).map_err(corrupt)?,
+        },
+        response,
+        last_error: row.try_get(17).map_err(corrupt)?,
+    })
+}
+
+fn replay_of(record: Record) -> StoreResult<ClaimOutcome> {
+    record
+        .response
+        .map(ClaimOutcome::Replay)
+        .ok_or_else(|| StoreError::Corrupt("completed record without a response".into()))
+}
+
+fn cas_ok(rows: u64) -> StoreResult<()> {
+    // Under the write lock the row cannot change between the read and the update;
+    // a miss means something outside this store wrote to the table.
+    if rows == 1 { Ok(()) } else { Err(StoreError::Corrupt("record changed under the write lock".into())) }
+}
+
+fn to_json(headers: &[StoredHeader]) -> StoreResult<String> {
+    serde_json::to_string(headers).map_err(|e| StoreError::Corrupt(e.to_string()))
+}
+
+fn from_json(s: &str) -> StoreResult<Vec<StoredHeader>> {
+    serde_json::from_str(s).map_err(|e| StoreError::Corrupt(e.to_string()))
+}
+
+fn corrupt(e: sqlx::Error) -> StoreError {
+    StoreError::Corrupt(e.to_string())
+}
+
+fn backend(e: sqlx::Error) -> StoreError {
+    StoreError::Backend(Box::new(e))
+}
+
+/// Normalises sqlx errors: lock contention, pool exhaustion and I/O are
+/// `Unavailable` (a retryable 503); everything else is `Backend`.
+fn map_err(e: sqlx::Error) -> StoreError {
+    let unavailable = match &e {
+        sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(db) => {
+            // SQLITE_BUSY (5), SQLITE_LOCKED (6) and their extended codes.
+            let code = db.code().and_then(|c| c.parse::<i32>().ok()).unwrap_or(0);
+            matches!(code & 0xff, 5 | 6)
+        }
+        _ => false,
+    };
+    if unavailable { StoreError::Unavailable(Box::new(e)) } else { backend(e) }
+}

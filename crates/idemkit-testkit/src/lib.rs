@@ -1,1 +1,93 @@
-//! placeholder
+//! # idemkit-testkit
+//!
+//! Test support shared by every idemkit backend:
+//!
+//! - [`MemoryStore`], an in-memory [`KeyStore`] (tests, benchmarks, single-process demos);
+//! - [`ManualClock`], a clock tests move by hand, so lease expiry and replay windows
+//!   are tested without sleeping;
+//! - the **store conformance suite** ([`suite`], [`tx_suite`]) and the macros
+//!   [`store_conformance_tests!`] and [`transactional_conformance_tests!`] that turn
+//!   it into one `#[tokio::test]` per case for a backend.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use idemkit_testkit::{ManualClock, MemoryStore};
+//!
+//! async fn fresh(clock: Arc<ManualClock>) -> Arc<MemoryStore> {
+//!     Arc::new(MemoryStore::with_clock(clock))
+//! }
+//! idemkit_testkit::store_conformance_tests!(fresh);
+//! # fn main() {}
+//! ```
+
+mod clock;
+mod memory;
+pub mod suite;
+pub mod tx_suite;
+
+pub use clock::ManualClock;
+pub use memory::MemoryStore;
+
+/// Generates one `#[tokio::test]` per case of [`suite`] for a backend.
+///
+/// `$factory` is an async fn (or closure) taking `Arc<ManualClock>` and returning
+/// `Arc<S>` for a *fresh, empty* store `S: KeyStore` that reads time from that clock.
+#[macro_export]
+macro_rules! store_conformance_tests {
+    ($factory:expr) => {
+        $crate::store_conformance_tests!(@cases $factory;
+            first_claim_then_replay,
+            replay_is_byte_identical,
+            mismatch_is_reported_in_every_state,
+            live_lease_is_in_progress,
+            takeover_after_expiry_gets_new_token_and_fences_old_holder,
+            expired_window_is_a_new_request,
+            release_makes_key_absent_and_tokens_keep_growing,
+            abandon_ends_lease_at_once,
+            heartbeat_keeps_lease_alive,
+            accounts_are_isolated,
+            completion_is_fenced_once_completed,
+            record_keeps_the_request,
+            concurrent_claims_have_one_winner
+        );
+    };
+    (@cases $factory:expr; $($case:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $case() {
+                let clock = ::std::sync::Arc::new($crate::ManualClock::new());
+                let store = ($factory)(clock.clone()).await;
+                $crate::suite::$case(store, clock).await;
+            }
+        )*
+    };
+}
+
+/// Generates one `#[tokio::test]` per case of [`tx_suite`] for a SQL backend.
+///
+/// `$factory` is as for [`store_conformance_tests!`] but returns `Arc<S>` with
+/// `S: TransactionalStore`; `$probe` is an async fn taking `Arc<S>` and returning a
+/// [`tx_suite::BusinessProbe`] for that store (it creates its business table).
+#[macro_export]
+macro_rules! transactional_conformance_tests {
+    ($factory:expr, $probe:expr) => {
+        $crate::transactional_conformance_tests!(@cases $factory, $probe;
+            claim_business_write_and_response_commit_together,
+            dropped_transaction_rolls_back_claim_and_writes,
+            stale_token_cannot_open_a_transaction,
+            fenced_completion_rolls_back_business_writes,
+            concurrent_single_step_requests_write_once
+        );
+    };
+    (@cases $factory:expr, $probe:expr; $($case:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $case() {
+                let clock = ::std::sync::Arc::new($crate::ManualClock::new());
+                let store = ($factory)(clock.clone()).await;
+                let probe = ($probe)(store.clone()).await;
+                $crate::tx_suite::$case(store, probe, clock).await;
+            }
+        )*
+    };
+}

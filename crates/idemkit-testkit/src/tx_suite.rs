@@ -1,0 +1,158 @@
+//! Conformance cases for the transactional extension ([`TransactionalStore`]):
+//! business writes share the claim's transaction and are fenced with it.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use idemkit_core::{ClaimOutcome, StoreError, TransactionalStore, TxClaim};
+
+use crate::ManualClock;
+use crate::suite::{LEASE, claim_req, must_claim, response, scope};
+
+/// How the suite writes and counts business rows in a backend's transaction.
+#[async_trait]
+pub trait BusinessProbe<S: TransactionalStore>: Send + Sync {
+    /// Inserts one business row tagged `tag` inside `tx`.
+    async fn insert(&self, tx: &mut S::Tx, tag: &str);
+    /// Counts committed business rows tagged `tag`.
+    async fn count(&self, tag: &str) -> usize;
+}
+
+async fn claim_tx<S: TransactionalStore>(store: &S, req: &idemkit_core::ClaimRequest) -> (S::Tx, idemkit_core::Lease) {
+    match store.claim_in_tx(req).await.expect("claim_in_tx") {
+        TxClaim::Claimed { tx, lease } => (tx, lease),
+        TxClaim::Other(o) => panic!("expected a claim, got {o:?}"),
+    }
+}
+
+/// Claim, business row and response commit together; the retry replays.
+pub async fn claim_business_write_and_response_commit_together<S, P>(
+    store: Arc<S>,
+    probe: P,
+    _clock: Arc<ManualClock>,
+) where
+    S: TransactionalStore,
+    P: BusinessProbe<S>,
+{
+    let s = scope("acct-a", "tx-1");
+    let req = claim_req(&s, "{}");
+    let (mut tx, lease) = claim_tx(&*store, &req).await;
+    probe.insert(&mut tx, "tx-1").await;
+    store.complete_in_tx(tx, &s, lease.token, &response(201, "one")).await.unwrap();
+    assert_eq!(probe.count("tx-1").await, 1);
+    match store.claim_in_tx(&req).await.unwrap() {
+        TxClaim::Other(ClaimOutcome::Replay(r)) => assert_eq!(r, response(201, "one")),
+        other => panic!("expected replay, got {other:?}"),
+    }
+    assert_eq!(probe.count("tx-1").await, 1);
+}
+
+/// Dropping the transaction (validation error, panic, crash) rolls back the claim
+/// and the business rows: the key is absent again.
+pub async fn dropped_transaction_rolls_back_claim_and_writes<S, P>(
+    store: Arc<S>,
+    probe: P,
+    _clock: Arc<ManualClock>,
+) where
+    S: TransactionalStore,
+    P: BusinessProbe<S>,
+{
+    let s = scope("acct-a", "tx-drop");
+    let req = claim_req(&s, "{}");
+    let (mut tx, _lease) = claim_tx(&*store, &req).await;
+    probe.insert(&mut tx, "tx-drop").await;
+    drop(tx);
+    assert_eq!(probe.count("tx-drop").await, 0);
+    assert!(store.get(&s).await.unwrap().is_none());
+    let (tx, lease) = claim_tx(&*store, &req).await;
+    store.complete_in_tx(tx, &s, lease.token, &response(201, "ok")).await.unwrap();
+}
+
+/// A holder whose lease was taken over cannot even open a fenced transaction.
+pub async fn stale_token_cannot_open_a_transaction<S, P>(store: Arc<S>, _probe: P, clock: Arc<ManualClock>)
+where
+    S: TransactionalStore,
+    P: BusinessProbe<S>,
+{
+    let s = scope("acct-a", "tx-stale");
+    let req = claim_req(&s, "{}");
+    let a = must_claim(&*store, &req).await;
+    clock.advance(LEASE * 2);
+    let b = must_claim(&*store, &req).await;
+    assert!(matches!(store.begin_fenced(&s, a.token).await, Err(StoreError::Fenced)));
+    let tx = store.begin_fenced(&s, b.token).await.expect("current holder");
+    store.complete_in_tx(tx, &s, b.token, &response(201, "B")).await.unwrap();
+}
+
+/// A completion with a stale token is refused and the business writes made in
+/// the same transaction roll back with it; the replay is the current holder's.
+pub async fn fenced_completion_rolls_back_business_writes<S, P>(
+    store: Arc<S>,
+    probe: P,
+    clock: Arc<ManualClock>,
+) where
+    S: TransactionalStore,
+    P: BusinessProbe<S>,
+{
+    let s = scope("acct-a", "tx-fence");
+    let req = claim_req(&s, "{}");
+    let a = must_claim(&*store, &req).await;
+    clock.advance(LEASE * 2);
+    let b = must_claim(&*store, &req).await;
+    // A's phase transaction: opened while B holds the key (B's token passes the
+    // opening check in backends that do not lock there), A writes, then tries to
+    // complete with its own stale token.
+    let mut tx = store.begin_fenced(&s, b.token).await.unwrap();
+    probe.insert(&mut tx, "tx-fence-a").await;
+    let err = store.complete_in_tx(tx, &s, a.token, &response(201, "A")).await;
+    assert!(matches!(err, Err(StoreError::Fenced)), "{err:?}");
+    assert_eq!(probe.count("tx-fence-a").await, 0, "A's business write rolled back");
+    let mut tx = store.begin_fenced(&s, b.token).await.unwrap();
+    probe.insert(&mut tx, "tx-fence-b").await;
+    store.complete_in_tx(tx, &s, b.token, &response(201, "B")).await.unwrap();
+    assert_eq!(probe.count("tx-fence-b").await, 1);
+    assert_eq!(store.claim(&req).await.unwrap(), ClaimOutcome::Replay(response(201, "B")));
+}
+
+/// 64 concurrent single-step requests with one key: one business row; every
+/// other answer is the stored response or in-progress.
+pub async fn concurrent_single_step_requests_write_once<S, P>(
+    store: Arc<S>,
+    probe: P,
+    _clock: Arc<ManualClock>,
+) where
+    S: TransactionalStore,
+    P: BusinessProbe<S> + 'static,
+{
+    let s = scope("acct-a", "tx-race");
+    let req = claim_req(&s, "{}");
+    let probe = Arc::new(probe);
+    let barrier = Arc::new(tokio::sync::Barrier::new(64));
+    let tasks: Vec<_> = (0..64)
+        .map(|_| {
+            let (store, req, probe, barrier, s) = (store.clone(), req.clone(), probe.clone(), barrier.clone(), s.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                match store.claim_in_tx(&req).await.expect("claim") {
+                    TxClaim::Claimed { mut tx, lease } => {
+                        probe.insert(&mut tx, "tx-race").await;
+                        store.complete_in_tx(tx, &s, lease.token, &response(201, "race")).await.unwrap();
+                        None
+                    }
+                    TxClaim::Other(o) => Some(o),
+                }
+            })
+        })
+        .collect();
+    let mut executed = 0;
+    for t in tasks {
+        match t.await.unwrap() {
+            None => executed += 1,
+            Some(ClaimOutcome::Replay(r)) => assert_eq!(r, response(201, "race")),
+            Some(ClaimOutcome::InProgress { .. }) => {}
+            Some(other) => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(executed, 1);
+    assert_eq!(probe.count("tx-race").await, 1);
+}
