@@ -144,7 +144,7 @@ impl Problem {
     /// A problem with the code's default status, title and retryability.
     pub fn new(code: ErrorCode, detail: impl Into<String>) -> Self {
         Self {
-            type_uri: format!("https://idemkit.dev/problems/{}", code.as_str().replace('_', "-")),
+            type_uri: format!("urn:idemkit:problem:{}", code.as_str()),
             title: code.title().to_owned(),
             status: code.default_status(),
             detail: detail.into(),

@@ -1,1 +1,25 @@
-//! placeholder
+#![doc = include_str!("../../../README.md")]
+//!
+//! ## Crate features
+//!
+//! | feature  | default | what it adds |
+//! |----------|---------|--------------|
+//! | `sqlite` | yes     | [`sqlite::SqliteStore`], the embedded key store |
+//! | `axum`   | yes     | [`tower`]: the `IdempotencyLayer`, extractors and problem responses |
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+pub use idemkit_core as core;
+pub use idemkit_core::{
+    Account, ClaimOutcome, ClaimRequest, ErrorCode, Fingerprint, Fingerprinter, IdempotencyKey, KeyStore,
+    Policy, Problem, Scope, StoreError, TransactionalStore,
+};
+
+/// The embedded SQLite key store.
+#[cfg(feature = "sqlite")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
+pub use idemkit_sqlite as sqlite;
+
+/// The tower layer, axum extractors and problem responses.
+#[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
+pub use idemkit_tower as tower;

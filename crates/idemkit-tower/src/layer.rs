@@ -1,0 +1,261 @@
+//! The layer and its builder.
+
+use std::any::Any;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use http::{HeaderName, Method};
+use idemkit_core::{
+    ClaimRequest, FencingToken, Fingerprinter, KeyStore, Policy, PolicyError, PointerError, Scope,
+    StoreError, StoreResult, StoredResponse, TransactionalStore, TxClaim,
+};
+use tower::Layer;
+
+use crate::resolver::{AccountResolver, Unscoped};
+use crate::service::Idempotency;
+
+/// Where the key is read from.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum KeySource {
+    /// A request header (default `Idempotency-Key`).
+    Header(HeaderName),
+    /// A string field of the JSON body, by JSON pointer (e.g. `/idempotencyKey`).
+    JsonField(String),
+}
+
+/// Type-erased transactional store, so the layer has no type parameters.
+#[async_trait]
+pub(crate) trait ErasedTxStore: Send + Sync {
+    async fn claim_in_tx(&self, req: &ClaimRequest) -> StoreResult<TxClaim<Box<dyn Any + Send>>>;
+    async fn complete_in_tx(
+        &self,
+        tx: Box<dyn Any + Send>,
+        scope: &Scope,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> StoreResult<()>;
+}
+
+#[async_trait]
+impl<S: TransactionalStore> ErasedTxStore for S {
+    async fn claim_in_tx(&self, req: &ClaimRequest) -> StoreResult<TxClaim<Box<dyn Any + Send>>> {
+        Ok(match TransactionalStore::claim_in_tx(self, req).await? {
+            TxClaim::Claimed { tx, lease } => TxClaim::Claimed { tx: Box::new(tx), lease },
+            TxClaim::Other(o) => TxClaim::Other(o),
+        })
+    }
+
+    async fn complete_in_tx(
+        &self,
+        tx: Box<dyn Any + Send>,
+        scope: &Scope,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> StoreResult<()> {
+        let tx = tx
+            .downcast::<S::Tx>()
+            .map_err(|_| StoreError::Corrupt("claim transaction of the wrong type".into()))?;
+        TransactionalStore::complete_in_tx(self, *tx, scope, token, response).await
+    }
+}
+
+pub(crate) struct Shared {
+    pub(crate) store: Arc<dyn KeyStore>,
+    /// Set in single-step (transactional) mode.
+    pub(crate) tx_store: Option<Arc<dyn ErasedTxStore>>,
+    pub(crate) policy: Policy,
+    pub(crate) fingerprinter: Fingerprinter,
+    pub(crate) key_source: KeySource,
+    pub(crate) resolver: Arc<dyn AccountResolver>,
+    pub(crate) max_request_body: usize,
+    pub(crate) methods: Vec<Method>,
+}
+
+/// A tower [`Layer`] that makes the wrapped routes require an idempotency key and
+/// enforces the idemkit contract on them.
+///
+/// Two modes:
+/// - **single-step** ([`IdempotencyLayer::transactional`]): the claim, the
+///   handler's business writes (through the [`crate::Tx`] extractor) and the
+///   stored response commit in one transaction of a SQL store;
+/// - **generic** ([`IdempotencyLayer::builder`]): for any [`KeyStore`] and handlers
+///   whose writes live elsewhere: the claim commits as `in_flight` with a lease
+///   kept alive by a heartbeat, then the response is stored with a fenced write.
+#[derive(Clone)]
+pub struct IdempotencyLayer {
+    pub(crate) shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for IdempotencyLayer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IdempotencyLayer")
+            .field("transactional", &self.shared.tx_store.is_some())
+            .field("policy", &self.shared.policy)
+            .field("key_source", &self.shared.key_source)
+            .finish_non_exhaustive()
+    }
+}
+
+impl IdempotencyLayer {
+    /// Generic (lease) mode on any store.
+    pub fn builder(store: Arc<dyn KeyStore>) -> IdempotencyLayerBuilder {
+        IdempotencyLayerBuilder::new(store, None)
+    }
+
+    /// Single-step mode on a SQL store: handlers extract [`crate::Tx`]`<S::Tx>`.
+    pub fn transactional<S: TransactionalStore>(store: Arc<S>) -> IdempotencyLayerBuilder {
+        let tx: Arc<dyn ErasedTxStore> = store.clone();
+        IdempotencyLayerBuilder::new(store, Some(tx))
+    }
+
+    /// The policy in force.
+    pub fn policy(&self) -> &Policy {
+        &self.shared.policy
+    }
+}
+
+impl<S> Layer<S> for IdempotencyLayer {
+    type Service = Idempotency<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Idempotency::new(inner, self.shared.clone())
+    }
+}
+
+/// A layer configuration that cannot work.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The policy breaks an invariant of the contract.
+    #[error(transparent)]
+    Policy(#[from] PolicyError),
+    /// A fingerprint exclusion is not a JSON pointer.
+    #[error(transparent)]
+    Pointer(#[from] PointerError),
+    /// No account resolver and no explicit unscoped choice.
+    #[error(
+        "keys must be scoped per account: set a resolver with `.resolver(..)`, or call `.unscoped()` to run single-tenant on purpose"
+    )]
+    NoResolver,
+    /// The JSON key field is not a JSON pointer.
+    #[error("key field `{0}` must be a JSON pointer such as `/idempotencyKey`")]
+    BadKeyField(String),
+}
+
+/// Builds an [`IdempotencyLayer`]; [`IdempotencyLayerBuilder::build`] validates.
+pub struct IdempotencyLayerBuilder {
+    store: Arc<dyn KeyStore>,
+    tx_store: Option<Arc<dyn ErasedTxStore>>,
+    policy: Policy,
+    excluded: Vec<String>,
+    key_source: KeySource,
+    resolver: Option<Arc<dyn AccountResolver>>,
+    max_request_body: usize,
+    methods: Vec<Method>,
+}
+
+impl std::fmt::Debug for IdempotencyLayerBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IdempotencyLayerBuilder").field("policy", &self.policy).finish_non_exhaustive()
+    }
+}
+
+/// The default key header.
+pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
+/// The header marking a replayed response.
+pub const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
+
+impl IdempotencyLayerBuilder {
+    fn new(store: Arc<dyn KeyStore>, tx_store: Option<Arc<dyn ErasedTxStore>>) -> Self {
+        Self {
+            store,
+            tx_store,
+            policy: Policy::new(),
+            excluded: Vec::new(),
+            key_source: KeySource::Header(HeaderName::from_static(IDEMPOTENCY_KEY)),
+            resolver: None,
+            max_request_body: 1024 * 1024,
+            methods: vec![Method::POST, Method::PUT, Method::PATCH, Method::DELETE],
+        }
+    }
+
+    /// Sets the route policy (windows, lease, in-flight and 5xx behaviour, …).
+    pub fn policy(mut self, policy: Policy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// Sets the account resolver (required unless [`Self::unscoped`]).
+    pub fn resolver(mut self, resolver: impl AccountResolver) -> Self {
+        self.resolver = Some(Arc::new(resolver));
+        self
+    }
+
+    /// Runs unscoped: all callers share one key space. Only for single-tenant
+    /// deployments; see `docs/decisions.md`.
+    pub fn unscoped(mut self) -> Self {
+        self.resolver = Some(Arc::new(Unscoped));
+        self
+    }
+
+    /// Reads the key from another header.
+    pub fn key_header(mut self, name: HeaderName) -> Self {
+        self.key_source = KeySource::Header(name);
+        self
+    }
+
+    /// Reads the key from a string field of the JSON body (a JSON pointer). The
+    /// field is excluded from the fingerprint.
+    pub fn key_json_field(mut self, pointer: impl Into<String>) -> Self {
+        let pointer = pointer.into();
+        self.excluded.push(pointer.clone());
+        self.key_source = KeySource::JsonField(pointer);
+        self
+    }
+
+    /// Excludes a JSON field (pointer) from the fingerprint.
+    pub fn exclude_from_fingerprint(mut self, pointer: impl Into<String>) -> Self {
+        self.excluded.push(pointer.into());
+        self
+    }
+
+    /// Largest request body accepted (default 1 MiB); larger is `413`.
+    pub fn max_request_body(mut self, bytes: usize) -> Self {
+        self.max_request_body = bytes;
+        self
+    }
+
+    /// The methods that require a key (default POST, PUT, PATCH, DELETE); other
+    /// methods pass through untouched.
+    pub fn methods(mut self, methods: impl IntoIterator<Item = Method>) -> Self {
+        self.methods = methods.into_iter().collect();
+        self
+    }
+
+    /// Validates and builds.
+    pub fn build(self) -> Result<IdempotencyLayer, ConfigError> {
+        self.policy.validate()?;
+        if let KeySource::JsonField(p) = &self.key_source {
+            if !p.starts_with('/') {
+                return Err(ConfigError::BadKeyField(p.clone()));
+            }
+        }
+        let mut fingerprinter = Fingerprinter::new();
+        for pointer in self.excluded {
+            fingerprinter = fingerprinter.exclude(pointer)?;
+        }
+        Ok(IdempotencyLayer {
+            shared: Arc::new(Shared {
+                store: self.store,
+                tx_store: self.tx_store,
+                policy: self.policy,
+                fingerprinter,
+                key_source: self.key_source,
+                resolver: self.resolver.ok_or(ConfigError::NoResolver)?,
+                max_request_body: self.max_request_body,
+                methods: self.methods,
+            }),
+        })
+    }
+}

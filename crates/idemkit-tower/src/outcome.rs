@@ -1,0 +1,34 @@
+//! How a handler overrides the route's storage policy for one response (SPEC §5).
+
+use axum::response::{IntoResponseParts, ResponseParts};
+
+/// Attach to a response to override the route policy for it.
+///
+/// ```
+/// use axum::response::IntoResponse;
+/// use http::StatusCode;
+/// use idemkit_tower::Outcome;
+///
+/// // The courier refused the address: permanent, store and replay it.
+/// let permanent = (Outcome::Final, StatusCode::BAD_GATEWAY, "address rejected").into_response();
+/// // The courier timed out: do not store; the next attempt resumes at once.
+/// let transient = (Outcome::Retryable, StatusCode::BAD_GATEWAY, "courier timed out").into_response();
+/// # let _ = (permanent, transient);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Outcome {
+    /// Store and replay this response, whatever its status.
+    Final,
+    /// Do not store it; end the lease now so the next attempt resumes without waiting.
+    Retryable,
+}
+
+impl IntoResponseParts for Outcome {
+    type Error = std::convert::Infallible;
+
+    fn into_response_parts(self, mut res: ResponseParts) -> Result<ResponseParts, Self::Error> {
+        res.extensions_mut().insert(self);
+        Ok(res)
+    }
+}

@@ -1,0 +1,553 @@
+//! The service: claim → handler → store → response, or replay at the claim.
+
+use std::any::Any;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use http::request::Parts;
+use http::{HeaderName, HeaderValue, Request, StatusCode};
+use http_body_util::{BodyExt, Limited};
+use idemkit_core::{
+    ClaimOutcome, ClaimRequest, ErrorCode, IdempotencyKey, InFlightBehavior, KeyError, KeyStore, Lease,
+    Policy, Scope, ServerErrorPolicy, StoreError, StoredHeader, StoredRequest, StoredResponse, TxClaim,
+};
+use tokio::task::JoinHandle;
+use tower::Service;
+
+use crate::extract::{IdempotencyContext, TxSlot};
+use crate::layer::{IDEMPOTENT_REPLAYED, KeySource, Shared};
+use crate::{Outcome, ProblemResponse};
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// Request headers kept with the record (for the completer); never credentials.
+const STORED_REQUEST_HEADERS: &[&str] = &["content-type", "accept", "content-language"];
+
+/// The service [`crate::IdempotencyLayer`] wraps around a route.
+#[derive(Clone)]
+pub struct Idempotency<S> {
+    inner: S,
+    shared: Arc<Shared>,
+}
+
+impl<S> std::fmt::Debug for Idempotency<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Idempotency").finish_non_exhaustive()
+    }
+}
+
+impl<S> Idempotency<S> {
+    pub(crate) fn new(inner: S, shared: Arc<Shared>) -> Self {
+        Self { inner, shared }
+    }
+}
+
+impl<S, B> Service<Request<Body>> for Idempotency<S>
+where
+    S: Service<Request<Body>, Response = Response<B>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    type Response = Response;
+    type Error = S::Error;
+    type Future = BoxFuture<Result<Response, S::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<Body>) -> Self::Future {
+        // Use the instance that was driven to readiness; leave a fresh clone behind.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let shared = self.shared.clone();
+        if !shared.methods.contains(req.method()) {
+            return Box::pin(async move { Ok(inner.call(req).await?.map(Body::new)) });
+        }
+        Box::pin(process(shared, inner, req))
+    }
+}
+
+/// The claim a request holds while its handler runs.
+enum Held {
+    /// Generic mode: committed `in_flight` with a lease.
+    Lease(Lease),
+    /// Single-step mode: the open transaction holding the uncommitted claim.
+    Tx(Box<dyn Any + Send>, Lease),
+}
+
+impl Held {
+    fn lease(&self) -> &Lease {
+        match self {
+            Self::Lease(l) | Self::Tx(_, l) => l,
+        }
+    }
+}
+
+/// What happens to the handler's response (SPEC §5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Disposition {
+    Store,
+    Release,
+    Abandon,
+}
+
+fn disposition(status: StatusCode, outcome: Option<Outcome>, policy: &Policy) -> Disposition {
+    match outcome {
+        Some(Outcome::Final) => return Disposition::Store,
+        Some(Outcome::Retryable) => return Disposition::Abandon,
+        None => {}
+    }
+    if status.is_server_error() {
+        return match policy.on_server_error {
+            ServerErrorPolicy::Replay => Disposition::Store,
+            _ => Disposition::Release,
+        };
+    }
+    match status.as_u16() {
+        // Rejected before any side effect (validation, auth, size, media type) or
+        // transient (timeout, too early, throttled): the corrected or later request
+        // may reuse the key.
+        400 | 401 | 403 | 408 | 413 | 415 | 422 | 425 | 429 => Disposition::Release,
+        _ => Disposition::Store,
+    }
+}
+
+async fn process<S, B>(shared: Arc<Shared>, inner: S, req: Request<Body>) -> Result<Response, S::Error>
+where
+    S: Service<Request<Body>, Response = Response<B>> + Send + 'static,
+    S::Future: Send + 'static,
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    let (parts, body) = req.into_parts();
+    let prepared = match prepare(&shared, &parts, body).await {
+        Ok(p) => p,
+        Err(problem) => return Ok(problem.into_response()),
+    };
+    let (claim, bytes) = prepared;
+    let held = match acquire(&shared, &claim).await {
+        Ok(held) => held,
+        Err(response) => return Ok(response),
+    };
+    execute(&shared, inner, parts, bytes, claim, held).await
+}
+
+/// Resolves the account, reads the key and the body, and fingerprints.
+async fn prepare(shared: &Shared, parts: &Parts, body: Body) -> Result<(ClaimRequest, Bytes), ProblemResponse> {
+    let account = shared.resolver.resolve(parts)?;
+    // A header key is checked before the body is read: a bad key costs nothing.
+    let header_key = match &shared.key_source {
+        KeySource::Header(name) => {
+            Some(IdempotencyKey::from_header_values(parts.headers.get_all(name).iter().map(HeaderValue::as_bytes)))
+        }
+        KeySource::JsonField(_) => None,
+    };
+    if let Some(Err(e)) = &header_key {
+        return Err(key_problem(e));
+    }
+    let bytes = read_body(body, shared.max_request_body).await?;
+    let key = match (header_key, &shared.key_source) {
+        (Some(Ok(k)), _) => k,
+        (_, KeySource::JsonField(pointer)) => key_from_json(&bytes, pointer)?,
+        _ => unreachable!("header keys were checked above"),
+    };
+    let fingerprint = shared.fingerprinter.compute(parts.method.as_str(), parts.uri.path(), &bytes);
+    let request = StoredRequest {
+        method: parts.method.to_string(),
+        path: parts.uri.path_and_query().map_or_else(|| parts.uri.path().to_owned(), |p| p.to_string()),
+        headers: STORED_REQUEST_HEADERS
+            .iter()
+            .filter_map(|name| {
+                parts.headers.get(*name).map(|v| StoredHeader { name: (*name).to_owned(), value: v.as_bytes().to_vec() })
+            })
+            .collect(),
+        body: bytes.to_vec(),
+    };
+    Ok((
+        ClaimRequest {
+            scope: Scope::new(account, key),
+            fingerprint,
+            request,
+            lease: shared.policy.lease,
+            replay_window: shared.policy.replay_window,
+        },
+        bytes,
+    ))
+}
+
+fn key_problem(e: &KeyError) -> ProblemResponse {
+    ProblemResponse::new(e.code(), e.to_string())
+}
+
+async fn read_body(body: Body, limit: usize) -> Result<Bytes, ProblemResponse> {
+    match Limited::new(body, limit).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(ProblemResponse::new(
+            ErrorCode::PayloadTooLarge,
+            format!("the request body is larger than {limit} bytes"),
+        )),
+        Err(e) => Err(ProblemResponse::new(ErrorCode::ValidationFailed, format!("could not read the request body: {e}"))),
+    }
+}
+
+fn key_from_json(bytes: &[u8], pointer: &str) -> Result<IdempotencyKey, ProblemResponse> {
+    let value: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| {
+        ProblemResponse::new(ErrorCode::ValidationFailed, format!("the body is not valid JSON: {e}"))
+    })?;
+    match value.pointer(pointer) {
+        None | Some(serde_json::Value::Null) => Err(key_problem(&KeyError::Missing)),
+        Some(serde_json::Value::String(s)) => IdempotencyKey::parse(s).map_err(|e| key_problem(&e)),
+        Some(_) => Err(ProblemResponse::new(ErrorCode::KeyInvalid, format!("`{pointer}` must be a string"))),
+    }
+}
+
+/// Claims the key, waiting for a live holder when the policy says so.
+async fn acquire(shared: &Shared, claim: &ClaimRequest) -> Result<Held, Response> {
+    let wait_until = match shared.policy.in_flight {
+        InFlightBehavior::Wait(d) => Some(tokio::time::Instant::now() + d),
+        _ => None,
+    };
+    let mut poll = Duration::from_millis(20);
+    loop {
+        let outcome = match &shared.tx_store {
+            Some(tx_store) => match tx_store.claim_in_tx(claim).await {
+                Ok(TxClaim::Claimed { tx, lease }) => return Ok(Held::Tx(tx, lease)),
+                Ok(TxClaim::Other(o)) => o,
+                Err(e) => return Err(store_problem(&e).into_response()),
+            },
+            None => match shared.store.claim(claim).await {
+                Ok(ClaimOutcome::Claimed(lease)) => return Ok(Held::Lease(lease)),
+                Ok(o) => o,
+                Err(e) => return Err(store_problem(&e).into_response()),
+            },
+        };
+        match outcome {
+            ClaimOutcome::Replay(stored) => {
+                tracing::debug!(status = stored.status, "idempotency: replay");
+                return Err(replay_response(stored, &shared.policy));
+            }
+            ClaimOutcome::Mismatch => {
+                tracing::debug!("idempotency: key reused with a different request");
+                return Err(ProblemResponse::new(
+                    ErrorCode::KeyReused,
+                    "this idempotency key was already used with a different request (method, path or body); use a new key for a new request",
+                )
+                .with_status(shared.policy.mismatch_status.as_u16())
+                .into_response());
+            }
+            ClaimOutcome::InProgress { retry_after } => {
+                let now = tokio::time::Instant::now();
+                match wait_until {
+                    Some(until) if now < until => {
+                        // Jittered polling, doubling up to 250 ms: many waiters on one
+                        // key do not hit the store in lock-step.
+                        let jitter = rand::random_range(0.5..1.0);
+                        let nap = poll.mul_f64(jitter).min(until - now);
+                        tokio::time::sleep(nap).await;
+                        poll = (poll * 2).min(Duration::from_millis(250));
+                    }
+                    _ => {
+                        tracing::debug!("idempotency: request in progress");
+                        return Err(ProblemResponse::new(
+                            ErrorCode::RequestInProgress,
+                            "a request with this idempotency key is still being processed; retry after the indicated delay",
+                        )
+                        .retry_after(retry_after)
+                        .into_response());
+                    }
+                }
+            }
+            _ => return Err(ProblemResponse::new(ErrorCode::Internal, "unknown claim outcome").into_response()),
+        }
+    }
+}
+
+/// Aborts the heartbeat when the request ends, however it ends (including a
+/// dropped future when the client disconnects).
+struct AbortOnDrop(JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+fn spawn_heartbeat(store: Arc<dyn KeyStore>, scope: Scope, lease: &Lease, length: Duration) -> AbortOnDrop {
+    let token = lease.token;
+    let every = (length / 3).max(Duration::from_millis(10));
+    AbortOnDrop(tokio::spawn(async move {
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        loop {
+            tick.tick().await;
+            match store.heartbeat(&scope, token, length).await {
+                Ok(_) => {}
+                Err(StoreError::Fenced) => {
+                    tracing::warn!("idempotency: lease lost to a takeover; this attempt's completion will be refused");
+                    return;
+                }
+                Err(e) => tracing::warn!(error = %e, "idempotency: heartbeat failed; will retry"),
+            }
+        }
+    }))
+}
+
+async fn execute<S, B>(
+    shared: &Shared,
+    mut inner: S,
+    parts: Parts,
+    bytes: Bytes,
+    claim: ClaimRequest,
+    held: Held,
+) -> Result<Response, S::Error>
+where
+    S: Service<Request<Body>, Response = Response<B>> + Send + 'static,
+    S::Future: Send + 'static,
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    let scope = claim.scope;
+    let lease = held.lease().clone();
+    let mut req = Request::from_parts(parts, Body::from(bytes));
+    req.extensions_mut().insert(IdempotencyContext {
+        scope: scope.clone(),
+        token: lease.token,
+        resumed_from: lease.resumed_from.clone(),
+    });
+    let (slot, heartbeat) = match held {
+        Held::Tx(tx, _) => {
+            let slot = TxSlot::default();
+            slot.put(tx);
+            req.extensions_mut().insert(slot.clone());
+            (Some(slot), None)
+        }
+        Held::Lease(_) => (None, Some(spawn_heartbeat(shared.store.clone(), scope.clone(), &lease, shared.policy.lease))),
+    };
+
+    let result = inner.call(req).await;
+    drop(heartbeat);
+    let response = match result {
+        Ok(r) => r,
+        Err(e) => {
+            // The handler failed without an answer: nothing to store.
+            settle_unstored(shared, slot, &scope, &lease, Disposition::Release).await;
+            return Err(e);
+        }
+    };
+
+    let outcome = response.extensions().get::<Outcome>().copied();
+    match disposition(response.status(), outcome, &shared.policy) {
+        Disposition::Store => Ok(store_response(shared, slot, &scope, &lease, response).await),
+        other => {
+            settle_unstored(shared, slot, &scope, &lease, other).await;
+            Ok(response.map(Body::new))
+        }
+    }
+}
+
+/// Releases or abandons the key without storing a response. In single-step
+/// mode both are a rollback: the claim was never committed.
+async fn settle_unstored(shared: &Shared, slot: Option<TxSlot>, scope: &Scope, lease: &Lease, how: Disposition) {
+    if let Some(slot) = slot {
+        drop(slot.take());
+        return;
+    }
+    let result = match how {
+        Disposition::Abandon => shared.store.abandon(scope, lease.token, "handler marked the outcome retryable").await,
+        _ => shared.store.release(scope, lease.token).await,
+    };
+    if let Err(e) = result {
+        // The lease still expires on its own; the next attempt takes over then.
+        tracing::warn!(error = %e, "idempotency: could not release the key");
+    }
+}
+
+async fn store_response<B>(
+    shared: &Shared,
+    slot: Option<TxSlot>,
+    scope: &Scope,
+    lease: &Lease,
+    response: Response<B>,
+) -> Response
+where
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    let (parts, body) = response.into_parts();
+    let cap = shared.policy.max_stored_body;
+    let body = match Limited::new(body, cap).collect().await {
+        Ok(c) => c.to_bytes(),
+        Err(e) => {
+            let too_large = e.is::<http_body_util::LengthLimitError>();
+            let problem = if too_large {
+                ProblemResponse::new(
+                    ErrorCode::ResponseTooLarge,
+                    format!("the response is larger than the {cap}-byte storage cap; nothing was committed"),
+                )
+            } else {
+                ProblemResponse::new(ErrorCode::Internal, "the handler's response body failed")
+            };
+            return match slot {
+                // Single-step: roll everything back; nothing happened.
+                Some(slot) => {
+                    drop(slot.take());
+                    problem.into_response()
+                }
+                // Generic: the handler's effects may have happened, so the failure is
+                // what the key now answers (too large), or the key is released (body error).
+                None if too_large => {
+                    let stored = stored_problem(&problem);
+                    match complete_with_retry(shared.store.as_ref(), scope, lease, &stored).await {
+                        Ok(()) => problem.into_response(),
+                        Err(e) => store_problem(&e).into_response(),
+                    }
+                }
+                None => {
+                    settle_unstored(shared, None, scope, lease, Disposition::Release).await;
+                    problem.into_response()
+                }
+            };
+        }
+    };
+    let stored = StoredResponse {
+        status: parts.status.as_u16(),
+        headers: parts
+            .headers
+            .iter()
+            .filter(|(name, _)| shared.policy.replays_header(name.as_str()))
+            .map(|(name, value)| StoredHeader { name: name.as_str().to_owned(), value: value.as_bytes().to_vec() })
+            .collect(),
+        body: body.to_vec(),
+    };
+    let committed = match slot {
+        Some(slot) => match slot.take() {
+            Some(tx) => match &shared.tx_store {
+                Some(tx_store) => tx_store.complete_in_tx(tx, scope, lease.token, &stored).await,
+                None => Err(StoreError::Corrupt("transaction without a transactional store".into())),
+            },
+            None => {
+                return ProblemResponse::new(
+                    ErrorCode::Internal,
+                    "the handler kept the claim transaction past its return; rolled back",
+                )
+                .into_response();
+            }
+        },
+        None => complete_with_retry(shared.store.as_ref(), scope, lease, &stored).await,
+    };
+    match committed {
+        Ok(()) => Response::from_parts(parts, Body::from(body)),
+        Err(e) => store_problem(&e).into_response(),
+    }
+}
+
+/// Generic-mode completion, retried briefly when the store is unavailable: the
+/// handler's effects have happened, so giving up early costs a re-execution.
+async fn complete_with_retry(
+    store: &dyn KeyStore,
+    scope: &Scope,
+    lease: &Lease,
+    stored: &StoredResponse,
+) -> Result<(), StoreError> {
+    let mut delay = Duration::from_millis(50);
+    for attempt in 1.. {
+        match store.complete(scope, lease.token, stored).await {
+            Err(StoreError::Unavailable(e)) if attempt < 4 => {
+                tracing::warn!(error = %e, attempt, "idempotency: completion failed; retrying");
+                tokio::time::sleep(delay.mul_f64(rand::random_range(0.5..1.0))).await;
+                delay *= 2;
+            }
+            other => return other,
+        }
+    }
+    unreachable!("the loop returns")
+}
+
+fn stored_problem(p: &ProblemResponse) -> StoredResponse {
+    StoredResponse {
+        status: p.problem.status,
+        headers: vec![StoredHeader {
+            name: "content-type".into(),
+            value: idemkit_core::PROBLEM_CONTENT_TYPE.as_bytes().to_vec(),
+        }],
+        body: p.problem.to_json(),
+    }
+}
+
+fn store_problem(e: &StoreError) -> ProblemResponse {
+    match e {
+        StoreError::Fenced => ProblemResponse::new(
+            ErrorCode::LeaseLost,
+            "this attempt's lease was taken over by a later attempt; its writes were discarded; retry to get the stored result",
+        )
+        .retry_after(Duration::from_secs(1)),
+        StoreError::Unavailable(_) => {
+            tracing::warn!(error = %e, "idempotency: store unavailable");
+            ProblemResponse::new(ErrorCode::StoreUnavailable, "the idempotency store is unavailable; retry with the same key")
+                .retry_after(Duration::from_secs(1))
+        }
+        _ => {
+            tracing::error!(error = %e, "idempotency: store failure");
+            ProblemResponse::new(ErrorCode::Internal, "the idempotency store failed; retry with the same key")
+        }
+    }
+}
+
+/// Rebuilds a stored response: same status (or the route's replay status for a
+/// stored 2xx), allowlisted headers, byte-identical body, plus the replay marker.
+pub(crate) fn replay_response(stored: StoredResponse, policy: &Policy) -> Response {
+    let status = match policy.replay_status {
+        Some(s) if (200..300).contains(&stored.status) => s,
+        _ => stored.status,
+    };
+    let mut res = Response::new(Body::from(stored.body));
+    *res.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    for h in stored.headers {
+        if let (Ok(name), Ok(value)) = (HeaderName::from_bytes(h.name.as_bytes()), HeaderValue::from_bytes(&h.value)) {
+            res.headers_mut().append(name, value);
+        }
+    }
+    res.headers_mut().insert(HeaderName::from_static(IDEMPOTENT_REPLAYED), HeaderValue::from_static("true"));
+    res
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dispositions_follow_the_spec() {
+        let p = Policy::new();
+        let d = |s: u16, o| disposition(StatusCode::from_u16(s).unwrap(), o, &p);
+        assert_eq!(d(201, None), Disposition::Store);
+        assert_eq!(d(404, None), Disposition::Store);
+        assert_eq!(d(409, None), Disposition::Store);
+        assert_eq!(d(400, None), Disposition::Release);
+        assert_eq!(d(422, None), Disposition::Release);
+        assert_eq!(d(429, None), Disposition::Release);
+        assert_eq!(d(500, None), Disposition::Release);
+        assert_eq!(d(502, Some(Outcome::Final)), Disposition::Store);
+        assert_eq!(d(201, Some(Outcome::Retryable)), Disposition::Abandon);
+        let replay = Policy::new().with_server_error_policy(ServerErrorPolicy::Replay);
+        assert_eq!(disposition(StatusCode::BAD_GATEWAY, None, &replay), Disposition::Store);
+    }
+
+    #[test]
+    fn replay_status_override_applies_to_success_only() {
+        let p = Policy::new().with_replay_status(200);
+        let ok = replay_response(StoredResponse { status: 201, headers: vec![], body: b"x".to_vec() }, &p);
+        assert_eq!(ok.status(), 200);
+        assert_eq!(ok.headers()[IDEMPOTENT_REPLAYED], "true");
+        let failed = replay_response(StoredResponse { status: 502, headers: vec![], body: vec![] }, &p);
+        assert_eq!(failed.status(), 502);
+    }
+}
