@@ -10,9 +10,9 @@ use axum::response::{IntoResponseParts, ResponseParts};
 /// use idemkit_tower::Outcome;
 ///
 /// // The courier refused the address: permanent, store and replay it.
-/// let permanent = (Outcome::Final, StatusCode::BAD_GATEWAY, "address rejected").into_response();
+/// let permanent = (StatusCode::BAD_GATEWAY, Outcome::Final, "address rejected").into_response();
 /// // The courier timed out: do not store; the next attempt resumes at once.
-/// let transient = (Outcome::Retryable, StatusCode::BAD_GATEWAY, "courier timed out").into_response();
+/// let transient = (StatusCode::BAD_GATEWAY, Outcome::Retryable, "courier timed out").into_response();
 /// # let _ = (permanent, transient);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
