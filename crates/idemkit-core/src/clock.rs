@@ -9,12 +9,18 @@ pub struct Millis(pub i64);
 impl Millis {
     /// `self + d`, saturating.
     pub fn plus(self, d: Duration) -> Self {
-        Self(self.0.saturating_add(i64::try_from(d.as_millis()).unwrap_or(i64::MAX)))
+        Self(
+            self.0
+                .saturating_add(i64::try_from(d.as_millis()).unwrap_or(i64::MAX)),
+        )
     }
 
     /// `self - d`, saturating.
     pub fn minus(self, d: Duration) -> Self {
-        Self(self.0.saturating_sub(i64::try_from(d.as_millis()).unwrap_or(i64::MAX)))
+        Self(
+            self.0
+                .saturating_sub(i64::try_from(d.as_millis()).unwrap_or(i64::MAX)),
+        )
     }
 
     /// How long from `self` until `later` (zero when `later` is not later).

@@ -130,10 +130,10 @@ fn remove_pointer(value: &mut serde_json::Value, pointer: &str) {
             map.remove(&last);
         }
         Some(serde_json::Value::Array(items)) => {
-            if let Ok(i) = last.parse::<usize>() {
-                if i < items.len() {
-                    items.remove(i);
-                }
+            if let Ok(i) = last.parse::<usize>()
+                && i < items.len()
+            {
+                items.remove(i);
             }
         }
         _ => {}
@@ -165,13 +165,20 @@ mod tests {
         );
         assert_ne!(fp.compute("POST", "/", b"a b"), fp.compute("POST", "/", b"a  b"));
         // Invalid JSON is hashed as bytes rather than failing.
-        assert_ne!(fp.compute("POST", "/", b"{bad"), fp.compute("POST", "/", b"{ bad"));
+        assert_ne!(
+            fp.compute("POST", "/", b"{bad"),
+            fp.compute("POST", "/", b"{ bad")
+        );
         assert_eq!(fp.compute("POST", "/", b"{bad"), fp.compute("POST", "/", b"{bad"));
     }
 
     #[test]
     fn excluded_pointers_do_not_count() {
-        let fp = Fingerprinter::new().exclude("/idempotencyKey").unwrap().exclude("/meta/sentAt").unwrap();
+        let fp = Fingerprinter::new()
+            .exclude("/idempotencyKey")
+            .unwrap()
+            .exclude("/meta/sentAt")
+            .unwrap();
         let a = json!({"idempotencyKey": "k1", "x": 1, "meta": {"sentAt": 1, "v": 2}});
         let b = json!({"idempotencyKey": "k2", "x": 1, "meta": {"sentAt": 9, "v": 2}});
         let c = json!({"idempotencyKey": "k1", "x": 2, "meta": {"sentAt": 1, "v": 2}});

@@ -84,17 +84,11 @@ impl IdempotencyKey {
     }
 
     fn parse_quoted(raw: &[u8]) -> Result<Self, KeyError> {
-        let item: sfv::Item = sfv::Parser::new(raw)
-            .parse()
-            .map_err(|_| KeyError::BadQuoting)?;
+        let item: sfv::Item = sfv::Parser::new(raw).parse().map_err(|_| KeyError::BadQuoting)?;
         if !item.params.is_empty() {
             return Err(KeyError::BadQuoting);
         }
-        let inner = item
-            .bare_item
-            .as_string()
-            .ok_or(KeyError::BadQuoting)?
-            .as_str();
+        let inner = item.bare_item.as_string().ok_or(KeyError::BadQuoting)?.as_str();
         Self::validate(inner.as_bytes())
     }
 
@@ -151,7 +145,10 @@ mod tests {
         assert!(IdempotencyKey::parse("a").is_ok());
         assert!(IdempotencyKey::parse("!~").is_ok());
         assert!(IdempotencyKey::parse("a".repeat(255)).is_ok());
-        assert_eq!(IdempotencyKey::parse("a".repeat(256)), Err(KeyError::TooLong(256)));
+        assert_eq!(
+            IdempotencyKey::parse("a".repeat(256)),
+            Err(KeyError::TooLong(256))
+        );
     }
 
     #[test]
@@ -171,7 +168,10 @@ mod tests {
             IdempotencyKey::parse("abc").unwrap()
         );
         assert_eq!(IdempotencyKey::parse("\"\""), Err(KeyError::Empty));
-        assert_eq!(IdempotencyKey::parse("\"a b\""), Err(KeyError::InvalidCharacter(1)));
+        assert_eq!(
+            IdempotencyKey::parse("\"a b\""),
+            Err(KeyError::InvalidCharacter(1))
+        );
         assert_eq!(IdempotencyKey::parse("\"abc"), Err(KeyError::BadQuoting));
         assert_eq!(IdempotencyKey::parse("\"abc\";p=1"), Err(KeyError::BadQuoting));
         // An escaped quote inside a structured-field string is a literal quote.

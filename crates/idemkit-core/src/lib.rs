@@ -39,7 +39,8 @@ pub use policy::{
 };
 pub use problem::{ErrorCode, PROBLEM_CONTENT_TYPE, Problem};
 pub use record::{
-    Decision, FencingToken, Record, RecordHead, RecordState, StoredHeader, StoredRequest, StoredResponse, decide,
+    Decision, FencingToken, Record, RecordHead, RecordState, StoredHeader, StoredRequest, StoredResponse,
+    decide,
 };
 pub use scope::{Account, Scope};
 pub use store::{

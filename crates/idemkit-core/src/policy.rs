@@ -116,7 +116,9 @@ impl Default for Policy {
 #[non_exhaustive]
 pub enum PolicyError {
     /// The replay window ends before clients stop retrying.
-    #[error("replay window {window:?} is shorter than the declared longest retry chain {chain:?}: a late retry would execute twice")]
+    #[error(
+        "replay window {window:?} is shorter than the declared longest retry chain {chain:?}: a late retry would execute twice"
+    )]
     WindowShorterThanRetryChain {
         /// The replay window.
         window: Duration,
@@ -244,23 +246,36 @@ impl Policy {
                 return Err(PolicyError::Zero(name));
             }
         }
-        if let Some(chain) = self.longest_retry_chain {
-            if self.replay_window < chain {
-                return Err(PolicyError::WindowShorterThanRetryChain { window: self.replay_window, chain });
-            }
+        if let Some(chain) = self.longest_retry_chain
+            && self.replay_window < chain
+        {
+            return Err(PolicyError::WindowShorterThanRetryChain {
+                window: self.replay_window,
+                chain,
+            });
         }
         if self.lease >= self.replay_window {
-            return Err(PolicyError::LeaseNotShorterThanWindow { lease: self.lease, window: self.replay_window });
+            return Err(PolicyError::LeaseNotShorterThanWindow {
+                lease: self.lease,
+                window: self.replay_window,
+            });
         }
         if self.reap_threshold < self.replay_window {
-            return Err(PolicyError::ReapBeforeWindowEnds { reap: self.reap_threshold, window: self.replay_window });
+            return Err(PolicyError::ReapBeforeWindowEnds {
+                reap: self.reap_threshold,
+                window: self.replay_window,
+            });
         }
-        if let Some(s) = self.replay_status {
-            if !(100..=599).contains(&s) {
-                return Err(PolicyError::BadReplayStatus(s));
-            }
+        if let Some(s) = self.replay_status
+            && !(100..=599).contains(&s)
+        {
+            return Err(PolicyError::BadReplayStatus(s));
         }
-        if let Some(h) = self.replayed_headers.iter().find(|h| NEVER_REPLAYED_HEADERS.contains(&h.as_str())) {
+        if let Some(h) = self
+            .replayed_headers
+            .iter()
+            .find(|h| NEVER_REPLAYED_HEADERS.contains(&h.as_str()))
+        {
             return Err(PolicyError::ForbiddenHeader(h.clone()));
         }
         Ok(())
@@ -294,11 +309,20 @@ mod tests {
             Err(PolicyError::ReapBeforeWindowEnds { .. })
         ));
         assert!(matches!(
-            Policy::new().with_replay_window(h).with_longest_retry_chain(2 * h).validate(),
+            Policy::new()
+                .with_replay_window(h)
+                .with_longest_retry_chain(2 * h)
+                .validate(),
             Err(PolicyError::WindowShorterThanRetryChain { .. })
         ));
-        assert_eq!(Policy::new().with_lease(Duration::ZERO).validate(), Err(PolicyError::Zero("lease")));
-        assert_eq!(Policy::new().with_replay_status(42).validate(), Err(PolicyError::BadReplayStatus(42)));
+        assert_eq!(
+            Policy::new().with_lease(Duration::ZERO).validate(),
+            Err(PolicyError::Zero("lease"))
+        );
+        assert_eq!(
+            Policy::new().with_replay_status(42).validate(),
+            Err(PolicyError::BadReplayStatus(42))
+        );
         assert!(matches!(
             Policy::new().with_replayed_header("Set-Cookie").validate(),
             Err(PolicyError::ForbiddenHeader(_))

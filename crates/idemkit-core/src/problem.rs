@@ -83,7 +83,10 @@ impl ErrorCode {
 
     /// Whether retrying the same request (same key, same body) can succeed.
     pub const fn retryable(self) -> bool {
-        matches!(self, Self::RequestInProgress | Self::LeaseLost | Self::StoreUnavailable | Self::Internal)
+        matches!(
+            self,
+            Self::RequestInProgress | Self::LeaseLost | Self::StoreUnavailable | Self::Internal
+        )
     }
 
     /// A short, human title (the problem `title`, constant per code).
@@ -172,7 +175,10 @@ mod tests {
 
     #[test]
     fn conflict_codes_differ_and_serde_matches_as_str() {
-        assert_ne!(ErrorCode::KeyReused.as_str(), ErrorCode::RequestInProgress.as_str());
+        assert_ne!(
+            ErrorCode::KeyReused.as_str(),
+            ErrorCode::RequestInProgress.as_str()
+        );
         for code in [
             ErrorCode::KeyMissing,
             ErrorCode::KeyInvalid,

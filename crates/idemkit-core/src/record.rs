@@ -162,7 +162,12 @@ pub enum Decision {
 }
 
 /// Decides a claim. See [`Decision`].
-pub fn decide(existing: Option<&RecordHead>, fingerprint: &Fingerprint, now: Millis, replay_window: Duration) -> Decision {
+pub fn decide(
+    existing: Option<&RecordHead>,
+    fingerprint: &Fingerprint,
+    now: Millis,
+    replay_window: Duration,
+) -> Decision {
     let Some(r) = existing else {
         return Decision::Insert;
     };
@@ -183,7 +188,9 @@ pub fn decide(existing: Option<&RecordHead>, fingerprint: &Fingerprint, now: Mil
                 if r.fingerprint != *fingerprint {
                     Decision::Mismatch
                 } else {
-                    Decision::InProgress { retry_after: now.until(r.lease_expires_at) }
+                    Decision::InProgress {
+                        retry_after: now.until(r.lease_expires_at),
+                    }
                 }
             } else if r.created_at.plus(replay_window) <= now {
                 // Abandoned longer than a replay window: nobody may still be retrying it.
@@ -202,7 +209,13 @@ mod tests {
     use super::*;
     use crate::Fingerprinter;
 
-    fn head(state: RecordState, fp: Fingerprint, created: i64, completed: Option<i64>, lease: i64) -> RecordHead {
+    fn head(
+        state: RecordState,
+        fp: Fingerprint,
+        created: i64,
+        completed: Option<i64>,
+        lease: i64,
+    ) -> RecordHead {
         RecordHead {
             state,
             fingerprint: fp,
@@ -225,7 +238,12 @@ mod tests {
         assert_eq!(decide(Some(&done), &b, now, w), Decision::Mismatch);
         assert_eq!(decide(Some(&done), &b, Millis(10_500), w), Decision::Reuse);
         let live = head(RecordState::InFlight, a, 9_900, None, 10_300);
-        assert_eq!(decide(Some(&live), &a, now, w), Decision::InProgress { retry_after: Duration::from_millis(300) });
+        assert_eq!(
+            decide(Some(&live), &a, now, w),
+            Decision::InProgress {
+                retry_after: Duration::from_millis(300)
+            }
+        );
         assert_eq!(decide(Some(&live), &b, now, w), Decision::Mismatch);
         let dead = head(RecordState::InFlight, a, 9_500, None, 9_800);
         assert_eq!(decide(Some(&dead), &a, now, w), Decision::Takeover);

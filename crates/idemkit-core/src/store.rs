@@ -96,7 +96,12 @@ pub trait KeyStore: Send + Sync + std::fmt::Debug + 'static {
     async fn heartbeat(&self, scope: &Scope, token: FencingToken, lease: Duration) -> StoreResult<Millis>;
 
     /// Stores the response and marks the record completed.
-    async fn complete(&self, scope: &Scope, token: FencingToken, response: &StoredResponse) -> StoreResult<()>;
+    async fn complete(
+        &self,
+        scope: &Scope,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> StoreResult<()>;
 
     /// Releases the key: the record becomes absent in effect and the next request
     /// with the key runs as a first attempt (validation errors, retryable failures
@@ -132,7 +137,10 @@ pub enum TxClaim<T> {
 impl<T> std::fmt::Debug for TxClaim<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Self::Claimed { lease, .. } => f.debug_struct("Claimed").field("lease", lease).finish_non_exhaustive(),
+            Self::Claimed { lease, .. } => f
+                .debug_struct("Claimed")
+                .field("lease", lease)
+                .finish_non_exhaustive(),
             Self::Other(o) => f.debug_tuple("Other").field(o).finish(),
         }
     }

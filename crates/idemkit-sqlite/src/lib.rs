@@ -31,10 +31,12 @@ use std::time::Duration;
 use async_trait::async_trait;
 use idemkit_core::{
     Account, ClaimOutcome, ClaimRequest, Clock, Decision, FencingToken, Fingerprint, IdempotencyKey,
-    KeyStore, Lease, Millis, Record, RecordHead, RecordState, Scope, StoreError, StoreResult,
-    StoredHeader, StoredRequest, StoredResponse, SystemClock, TransactionalStore, TxClaim, decide,
+    KeyStore, Lease, Millis, Record, RecordHead, RecordState, Scope, StoreError, StoreResult, StoredHeader,
+    StoredRequest, StoredResponse, SystemClock, TransactionalStore, TxClaim, decide,
 };
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow, SqliteSynchronous};
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow, SqliteSynchronous,
+};
 use sqlx::{Row, Sqlite, SqliteConnection, SqlitePool};
 
 /// The transaction handed to single-step handlers.
@@ -67,7 +69,10 @@ pub struct SqliteConfig {
 
 impl Default for SqliteConfig {
     fn default() -> Self {
-        Self { max_connections: 8, busy_timeout: Duration::from_secs(10) }
+        Self {
+            max_connections: 8,
+            busy_timeout: Duration::from_secs(10),
+        }
     }
 }
 
@@ -81,7 +86,9 @@ impl SqliteStore {
     pub async fn open_with(path: impl AsRef<Path>, config: &SqliteConfig) -> StoreResult<Self> {
         let path = path.as_ref();
         let options = match path.to_str() {
-            Some(url) if url.starts_with("sqlite:") => SqliteConnectOptions::from_str(url).map_err(backend)?,
+            Some(url) if url.starts_with("sqlite:") => {
+                SqliteConnectOptions::from_str(url).map_err(backend)?
+            }
             _ => SqliteConnectOptions::new().filename(path),
         }
         .create_if_missing(true)
@@ -103,8 +110,14 @@ impl SqliteStore {
     /// Uses an existing pool (the application's own, so business tables and keys
     /// live in one database), running the embedded migrations.
     pub async fn from_pool(pool: SqlitePool) -> StoreResult<Self> {
-        MIGRATOR.run(&pool).await.map_err(|e| StoreError::Backend(Box::new(e)))?;
-        Ok(Self { pool, clock: Arc::new(SystemClock) })
+        MIGRATOR
+            .run(&pool)
+            .await
+            .map_err(|e| StoreError::Backend(Box::new(e)))?;
+        Ok(Self {
+            pool,
+            clock: Arc::new(SystemClock),
+        })
     }
 
     /// Replaces the clock (tests move time with it).
@@ -125,7 +138,11 @@ impl SqliteStore {
     }
 
     /// Claims inside `tx`. Returns the lease when claimed, or the outcome to answer.
-    async fn claim_on(&self, conn: &mut SqliteConnection, req: &ClaimRequest) -> StoreResult<Result<Lease, ClaimOutcome>> {
+    async fn claim_on(
+        &self,
+        conn: &mut SqliteConnection,
+        req: &ClaimRequest,
+    ) -> StoreResult<Result<Lease, ClaimOutcome>> {
         let now = self.clock.now();
         let expires = now.plus(req.lease);
         let headers = to_json(&req.request.headers)?;
@@ -149,15 +166,26 @@ impl SqliteStore {
         .map_err(map_err)?;
         if let Some(row) = inserted {
             let token: i64 = row.try_get(0).map_err(corrupt)?;
-            return Ok(Ok(Lease { token: FencingToken(token), expires_at: expires, resumed_from: None }));
+            return Ok(Ok(Lease {
+                token: FencingToken(token),
+                expires_at: expires,
+                resumed_from: None,
+            }));
         }
 
         let existing = fetch_record(&mut *conn, &req.scope).await?.ok_or_else(|| {
             StoreError::Corrupt("insert conflicted but no row was found under the write lock".into())
         })?;
         let next = FencingToken(existing.fencing_token.0 + 1);
-        match decide(Some(&RecordHead::from(&existing)), &req.fingerprint, now, req.replay_window) {
-            Decision::Insert => Err(StoreError::Corrupt("decision `insert` for an existing row".into())),
+        match decide(
+            Some(&RecordHead::from(&existing)),
+            &req.fingerprint,
+            now,
+            req.replay_window,
+        ) {
+            Decision::Insert => Err(StoreError::Corrupt(
+                "decision `insert` for an existing row".into(),
+            )),
             Decision::Replay => Ok(Err(replay_of(existing)?)),
             Decision::Mismatch => Ok(Err(ClaimOutcome::Mismatch)),
             Decision::InProgress { retry_after } => Ok(Err(ClaimOutcome::InProgress { retry_after })),
@@ -175,7 +203,11 @@ impl SqliteStore {
                 .await
                 .map_err(map_err)?;
                 cas_ok(moved.rows_affected())?;
-                Ok(Ok(Lease { token: next, expires_at: expires, resumed_from: existing.recovery_point }))
+                Ok(Ok(Lease {
+                    token: next,
+                    expires_at: expires,
+                    resumed_from: existing.recovery_point,
+                }))
             }
             Decision::Reuse => {
                 let moved = sqlx::query(
@@ -200,7 +232,11 @@ impl SqliteStore {
                 .await
                 .map_err(map_err)?;
                 cas_ok(moved.rows_affected())?;
-                Ok(Ok(Lease { token: next, expires_at: expires, resumed_from: None }))
+                Ok(Ok(Lease {
+                    token: next,
+                    expires_at: expires,
+                    resumed_from: None,
+                }))
             }
         }
     }
@@ -214,12 +250,19 @@ impl SqliteStore {
             return Ok(None);
         };
         let now = self.clock.now();
-        Ok(match decide(Some(&RecordHead::from(&existing)), &req.fingerprint, now, req.replay_window) {
-            Decision::Replay => Some(replay_of(existing)?),
-            Decision::Mismatch => Some(ClaimOutcome::Mismatch),
-            Decision::InProgress { retry_after } => Some(ClaimOutcome::InProgress { retry_after }),
-            Decision::Insert | Decision::Reuse | Decision::Takeover => None,
-        })
+        Ok(
+            match decide(
+                Some(&RecordHead::from(&existing)),
+                &req.fingerprint,
+                now,
+                req.replay_window,
+            ) {
+                Decision::Replay => Some(replay_of(existing)?),
+                Decision::Mismatch => Some(ClaimOutcome::Mismatch),
+                Decision::InProgress { retry_after } => Some(ClaimOutcome::InProgress { retry_after }),
+                Decision::Insert | Decision::Reuse | Decision::Takeover => None,
+            },
+        )
     }
 
     /// Runs a fenced single-row update; zero rows means the token is stale.
@@ -233,9 +276,16 @@ impl SqliteStore {
             sqlx::query::Query<'static, Sqlite, sqlx::sqlite::SqliteArguments>,
         ) -> sqlx::query::Query<'static, Sqlite, sqlx::sqlite::SqliteArguments>,
     ) -> StoreResult<()> {
-        let q = sqlx::query(sql).bind(scope.account.as_str().to_owned()).bind(scope.key.as_str().to_owned()).bind(token.0);
+        let q = sqlx::query(sql)
+            .bind(scope.account.as_str().to_owned())
+            .bind(scope.key.as_str().to_owned())
+            .bind(token.0);
         let done = bind(q).execute(&mut *conn).await.map_err(map_err)?;
-        if done.rows_affected() == 1 { Ok(()) } else { Err(StoreError::Fenced) }
+        if done.rows_affected() == 1 {
+            Ok(())
+        } else {
+            Err(StoreError::Fenced)
+        }
     }
 
     async fn complete_on(
@@ -289,7 +339,12 @@ impl KeyStore for SqliteStore {
         Ok(expires)
     }
 
-    async fn complete(&self, scope: &Scope, token: FencingToken, response: &StoredResponse) -> StoreResult<()> {
+    async fn complete(
+        &self,
+        scope: &Scope,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> StoreResult<()> {
         let mut conn = self.pool.acquire().await.map_err(map_err)?;
         self.complete_on(&mut conn, scope, token, response).await
     }
@@ -393,15 +448,24 @@ async fn fetch_record(conn: &mut SqliteConnection, scope: &Scope) -> StoreResult
 fn decode(row: &SqliteRow) -> StoreResult<Record> {
     let get_str = |i: usize| -> StoreResult<String> { row.try_get::<String, _>(i).map_err(corrupt) };
     let fp: Vec<u8> = row.try_get(2).map_err(corrupt)?;
-    let fp: [u8; 32] = fp.try_into().map_err(|_| StoreError::Corrupt("fingerprint is not 32 bytes".into()))?;
+    let fp: [u8; 32] = fp
+        .try_into()
+        .map_err(|_| StoreError::Corrupt("fingerprint is not 32 bytes".into()))?;
     let state = get_str(3)?;
     let key = get_str(1)?;
     let resp_status: Option<i64> = row.try_get(14).map_err(corrupt)?;
     let response = match resp_status {
         Some(status) => Some(StoredResponse {
             status: u16::try_from(status).map_err(|_| StoreError::Corrupt(format!("status {status}")))?,
-            headers: from_json(&row.try_get::<Option<String>, _>(15).map_err(corrupt)?.unwrap_or_default())?,
-            body: row.try_get::<Option<Vec<u8>>, _>(16).map_err(corrupt)?.unwrap_or_default(),
+            headers: from_json(
+                &row.try_get::<Option<String>, _>(15)
+                    .map_err(corrupt)?
+                    .unwrap_or_default(),
+            )?,
+            body: row
+                .try_get::<Option<Vec<u8>>, _>(16)
+                .map_err(corrupt)?
+                .unwrap_or_default(),
         }),
         None => None,
     };
@@ -440,7 +504,11 @@ fn replay_of(record: Record) -> StoreResult<ClaimOutcome> {
 fn cas_ok(rows: u64) -> StoreResult<()> {
     // Under the write lock the row cannot change between the read and the update;
     // a miss means something outside this store wrote to the table.
-    if rows == 1 { Ok(()) } else { Err(StoreError::Corrupt("record changed under the write lock".into())) }
+    if rows == 1 {
+        Ok(())
+    } else {
+        Err(StoreError::Corrupt("record changed under the write lock".into()))
+    }
 }
 
 fn to_json(headers: &[StoredHeader]) -> StoreResult<String> {
@@ -463,7 +531,10 @@ fn backend(e: sqlx::Error) -> StoreError {
 /// `Unavailable` (a retryable 503); everything else is `Backend`.
 fn map_err(e: sqlx::Error) -> StoreError {
     let unavailable = match &e {
-        sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::Io(_)
+        | sqlx::Error::WorkerCrashed => true,
         sqlx::Error::Database(db) => {
             // SQLITE_BUSY (5), SQLITE_LOCKED (6) and their extended codes.
             let code = db.code().and_then(|c| c.parse::<i32>().ok()).unwrap_or(0);
@@ -471,5 +542,9 @@ fn map_err(e: sqlx::Error) -> StoreError {
         }
         _ => false,
     };
-    if unavailable { StoreError::Unavailable(Box::new(e)) } else { backend(e) }
+    if unavailable {
+        StoreError::Unavailable(Box::new(e))
+    } else {
+        backend(e)
+    }
 }

@@ -30,7 +30,10 @@ impl MemoryStore {
 
     /// An empty store on the given clock.
     pub fn with_clock(clock: Arc<dyn Clock>) -> Self {
-        Self { records: Mutex::new(HashMap::new()), clock }
+        Self {
+            records: Mutex::new(HashMap::new()),
+            clock,
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, HashMap<Scope, Record>> {
@@ -61,7 +64,12 @@ impl KeyStore for MemoryStore {
         let expires_at = now.plus(req.lease);
         let mut map = self.lock();
         let existing = map.get(&req.scope);
-        let decision = decide(existing.map(RecordHead::from).as_ref(), &req.fingerprint, now, req.replay_window);
+        let decision = decide(
+            existing.map(RecordHead::from).as_ref(),
+            &req.fingerprint,
+            now,
+            req.replay_window,
+        );
         let next = FencingToken(existing.map_or(0, |r| r.fencing_token.0) + 1);
         let fresh = || Record {
             scope: req.scope.clone(),
@@ -80,13 +88,23 @@ impl KeyStore for MemoryStore {
         Ok(match decision {
             Decision::Insert | Decision::Reuse => {
                 map.insert(req.scope.clone(), fresh());
-                ClaimOutcome::Claimed(Lease { token: next, expires_at, resumed_from: None })
+                ClaimOutcome::Claimed(Lease {
+                    token: next,
+                    expires_at,
+                    resumed_from: None,
+                })
             }
             Decision::Takeover => {
-                let r = map.get_mut(&req.scope).ok_or_else(|| StoreError::Corrupt("vanished".into()))?;
+                let r = map
+                    .get_mut(&req.scope)
+                    .ok_or_else(|| StoreError::Corrupt("vanished".into()))?;
                 r.fencing_token = next;
                 r.lease_expires_at = expires_at;
-                ClaimOutcome::Claimed(Lease { token: next, expires_at, resumed_from: r.recovery_point.clone() })
+                ClaimOutcome::Claimed(Lease {
+                    token: next,
+                    expires_at,
+                    resumed_from: r.recovery_point.clone(),
+                })
             }
             Decision::Replay => ClaimOutcome::Replay(
                 existing
@@ -105,7 +123,12 @@ impl KeyStore for MemoryStore {
         })
     }
 
-    async fn complete(&self, scope: &Scope, token: FencingToken, response: &StoredResponse) -> StoreResult<()> {
+    async fn complete(
+        &self,
+        scope: &Scope,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> StoreResult<()> {
         self.with_held(scope, token, |r, now| {
             r.state = RecordState::Completed;
             r.completed_at = Some(now);

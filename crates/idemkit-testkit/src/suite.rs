@@ -20,7 +20,10 @@ pub const WINDOW: Duration = Duration::from_secs(24 * 3600);
 
 /// A scope for `account` and `key`.
 pub fn scope(account: &str, key: &str) -> Scope {
-    Scope::new(Account::new(account), IdempotencyKey::parse(key).expect("valid test key"))
+    Scope::new(
+        Account::new(account),
+        IdempotencyKey::parse(key).expect("valid test key"),
+    )
 }
 
 /// A claim request for `scope` with a JSON body.
@@ -31,7 +34,10 @@ pub fn claim_req(scope: &Scope, body: &str) -> ClaimRequest {
         request: StoredRequest {
             method: "POST".into(),
             path: "/orders".into(),
-            headers: vec![StoredHeader { name: "content-type".into(), value: b"application/json".to_vec() }],
+            headers: vec![StoredHeader {
+                name: "content-type".into(),
+                value: b"application/json".to_vec(),
+            }],
             body: body.as_bytes().to_vec(),
         },
         lease: LEASE,
@@ -44,8 +50,14 @@ pub fn response(status: u16, body: &str) -> StoredResponse {
     StoredResponse {
         status,
         headers: vec![
-            StoredHeader { name: "content-type".into(), value: b"application/json".to_vec() },
-            StoredHeader { name: "location".into(), value: b"/orders/1".to_vec() },
+            StoredHeader {
+                name: "content-type".into(),
+                value: b"application/json".to_vec(),
+            },
+            StoredHeader {
+                name: "location".into(),
+                value: b"/orders/1".to_vec(),
+            },
         ],
         body: body.as_bytes().to_vec(),
     }
@@ -60,7 +72,10 @@ pub async fn must_claim<S: KeyStore + ?Sized>(store: &S, req: &ClaimRequest) -> 
 }
 
 fn assert_fenced<T: std::fmt::Debug>(r: Result<T, StoreError>, what: &str) {
-    assert!(matches!(r, Err(StoreError::Fenced)), "{what}: expected Fenced, got {r:?}");
+    assert!(
+        matches!(r, Err(StoreError::Fenced)),
+        "{what}: expected Fenced, got {r:?}"
+    );
 }
 
 /// Absent → claimed → completed → the same request replays the stored response.
@@ -73,7 +88,10 @@ pub async fn first_claim_then_replay<S: KeyStore>(store: Arc<S>, _clock: Arc<Man
     let resp = response(201, r#"{"id":1}"#);
     store.complete(&s, lease.token, &resp).await.expect("complete");
     for _ in 0..3 {
-        assert_eq!(store.claim(&req).await.unwrap(), ClaimOutcome::Replay(resp.clone()));
+        assert_eq!(
+            store.claim(&req).await.unwrap(),
+            ClaimOutcome::Replay(resp.clone())
+        );
     }
     let rec = store.get(&s).await.unwrap().expect("record");
     assert_eq!(rec.state, RecordState::Completed);
@@ -90,8 +108,14 @@ pub async fn replay_is_byte_identical<S: KeyStore>(store: Arc<S>, _clock: Arc<Ma
     let resp = StoredResponse {
         status: 200,
         headers: vec![
-            StoredHeader { name: "content-type".into(), value: b"application/octet-stream".to_vec() },
-            StoredHeader { name: "x-weird".into(), value: vec![b'a', 0xff, 0x80, b'z'] },
+            StoredHeader {
+                name: "content-type".into(),
+                value: b"application/octet-stream".to_vec(),
+            },
+            StoredHeader {
+                name: "x-weird".into(),
+                value: vec![b'a', 0xff, 0x80, b'z'],
+            },
         ],
         body,
     };
@@ -106,12 +130,27 @@ pub async fn mismatch_is_reported_in_every_state<S: KeyStore>(store: Arc<S>, clo
     let a = claim_req(&s, r#"{"quantity":1}"#);
     let b = claim_req(&s, r#"{"quantity":2}"#);
     must_claim(&*store, &a).await;
-    assert_eq!(store.claim(&b).await.unwrap(), ClaimOutcome::Mismatch, "live lease");
+    assert_eq!(
+        store.claim(&b).await.unwrap(),
+        ClaimOutcome::Mismatch,
+        "live lease"
+    );
     clock.advance(LEASE * 2);
-    assert_eq!(store.claim(&b).await.unwrap(), ClaimOutcome::Mismatch, "expired lease");
+    assert_eq!(
+        store.claim(&b).await.unwrap(),
+        ClaimOutcome::Mismatch,
+        "expired lease"
+    );
     let lease = must_claim(&*store, &a).await; // takeover by the same request
-    store.complete(&s, lease.token, &response(201, "{}")).await.unwrap();
-    assert_eq!(store.claim(&b).await.unwrap(), ClaimOutcome::Mismatch, "completed");
+    store
+        .complete(&s, lease.token, &response(201, "{}"))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.claim(&b).await.unwrap(),
+        ClaimOutcome::Mismatch,
+        "completed"
+    );
 }
 
 /// A live lease answers `InProgress` with the time left on it.
@@ -142,11 +181,17 @@ pub async fn takeover_after_expiry_gets_new_token_and_fences_old_holder<S: KeySt
     let b = must_claim(&*store, &req).await;
     assert!(b.token > a.token, "{b:?} !> {a:?}");
     assert_fenced(store.heartbeat(&s, a.token, LEASE).await, "stale heartbeat");
-    assert_fenced(store.complete(&s, a.token, &response(201, "A")).await, "stale complete");
+    assert_fenced(
+        store.complete(&s, a.token, &response(201, "A")).await,
+        "stale complete",
+    );
     assert_fenced(store.release(&s, a.token).await, "stale release");
     assert_fenced(store.abandon(&s, a.token, "x").await, "stale abandon");
     store.complete(&s, b.token, &response(201, "B")).await.unwrap();
-    assert_eq!(store.claim(&req).await.unwrap(), ClaimOutcome::Replay(response(201, "B")));
+    assert_eq!(
+        store.claim(&req).await.unwrap(),
+        ClaimOutcome::Replay(response(201, "B"))
+    );
 }
 
 /// After the replay window a completed key is a new request, whatever its body.
@@ -154,9 +199,15 @@ pub async fn expired_window_is_a_new_request<S: KeyStore>(store: Arc<S>, clock: 
     let s = scope("acct-a", "k-win");
     let a = claim_req(&s, r#"{"n":1}"#);
     let first = must_claim(&*store, &a).await;
-    store.complete(&s, first.token, &response(201, "1")).await.unwrap();
+    store
+        .complete(&s, first.token, &response(201, "1"))
+        .await
+        .unwrap();
     clock.advance(WINDOW - Duration::from_secs(1));
-    assert_eq!(store.claim(&a).await.unwrap(), ClaimOutcome::Replay(response(201, "1")));
+    assert_eq!(
+        store.claim(&a).await.unwrap(),
+        ClaimOutcome::Replay(response(201, "1"))
+    );
     clock.advance(Duration::from_secs(2));
     let b = claim_req(&s, r#"{"n":2}"#);
     let second = must_claim(&*store, &b).await;
@@ -166,8 +217,14 @@ pub async fn expired_window_is_a_new_request<S: KeyStore>(store: Arc<S>, clock: 
     assert_eq!(rec.state, RecordState::InFlight);
     assert_eq!(rec.response, None);
     assert_eq!(rec.request.body, br#"{"n":2}"#.to_vec());
-    store.complete(&s, second.token, &response(201, "2")).await.unwrap();
-    assert_eq!(store.claim(&b).await.unwrap(), ClaimOutcome::Replay(response(201, "2")));
+    store
+        .complete(&s, second.token, &response(201, "2"))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.claim(&b).await.unwrap(),
+        ClaimOutcome::Replay(response(201, "2"))
+    );
 }
 
 /// A released key behaves as absent, and its next claim gets a higher token
@@ -183,9 +240,18 @@ pub async fn release_makes_key_absent_and_tokens_keep_growing<S: KeyStore>(
     let fixed = claim_req(&s, r#"{"bad":false}"#);
     let second = must_claim(&*store, &fixed).await;
     assert!(second.token > first.token);
-    assert_fenced(store.complete(&s, first.token, &response(201, "old")).await, "released token");
-    store.complete(&s, second.token, &response(201, "new")).await.unwrap();
-    assert_eq!(store.claim(&fixed).await.unwrap(), ClaimOutcome::Replay(response(201, "new")));
+    assert_fenced(
+        store.complete(&s, first.token, &response(201, "old")).await,
+        "released token",
+    );
+    store
+        .complete(&s, second.token, &response(201, "new"))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.claim(&fixed).await.unwrap(),
+        ClaimOutcome::Replay(response(201, "new"))
+    );
 }
 
 /// `abandon` ends the lease now: the next attempt takes over without waiting.
@@ -210,7 +276,10 @@ pub async fn heartbeat_keeps_lease_alive<S: KeyStore>(store: Arc<S>, clock: Arc<
         clock.advance(LEASE / 2);
         let until = store.heartbeat(&s, a.token, LEASE).await.unwrap();
         assert_eq!(until, store.now().plus(LEASE));
-        assert!(matches!(store.claim(&req).await.unwrap(), ClaimOutcome::InProgress { .. }));
+        assert!(matches!(
+            store.claim(&req).await.unwrap(),
+            ClaimOutcome::InProgress { .. }
+        ));
     }
     store.complete(&s, a.token, &response(200, "slow")).await.unwrap();
 }
@@ -223,16 +292,28 @@ pub async fn accounts_are_isolated<S: KeyStore>(store: Arc<S>, _clock: Arc<Manua
     let lb = must_claim(&*store, &claim_req(&b, "{}")).await;
     store.complete(&a, la.token, &response(201, "A")).await.unwrap();
     store.complete(&b, lb.token, &response(201, "B")).await.unwrap();
-    assert_eq!(store.claim(&claim_req(&a, "{}")).await.unwrap(), ClaimOutcome::Replay(response(201, "A")));
-    assert_eq!(store.claim(&claim_req(&b, "{}")).await.unwrap(), ClaimOutcome::Replay(response(201, "B")));
+    assert_eq!(
+        store.claim(&claim_req(&a, "{}")).await.unwrap(),
+        ClaimOutcome::Replay(response(201, "A"))
+    );
+    assert_eq!(
+        store.claim(&claim_req(&b, "{}")).await.unwrap(),
+        ClaimOutcome::Replay(response(201, "B"))
+    );
 }
 
 /// A completed record refuses further lease-holder writes, even with its own token.
 pub async fn completion_is_fenced_once_completed<S: KeyStore>(store: Arc<S>, _clock: Arc<ManualClock>) {
     let s = scope("acct-a", "k-once");
     let a = must_claim(&*store, &claim_req(&s, "{}")).await;
-    store.complete(&s, a.token, &response(201, "first")).await.unwrap();
-    assert_fenced(store.complete(&s, a.token, &response(201, "second")).await, "second complete");
+    store
+        .complete(&s, a.token, &response(201, "first"))
+        .await
+        .unwrap();
+    assert_fenced(
+        store.complete(&s, a.token, &response(201, "second")).await,
+        "second complete",
+    );
     assert_fenced(store.release(&s, a.token).await, "release after complete");
     let rec = store.get(&s).await.unwrap().unwrap();
     assert_eq!(rec.response, Some(response(201, "first")));
@@ -275,11 +356,18 @@ pub async fn concurrent_claims_have_one_winner<S: KeyStore>(store: Arc<S>, _cloc
         }
     }
     assert_eq!(winners.len(), 1, "exactly one winner");
-    store.complete(&s, winners[0].token, &response(201, "won")).await.unwrap();
+    store
+        .complete(&s, winners[0].token, &response(201, "won"))
+        .await
+        .unwrap();
     let replays = futures::future::join_all((0..64).map(|_| {
         let (store, req) = (store.clone(), req.clone());
         async move { store.claim(&req).await.unwrap() }
     }))
     .await;
-    assert!(replays.iter().all(|o| *o == ClaimOutcome::Replay(response(201, "won"))));
+    assert!(
+        replays
+            .iter()
+            .all(|o| *o == ClaimOutcome::Replay(response(201, "won")))
+    );
 }

@@ -18,7 +18,10 @@ pub trait BusinessProbe<S: TransactionalStore>: Send + Sync {
     async fn count(&self, tag: &str) -> usize;
 }
 
-async fn claim_tx<S: TransactionalStore>(store: &S, req: &idemkit_core::ClaimRequest) -> (S::Tx, idemkit_core::Lease) {
+async fn claim_tx<S: TransactionalStore>(
+    store: &S,
+    req: &idemkit_core::ClaimRequest,
+) -> (S::Tx, idemkit_core::Lease) {
     match store.claim_in_tx(req).await.expect("claim_in_tx") {
         TxClaim::Claimed { tx, lease } => (tx, lease),
         TxClaim::Other(o) => panic!("expected a claim, got {o:?}"),
@@ -38,7 +41,10 @@ pub async fn claim_business_write_and_response_commit_together<S, P>(
     let req = claim_req(&s, "{}");
     let (mut tx, lease) = claim_tx(&*store, &req).await;
     probe.insert(&mut tx, "tx-1").await;
-    store.complete_in_tx(tx, &s, lease.token, &response(201, "one")).await.unwrap();
+    store
+        .complete_in_tx(tx, &s, lease.token, &response(201, "one"))
+        .await
+        .unwrap();
     assert_eq!(probe.count("tx-1").await, 1);
     match store.claim_in_tx(&req).await.unwrap() {
         TxClaim::Other(ClaimOutcome::Replay(r)) => assert_eq!(r, response(201, "one")),
@@ -65,7 +71,10 @@ pub async fn dropped_transaction_rolls_back_claim_and_writes<S, P>(
     assert_eq!(probe.count("tx-drop").await, 0);
     assert!(store.get(&s).await.unwrap().is_none());
     let (tx, lease) = claim_tx(&*store, &req).await;
-    store.complete_in_tx(tx, &s, lease.token, &response(201, "ok")).await.unwrap();
+    store
+        .complete_in_tx(tx, &s, lease.token, &response(201, "ok"))
+        .await
+        .unwrap();
 }
 
 /// A holder whose lease was taken over cannot even open a fenced transaction.
@@ -79,9 +88,15 @@ where
     let a = must_claim(&*store, &req).await;
     clock.advance(LEASE * 2);
     let b = must_claim(&*store, &req).await;
-    assert!(matches!(store.begin_fenced(&s, a.token).await, Err(StoreError::Fenced)));
+    assert!(matches!(
+        store.begin_fenced(&s, a.token).await,
+        Err(StoreError::Fenced)
+    ));
     let tx = store.begin_fenced(&s, b.token).await.expect("current holder");
-    store.complete_in_tx(tx, &s, b.token, &response(201, "B")).await.unwrap();
+    store
+        .complete_in_tx(tx, &s, b.token, &response(201, "B"))
+        .await
+        .unwrap();
 }
 
 /// A completion with a stale token is refused and the business writes made in
@@ -106,12 +121,22 @@ pub async fn fenced_completion_rolls_back_business_writes<S, P>(
     probe.insert(&mut tx, "tx-fence-a").await;
     let err = store.complete_in_tx(tx, &s, a.token, &response(201, "A")).await;
     assert!(matches!(err, Err(StoreError::Fenced)), "{err:?}");
-    assert_eq!(probe.count("tx-fence-a").await, 0, "A's business write rolled back");
+    assert_eq!(
+        probe.count("tx-fence-a").await,
+        0,
+        "A's business write rolled back"
+    );
     let mut tx = store.begin_fenced(&s, b.token).await.unwrap();
     probe.insert(&mut tx, "tx-fence-b").await;
-    store.complete_in_tx(tx, &s, b.token, &response(201, "B")).await.unwrap();
+    store
+        .complete_in_tx(tx, &s, b.token, &response(201, "B"))
+        .await
+        .unwrap();
     assert_eq!(probe.count("tx-fence-b").await, 1);
-    assert_eq!(store.claim(&req).await.unwrap(), ClaimOutcome::Replay(response(201, "B")));
+    assert_eq!(
+        store.claim(&req).await.unwrap(),
+        ClaimOutcome::Replay(response(201, "B"))
+    );
 }
 
 /// 64 concurrent single-step requests with one key: one business row; every
@@ -130,13 +155,22 @@ pub async fn concurrent_single_step_requests_write_once<S, P>(
     let barrier = Arc::new(tokio::sync::Barrier::new(64));
     let tasks: Vec<_> = (0..64)
         .map(|_| {
-            let (store, req, probe, barrier, s) = (store.clone(), req.clone(), probe.clone(), barrier.clone(), s.clone());
+            let (store, req, probe, barrier, s) = (
+                store.clone(),
+                req.clone(),
+                probe.clone(),
+                barrier.clone(),
+                s.clone(),
+            );
             tokio::spawn(async move {
                 barrier.wait().await;
                 match store.claim_in_tx(&req).await.expect("claim") {
                     TxClaim::Claimed { mut tx, lease } => {
                         probe.insert(&mut tx, "tx-race").await;
-                        store.complete_in_tx(tx, &s, lease.token, &response(201, "race")).await.unwrap();
+                        store
+                            .complete_in_tx(tx, &s, lease.token, &response(201, "race"))
+                            .await
+                            .unwrap();
                         None
                     }
                     TxClaim::Other(o) => Some(o),

@@ -26,7 +26,10 @@ impl<S: Send + Sync> FromRequestParts<S> for IdempotencyContext {
 
     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
         parts.extensions.get::<Self>().cloned().ok_or_else(|| {
-            ProblemResponse::new(ErrorCode::Internal, "the idempotency layer is not applied to this route")
+            ProblemResponse::new(
+                ErrorCode::Internal,
+                "the idempotency layer is not applied to this route",
+            )
         })
     }
 }
@@ -64,13 +67,17 @@ impl<T: Send + 'static> Deref for Tx<T> {
     type Target = T;
     fn deref(&self) -> &T {
         // `inner` is only `None` inside `drop`.
-        self.inner.as_ref().unwrap_or_else(|| unreachable!("transaction already returned"))
+        self.inner
+            .as_ref()
+            .unwrap_or_else(|| unreachable!("transaction already returned"))
     }
 }
 
 impl<T: Send + 'static> DerefMut for Tx<T> {
     fn deref_mut(&mut self) -> &mut T {
-        self.inner.as_mut().unwrap_or_else(|| unreachable!("transaction already returned"))
+        self.inner
+            .as_mut()
+            .unwrap_or_else(|| unreachable!("transaction already returned"))
     }
 }
 
@@ -102,7 +109,10 @@ impl<T: Send + 'static, S: Send + Sync> FromRequestParts<S> for Tx<T> {
             ProblemResponse::new(ErrorCode::Internal, "the claim transaction was already extracted")
         })?;
         match boxed.downcast::<T>() {
-            Ok(tx) => Ok(Self { inner: Some(*tx), slot }),
+            Ok(tx) => Ok(Self {
+                inner: Some(*tx),
+                slot,
+            }),
             Err(boxed) => {
                 slot.put(boxed);
                 Err(ProblemResponse::new(

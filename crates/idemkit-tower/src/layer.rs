@@ -6,7 +6,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use http::{HeaderName, Method};
 use idemkit_core::{
-    ClaimRequest, FencingToken, Fingerprinter, KeyStore, Policy, PolicyError, PointerError, Scope,
+    ClaimRequest, FencingToken, Fingerprinter, KeyStore, PointerError, Policy, PolicyError, Scope,
     StoreError, StoreResult, StoredResponse, TransactionalStore, TxClaim,
 };
 use tower::Layer;
@@ -41,7 +41,10 @@ pub(crate) trait ErasedTxStore: Send + Sync {
 impl<S: TransactionalStore> ErasedTxStore for S {
     async fn claim_in_tx(&self, req: &ClaimRequest) -> StoreResult<TxClaim<Box<dyn Any + Send>>> {
         Ok(match TransactionalStore::claim_in_tx(self, req).await? {
-            TxClaim::Claimed { tx, lease } => TxClaim::Claimed { tx: Box::new(tx), lease },
+            TxClaim::Claimed { tx, lease } => TxClaim::Claimed {
+                tx: Box::new(tx),
+                lease,
+            },
             TxClaim::Other(o) => TxClaim::Other(o),
         })
     }
@@ -157,7 +160,9 @@ pub struct IdempotencyLayerBuilder {
 
 impl std::fmt::Debug for IdempotencyLayerBuilder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("IdempotencyLayerBuilder").field("policy", &self.policy).finish_non_exhaustive()
+        f.debug_struct("IdempotencyLayerBuilder")
+            .field("policy", &self.policy)
+            .finish_non_exhaustive()
     }
 }
 
@@ -236,10 +241,10 @@ impl IdempotencyLayerBuilder {
     /// Validates and builds.
     pub fn build(self) -> Result<IdempotencyLayer, ConfigError> {
         self.policy.validate()?;
-        if let KeySource::JsonField(p) = &self.key_source {
-            if !p.starts_with('/') {
-                return Err(ConfigError::BadKeyField(p.clone()));
-            }
+        if let KeySource::JsonField(p) = &self.key_source
+            && !p.starts_with('/')
+        {
+            return Err(ConfigError::BadKeyField(p.clone()));
         }
         let mut fingerprinter = Fingerprinter::new();
         for pointer in self.excluded {

@@ -41,7 +41,9 @@ mod resolver;
 mod service;
 
 pub use extract::{IdempotencyContext, Tx};
-pub use layer::{ConfigError, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, IdempotencyLayer, IdempotencyLayerBuilder, KeySource};
+pub use layer::{
+    ConfigError, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, IdempotencyLayer, IdempotencyLayerBuilder, KeySource,
+};
 pub use outcome::Outcome;
 pub use problem::{Json, ProblemResponse, method_not_allowed, not_found};
 pub use resolver::{AccountResolver, BearerTokenAccount, TrustedHeaderAccount, bearer_token};

@@ -20,7 +20,10 @@ pub struct ProblemResponse {
 impl ProblemResponse {
     /// A problem with the code's defaults.
     pub fn new(code: ErrorCode, detail: impl Into<String>) -> Self {
-        Self { problem: Problem::new(code, detail), retry_after: None }
+        Self {
+            problem: Problem::new(code, detail),
+            retry_after: None,
+        }
     }
 
     /// Sets `Retry-After`.
@@ -38,7 +41,10 @@ impl ProblemResponse {
 
 impl From<Problem> for ProblemResponse {
     fn from(problem: Problem) -> Self {
-        Self { problem, retry_after: None }
+        Self {
+            problem,
+            retry_after: None,
+        }
     }
 }
 
@@ -52,9 +58,13 @@ impl IntoResponse for ProblemResponse {
         let status = StatusCode::from_u16(self.problem.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         let mut res = Response::new(Body::from(self.problem.to_json()));
         *res.status_mut() = status;
-        res.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_CONTENT_TYPE));
+        res.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static(PROBLEM_CONTENT_TYPE),
+        );
         if let Some(d) = self.retry_after {
-            res.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(retry_after_secs(d)));
+            res.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(retry_after_secs(d)));
         }
         res
     }
@@ -105,7 +115,10 @@ pub async fn not_found() -> ProblemResponse {
 
 /// A fallback for `405 Method Not Allowed` as a problem document.
 pub async fn method_not_allowed() -> ProblemResponse {
-    let mut p = ProblemResponse::new(ErrorCode::ValidationFailed, "this method is not allowed on this route");
+    let mut p = ProblemResponse::new(
+        ErrorCode::ValidationFailed,
+        "this method is not allowed on this route",
+    );
     p.problem.status = 405;
     p.problem.title = "Method not allowed".into();
     p

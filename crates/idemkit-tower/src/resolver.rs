@@ -61,7 +61,10 @@ impl AccountResolver for TrustedHeaderAccount {
         let mut values = parts.headers.get_all(&self.0).iter();
         match (values.next().map(|v| v.to_str()), values.next()) {
             (Some(Ok(v)), None) if !v.is_empty() => Ok(Account::new(v)),
-            _ => Err(ProblemResponse::new(ErrorCode::Unauthorized, format!("missing `{}` header", self.0))),
+            _ => Err(ProblemResponse::new(
+                ErrorCode::Unauthorized,
+                format!("missing `{}` header", self.0),
+            )),
         }
     }
 }

@@ -143,13 +143,17 @@ where
 }
 
 /// Resolves the account, reads the key and the body, and fingerprints.
-async fn prepare(shared: &Shared, parts: &Parts, body: Body) -> Result<(ClaimRequest, Bytes), ProblemResponse> {
+async fn prepare(
+    shared: &Shared,
+    parts: &Parts,
+    body: Body,
+) -> Result<(ClaimRequest, Bytes), ProblemResponse> {
     let account = shared.resolver.resolve(parts)?;
     // A header key is checked before the body is read: a bad key costs nothing.
     let header_key = match &shared.key_source {
-        KeySource::Header(name) => {
-            Some(IdempotencyKey::from_header_values(parts.headers.get_all(name).iter().map(HeaderValue::as_bytes)))
-        }
+        KeySource::Header(name) => Some(IdempotencyKey::from_header_values(
+            parts.headers.get_all(name).iter().map(HeaderValue::as_bytes),
+        )),
         KeySource::JsonField(_) => None,
     };
     if let Some(Err(e)) = &header_key {
@@ -161,14 +165,22 @@ async fn prepare(shared: &Shared, parts: &Parts, body: Body) -> Result<(ClaimReq
         (_, KeySource::JsonField(pointer)) => key_from_json(&bytes, pointer)?,
         _ => unreachable!("header keys were checked above"),
     };
-    let fingerprint = shared.fingerprinter.compute(parts.method.as_str(), parts.uri.path(), &bytes);
+    let fingerprint = shared
+        .fingerprinter
+        .compute(parts.method.as_str(), parts.uri.path(), &bytes);
     let request = StoredRequest {
         method: parts.method.to_string(),
-        path: parts.uri.path_and_query().map_or_else(|| parts.uri.path().to_owned(), |p| p.to_string()),
+        path: parts
+            .uri
+            .path_and_query()
+            .map_or_else(|| parts.uri.path().to_owned(), |p| p.to_string()),
         headers: STORED_REQUEST_HEADERS
             .iter()
             .filter_map(|name| {
-                parts.headers.get(*name).map(|v| StoredHeader { name: (*name).to_owned(), value: v.as_bytes().to_vec() })
+                parts.headers.get(*name).map(|v| StoredHeader {
+                    name: (*name).to_owned(),
+                    value: v.as_bytes().to_vec(),
+                })
             })
             .collect(),
         body: bytes.to_vec(),
@@ -196,18 +208,27 @@ async fn read_body(body: Body, limit: usize) -> Result<Bytes, ProblemResponse> {
             ErrorCode::PayloadTooLarge,
             format!("the request body is larger than {limit} bytes"),
         )),
-        Err(e) => Err(ProblemResponse::new(ErrorCode::ValidationFailed, format!("could not read the request body: {e}"))),
+        Err(e) => Err(ProblemResponse::new(
+            ErrorCode::ValidationFailed,
+            format!("could not read the request body: {e}"),
+        )),
     }
 }
 
 fn key_from_json(bytes: &[u8], pointer: &str) -> Result<IdempotencyKey, ProblemResponse> {
     let value: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| {
-        ProblemResponse::new(ErrorCode::ValidationFailed, format!("the body is not valid JSON: {e}"))
+        ProblemResponse::new(
+            ErrorCode::ValidationFailed,
+            format!("the body is not valid JSON: {e}"),
+        )
     })?;
     match value.pointer(pointer) {
         None | Some(serde_json::Value::Null) => Err(key_problem(&KeyError::Missing)),
         Some(serde_json::Value::String(s)) => IdempotencyKey::parse(s).map_err(|e| key_problem(&e)),
-        Some(_) => Err(ProblemResponse::new(ErrorCode::KeyInvalid, format!("`{pointer}` must be a string"))),
+        Some(_) => Err(ProblemResponse::new(
+            ErrorCode::KeyInvalid,
+            format!("`{pointer}` must be a string"),
+        )),
     }
 }
 
@@ -267,7 +288,11 @@ async fn acquire(shared: &Shared, claim: &ClaimRequest) -> Result<Held, Response
                     }
                 }
             }
-            _ => return Err(ProblemResponse::new(ErrorCode::Internal, "unknown claim outcome").into_response()),
+            _ => {
+                return Err(
+                    ProblemResponse::new(ErrorCode::Internal, "unknown claim outcome").into_response()
+                );
+            }
         }
     }
 }
@@ -292,7 +317,9 @@ fn spawn_heartbeat(store: Arc<dyn KeyStore>, scope: Scope, lease: &Lease, length
             match store.heartbeat(&scope, token, length).await {
                 Ok(_) => {}
                 Err(StoreError::Fenced) => {
-                    tracing::warn!("idempotency: lease lost to a takeover; this attempt's completion will be refused");
+                    tracing::warn!(
+                        "idempotency: lease lost to a takeover; this attempt's completion will be refused"
+                    );
                     return;
                 }
                 Err(e) => tracing::warn!(error = %e, "idempotency: heartbeat failed; will retry"),
@@ -330,7 +357,15 @@ where
             req.extensions_mut().insert(slot.clone());
             (Some(slot), None)
         }
-        Held::Lease(_) => (None, Some(spawn_heartbeat(shared.store.clone(), scope.clone(), &lease, shared.policy.lease))),
+        Held::Lease(_) => (
+            None,
+            Some(spawn_heartbeat(
+                shared.store.clone(),
+                scope.clone(),
+                &lease,
+                shared.policy.lease,
+            )),
+        ),
     };
 
     let result = inner.call(req).await;
@@ -356,13 +391,24 @@ where
 
 /// Releases or abandons the key without storing a response. In single-step
 /// mode both are a rollback: the claim was never committed.
-async fn settle_unstored(shared: &Shared, slot: Option<TxSlot>, scope: &Scope, lease: &Lease, how: Disposition) {
+async fn settle_unstored(
+    shared: &Shared,
+    slot: Option<TxSlot>,
+    scope: &Scope,
+    lease: &Lease,
+    how: Disposition,
+) {
     if let Some(slot) = slot {
         drop(slot.take());
         return;
     }
     let result = match how {
-        Disposition::Abandon => shared.store.abandon(scope, lease.token, "handler marked the outcome retryable").await,
+        Disposition::Abandon => {
+            shared
+                .store
+                .abandon(scope, lease.token, "handler marked the outcome retryable")
+                .await
+        }
         _ => shared.store.release(scope, lease.token).await,
     };
     if let Err(e) = result {
@@ -424,7 +470,10 @@ where
             .headers
             .iter()
             .filter(|(name, _)| shared.policy.replays_header(name.as_str()))
-            .map(|(name, value)| StoredHeader { name: name.as_str().to_owned(), value: value.as_bytes().to_vec() })
+            .map(|(name, value)| StoredHeader {
+                name: name.as_str().to_owned(),
+                value: value.as_bytes().to_vec(),
+            })
             .collect(),
         body: body.to_vec(),
     };
@@ -432,7 +481,9 @@ where
         Some(slot) => match slot.take() {
             Some(tx) => match &shared.tx_store {
                 Some(tx_store) => tx_store.complete_in_tx(tx, scope, lease.token, &stored).await,
-                None => Err(StoreError::Corrupt("transaction without a transactional store".into())),
+                None => Err(StoreError::Corrupt(
+                    "transaction without a transactional store".into(),
+                )),
             },
             None => {
                 return ProblemResponse::new(
@@ -512,11 +563,17 @@ pub(crate) fn replay_response(stored: StoredResponse, policy: &Policy) -> Respon
     let mut res = Response::new(Body::from(stored.body));
     *res.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     for h in stored.headers {
-        if let (Ok(name), Ok(value)) = (HeaderName::from_bytes(h.name.as_bytes()), HeaderValue::from_bytes(&h.value)) {
+        if let (Ok(name), Ok(value)) = (
+            HeaderName::from_bytes(h.name.as_bytes()),
+            HeaderValue::from_bytes(&h.value),
+        ) {
             res.headers_mut().append(name, value);
         }
     }
-    res.headers_mut().insert(HeaderName::from_static(IDEMPOTENT_REPLAYED), HeaderValue::from_static("true"));
+    res.headers_mut().insert(
+        HeaderName::from_static(IDEMPOTENT_REPLAYED),
+        HeaderValue::from_static("true"),
+    );
     res
 }
 
@@ -538,16 +595,33 @@ mod tests {
         assert_eq!(d(502, Some(Outcome::Final)), Disposition::Store);
         assert_eq!(d(201, Some(Outcome::Retryable)), Disposition::Abandon);
         let replay = Policy::new().with_server_error_policy(ServerErrorPolicy::Replay);
-        assert_eq!(disposition(StatusCode::BAD_GATEWAY, None, &replay), Disposition::Store);
+        assert_eq!(
+            disposition(StatusCode::BAD_GATEWAY, None, &replay),
+            Disposition::Store
+        );
     }
 
     #[test]
     fn replay_status_override_applies_to_success_only() {
         let p = Policy::new().with_replay_status(200);
-        let ok = replay_response(StoredResponse { status: 201, headers: vec![], body: b"x".to_vec() }, &p);
+        let ok = replay_response(
+            StoredResponse {
+                status: 201,
+                headers: vec![],
+                body: b"x".to_vec(),
+            },
+            &p,
+        );
         assert_eq!(ok.status(), 200);
         assert_eq!(ok.headers()[IDEMPOTENT_REPLAYED], "true");
-        let failed = replay_response(StoredResponse { status: 502, headers: vec![], body: vec![] }, &p);
+        let failed = replay_response(
+            StoredResponse {
+                status: 502,
+                headers: vec![],
+                body: vec![],
+            },
+            &p,
+        );
         assert_eq!(failed.status(), 502);
     }
 }

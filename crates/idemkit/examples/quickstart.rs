@@ -25,11 +25,13 @@ use axum::Router;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use http::request::Parts;
 use http::{StatusCode, header};
 use idemkit::core::ErrorCode;
 use idemkit::sqlite::{SqliteStore, SqliteTx};
-use http::request::Parts;
-use idemkit::tower::{AccountResolver, BearerTokenAccount, IdempotencyContext, IdempotencyLayer, Json, ProblemResponse, Tx};
+use idemkit::tower::{
+    AccountResolver, BearerTokenAccount, IdempotencyContext, IdempotencyLayer, Json, ProblemResponse, Tx,
+};
 use serde::{Deserialize, Serialize};
 
 #[derive(Deserialize)]
@@ -55,23 +57,44 @@ async fn create_order(
 ) -> Result<Response, ProblemResponse> {
     let account = ctx.scope.account.as_str();
     if order.sku.trim().is_empty() || order.sku.len() > 100 {
-        return Err(ProblemResponse::new(ErrorCode::ValidationFailed, "`sku` must be 1 to 100 characters"));
+        return Err(ProblemResponse::new(
+            ErrorCode::ValidationFailed,
+            "`sku` must be 1 to 100 characters",
+        ));
     }
     if order.quantity < 1 {
-        return Err(ProblemResponse::new(ErrorCode::ValidationFailed, "`quantity` must be an integer of at least 1"));
+        return Err(ProblemResponse::new(
+            ErrorCode::ValidationFailed,
+            "`quantity` must be an integer of at least 1",
+        ));
     }
-    let id: i64 = sqlx::query_scalar("INSERT INTO orders (account, sku, quantity) VALUES (?1, ?2, ?3) RETURNING id")
-        .bind(account)
-        .bind(&order.sku)
-        .bind(order.quantity)
-        .fetch_one(&mut **tx)
-        .await
-        .map_err(|e| ProblemResponse::new(ErrorCode::Internal, format!("could not insert the order: {e}")))?;
-    let body = Order { id, sku: order.sku, quantity: order.quantity };
-    Ok((StatusCode::CREATED, [(header::LOCATION, format!("/orders/{id}"))], axum::Json(body)).into_response())
+    let id: i64 =
+        sqlx::query_scalar("INSERT INTO orders (account, sku, quantity) VALUES (?1, ?2, ?3) RETURNING id")
+            .bind(account)
+            .bind(&order.sku)
+            .bind(order.quantity)
+            .fetch_one(&mut **tx)
+            .await
+            .map_err(|e| {
+                ProblemResponse::new(ErrorCode::Internal, format!("could not insert the order: {e}"))
+            })?;
+    let body = Order {
+        id,
+        sku: order.sku,
+        quantity: order.quantity,
+    };
+    Ok((
+        StatusCode::CREATED,
+        [(header::LOCATION, format!("/orders/{id}"))],
+        axum::Json(body),
+    )
+        .into_response())
 }
 
-async fn count_orders(State(store): State<Arc<SqliteStore>>, parts: Parts) -> Result<Response, ProblemResponse> {
+async fn count_orders(
+    State(store): State<Arc<SqliteStore>>,
+    parts: Parts,
+) -> Result<Response, ProblemResponse> {
     let account = BearerTokenAccount.resolve(&parts)?;
     let count: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM orders WHERE account = ?1")
         .bind(account.as_str())
@@ -89,13 +112,22 @@ async fn main() -> anyhow::Result<()> {
         )
         .init();
 
-    let port: u16 = std::env::var("PORT").ok().map(|p| p.parse()).transpose().context("PORT")?.unwrap_or(3000);
+    let port: u16 = std::env::var("PORT")
+        .ok()
+        .map(|p| p.parse())
+        .transpose()
+        .context("PORT")?
+        .unwrap_or(3000);
     let location = match std::env::var("DATABASE_URL") {
         Ok(url) if url.starts_with("sqlite:") => url,
         Ok(url) => anyhow::bail!("DATABASE_URL `{url}` is not supported here: use sqlite://PATH"),
         Err(_) => std::env::var("IDEMKIT_DB").unwrap_or_else(|_| "idemkit-quickstart.db".into()),
     };
-    let store = Arc::new(SqliteStore::open(&location).await.with_context(|| format!("opening {location}"))?);
+    let store = Arc::new(
+        SqliteStore::open(&location)
+            .await
+            .with_context(|| format!("opening {location}"))?,
+    );
     sqlx::query(
         "CREATE TABLE IF NOT EXISTS orders (id INTEGER PRIMARY KEY AUTOINCREMENT, account TEXT NOT NULL, \
          sku TEXT NOT NULL, quantity INTEGER NOT NULL)",
@@ -115,8 +147,13 @@ async fn main() -> anyhow::Result<()> {
         .with_state(store);
 
     let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
-    let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
-    println!("quickstart listening on http://{} (keys in {location})", listener.local_addr()?);
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding {addr}"))?;
+    println!(
+        "quickstart listening on http://{} (keys in {location})",
+        listener.local_addr()?
+    );
     axum::serve(listener, app)
         .with_graceful_shutdown(async {
             let _ = tokio::signal::ctrl_c().await;

@@ -6,6 +6,7 @@
 //! |----------|---------|--------------|
 //! | `sqlite` | yes     | [`sqlite::SqliteStore`], the embedded key store |
 //! | `axum`   | yes     | [`tower`]: the `IdempotencyLayer`, extractors and problem responses |
+//! | `client` | no      | [`client`]: the retry loop with safe defaults (backoff, budget, deadline, auto keys) |
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub use idemkit_core as core;
@@ -23,3 +24,8 @@ pub use idemkit_sqlite as sqlite;
 #[cfg(feature = "axum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub use idemkit_tower as tower;
+
+/// The client half: a retry loop whose defaults make retries safe.
+#[cfg(feature = "client")]
+#[cfg_attr(docsrs, doc(cfg(feature = "client")))]
+pub use idemkit_client as client;

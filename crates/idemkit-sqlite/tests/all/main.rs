@@ -18,20 +18,35 @@ async fn fresh(clock: Arc<ManualClock>) -> Arc<SqliteStore> {
 fn uuid_like() -> String {
     use std::sync::atomic::{AtomicU64, Ordering};
     static N: AtomicU64 = AtomicU64::new(0);
-    format!("{}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::SeqCst), std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos())
+    format!(
+        "{}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::SeqCst),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    )
 }
 
 struct Orders(Arc<SqliteStore>);
 
 async fn probe(store: Arc<SqliteStore>) -> Orders {
-    sqlx::query("CREATE TABLE IF NOT EXISTS biz (tag TEXT NOT NULL)").execute(store.pool()).await.unwrap();
+    sqlx::query("CREATE TABLE IF NOT EXISTS biz (tag TEXT NOT NULL)")
+        .execute(store.pool())
+        .await
+        .unwrap();
     Orders(store)
 }
 
 #[async_trait]
 impl BusinessProbe<SqliteStore> for Orders {
     async fn insert(&self, tx: &mut SqliteTx, tag: &str) {
-        sqlx::query("INSERT INTO biz (tag) VALUES (?1)").bind(tag.to_owned()).execute(&mut **tx).await.unwrap();
+        sqlx::query("INSERT INTO biz (tag) VALUES (?1)")
+            .bind(tag.to_owned())
+            .execute(&mut **tx)
+            .await
+            .unwrap();
     }
     async fn count(&self, tag: &str) -> usize {
         let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM biz WHERE tag = ?1")
@@ -63,6 +78,9 @@ async fn opens_sqlite_urls_and_reopens_existing_files() {
     drop(a);
     // Migrations are idempotent on reopen.
     let b = SqliteStore::open(&path).await.expect("path form");
-    let mode: String = sqlx::query_scalar("PRAGMA journal_mode").fetch_one(b.pool()).await.unwrap();
+    let mode: String = sqlx::query_scalar("PRAGMA journal_mode")
+        .fetch_one(b.pool())
+        .await
+        .unwrap();
     assert_eq!(mode, "wal");
 }

@@ -44,7 +44,9 @@ impl Answer {
         self.json()["code"].as_str().unwrap_or_default().to_owned()
     }
     fn replayed(&self) -> bool {
-        self.headers.get("idempotent-replayed").is_some_and(|v| v == "true")
+        self.headers
+            .get("idempotent-replayed")
+            .is_some_and(|v| v == "true")
     }
 }
 
@@ -58,7 +60,11 @@ async fn send(base: &str, key: Option<&str>, account: &str, body: &Value) -> Ans
         req = req.header("idempotency-key", key);
     }
     let res = req.send().await.unwrap();
-    Answer { status: res.status().as_u16(), headers: res.headers().clone(), body: res.bytes().await.unwrap().to_vec() }
+    Answer {
+        status: res.status().as_u16(),
+        headers: res.headers().clone(),
+        body: res.bytes().await.unwrap().to_vec(),
+    }
 }
 
 #[derive(Clone, Default)]
@@ -78,7 +84,9 @@ fn memory() -> Arc<dyn KeyStore> {
 }
 
 fn generic(store: Arc<dyn KeyStore>, policy: Policy) -> IdempotencyLayerBuilder {
-    IdempotencyLayer::builder(store).policy(policy).resolver(BearerTokenAccount)
+    IdempotencyLayer::builder(store)
+        .policy(policy)
+        .resolver(BearerTokenAccount)
 }
 
 /// A route whose handler counts its runs and answers with `f(run)`.
@@ -101,7 +109,9 @@ where
 #[tokio::test]
 async fn replays_never_carry_cookies_or_unlisted_headers() {
     let runs = Runs::default();
-    let layer = generic(memory(), Policy::new().with_replayed_header("x-allowed")).build().unwrap();
+    let layer = generic(memory(), Policy::new().with_replayed_header("x-allowed"))
+        .build()
+        .unwrap();
     let app = counting(layer, runs.clone(), |n| {
         (
             StatusCode::CREATED,
@@ -118,7 +128,10 @@ async fn replays_never_carry_cookies_or_unlisted_headers() {
     let base = serve(app).await;
     let first = send(&base, Some("k"), "a", &json!({})).await;
     assert_eq!(first.status, 201);
-    assert!(first.headers.get("set-cookie").is_some(), "the original keeps its cookie");
+    assert!(
+        first.headers.get("set-cookie").is_some(),
+        "the original keeps its cookie"
+    );
     let replay = send(&base, Some("k"), "a", &json!({})).await;
     assert_eq!(replay.status, 201);
     assert!(replay.replayed());
@@ -131,24 +144,37 @@ async fn replays_never_carry_cookies_or_unlisted_headers() {
 }
 
 async fn sqlite(clock: Option<Arc<ManualClock>>) -> Arc<SqliteStore> {
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
     let dir = std::env::temp_dir().join(format!("idemkit-tower-{}-{nanos}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let mut store = SqliteStore::open(dir.join("t.db")).await.unwrap();
     if let Some(clock) = clock {
         store = store.with_clock(clock);
     }
-    sqlx::query("CREATE TABLE rows (account TEXT NOT NULL, n INTEGER NOT NULL)").execute(store.pool()).await.unwrap();
+    sqlx::query("CREATE TABLE rows (account TEXT NOT NULL, n INTEGER NOT NULL)")
+        .execute(store.pool())
+        .await
+        .unwrap();
     Arc::new(store)
 }
 
 async fn rows(store: &SqliteStore) -> i64 {
-    sqlx::query_scalar("SELECT COUNT(*) FROM rows").fetch_one(store.pool()).await.unwrap()
+    sqlx::query_scalar("SELECT COUNT(*) FROM rows")
+        .fetch_one(store.pool())
+        .await
+        .unwrap()
 }
 
 /// A single-step route that inserts a row and answers `size` bytes.
 fn tx_route(store: Arc<SqliteStore>, policy: Policy, size: usize) -> Router {
-    let layer = IdempotencyLayer::transactional(store).policy(policy).resolver(BearerTokenAccount).build().unwrap();
+    let layer = IdempotencyLayer::transactional(store)
+        .policy(policy)
+        .resolver(BearerTokenAccount)
+        .build()
+        .unwrap();
     Router::new().route(
         "/op",
         post(move |ctx: IdempotencyContext, mut tx: Tx<SqliteTx>| async move {
@@ -166,7 +192,12 @@ fn tx_route(store: Arc<SqliteStore>, policy: Policy, size: usize) -> Router {
 #[tokio::test]
 async fn response_too_large_to_store_rolls_everything_back() {
     let store = sqlite(None).await;
-    let base = serve(tx_route(store.clone(), Policy::new().with_max_stored_body(1024), 1025)).await;
+    let base = serve(tx_route(
+        store.clone(),
+        Policy::new().with_max_stored_body(1024),
+        1025,
+    ))
+    .await;
     let a = send(&base, Some("big"), "a", &json!({})).await;
     assert_eq!(a.status, 500);
     assert_eq!(a.code(), "idempotency_response_too_large");
@@ -175,7 +206,12 @@ async fn response_too_large_to_store_rolls_everything_back() {
     let scope = idemkit_testkit::suite::scope("a", "big");
     assert!(store.get(&scope).await.unwrap().is_none(), "claim rolled back");
     // Exactly at the cap is fine.
-    let base = serve(tx_route(store.clone(), Policy::new().with_max_stored_body(1024), 1024)).await;
+    let base = serve(tx_route(
+        store.clone(),
+        Policy::new().with_max_stored_body(1024),
+        1024,
+    ))
+    .await;
     let ok = send(&base, Some("fits"), "a", &json!({})).await;
     assert_eq!(ok.status, 201);
     assert_eq!(ok.body.len(), 1024);
@@ -186,10 +222,18 @@ async fn response_too_large_to_store_rolls_everything_back() {
 #[tokio::test]
 async fn too_large_in_lease_mode_answers_the_same_failure_every_time() {
     let runs = Runs::default();
-    let layer = generic(memory(), Policy::new().with_max_stored_body(10)).build().unwrap();
-    let base = serve(counting(layer, runs.clone(), |_| (StatusCode::OK, "x".repeat(11)).into_response())).await;
+    let layer = generic(memory(), Policy::new().with_max_stored_body(10))
+        .build()
+        .unwrap();
+    let base = serve(counting(layer, runs.clone(), |_| {
+        (StatusCode::OK, "x".repeat(11)).into_response()
+    }))
+    .await;
     let a = send(&base, Some("big"), "a", &json!({})).await;
-    assert_eq!((a.status, a.code().as_str()), (500, "idempotency_response_too_large"));
+    assert_eq!(
+        (a.status, a.code().as_str()),
+        (500, "idempotency_response_too_large")
+    );
     let b = send(&base, Some("big"), "a", &json!({})).await;
     assert_eq!(b.status, 500);
     assert!(b.replayed());
@@ -201,7 +245,9 @@ async fn key_reuse_after_the_replay_window_is_a_new_request() {
     let clock = Arc::new(ManualClock::new());
     let store = sqlite(Some(clock.clone())).await;
     let window = Duration::from_secs(3600);
-    let policy = Policy::new().with_replay_window(window).with_reap_threshold(window * 3);
+    let policy = Policy::new()
+        .with_replay_window(window)
+        .with_reap_threshold(window * 3);
     let base = serve(tx_route(store.clone(), policy, 4)).await;
     assert_eq!(send(&base, Some("w"), "a", &json!({})).await.status, 201);
     clock.advance(window - Duration::from_secs(1));
@@ -220,7 +266,9 @@ async fn key_reuse_after_the_replay_window_is_a_new_request() {
 async fn heartbeat_keeps_a_slow_handler_from_being_taken_over() {
     let runs = Runs::default();
     let store: Arc<dyn KeyStore> = Arc::new(SqliteStore::open(tempfile("hb")).await.unwrap());
-    let layer = generic(store, Policy::new().with_lease(Duration::from_millis(300))).build().unwrap();
+    let layer = generic(store, Policy::new().with_lease(Duration::from_millis(300)))
+        .build()
+        .unwrap();
     let app = Router::new()
         .route(
             "/op",
@@ -253,7 +301,10 @@ async fn heartbeat_keeps_a_slow_handler_from_being_taken_over() {
 }
 
 fn tempfile(tag: &str) -> std::path::PathBuf {
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
     let dir = std::env::temp_dir().join(format!("idemkit-tower-{tag}-{}-{nanos}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     dir.join("keys.db")
@@ -308,9 +359,12 @@ async fn a_holder_that_lost_its_lease_cannot_complete() {
 #[tokio::test]
 async fn wait_mode_hands_duplicates_the_winners_response() {
     let runs = Runs::default();
-    let layer = generic(memory(), Policy::new().with_in_flight(InFlightBehavior::Wait(Duration::from_secs(5))))
-        .build()
-        .unwrap();
+    let layer = generic(
+        memory(),
+        Policy::new().with_in_flight(InFlightBehavior::Wait(Duration::from_secs(5))),
+    )
+    .build()
+    .unwrap();
     let app = Router::new()
         .route(
             "/op",
@@ -325,16 +379,22 @@ async fn wait_mode_hands_duplicates_the_winners_response() {
     let base = serve(app).await;
     let empty = json!({});
     let answers = futures::future::join_all((0..8).map(|_| send(&base, Some("wait"), "a", &empty))).await;
-    assert!(answers.iter().all(|a| a.status == 201 && a.body == b"run 1"), "{answers:?}");
+    assert!(
+        answers.iter().all(|a| a.status == 201 && a.body == b"run 1"),
+        "{answers:?}"
+    );
     assert_eq!(answers.iter().filter(|a| a.replayed()).count(), 7);
     assert_eq!(runs.get(), 1);
 }
 
 #[tokio::test]
 async fn wait_mode_is_bounded_then_409() {
-    let layer = generic(memory(), Policy::new().with_in_flight(InFlightBehavior::Wait(Duration::from_millis(200))))
-        .build()
-        .unwrap();
+    let layer = generic(
+        memory(),
+        Policy::new().with_in_flight(InFlightBehavior::Wait(Duration::from_millis(200))),
+    )
+    .build()
+    .unwrap();
     let app = Router::new().route(
         "/op",
         post(|| async {
@@ -352,46 +412,97 @@ async fn wait_mode_is_bounded_then_409() {
     let started = std::time::Instant::now();
     let dup = send(&base, Some("bounded"), "a", &json!({})).await;
     assert_eq!(dup.code(), "idempotency_request_in_progress");
-    assert!(started.elapsed() < Duration::from_millis(1200), "waited {:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_millis(1200),
+        "waited {:?}",
+        started.elapsed()
+    );
     assert_eq!(slow.await.unwrap().status, 201);
 }
 
 #[tokio::test]
 async fn mismatch_status_is_configurable_to_422() {
-    let layer = generic(memory(), Policy::new().with_mismatch_status(MismatchStatus::UnprocessableContent))
-        .build()
-        .unwrap();
-    let base = serve(counting(layer, Runs::default(), |_| StatusCode::CREATED.into_response())).await;
+    let layer = generic(
+        memory(),
+        Policy::new().with_mismatch_status(MismatchStatus::UnprocessableContent),
+    )
+    .build()
+    .unwrap();
+    let base = serve(counting(layer, Runs::default(), |_| {
+        StatusCode::CREATED.into_response()
+    }))
+    .await;
     assert_eq!(send(&base, Some("m"), "a", &json!({"n": 1})).await.status, 201);
     let other = send(&base, Some("m"), "a", &json!({"n": 2})).await;
-    assert_eq!((other.status, other.code().as_str()), (422, "idempotency_key_reused"));
+    assert_eq!(
+        (other.status, other.code().as_str()),
+        (422, "idempotency_key_reused")
+    );
 }
 
 #[tokio::test]
 async fn key_can_come_from_a_json_body_field() {
     let runs = Runs::default();
-    let layer = generic(memory(), Policy::new()).key_json_field("/idempotencyKey").build().unwrap();
-    let base = serve(counting(layer, runs.clone(), |n| (StatusCode::CREATED, format!("run {n}")).into_response())).await;
-    let first = send(&base, None, "a", &json!({"idempotencyKey": "body-k", "x": 1, "y": 2})).await;
+    let layer = generic(memory(), Policy::new())
+        .key_json_field("/idempotencyKey")
+        .build()
+        .unwrap();
+    let base = serve(counting(layer, runs.clone(), |n| {
+        (StatusCode::CREATED, format!("run {n}")).into_response()
+    }))
+    .await;
+    let first = send(
+        &base,
+        None,
+        "a",
+        &json!({"idempotencyKey": "body-k", "x": 1, "y": 2}),
+    )
+    .await;
     assert_eq!(first.status, 201);
-    let again = send(&base, None, "a", &json!({"y": 2, "x": 1, "idempotencyKey": "body-k"})).await;
+    let again = send(
+        &base,
+        None,
+        "a",
+        &json!({"y": 2, "x": 1, "idempotencyKey": "body-k"}),
+    )
+    .await;
     assert!(again.replayed());
-    let changed = send(&base, None, "a", &json!({"idempotencyKey": "body-k", "x": 9, "y": 2})).await;
+    let changed = send(
+        &base,
+        None,
+        "a",
+        &json!({"idempotencyKey": "body-k", "x": 9, "y": 2}),
+    )
+    .await;
     assert_eq!(changed.code(), "idempotency_key_reused");
-    assert_eq!(send(&base, None, "a", &json!({"x": 1})).await.code(), "idempotency_key_missing");
-    assert_eq!(send(&base, None, "a", &json!({"idempotencyKey": 7})).await.code(), "idempotency_key_invalid");
-    assert_eq!(send(&base, None, "a", &json!({"idempotencyKey": "a b"})).await.code(), "idempotency_key_invalid");
+    assert_eq!(
+        send(&base, None, "a", &json!({"x": 1})).await.code(),
+        "idempotency_key_missing"
+    );
+    assert_eq!(
+        send(&base, None, "a", &json!({"idempotencyKey": 7})).await.code(),
+        "idempotency_key_invalid"
+    );
+    assert_eq!(
+        send(&base, None, "a", &json!({"idempotencyKey": "a b"}))
+            .await
+            .code(),
+        "idempotency_key_invalid"
+    );
     assert_eq!(runs.get(), 1);
 }
 
 #[tokio::test]
 async fn five_hundreds_are_released_by_default_and_replayed_on_request() {
-    for (policy, expected_runs) in
-        [(ServerErrorPolicy::Retry, 2), (ServerErrorPolicy::Replay, 1)]
-    {
+    for (policy, expected_runs) in [(ServerErrorPolicy::Retry, 2), (ServerErrorPolicy::Replay, 1)] {
         let runs = Runs::default();
-        let layer = generic(memory(), Policy::new().with_server_error_policy(policy)).build().unwrap();
-        let base = serve(counting(layer, runs.clone(), |_| StatusCode::INTERNAL_SERVER_ERROR.into_response())).await;
+        let layer = generic(memory(), Policy::new().with_server_error_policy(policy))
+            .build()
+            .unwrap();
+        let base = serve(counting(layer, runs.clone(), |_| {
+            StatusCode::INTERNAL_SERVER_ERROR.into_response()
+        }))
+        .await;
         assert_eq!(send(&base, Some("e"), "a", &json!({})).await.status, 500);
         let second = send(&base, Some("e"), "a", &json!({})).await;
         assert_eq!(second.status, 500);
@@ -434,9 +545,13 @@ async fn handler_can_mark_an_outcome_retryable_or_final() {
 #[tokio::test]
 async fn replay_status_override_and_safe_methods_pass_through() {
     let runs = Runs::default();
-    let layer = generic(memory(), Policy::new().with_replay_status(200)).build().unwrap();
-    let app = counting(layer.clone(), runs.clone(), |_| (StatusCode::CREATED, "made").into_response())
-        .route("/read", get(|| async { "no key needed" }).layer(layer));
+    let layer = generic(memory(), Policy::new().with_replay_status(200))
+        .build()
+        .unwrap();
+    let app = counting(layer.clone(), runs.clone(), |_| {
+        (StatusCode::CREATED, "made").into_response()
+    })
+    .route("/read", get(|| async { "no key needed" }).layer(layer));
     let base = serve(app).await;
     assert_eq!(send(&base, Some("s"), "a", &json!({})).await.status, 201);
     let replay = send(&base, Some("s"), "a", &json!({})).await;
@@ -451,16 +566,29 @@ async fn configuration_is_validated_and_unscoped_is_explicit() {
     assert!(matches!(err, ConfigError::NoResolver), "{err}");
     let err = IdempotencyLayer::builder(memory())
         .unscoped()
-        .policy(Policy::new().with_replay_window(Duration::from_secs(60)).with_longest_retry_chain(Duration::from_secs(600)))
+        .policy(
+            Policy::new()
+                .with_replay_window(Duration::from_secs(60))
+                .with_longest_retry_chain(Duration::from_secs(600)),
+        )
         .build()
         .unwrap_err();
     assert!(matches!(err, ConfigError::Policy(_)), "{err}");
-    assert!(IdempotencyLayer::builder(memory()).unscoped().key_json_field("nope").build().is_err());
+    assert!(
+        IdempotencyLayer::builder(memory())
+            .unscoped()
+            .key_json_field("nope")
+            .build()
+            .is_err()
+    );
 
     // Unscoped on purpose: two callers share one key space.
     let runs = Runs::default();
     let layer = IdempotencyLayer::builder(memory()).unscoped().build().unwrap();
-    let base = serve(counting(layer, runs.clone(), |_| StatusCode::CREATED.into_response())).await;
+    let base = serve(counting(layer, runs.clone(), |_| {
+        StatusCode::CREATED.into_response()
+    }))
+    .await;
     assert_eq!(send(&base, Some("u"), "alice", &json!({})).await.status, 201);
     assert!(send(&base, Some("u"), "bob", &json!({})).await.replayed());
     assert_eq!(runs.get(), 1);
@@ -474,7 +602,10 @@ async fn json_extractor_rejections_are_problems() {
         n: u32,
     }
     let layer = generic(memory(), Policy::new()).build().unwrap();
-    let app = Router::new().route("/op", post(|Json(_b): Json<Body>| async { StatusCode::CREATED }).layer(layer));
+    let app = Router::new().route(
+        "/op",
+        post(|Json(_b): Json<Body>| async { StatusCode::CREATED }).layer(layer),
+    );
     let base = serve(app).await;
     let shape = send(&base, Some("j1"), "a", &json!({"n": "x"})).await;
     assert_eq!((shape.status, shape.code().as_str()), (400, "validation_failed"));
@@ -507,8 +638,18 @@ async fn single_step_concurrency_gate_on_sqlite() {
         }
     }))
     .await;
-    assert!(answers.iter().all(|a| a.status == 201 || a.code() == "idempotency_request_in_progress"));
-    assert_eq!(answers.iter().filter(|a| a.status == 201 && !a.replayed()).count(), 1);
+    assert!(
+        answers
+            .iter()
+            .all(|a| a.status == 201 || a.code() == "idempotency_request_in_progress")
+    );
+    assert_eq!(
+        answers
+            .iter()
+            .filter(|a| a.status == 201 && !a.replayed())
+            .count(),
+        1
+    );
     assert_eq!(rows(&store).await, 1);
 }
 

@@ -21,7 +21,10 @@ pub(crate) struct TempDir(PathBuf);
 
 impl TempDir {
     pub(crate) fn new(tag: &str) -> Self {
-        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
         let p = std::env::temp_dir().join(format!("idemkit-{tag}-{}-{nanos}", std::process::id()));
         std::fs::create_dir_all(&p).unwrap();
         Self(p)
@@ -63,7 +66,11 @@ impl Server {
             .stderr(Stdio::inherit())
             .spawn()
             .expect("spawn quickstart");
-        let server = Self { child, base: format!("http://127.0.0.1:{port}"), _dir: dir };
+        let server = Self {
+            child,
+            base: format!("http://127.0.0.1:{port}"),
+            _dir: dir,
+        };
         server.wait_ready().await;
         server
     }
@@ -71,7 +78,13 @@ impl Server {
     async fn wait_ready(&self) {
         let client = reqwest::Client::new();
         for _ in 0..200 {
-            if client.get(format!("{}/orders/count", self.base)).bearer_auth("probe").send().await.is_ok() {
+            if client
+                .get(format!("{}/orders/count", self.base))
+                .bearer_auth("probe")
+                .send()
+                .await
+                .is_ok()
+            {
                 return;
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -101,7 +114,11 @@ impl Drop for Server {
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 /// One response, fully read.
@@ -142,16 +159,29 @@ pub(crate) async fn post_raw(
     let status = res.status().as_u16();
     let headers = res.headers().clone();
     let body = res.bytes().await.expect("body").to_vec();
-    Answer { status, headers, body }
+    Answer {
+        status,
+        headers,
+        body,
+    }
 }
 
 /// POSTs a JSON order with a bearer account and key.
-pub(crate) async fn post_order(client: &reqwest::Client, base: &str, account: &str, key: &str, body: &Value) -> Answer {
+pub(crate) async fn post_order(
+    client: &reqwest::Client,
+    base: &str,
+    account: &str,
+    key: &str,
+    body: &Value,
+) -> Answer {
     post_raw(
         client,
         base,
         &[
-            ("authorization", HeaderValue::from_str(&format!("Bearer {account}")).unwrap()),
+            (
+                "authorization",
+                HeaderValue::from_str(&format!("Bearer {account}")).unwrap(),
+            ),
             ("idempotency-key", HeaderValue::from_str(key).unwrap()),
             ("content-type", HeaderValue::from_static("application/json")),
         ],

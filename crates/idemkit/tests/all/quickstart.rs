@@ -5,6 +5,15 @@ use serde_json::json;
 
 use crate::{Server, order, post_order, post_raw};
 
+/// (name, headers, body, expected status, expected code)
+type BadCase = (
+    &'static str,
+    Vec<(&'static str, HeaderValue)>,
+    String,
+    u16,
+    &'static str,
+);
+
 fn hv(s: &str) -> HeaderValue {
     HeaderValue::from_str(s).unwrap()
 }
@@ -26,8 +35,15 @@ async fn concurrency_gate_64_identical_requests_make_one_order() {
             })
         })
         .collect();
-    let answers: Vec<_> = futures::future::join_all(tasks).await.into_iter().map(Result::unwrap).collect();
-    let originals: Vec<_> = answers.iter().filter(|a| a.status == 201 && a.header("idempotent-replayed").is_none()).collect();
+    let answers: Vec<_> = futures::future::join_all(tasks)
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    let originals: Vec<_> = answers
+        .iter()
+        .filter(|a| a.status == 201 && a.header("idempotent-replayed").is_none())
+        .collect();
     assert_eq!(originals.len(), 1, "exactly one original 201: {answers:#?}");
     let original = originals[0];
     for a in &answers {
@@ -58,7 +74,10 @@ async fn lost_response_is_replayed_not_re_executed() {
     let body = first.json();
     assert_eq!(body["sku"], "A");
     assert_eq!(body["quantity"], 2);
-    assert_eq!(first.header("location"), Some(format!("/orders/{}", body["id"]).as_str()));
+    assert_eq!(
+        first.header("location"),
+        Some(format!("/orders/{}", body["id"]).as_str())
+    );
     for _ in 0..3 {
         let again = post_order(&client, &server.base, "lost", "k-lost", &order("A", 2)).await;
         assert_eq!(again.status, 201);
@@ -126,34 +145,128 @@ async fn bad_input_is_rejected_cleanly_and_creates_nothing() {
     let auth = ("authorization", hv("Bearer bad"));
     let json_ct = ("content-type", hv("application/json"));
     let body = order("A", 1).to_string();
-    let cases: Vec<(&str, Vec<(&str, HeaderValue)>, String, u16, &str)> = vec![
-        ("no key", vec![auth.clone(), json_ct.clone()], body.clone(), 400, "idempotency_key_missing"),
-        ("empty key", vec![auth.clone(), json_ct.clone(), ("idempotency-key", hv(""))], body.clone(), 400, "idempotency_key_invalid"),
-        ("256 chars", vec![auth.clone(), json_ct.clone(), ("idempotency-key", hv(&"k".repeat(256)))], body.clone(), 400, "idempotency_key_invalid"),
-        ("tab", vec![auth.clone(), json_ct.clone(), ("idempotency-key", hv("a\tb"))], body.clone(), 400, "idempotency_key_invalid"),
-        ("space", vec![auth.clone(), json_ct.clone(), ("idempotency-key", hv("a b"))], body.clone(), 400, "idempotency_key_invalid"),
+    let cases: Vec<BadCase> = vec![
+        (
+            "no key",
+            vec![auth.clone(), json_ct.clone()],
+            body.clone(),
+            400,
+            "idempotency_key_missing",
+        ),
+        (
+            "empty key",
+            vec![auth.clone(), json_ct.clone(), ("idempotency-key", hv(""))],
+            body.clone(),
+            400,
+            "idempotency_key_invalid",
+        ),
+        (
+            "256 chars",
+            vec![
+                auth.clone(),
+                json_ct.clone(),
+                ("idempotency-key", hv(&"k".repeat(256))),
+            ],
+            body.clone(),
+            400,
+            "idempotency_key_invalid",
+        ),
+        (
+            "tab",
+            vec![auth.clone(), json_ct.clone(), ("idempotency-key", hv("a\tb"))],
+            body.clone(),
+            400,
+            "idempotency_key_invalid",
+        ),
+        (
+            "space",
+            vec![auth.clone(), json_ct.clone(), ("idempotency-key", hv("a b"))],
+            body.clone(),
+            400,
+            "idempotency_key_invalid",
+        ),
         (
             "non-ascii",
-            vec![auth.clone(), json_ct.clone(), ("idempotency-key", HeaderValue::from_bytes("clé".as_bytes()).unwrap())],
+            vec![
+                auth.clone(),
+                json_ct.clone(),
+                (
+                    "idempotency-key",
+                    HeaderValue::from_bytes("clé".as_bytes()).unwrap(),
+                ),
+            ],
             body.clone(),
             400,
             "idempotency_key_invalid",
         ),
         (
             "two headers",
-            vec![auth.clone(), json_ct.clone(), ("idempotency-key", hv("k-two")), ("idempotency-key", hv("k-two"))],
+            vec![
+                auth.clone(),
+                json_ct.clone(),
+                ("idempotency-key", hv("k-two")),
+                ("idempotency-key", hv("k-two")),
+            ],
             body.clone(),
             400,
             "idempotency_key_invalid",
         ),
-        ("bad quoting", vec![auth.clone(), json_ct.clone(), ("idempotency-key", hv("\"open"))], body.clone(), 400, "idempotency_key_invalid"),
-        ("invalid json", vec![auth.clone(), json_ct.clone(), ("idempotency-key", hv("k-json"))], "{\"sku\":".into(), 400, "validation_failed"),
-        ("wrong shape", vec![auth.clone(), json_ct.clone(), ("idempotency-key", hv("k-shape"))], json!({"sku": 5, "quantity": "x"}).to_string(), 400, "validation_failed"),
-        ("unknown field", vec![auth.clone(), json_ct.clone(), ("idempotency-key", hv("k-unk"))], json!({"sku": "A", "quantity": 1, "x": 1}).to_string(), 400, "validation_failed"),
-        ("zero quantity", vec![auth.clone(), json_ct.clone(), ("idempotency-key", hv("k-zero"))], order("A", 0).to_string(), 400, "validation_failed"),
-        ("no content type", vec![auth.clone(), ("idempotency-key", hv("k-ct"))], body.clone(), 415, "unsupported_media_type"),
-        ("oversized body", vec![auth.clone(), json_ct.clone(), ("idempotency-key", hv("k-big"))], format!("{{\"sku\":\"{}\",\"quantity\":1}}", "x".repeat(200_000)), 413, "payload_too_large"),
-        ("no token", vec![json_ct.clone(), ("idempotency-key", hv("k-auth"))], body.clone(), 401, "unauthorized"),
+        (
+            "bad quoting",
+            vec![auth.clone(), json_ct.clone(), ("idempotency-key", hv("\"open"))],
+            body.clone(),
+            400,
+            "idempotency_key_invalid",
+        ),
+        (
+            "invalid json",
+            vec![auth.clone(), json_ct.clone(), ("idempotency-key", hv("k-json"))],
+            "{\"sku\":".into(),
+            400,
+            "validation_failed",
+        ),
+        (
+            "wrong shape",
+            vec![auth.clone(), json_ct.clone(), ("idempotency-key", hv("k-shape"))],
+            json!({"sku": 5, "quantity": "x"}).to_string(),
+            400,
+            "validation_failed",
+        ),
+        (
+            "unknown field",
+            vec![auth.clone(), json_ct.clone(), ("idempotency-key", hv("k-unk"))],
+            json!({"sku": "A", "quantity": 1, "x": 1}).to_string(),
+            400,
+            "validation_failed",
+        ),
+        (
+            "zero quantity",
+            vec![auth.clone(), json_ct.clone(), ("idempotency-key", hv("k-zero"))],
+            order("A", 0).to_string(),
+            400,
+            "validation_failed",
+        ),
+        (
+            "no content type",
+            vec![auth.clone(), ("idempotency-key", hv("k-ct"))],
+            body.clone(),
+            415,
+            "unsupported_media_type",
+        ),
+        (
+            "oversized body",
+            vec![auth.clone(), json_ct.clone(), ("idempotency-key", hv("k-big"))],
+            format!("{{\"sku\":\"{}\",\"quantity\":1}}", "x".repeat(200_000)),
+            413,
+            "payload_too_large",
+        ),
+        (
+            "no token",
+            vec![json_ct.clone(), ("idempotency-key", hv("k-auth"))],
+            body.clone(),
+            401,
+            "unauthorized",
+        ),
     ];
     for (name, headers, body, status, code) in cases {
         let a = post_raw(&client, &server.base, &headers, body).await;

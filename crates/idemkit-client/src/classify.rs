@@ -1,0 +1,445 @@
+//! Classification: what happened on one attempt, and whether that is worth retrying.
+//!
+//! This module only describes and judges an attempt; whether a retry actually happens
+//! (attempt cap, deadline, budget, replayable body) is the policy's business
+//! ([`crate::Call`]).
+
+use std::error::Error as StdError;
+use std::fmt;
+use std::io;
+use std::time::{Duration, SystemTime};
+
+use http::{HeaderMap, StatusCode, header};
+
+/// Problem `code` of a `409` meaning "the first request with this key is still running".
+pub const CODE_IN_PROGRESS: &str = "idempotency_request_in_progress";
+/// Problem `code` of a `409` meaning "this key was used for a different request".
+pub const CODE_KEY_REUSED: &str = "idempotency_key_reused";
+/// Content type of RFC 9457 problem documents.
+pub const PROBLEM_CONTENT_TYPE: &str = "application/problem+json";
+
+/// What happened on one attempt, as far as the client can tell.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Outcome {
+    /// The request never reached the server: the connection was refused or failed
+    /// before the request was written. Always safe to retry.
+    NotSent,
+    /// The request may have been executed: a timeout or a reset after it was sent.
+    /// Safe to retry only with an idempotency key or an idempotent method.
+    MaybeExecuted {
+        /// Whether the attempt ended because its timeout elapsed.
+        timed_out: bool,
+    },
+    /// The server answered.
+    Answered(Answer),
+}
+
+impl Outcome {
+    /// An answered outcome with just a status.
+    #[must_use]
+    pub fn status(status: StatusCode) -> Self {
+        Self::Answered(Answer::new(status))
+    }
+
+    /// The server's `Retry-After`, when it answered with one.
+    #[must_use]
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Self::Answered(answer) => answer.retry_after,
+            _ => None,
+        }
+    }
+
+    pub(crate) fn label(&self) -> &'static str {
+        match self {
+            Self::NotSent => "not_sent",
+            Self::MaybeExecuted { timed_out: true } => "timeout",
+            Self::MaybeExecuted { timed_out: false } => "maybe_executed",
+            Self::Answered(_) => "answered",
+        }
+    }
+}
+
+impl fmt::Display for Outcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::NotSent => f.write_str("not sent (connection failed before the request was written)"),
+            Self::MaybeExecuted { timed_out: true } => {
+                f.write_str("attempt timed out after sending (maybe executed)")
+            }
+            Self::MaybeExecuted { timed_out: false } => {
+                f.write_str("connection failed after sending (maybe executed)")
+            }
+            Self::Answered(answer) => answer.fmt(f),
+        }
+    }
+}
+
+/// The parts of a server's answer that classification needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Answer {
+    /// Response status.
+    pub status: StatusCode,
+    /// `Retry-After`, converted to a delay from now.
+    pub retry_after: Option<Duration>,
+    /// The problem document's `code`, when the body was one.
+    pub problem_code: Option<String>,
+}
+
+impl Answer {
+    /// An answer with a status only.
+    #[must_use]
+    pub const fn new(status: StatusCode) -> Self {
+        Self {
+            status,
+            retry_after: None,
+            problem_code: None,
+        }
+    }
+
+    /// Reads `Retry-After` from response headers.
+    #[must_use]
+    pub fn from_parts(status: StatusCode, headers: &HeaderMap) -> Self {
+        Self {
+            status,
+            retry_after: retry_after(headers, SystemTime::now()),
+            problem_code: None,
+        }
+    }
+
+    /// Sets the `Retry-After` delay.
+    #[must_use]
+    pub const fn with_retry_after(mut self, retry_after: Option<Duration>) -> Self {
+        self.retry_after = retry_after;
+        self
+    }
+
+    /// Sets the problem `code`.
+    #[must_use]
+    pub fn with_problem_code(mut self, code: Option<String>) -> Self {
+        self.problem_code = code;
+        self
+    }
+}
+
+impl fmt::Display for Answer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.status)?;
+        if let Some(code) = &self.problem_code {
+            write!(f, " {code}")?;
+        }
+        if let Some(delay) = self.retry_after {
+            write!(f, " (Retry-After {}s)", delay.as_secs_f64())?;
+        }
+        Ok(())
+    }
+}
+
+/// Parses `Retry-After` (delta-seconds or an HTTP date) into a delay from `now`.
+///
+/// A date in the past is a zero delay; an unparseable value is ignored.
+///
+/// ```
+/// use std::time::{Duration, SystemTime};
+/// use http::{HeaderMap, HeaderValue, header::RETRY_AFTER};
+///
+/// let mut headers = HeaderMap::new();
+/// headers.insert(RETRY_AFTER, HeaderValue::from_static("3"));
+/// assert_eq!(
+///     idemkit_client::retry_after(&headers, SystemTime::now()),
+///     Some(Duration::from_secs(3))
+/// );
+/// ```
+#[must_use]
+pub fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
+    let value = headers.get(header::RETRY_AFTER)?.to_str().ok()?.trim();
+    if let Ok(secs) = value.parse::<u64>() {
+        return Some(Duration::from_secs(secs));
+    }
+    let date = httpdate::parse_http_date(value).ok()?;
+    Some(date.duration_since(now).unwrap_or(Duration::ZERO))
+}
+
+/// Whether a response is worth reading for a problem `code`: only `409`s decide
+/// anything by their code.
+#[must_use]
+pub fn needs_problem_code(status: StatusCode, headers: &HeaderMap) -> bool {
+    status == StatusCode::CONFLICT
+        && headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|ct| {
+                let ct = ct.trim().to_ascii_lowercase();
+                ct.starts_with(PROBLEM_CONTENT_TYPE) || ct.starts_with("application/json")
+            })
+}
+
+/// Extracts the `code` member of a problem document.
+#[must_use]
+pub fn problem_code(body: &[u8]) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Problem {
+        code: Option<String>,
+    }
+    serde_json::from_slice::<Problem>(body).ok()?.code
+}
+
+/// Classifies a transport error by walking its source chain.
+///
+/// A refused connection (or one that could not be established) is
+/// [`Outcome::NotSent`]; everything else is [`Outcome::MaybeExecuted`], because once a
+/// connection is up the client cannot prove the request was not processed.
+#[must_use]
+pub fn classify_error(error: &(dyn StdError + 'static)) -> Outcome {
+    let mut current = Some(error);
+    while let Some(err) = current {
+        if let Some(io) = err.downcast_ref::<io::Error>()
+            && matches!(
+                io.kind(),
+                io::ErrorKind::ConnectionRefused
+                    | io::ErrorKind::AddrNotAvailable
+                    | io::ErrorKind::NetworkUnreachable
+                    | io::ErrorKind::HostUnreachable
+            )
+        {
+            return Outcome::NotSent;
+        }
+        current = err.source();
+    }
+    Outcome::MaybeExecuted { timed_out: false }
+}
+
+/// How a retryable failure is charged and backed off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum RetryKind {
+    /// A transient failure: not sent, maybe executed (incl. timeouts), 502/503/504, and
+    /// 500 when opted in.
+    Transient,
+    /// The server asked to slow down or wait: 429 and `409 idempotency_request_in_progress`.
+    Throttling,
+}
+
+impl RetryKind {
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Self::Transient => "transient",
+            Self::Throttling => "throttling",
+        }
+    }
+}
+
+/// Why an outcome is final.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum FatalReason {
+    /// Answered with a status outside the retry allowlist (4xx, auth, 500 without
+    /// opt-in, `409 idempotency_key_reused`, …).
+    NotAllowlisted,
+    /// The request may have been executed and carries no idempotency key, and its method
+    /// is not idempotent: retrying could duplicate the write.
+    MaybeExecutedUnprotected,
+    /// The transport (a tower service) failed before it could take the request.
+    ServiceNotReady,
+}
+
+impl fmt::Display for FatalReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::NotAllowlisted => "status is not on the retry allowlist",
+            Self::MaybeExecutedUnprotected => {
+                "the request may have been executed and has neither an idempotency key nor an idempotent method"
+            }
+            Self::ServiceNotReady => "the transport failed before taking the request",
+        })
+    }
+}
+
+/// The classifier's judgement on one outcome.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Verdict {
+    /// A 1xx/2xx/3xx answer.
+    Success,
+    /// Worth retrying, policy permitting.
+    Transient(RetryKind),
+    /// Never retried.
+    Fatal(FatalReason),
+}
+
+/// The retry allowlist (SPEC §8), separate from any policy.
+///
+/// | outcome | verdict |
+/// |---|---|
+/// | not sent | transient |
+/// | maybe executed, request protected (key or idempotent method) | transient |
+/// | maybe executed, unprotected | fatal |
+/// | 429, `409 idempotency_request_in_progress` | throttling |
+/// | 502, 503, 504 | transient |
+/// | 500 | transient only with [`Classifier::with_retry_500`] |
+/// | any other 4xx/5xx, incl. 401/403 and `409 idempotency_key_reused` | fatal |
+///
+/// ```
+/// use http::StatusCode;
+/// use idemkit_client::{Classifier, Outcome, RetryKind, Verdict};
+///
+/// let c = Classifier::new();
+/// assert_eq!(c.classify(&Outcome::status(StatusCode::SERVICE_UNAVAILABLE), false),
+///            Verdict::Transient(RetryKind::Transient));
+/// assert!(matches!(c.classify(&Outcome::status(StatusCode::BAD_REQUEST), true), Verdict::Fatal(_)));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Classifier {
+    retry_500: bool,
+}
+
+impl Classifier {
+    /// The default allowlist: 500 is not retried.
+    #[must_use]
+    pub const fn new() -> Self {
+        Self { retry_500: false }
+    }
+
+    /// Also retries `500 Internal Server Error` (as a transient failure).
+    #[must_use]
+    pub const fn with_retry_500(mut self, retry: bool) -> Self {
+        self.retry_500 = retry;
+        self
+    }
+
+    /// Whether 500 is retried.
+    #[must_use]
+    pub const fn retries_500(&self) -> bool {
+        self.retry_500
+    }
+
+    /// Judges `outcome`. `protected` says whether the request carries an idempotency
+    /// key or has an idempotent method.
+    #[must_use]
+    pub fn classify(&self, outcome: &Outcome, protected: bool) -> Verdict {
+        match outcome {
+            Outcome::NotSent => Verdict::Transient(RetryKind::Transient),
+            Outcome::MaybeExecuted { .. } if protected => Verdict::Transient(RetryKind::Transient),
+            Outcome::MaybeExecuted { .. } => Verdict::Fatal(FatalReason::MaybeExecutedUnprotected),
+            Outcome::Answered(answer) => self.classify_answer(answer),
+        }
+    }
+
+    fn classify_answer(&self, answer: &Answer) -> Verdict {
+        let status = answer.status;
+        if status.is_informational() || status.is_success() || status.is_redirection() {
+            return Verdict::Success;
+        }
+        match status {
+            StatusCode::TOO_MANY_REQUESTS => Verdict::Transient(RetryKind::Throttling),
+            StatusCode::CONFLICT if answer.problem_code.as_deref() == Some(CODE_IN_PROGRESS) => {
+                Verdict::Transient(RetryKind::Throttling)
+            }
+            StatusCode::BAD_GATEWAY | StatusCode::SERVICE_UNAVAILABLE | StatusCode::GATEWAY_TIMEOUT => {
+                Verdict::Transient(RetryKind::Transient)
+            }
+            StatusCode::INTERNAL_SERVER_ERROR if self.retry_500 => Verdict::Transient(RetryKind::Transient),
+            _ => Verdict::Fatal(FatalReason::NotAllowlisted),
+        }
+    }
+}
+
+impl Default for Classifier {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    fn answered(status: u16, code: Option<&str>) -> Outcome {
+        Outcome::Answered(
+            Answer::new(StatusCode::from_u16(status).unwrap()).with_problem_code(code.map(str::to_owned)),
+        )
+    }
+
+    #[test]
+    fn allowlist() {
+        let c = Classifier::new();
+        let t = Verdict::Transient(RetryKind::Transient);
+        let th = Verdict::Transient(RetryKind::Throttling);
+        let fatal = Verdict::Fatal(FatalReason::NotAllowlisted);
+        assert_eq!(c.classify(&answered(200, None), false), Verdict::Success);
+        assert_eq!(c.classify(&answered(201, None), false), Verdict::Success);
+        assert_eq!(c.classify(&answered(429, None), false), th);
+        assert_eq!(c.classify(&answered(409, Some(CODE_IN_PROGRESS)), false), th);
+        assert_eq!(c.classify(&answered(409, Some(CODE_KEY_REUSED)), true), fatal);
+        assert_eq!(c.classify(&answered(409, None), true), fatal);
+        for s in [502, 503, 504] {
+            assert_eq!(c.classify(&answered(s, None), false), t);
+        }
+        for s in [400, 401, 403, 404, 422, 500, 501] {
+            assert_eq!(c.classify(&answered(s, None), true), fatal, "{s}");
+        }
+        assert_eq!(c.with_retry_500(true).classify(&answered(500, None), false), t);
+        assert_eq!(c.classify(&Outcome::NotSent, false), t);
+        assert_eq!(c.classify(&Outcome::MaybeExecuted { timed_out: true }, true), t);
+        assert_eq!(
+            c.classify(&Outcome::MaybeExecuted { timed_out: true }, false),
+            Verdict::Fatal(FatalReason::MaybeExecutedUnprotected)
+        );
+    }
+
+    #[test]
+    fn retry_after_forms() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let mut h = HeaderMap::new();
+        h.insert(header::RETRY_AFTER, HeaderValue::from_static("7"));
+        assert_eq!(retry_after(&h, now), Some(Duration::from_secs(7)));
+        let date = httpdate::fmt_http_date(now + Duration::from_secs(4));
+        h.insert(header::RETRY_AFTER, HeaderValue::from_str(&date).unwrap());
+        assert_eq!(retry_after(&h, now), Some(Duration::from_secs(4)));
+        let past = httpdate::fmt_http_date(now - Duration::from_secs(4));
+        h.insert(header::RETRY_AFTER, HeaderValue::from_str(&past).unwrap());
+        assert_eq!(retry_after(&h, now), Some(Duration::ZERO));
+        h.insert(header::RETRY_AFTER, HeaderValue::from_static("soon"));
+        assert_eq!(retry_after(&h, now), None);
+    }
+
+    #[test]
+    fn problem_codes() {
+        let body = br#"{"type":"about:blank","title":"t","status":409,"code":"idempotency_request_in_progress","retryable":true}"#;
+        assert_eq!(problem_code(body).as_deref(), Some(CODE_IN_PROGRESS));
+        assert_eq!(problem_code(b"not json"), None);
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
+        assert!(needs_problem_code(StatusCode::CONFLICT, &h));
+        assert!(!needs_problem_code(StatusCode::BAD_REQUEST, &h));
+    }
+
+    #[test]
+    fn error_chain() {
+        #[derive(Debug)]
+        struct Wrap(io::Error);
+        impl fmt::Display for Wrap {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("wrapped")
+            }
+        }
+        impl StdError for Wrap {
+            fn source(&self) -> Option<&(dyn StdError + 'static)> {
+                Some(&self.0)
+            }
+        }
+        let refused = Wrap(io::Error::from(io::ErrorKind::ConnectionRefused));
+        assert_eq!(classify_error(&refused), Outcome::NotSent);
+        let reset = Wrap(io::Error::from(io::ErrorKind::ConnectionReset));
+        assert_eq!(
+            classify_error(&reset),
+            Outcome::MaybeExecuted { timed_out: false }
+        );
+    }
+}

@@ -1,0 +1,161 @@
+//! [`reqwest-middleware`](reqwest_middleware) integration.
+
+use http::Extensions;
+use http_body_util::{BodyExt, Limited};
+use reqwest::{Request, Response, ResponseBuilderExt};
+use reqwest_middleware::{Middleware, Next};
+use tokio::time::Instant;
+
+use crate::classify::{Answer, Outcome, classify_error, needs_problem_code, problem_code};
+use crate::error::{Last, RetryError};
+use crate::policy::{Decision, RetryPolicy};
+
+/// Largest `409` body read to find the problem `code`.
+const PROBLEM_LIMIT: usize = 64 * 1024;
+
+/// The error a retried reqwest call ends with, inside
+/// [`reqwest_middleware::Error::Middleware`]. Get it back with
+/// `err.downcast_ref::<ReqwestRetryError>()` on the `anyhow` error.
+pub type ReqwestRetryError = RetryError<Response, reqwest_middleware::Error>;
+
+/// A `reqwest-middleware` middleware that retries with a [`RetryPolicy`].
+///
+/// Returns `Ok(response)` for successes and for answers that are never retried (400,
+/// 401, `409 idempotency_key_reused`, …). When a retryable failure is not retried any
+/// further it returns [`reqwest_middleware::Error::Middleware`] holding a
+/// [`ReqwestRetryError`], which keeps the last response (readable with
+/// `into_response`) or transport error and says why it stopped.
+///
+/// Requests whose body cannot be cloned (streams) are sent once. The attempt timeout
+/// covers the time to the response headers; reading the body afterwards is the
+/// caller's.
+///
+/// ```no_run
+/// use idemkit_client::{IDEMPOTENCY_KEY, IdempotencyKey, RetryMiddleware};
+///
+/// # async fn run() -> Result<(), reqwest_middleware::Error> {
+/// let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+///     .with(RetryMiddleware::default())
+///     .build();
+/// let response = client
+///     .post("http://127.0.0.1:8080/orders/42/confirm")
+///     .header(IDEMPOTENCY_KEY, IdempotencyKey::derived("order-confirm", 42).as_str())
+///     .send()
+///     .await?;
+/// # let _ = response;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct RetryMiddleware {
+    policy: RetryPolicy,
+}
+
+impl RetryMiddleware {
+    /// A middleware using `policy` (and its shared budget).
+    #[must_use]
+    pub fn new(policy: impl Into<RetryPolicy>) -> Self {
+        Self {
+            policy: policy.into(),
+        }
+    }
+
+    /// The policy.
+    #[must_use]
+    pub fn policy(&self) -> &RetryPolicy {
+        &self.policy
+    }
+}
+
+#[async_trait::async_trait]
+impl Middleware for RetryMiddleware {
+    async fn handle(
+        &self,
+        req: Request,
+        extensions: &mut Extensions,
+        next: Next<'_>,
+    ) -> reqwest_middleware::Result<Response> {
+        let start = Instant::now();
+        let replayable = req.try_clone().is_some();
+        let mut call = self.policy.start(req.method(), req.headers(), replayable);
+        let mut original = Some(req);
+        loop {
+            let plan = call.before_attempt(start.elapsed());
+            // A clone goes out and the original stays for later attempts; an unclonable
+            // request is sent itself, once (the policy never retries it).
+            let mut attempt = match original.as_ref().and_then(Request::try_clone) {
+                Some(clone) => clone,
+                None => original.take().expect("an unclonable request is sent once"),
+            };
+            plan.apply(attempt.headers_mut());
+            let mut attempt_extensions = extensions.clone();
+            let result =
+                tokio::time::timeout(plan.timeout(), next.clone().run(attempt, &mut attempt_extensions))
+                    .await;
+            let (outcome, last) = match result {
+                Err(_) => (
+                    Outcome::MaybeExecuted { timed_out: true },
+                    Last::TimedOut(plan.timeout()),
+                ),
+                Ok(Err(err)) => (transport_outcome(&err), Last::Error(err)),
+                Ok(Ok(response)) => {
+                    let (response, answer) = inspect(response).await;
+                    (Outcome::Answered(answer), Last::Response(response))
+                }
+            };
+            match call.after_attempt(start.elapsed(), &outcome) {
+                Decision::Retry(delay) => tokio::time::sleep(delay).await,
+                Decision::Stop(stop) => {
+                    let err = RetryError::new(stop, call.attempts(), outcome, last);
+                    return Err(reqwest_middleware::Error::middleware(err));
+                }
+                Decision::Return => {
+                    *extensions = attempt_extensions;
+                    return match last {
+                        Last::Response(response) => Ok(response),
+                        Last::Error(err) => Err(err),
+                        Last::TimedOut(_) => unreachable!("a timeout is never returned as-is"),
+                    };
+                }
+            }
+        }
+    }
+}
+
+fn transport_outcome(err: &reqwest_middleware::Error) -> Outcome {
+    match err {
+        reqwest_middleware::Error::Reqwest(e) if e.is_connect() => Outcome::NotSent,
+        reqwest_middleware::Error::Reqwest(e) if e.is_timeout() => Outcome::MaybeExecuted { timed_out: true },
+        reqwest_middleware::Error::Reqwest(e) => classify_error(e),
+        reqwest_middleware::Error::Middleware(e) => classify_error(e.as_ref()),
+    }
+}
+
+/// Classifies a response; reads the body of a `409` problem document to find its
+/// `code`, then rebuilds an equivalent response for the caller.
+async fn inspect(response: Response) -> (Response, Answer) {
+    let status = response.status();
+    let answer = Answer::from_parts(status, response.headers());
+    if !needs_problem_code(status, response.headers()) {
+        return (response, answer);
+    }
+    let url = response.url().clone();
+    let http_response: http::Response<reqwest::Body> = response.into();
+    let (parts, body) = http_response.into_parts();
+    let bytes = match Limited::new(body, PROBLEM_LIMIT).collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(_) => bytes::Bytes::new(),
+    };
+    let answer = answer.with_problem_code(problem_code(&bytes));
+    let mut builder = http::Response::builder()
+        .status(parts.status)
+        .version(parts.version)
+        .url(url);
+    if let Some(headers) = builder.headers_mut() {
+        *headers = parts.headers;
+    }
+    let rebuilt = builder
+        .body(reqwest::Body::from(bytes))
+        .expect("parts of a valid response");
+    (Response::from(rebuilt), answer)
+}

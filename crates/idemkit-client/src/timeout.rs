@@ -1,0 +1,182 @@
+//! Attempt timeouts: a fixed default, or derived from measured latency.
+
+use std::collections::VecDeque;
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// How long one attempt may take before it is abandoned (and counted as
+/// *maybe executed*). Each attempt's effective timeout is
+/// `min(this, remaining overall deadline)`.
+///
+/// ```
+/// use std::time::Duration;
+/// use idemkit_client::{AdaptiveTimeout, AttemptTimeout};
+///
+/// let fixed = AttemptTimeout::Fixed(Duration::from_secs(2));
+/// let adaptive = AttemptTimeout::Adaptive(
+///     AdaptiveTimeout::new().with_multiplier(3).with_ceiling(Duration::from_secs(5)),
+/// );
+/// # let _ = (fixed, adaptive);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum AttemptTimeout {
+    /// The same timeout for every attempt.
+    Fixed(Duration),
+    /// `multiplier × p99` of recent successful attempts, bounded by a floor and a
+    /// ceiling; the fallback until enough samples exist.
+    Adaptive(AdaptiveTimeout),
+}
+
+impl AttemptTimeout {
+    /// The default: a fixed 10 s (see `docs/client-decisions.md`).
+    pub const DEFAULT: Self = Self::Fixed(Duration::from_secs(10));
+}
+
+impl Default for AttemptTimeout {
+    fn default() -> Self {
+        Self::DEFAULT
+    }
+}
+
+/// Settings of [`AttemptTimeout::Adaptive`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AdaptiveTimeout {
+    multiplier: u32,
+    floor: Duration,
+    ceiling: Duration,
+    fallback: Duration,
+    min_samples: usize,
+}
+
+impl AdaptiveTimeout {
+    /// Samples kept (the most recent successful attempts).
+    pub const WINDOW: usize = 256;
+
+    /// Defaults: 3 × p99, floor 100 ms, ceiling 10 s, fallback 10 s until 20 samples.
+    #[must_use]
+    pub const fn new() -> Self {
+        Self {
+            multiplier: 3,
+            floor: Duration::from_millis(100),
+            ceiling: Duration::from_secs(10),
+            fallback: Duration::from_secs(10),
+            min_samples: 20,
+        }
+    }
+
+    /// Sets the multiplier applied to the p99.
+    #[must_use]
+    pub const fn with_multiplier(mut self, multiplier: u32) -> Self {
+        self.multiplier = multiplier;
+        self
+    }
+
+    /// Sets the smallest timeout it may choose.
+    #[must_use]
+    pub const fn with_floor(mut self, floor: Duration) -> Self {
+        self.floor = floor;
+        self
+    }
+
+    /// Sets the largest timeout it may choose.
+    #[must_use]
+    pub const fn with_ceiling(mut self, ceiling: Duration) -> Self {
+        self.ceiling = ceiling;
+        self
+    }
+
+    /// Sets the timeout used until enough samples exist.
+    #[must_use]
+    pub const fn with_fallback(mut self, fallback: Duration) -> Self {
+        self.fallback = fallback;
+        self
+    }
+
+    /// Sets how many samples are needed before the p99 is trusted (at most
+    /// [`WINDOW`](Self::WINDOW)).
+    #[must_use]
+    pub const fn with_min_samples(mut self, min_samples: usize) -> Self {
+        self.min_samples = min_samples;
+        self
+    }
+
+    fn choose(&self, p99: Option<Duration>) -> Duration {
+        match p99 {
+            Some(p99) => p99
+                .saturating_mul(self.multiplier)
+                .clamp(self.floor, self.ceiling.max(self.floor)),
+            None => self.fallback,
+        }
+    }
+}
+
+impl Default for AdaptiveTimeout {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Latencies of recent successful attempts, shared by all calls of a client.
+#[derive(Debug, Default)]
+pub(crate) struct LatencyWindow {
+    samples: Mutex<VecDeque<Duration>>,
+}
+
+impl LatencyWindow {
+    pub(crate) fn record(&self, latency: Duration) {
+        let mut samples = self.samples.lock().unwrap_or_else(|p| p.into_inner());
+        if samples.len() == AdaptiveTimeout::WINDOW {
+            samples.pop_front();
+        }
+        samples.push_back(latency);
+    }
+
+    /// The p99 (nearest rank) when at least `min_samples` exist.
+    pub(crate) fn p99(&self, min_samples: usize) -> Option<Duration> {
+        let samples = self.samples.lock().unwrap_or_else(|p| p.into_inner());
+        if samples.is_empty() || samples.len() < min_samples {
+            return None;
+        }
+        let mut sorted: Vec<Duration> = samples.iter().copied().collect();
+        sorted.sort_unstable();
+        let rank = (sorted.len() * 99).div_ceil(100).max(1);
+        Some(sorted[rank - 1])
+    }
+
+    pub(crate) fn timeout(&self, setting: &AttemptTimeout) -> Duration {
+        match setting {
+            AttemptTimeout::Fixed(d) => *d,
+            AttemptTimeout::Adaptive(a) => a.choose(self.p99(a.min_samples)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn adaptive_follows_p99_within_bounds() {
+        let w = LatencyWindow::default();
+        let a = AttemptTimeout::Adaptive(AdaptiveTimeout::new().with_min_samples(100));
+        assert_eq!(w.timeout(&a), Duration::from_secs(10), "fallback before samples");
+        for i in 0..100 {
+            w.record(if i == 0 { 900 * MS } else { 50 * MS });
+        }
+        // p99 of 100 samples (nearest rank 99) is 50 ms: one outlier does not count.
+        assert_eq!(w.p99(100), Some(50 * MS));
+        assert_eq!(w.timeout(&a), 150 * MS);
+        for _ in 0..5 {
+            w.record(5 * Duration::from_secs(1));
+        }
+        assert_eq!(w.timeout(&a), Duration::from_secs(10), "ceiling");
+        let tiny = LatencyWindow::default();
+        for _ in 0..100 {
+            tiny.record(MS);
+        }
+        assert_eq!(tiny.timeout(&a), 100 * MS, "floor");
+    }
+}

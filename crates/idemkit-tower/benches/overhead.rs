@@ -1,0 +1,229 @@
+//! What the idempotency layer costs, as ratios measured in one run.
+//!
+//! `cargo bench -p idemkit-tower --bench overhead` prints, per configuration,
+//! throughput with the layer ÷ without and the added microseconds per request,
+//! and the replay p50 ÷ first-request p50. Requests go through the axum router
+//! in process (no sockets), so the figures isolate the layer. Runs alternate
+//! with/without in several rounds and report the median round, because single
+//! absolute times on a shared machine are noise; only ratios are meaningful.
+//!
+//! Set `IDEMKIT_BENCH_REQUESTS` to change the requests per round (default 4000).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Body;
+use axum::response::IntoResponse;
+use axum::routing::post;
+use http::{Request, StatusCode};
+use idemkit_core::{KeyStore, Policy};
+use idemkit_sqlite::{SqliteStore, SqliteTx};
+use idemkit_testkit::MemoryStore;
+use idemkit_tower::{BearerTokenAccount, IdempotencyContext, IdempotencyLayer, Json, Tx};
+use serde_json::Value;
+use tower::ServiceExt;
+
+const ROUNDS: usize = 5;
+const CONCURRENCY: usize = 16;
+
+fn requests() -> usize {
+    std::env::var("IDEMKIT_BENCH_REQUESTS").ok().and_then(|v| v.parse().ok()).unwrap_or(4000)
+}
+
+fn request(key: &str) -> Request<Body> {
+    Request::post("/op")
+        .header("authorization", "Bearer bench")
+        .header("idempotency-key", key)
+        .header("content-type", "application/json")
+        .body(Body::from(r#"{"sku":"BENCH-1","quantity":2,"note":"a typical small order body"}"#))
+        .unwrap()
+}
+
+async fn echo(Json(v): Json<Value>) -> impl IntoResponse {
+    (StatusCode::CREATED, axum::Json(v))
+}
+
+/// Sends `n` requests with fresh keys (prefix `tag`) from `CONCURRENCY` tasks;
+/// returns the elapsed time.
+async fn drive(app: &Router, n: usize, tag: &str) -> Duration {
+    let started = Instant::now();
+    let per_task = n / CONCURRENCY;
+    let tasks: Vec<_> = (0..CONCURRENCY)
+        .map(|t| {
+            let app = app.clone();
+            let tag = tag.to_owned();
+            tokio::spawn(async move {
+                for i in 0..per_task {
+                    let res = app.clone().oneshot(request(&format!("{tag}-{t}-{i}"))).await.unwrap();
+                    assert_eq!(res.status(), StatusCode::CREATED);
+                    let _ = axum::body::to_bytes(res.into_body(), usize::MAX).await.unwrap();
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    started.elapsed()
+}
+
+/// Latencies of `n` sequential requests with the keys `key(i)`.
+async fn latencies(app: &Router, n: usize, key: impl Fn(usize) -> String) -> Vec<Duration> {
+    let mut out = Vec::with_capacity(n);
+    for i in 0..n {
+        let started = Instant::now();
+        let res = app.clone().oneshot(request(&key(i))).await.unwrap();
+        let _ = axum::body::to_bytes(res.into_body(), usize::MAX).await.unwrap();
+        out.push(started.elapsed());
+    }
+    out
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+fn p50(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+struct Row {
+    name: &'static str,
+    ratio: f64,
+    added_us: f64,
+    target: f64,
+}
+
+async fn compare(name: &'static str, target: f64, n: usize, without: Router, with: Router) -> Row {
+    // Warm both (connection pools, allocator, page cache).
+    drive(&without, n / 4, "warm-a").await;
+    drive(&with, n / 4, "warm-b").await;
+    let mut ratios = Vec::new();
+    let mut added = Vec::new();
+    for round in 0..ROUNDS {
+        let a = drive(&without, n, &format!("r{round}-a")).await;
+        let b = drive(&with, n, &format!("r{round}-b")).await;
+        ratios.push(a.as_secs_f64() / b.as_secs_f64());
+        // Added wall time per request at this concurrency, per request served.
+        added.push((b.as_secs_f64() - a.as_secs_f64()) / n as f64 * 1e6 * CONCURRENCY as f64);
+    }
+    Row { name, ratio: median(ratios), added_us: median(added), target }
+}
+
+fn tempdb(tag: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("idemkit-bench-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join("bench.db")
+}
+
+async fn sqlite_store(tag: &str) -> Arc<SqliteStore> {
+    let store = SqliteStore::open(tempdb(tag)).await.unwrap();
+    sqlx::query(
+        "CREATE TABLE orders (id INTEGER PRIMARY KEY AUTOINCREMENT, account TEXT NOT NULL, sku TEXT NOT NULL, quantity INTEGER NOT NULL)",
+    )
+    .execute(store.pool())
+    .await
+    .unwrap();
+    Arc::new(store)
+}
+
+#[derive(serde::Deserialize)]
+struct NewOrder {
+    sku: String,
+    quantity: i64,
+}
+
+async fn insert(conn: &mut sqlx::SqliteConnection, account: &str, o: &NewOrder) -> i64 {
+    sqlx::query_scalar("INSERT INTO orders (account, sku, quantity) VALUES (?1, ?2, ?3) RETURNING id")
+        .bind(account)
+        .bind(&o.sku)
+        .bind(o.quantity)
+        .fetch_one(conn)
+        .await
+        .unwrap()
+}
+
+/// The quickstart's handler without idempotency: its own transaction, same insert.
+fn sqlite_plain(store: Arc<SqliteStore>) -> Router {
+    Router::new().route(
+        "/op",
+        post(move |Json(o): Json<NewOrder>| {
+            let store = store.clone();
+            async move {
+                let mut tx = store.pool().begin_with("BEGIN IMMEDIATE").await.unwrap();
+                let id = insert(&mut tx, "bench", &o).await;
+                tx.commit().await.unwrap();
+                (StatusCode::CREATED, axum::Json(serde_json::json!({"id": id, "sku": o.sku, "quantity": o.quantity})))
+            }
+        }),
+    )
+}
+
+/// The quickstart's handler under the single-step layer: the claim's transaction.
+fn sqlite_idempotent(store: Arc<SqliteStore>) -> Router {
+    let layer = IdempotencyLayer::transactional(store).resolver(BearerTokenAccount).build().unwrap();
+    Router::new().route(
+        "/op",
+        post(|ctx: IdempotencyContext, mut tx: Tx<SqliteTx>, Json(o): Json<NewOrder>| async move {
+            let id = insert(&mut tx, ctx.scope.account.as_str(), &o).await;
+            (StatusCode::CREATED, axum::Json(serde_json::json!({"id": id, "sku": o.sku, "quantity": o.quantity})))
+        })
+        .layer(layer),
+    )
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    // `cargo bench` passes `--bench`; `cargo test --benches` does not and would
+    // time a debug build, so it gets a small smoke pass instead.
+    let full = std::env::args().any(|a| a == "--bench");
+    let n = if full { requests() } else { 64 };
+    if !full {
+        println!("(smoke run: use `cargo bench` for figures)");
+    }
+
+    let memory: Arc<dyn KeyStore> = Arc::new(MemoryStore::new());
+    let mem_layer = IdempotencyLayer::builder(memory).policy(Policy::new()).resolver(BearerTokenAccount).build().unwrap();
+    let mem = compare(
+        "in-memory store, JSON echo handler (lease mode)",
+        0.80,
+        n,
+        Router::new().route("/op", post(echo)),
+        Router::new().route("/op", post(echo).layer(mem_layer)),
+    )
+    .await;
+
+    let plain_store = sqlite_store("plain").await;
+    let idem_store = sqlite_store("idem").await;
+    let sql = compare(
+        "SQLite single-step, quickstart insert",
+        0.85,
+        n,
+        sqlite_plain(plain_store),
+        sqlite_idempotent(idem_store.clone()),
+    )
+    .await;
+
+    println!();
+    println!("{:<50} {:>14} {:>14} {:>8}", "configuration", "with/without", "added µs/req", "target");
+    for r in [&mem, &sql] {
+        let verdict = if r.ratio >= r.target { "ok" } else { "MISSED" };
+        println!("{:<50} {:>14.3} {:>14.1} {:>5} {verdict}", r.name, r.ratio, r.added_us, format!("≥{}", r.target));
+    }
+
+    // Replay vs original on SQLite single-step, sequential latencies.
+    let app = sqlite_idempotent(idem_store);
+    let m = (n / 4).max(50);
+    let first = p50(latencies(&app, m, |i| format!("replay-{i}")).await);
+    let replay = p50(latencies(&app, m, |i| format!("replay-{i}")).await);
+    let ratio = replay.as_secs_f64() / first.as_secs_f64();
+    let verdict = if ratio <= 0.5 { "ok" } else { "MISSED" };
+    println!(
+        "{:<50} {:>14.3} {:>14} {:>5} {verdict}",
+        "SQLite replay p50 / first-request p50", ratio, "", "≤0.5"
+    );
+}
