@@ -117,6 +117,20 @@ pub trait KeyStore: Send + Sync + std::fmt::Debug + 'static {
 
     /// The store's clock.
     fn now(&self) -> Millis;
+
+    /// Whether [`KeyStore::wait_for_change`] really waits for a notification
+    /// (PostgreSQL `LISTEN/NOTIFY`, Redis pub/sub). When `false`, waiters poll.
+    fn notifies_changes(&self) -> bool {
+        false
+    }
+
+    /// Waits until the record of `scope` may have changed (completed or released)
+    /// or `timeout` passes, whichever is first. Spurious wake-ups are allowed:
+    /// the caller claims again either way. Stores without notifications return at
+    /// once (see [`KeyStore::notifies_changes`]).
+    async fn wait_for_change(&self, _scope: &Scope, _timeout: Duration) -> StoreResult<()> {
+        Ok(())
+    }
 }
 
 /// A claim made inside a business transaction.

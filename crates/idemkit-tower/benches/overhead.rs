@@ -28,7 +28,10 @@ const ROUNDS: usize = 5;
 const CONCURRENCY: usize = 16;
 
 fn requests() -> usize {
-    std::env::var("IDEMKIT_BENCH_REQUESTS").ok().and_then(|v| v.parse().ok()).unwrap_or(4000)
+    std::env::var("IDEMKIT_BENCH_REQUESTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(4000)
 }
 
 fn request(key: &str) -> Request<Body> {
@@ -36,7 +39,9 @@ fn request(key: &str) -> Request<Body> {
         .header("authorization", "Bearer bench")
         .header("idempotency-key", key)
         .header("content-type", "application/json")
-        .body(Body::from(r#"{"sku":"BENCH-1","quantity":2,"note":"a typical small order body"}"#))
+        .body(Body::from(
+            r#"{"sku":"BENCH-1","quantity":2,"note":"a typical small order body"}"#,
+        ))
         .unwrap()
 }
 
@@ -55,7 +60,11 @@ async fn drive(app: &Router, n: usize, tag: &str) -> Duration {
             let tag = tag.to_owned();
             tokio::spawn(async move {
                 for i in 0..per_task {
-                    let res = app.clone().oneshot(request(&format!("{tag}-{t}-{i}"))).await.unwrap();
+                    let res = app
+                        .clone()
+                        .oneshot(request(&format!("{tag}-{t}-{i}")))
+                        .await
+                        .unwrap();
                     assert_eq!(res.status(), StatusCode::CREATED);
                     let _ = axum::body::to_bytes(res.into_body(), usize::MAX).await.unwrap();
                 }
@@ -110,7 +119,12 @@ async fn compare(name: &'static str, target: f64, n: usize, without: Router, wit
         // Added wall time per request at this concurrency, per request served.
         added.push((b.as_secs_f64() - a.as_secs_f64()) / n as f64 * 1e6 * CONCURRENCY as f64);
     }
-    Row { name, ratio: median(ratios), added_us: median(added), target }
+    Row {
+        name,
+        ratio: median(ratios),
+        added_us: median(added),
+        target,
+    }
 }
 
 fn tempdb(tag: &str) -> std::path::PathBuf {
@@ -157,7 +171,10 @@ fn sqlite_plain(store: Arc<SqliteStore>) -> Router {
                 let mut tx = store.pool().begin_with("BEGIN IMMEDIATE").await.unwrap();
                 let id = insert(&mut tx, "bench", &o).await;
                 tx.commit().await.unwrap();
-                (StatusCode::CREATED, axum::Json(serde_json::json!({"id": id, "sku": o.sku, "quantity": o.quantity})))
+                (
+                    StatusCode::CREATED,
+                    axum::Json(serde_json::json!({"id": id, "sku": o.sku, "quantity": o.quantity})),
+                )
             }
         }),
     )
@@ -165,13 +182,21 @@ fn sqlite_plain(store: Arc<SqliteStore>) -> Router {
 
 /// The quickstart's handler under the single-step layer: the claim's transaction.
 fn sqlite_idempotent(store: Arc<SqliteStore>) -> Router {
-    let layer = IdempotencyLayer::transactional(store).resolver(BearerTokenAccount).build().unwrap();
+    let layer = IdempotencyLayer::transactional(store)
+        .resolver(BearerTokenAccount)
+        .build()
+        .unwrap();
     Router::new().route(
         "/op",
-        post(|ctx: IdempotencyContext, mut tx: Tx<SqliteTx>, Json(o): Json<NewOrder>| async move {
-            let id = insert(&mut tx, ctx.scope.account.as_str(), &o).await;
-            (StatusCode::CREATED, axum::Json(serde_json::json!({"id": id, "sku": o.sku, "quantity": o.quantity})))
-        })
+        post(
+            |ctx: IdempotencyContext, mut tx: Tx<SqliteTx>, Json(o): Json<NewOrder>| async move {
+                let id = insert(&mut tx, ctx.scope.account.as_str(), &o).await;
+                (
+                    StatusCode::CREATED,
+                    axum::Json(serde_json::json!({"id": id, "sku": o.sku, "quantity": o.quantity})),
+                )
+            },
+        )
         .layer(layer),
     )
 }
@@ -187,7 +212,11 @@ async fn main() {
     }
 
     let memory: Arc<dyn KeyStore> = Arc::new(MemoryStore::new());
-    let mem_layer = IdempotencyLayer::builder(memory).policy(Policy::new()).resolver(BearerTokenAccount).build().unwrap();
+    let mem_layer = IdempotencyLayer::builder(memory)
+        .policy(Policy::new())
+        .resolver(BearerTokenAccount)
+        .build()
+        .unwrap();
     let mem = compare(
         "in-memory store, JSON echo handler (lease mode)",
         0.80,
@@ -209,10 +238,19 @@ async fn main() {
     .await;
 
     println!();
-    println!("{:<50} {:>14} {:>14} {:>8}", "configuration", "with/without", "added µs/req", "target");
+    println!(
+        "{:<50} {:>14} {:>14} {:>8}",
+        "configuration", "with/without", "added µs/req", "target"
+    );
     for r in [&mem, &sql] {
         let verdict = if r.ratio >= r.target { "ok" } else { "MISSED" };
-        println!("{:<50} {:>14.3} {:>14.1} {:>5} {verdict}", r.name, r.ratio, r.added_us, format!("≥{}", r.target));
+        println!(
+            "{:<50} {:>14.3} {:>14.1} {:>5} {verdict}",
+            r.name,
+            r.ratio,
+            r.added_us,
+            format!("≥{}", r.target)
+        );
     }
 
     // Replay vs original on SQLite single-step, sequential latencies.

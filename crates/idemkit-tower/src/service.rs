@@ -274,8 +274,17 @@ async fn acquire(shared: &Shared, claim: &ClaimRequest) -> Result<Held, Response
                         // key do not hit the store in lock-step.
                         let jitter = rand::random_range(0.5..1.0);
                         let nap = poll.mul_f64(jitter).min(until - now);
-                        tokio::time::sleep(nap).await;
-                        poll = (poll * 2).min(Duration::from_millis(250));
+                        if shared.store.notifies_changes() {
+                            // Woken by the store when the holder finishes; the
+                            // timeout only bounds a lost notification.
+                            let bound = (until - now).min(Duration::from_secs(1));
+                            if let Err(e) = shared.store.wait_for_change(&claim.scope, bound).await {
+                                return Err(store_problem(&e).into_response());
+                            }
+                        } else {
+                            tokio::time::sleep(nap).await;
+                            poll = (poll * 2).min(Duration::from_millis(250));
+                        }
                     }
                     _ => {
                         tracing::debug!("idempotency: request in progress");
