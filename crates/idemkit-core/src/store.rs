@@ -59,6 +59,11 @@ pub enum StoreError {
     /// (or the record was released or reused). The write was refused.
     #[error("fencing token is stale: the lease was taken over")]
     Fenced,
+    /// A single-step claim lost a race at commit (another request with the same
+    /// key committed first). Nothing was committed; claim again to learn the
+    /// winner's outcome.
+    #[error("the claim lost a race at commit; nothing was committed")]
+    Conflict,
     /// The store cannot be reached, timed out, or is overloaded; retrying later may work.
     #[error("key store unavailable: {0}")]
     Unavailable(#[source] Box<dyn std::error::Error + Send + Sync>),
@@ -73,7 +78,7 @@ pub enum StoreError {
 impl StoreError {
     /// Whether retrying the same request later may succeed.
     pub fn is_retryable(&self) -> bool {
-        matches!(self, Self::Unavailable(_) | Self::Fenced)
+        matches!(self, Self::Unavailable(_) | Self::Fenced | Self::Conflict)
     }
 }
 
@@ -178,8 +183,9 @@ pub trait TransactionalStore: KeyStore {
     async fn begin_fenced(&self, scope: &Scope, token: FencingToken) -> StoreResult<Self::Tx>;
 
     /// Stores the response with a fenced write and commits the transaction. On
-    /// [`StoreError::Fenced`] the whole transaction, business writes included, is
-    /// rolled back.
+    /// [`StoreError::Fenced`] (stale token) or [`StoreError::Conflict`] (a
+    /// single-step claim lost the race at commit) the whole transaction, business
+    /// writes included, is rolled back.
     async fn complete_in_tx(
         &self,
         tx: Self::Tx,

@@ -22,10 +22,11 @@
 //! (up to the busy timeout). That is the right trade for an embedded store; use
 //! PostgreSQL when many instances share keys.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
+use std::ops::{Deref, DerefMut};
 use std::path::Path;
 use std::str::FromStr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -38,9 +39,98 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow, SqliteSynchronous,
 };
 use sqlx::{Row, Sqlite, SqliteConnection, SqlitePool};
+use tokio::sync::{Mutex, OwnedMutexGuard};
 
-/// The transaction handed to single-step handlers.
-pub type SqliteTx = sqlx::Transaction<'static, Sqlite>;
+/// A write transaction on the store's database, as handed to single-step
+/// handlers. It dereferences to the connection, so `&mut *tx` (or `&mut **tx`
+/// through the layer's `Tx` extractor) is an sqlx executor. Dropping it rolls
+/// back; [`SqliteTx::commit`] commits.
+///
+/// It also holds the store's in-process writer slot: SQLite admits one writer at
+/// a time, and queueing writers on an async mutex is far cheaper than letting
+/// them spin in SQLite's busy handler (which sleeps up to 100 ms per try).
+pub struct SqliteTx {
+    tx: sqlx::Transaction<'static, Sqlite>,
+    _writer: OwnedMutexGuard<()>,
+    /// Set when this transaction carries a single-step claim that is written,
+    /// completed, at commit.
+    pending: Option<PendingClaim>,
+}
+
+/// A single-step claim not yet written. SQLite runs one writer at a time and an
+/// uncommitted claim is invisible to everyone else, so writing the claim row
+/// when the handler finishes, already completed, costs one statement instead of
+/// two (an in-flight insert plus a completing update) and arbitrates the same
+/// way: the primary key makes the loser's INSERT (or compare-and-swap) fail.
+struct PendingClaim {
+    _marker: PendingMarker,
+    /// `None`: no row existed, INSERT. `Some(t)`: replace the row whose token is `t`.
+    replaces: Option<FencingToken>,
+    token: FencingToken,
+    keep_progress: bool,
+    fingerprint: Fingerprint,
+    request: StoredRequest,
+    created_at: Millis,
+}
+
+/// Marks a scope as being claimed by a single-step request of this process, so
+/// a concurrent duplicate in the same process answers "in progress" at once
+/// instead of running its handler only to lose at commit.
+struct PendingMarker {
+    set: Arc<StdMutex<HashSet<(String, String)>>>,
+    key: (String, String),
+}
+
+impl PendingMarker {
+    fn acquire(set: &Arc<StdMutex<HashSet<(String, String)>>>, scope: &Scope) -> Option<Self> {
+        let key = (scope.account.as_str().to_owned(), scope.key.as_str().to_owned());
+        let inserted = set.lock().unwrap_or_else(|e| e.into_inner()).insert(key.clone());
+        inserted.then(|| Self {
+            set: set.clone(),
+            key,
+        })
+    }
+}
+
+impl Drop for PendingMarker {
+    fn drop(&mut self) {
+        self.set
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.key);
+    }
+}
+
+impl SqliteTx {
+    /// Commits the transaction.
+    pub async fn commit(self) -> Result<(), sqlx::Error> {
+        self.tx.commit().await
+    }
+
+    /// Rolls the transaction back (dropping it does the same).
+    pub async fn rollback(self) -> Result<(), sqlx::Error> {
+        self.tx.rollback().await
+    }
+}
+
+impl Deref for SqliteTx {
+    type Target = SqliteConnection;
+    fn deref(&self) -> &SqliteConnection {
+        &self.tx
+    }
+}
+
+impl DerefMut for SqliteTx {
+    fn deref_mut(&mut self) -> &mut SqliteConnection {
+        &mut self.tx
+    }
+}
+
+impl std::fmt::Debug for SqliteTx {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SqliteTx { .. }")
+    }
+}
 
 /// Embedded migrations (run by [`SqliteStore::from_pool`]).
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
@@ -55,6 +145,10 @@ const SELECT_RECORD: &str = "SELECT account, idem_key, fingerprint, state, creat
 pub struct SqliteStore {
     pool: SqlitePool,
     clock: Arc<dyn Clock>,
+    /// One writer at a time in this process (see [`SqliteTx`]).
+    writer: Arc<Mutex<()>>,
+    /// Scopes with a single-step claim in progress in this process.
+    pending: Arc<StdMutex<HashSet<(String, String)>>>,
 }
 
 /// Connection settings for [`SqliteStore::open_with`].
@@ -117,6 +211,8 @@ impl SqliteStore {
         Ok(Self {
             pool,
             clock: Arc::new(SystemClock),
+            writer: Arc::new(Mutex::new(())),
+            pending: Arc::default(),
         })
     }
 
@@ -131,10 +227,19 @@ impl SqliteStore {
         &self.pool
     }
 
-    async fn begin(&self) -> StoreResult<SqliteTx> {
-        // IMMEDIATE takes the write lock up front (waiting up to the busy timeout),
-        // so the read that follows a conflicting insert cannot go stale.
-        self.pool.begin_with("BEGIN IMMEDIATE").await.map_err(map_err)
+    /// Opens a write transaction: waits for this process's writer slot, then
+    /// `BEGIN IMMEDIATE`, which takes SQLite's write lock up front (other
+    /// processes wait up to the busy timeout), so the read that follows a
+    /// conflicting insert cannot go stale. Use it for the application's own
+    /// writes too, so they queue with the store's instead of contending.
+    pub async fn begin(&self) -> StoreResult<SqliteTx> {
+        let writer = self.writer.clone().lock_owned().await;
+        let tx = self.pool.begin_with("BEGIN IMMEDIATE").await.map_err(map_err)?;
+        Ok(SqliteTx {
+            tx,
+            _writer: writer,
+            pending: None,
+        })
     }
 
     /// Claims inside `tx`. Returns the lease when claimed, or the outcome to answer.
@@ -241,28 +346,20 @@ impl SqliteStore {
         }
     }
 
-    /// Answers from a plain read when the answer does not need the write lock:
-    /// a completed record within its window is immutable, and an in-flight one
-    /// with a live lease is in progress at the moment it was read.
-    async fn fast_path(&self, req: &ClaimRequest) -> StoreResult<Option<ClaimOutcome>> {
+    /// Reads the record with a plain read (no write lock) and decides. A
+    /// completed record within its window is immutable and an in-flight one with
+    /// a live lease is in progress at the moment it was read, so those answers
+    /// need no lock; the others are confirmed by the atomic write that follows.
+    async fn read_decision(&self, req: &ClaimRequest) -> StoreResult<(Option<Record>, Decision)> {
         let mut conn = self.pool.acquire().await.map_err(map_err)?;
-        let Some(existing) = fetch_record(&mut conn, &req.scope).await? else {
-            return Ok(None);
-        };
-        let now = self.clock.now();
-        Ok(
-            match decide(
-                Some(&RecordHead::from(&existing)),
-                &req.fingerprint,
-                now,
-                req.replay_window,
-            ) {
-                Decision::Replay => Some(replay_of(existing)?),
-                Decision::Mismatch => Some(ClaimOutcome::Mismatch),
-                Decision::InProgress { retry_after } => Some(ClaimOutcome::InProgress { retry_after }),
-                Decision::Insert | Decision::Reuse | Decision::Takeover => None,
-            },
-        )
+        let existing = fetch_record(&mut conn, &req.scope).await?;
+        let decision = decide(
+            existing.as_ref().map(RecordHead::from).as_ref(),
+            &req.fingerprint,
+            self.clock.now(),
+            req.replay_window,
+        );
+        Ok((existing, decision))
     }
 
     /// Runs a fenced single-row update; zero rows means the token is stale.
@@ -285,6 +382,65 @@ impl SqliteStore {
             Ok(())
         } else {
             Err(StoreError::Fenced)
+        }
+    }
+
+    /// Writes a pending single-step claim as a completed record. The primary key
+    /// (INSERT) or the token compare-and-swap (UPDATE) arbitrates: a miss means
+    /// another request with this key committed first → [`StoreError::Conflict`].
+    async fn write_completed_claim(
+        &self,
+        conn: &mut SqliteConnection,
+        scope: &Scope,
+        token: FencingToken,
+        p: PendingClaim,
+        response: &StoredResponse,
+    ) -> StoreResult<()> {
+        if p.token != token {
+            return Err(StoreError::Fenced);
+        }
+        let now = self.clock.now();
+        let sql = match p.replaces {
+            None => {
+                "INSERT INTO idemkit_keys (account, idem_key, fingerprint, state, created_at, completed_at, \
+                 lease_expires_at, fencing_token, req_method, req_path, req_headers, req_body, resp_status, \
+                 resp_headers, resp_body) \
+                 VALUES (?1, ?2, ?3, 'completed', ?4, ?5, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13) \
+                 ON CONFLICT (account, idem_key) DO NOTHING"
+            }
+            Some(_) => {
+                "UPDATE idemkit_keys SET fingerprint = ?3, state = 'completed', \
+                 created_at = CASE WHEN ?15 THEN created_at ELSE ?4 END, completed_at = ?5, \
+                 lease_expires_at = ?5, fencing_token = ?6, req_method = ?7, req_path = ?8, req_headers = ?9, \
+                 req_body = ?10, resp_status = ?11, resp_headers = ?12, resp_body = ?13, last_error = NULL, \
+                 recovery_point = CASE WHEN ?15 THEN recovery_point END, \
+                 step_outputs = CASE WHEN ?15 THEN step_outputs ELSE '{}' END \
+                 WHERE account = ?1 AND idem_key = ?2 AND fencing_token = ?14"
+            }
+        };
+        let done = sqlx::query(sql)
+            .bind(scope.account.as_str())
+            .bind(scope.key.as_str())
+            .bind(&p.fingerprint.as_bytes()[..])
+            .bind(p.created_at.0)
+            .bind(now.0)
+            .bind(p.token.0)
+            .bind(&p.request.method)
+            .bind(&p.request.path)
+            .bind(to_json(&p.request.headers)?)
+            .bind(&p.request.body)
+            .bind(i64::from(response.status))
+            .bind(to_json(&response.headers)?)
+            .bind(&response.body)
+            .bind(p.replaces.map_or(0, |t| t.0))
+            .bind(p.keep_progress)
+            .execute(&mut *conn)
+            .await
+            .map_err(map_err)?;
+        if done.rows_affected() == 1 {
+            Ok(())
+        } else {
+            Err(StoreError::Conflict)
         }
     }
 
@@ -315,20 +471,25 @@ impl SqliteStore {
 #[async_trait]
 impl KeyStore for SqliteStore {
     async fn claim(&self, req: &ClaimRequest) -> StoreResult<ClaimOutcome> {
-        match self.claim_in_tx(req).await? {
-            TxClaim::Claimed { tx, lease } => {
+        let (existing, decision) = self.read_decision(req).await?;
+        if let Some(outcome) = settled(existing, decision)? {
+            return Ok(outcome);
+        }
+        let mut tx = self.begin().await?;
+        match self.claim_on(&mut tx, req).await? {
+            Ok(lease) => {
                 tx.commit().await.map_err(map_err)?;
                 Ok(ClaimOutcome::Claimed(lease))
             }
-            TxClaim::Other(outcome) => Ok(outcome),
+            Err(outcome) => Ok(outcome),
         }
     }
 
     async fn heartbeat(&self, scope: &Scope, token: FencingToken, lease: Duration) -> StoreResult<Millis> {
         let expires = self.clock.now().plus(lease);
-        let mut conn = self.pool.acquire().await.map_err(map_err)?;
+        let mut tx = self.begin().await?;
         self.fenced_update(
-            &mut conn,
+            &mut tx,
             "UPDATE idemkit_keys SET lease_expires_at = ?4 \
              WHERE account = ?1 AND idem_key = ?2 AND fencing_token = ?3 AND state = 'in_flight'",
             scope,
@@ -336,6 +497,7 @@ impl KeyStore for SqliteStore {
             move |q| q.bind(expires.0),
         )
         .await?;
+        tx.commit().await.map_err(map_err)?;
         Ok(expires)
     }
 
@@ -345,38 +507,40 @@ impl KeyStore for SqliteStore {
         token: FencingToken,
         response: &StoredResponse,
     ) -> StoreResult<()> {
-        let mut conn = self.pool.acquire().await.map_err(map_err)?;
-        self.complete_on(&mut conn, scope, token, response).await
+        let tx = self.begin().await?;
+        self.complete_in_tx(tx, scope, token, response).await
     }
 
     async fn release(&self, scope: &Scope, token: FencingToken) -> StoreResult<()> {
-        let mut conn = self.pool.acquire().await.map_err(map_err)?;
+        let mut tx = self.begin().await?;
         // The row stays (state `released`, behaving as absent) so the next claim's
         // token is higher than any this record ever handed out.
         self.fenced_update(
-            &mut conn,
+            &mut tx,
             "UPDATE idemkit_keys SET state = 'released', lease_expires_at = 0, req_body = x'' \
              WHERE account = ?1 AND idem_key = ?2 AND fencing_token = ?3 AND state = 'in_flight'",
             scope,
             token,
             |q| q,
         )
-        .await
+        .await?;
+        tx.commit().await.map_err(map_err)
     }
 
     async fn abandon(&self, scope: &Scope, token: FencingToken, error: &str) -> StoreResult<()> {
         let now = self.clock.now().0;
         let error = error.to_owned();
-        let mut conn = self.pool.acquire().await.map_err(map_err)?;
+        let mut tx = self.begin().await?;
         self.fenced_update(
-            &mut conn,
+            &mut tx,
             "UPDATE idemkit_keys SET lease_expires_at = ?4, last_error = ?5 \
              WHERE account = ?1 AND idem_key = ?2 AND fencing_token = ?3 AND state = 'in_flight'",
             scope,
             token,
             move |q| q.bind(now).bind(error),
         )
-        .await
+        .await?;
+        tx.commit().await.map_err(map_err)
     }
 
     async fn get(&self, scope: &Scope) -> StoreResult<Option<Record>> {
@@ -394,14 +558,39 @@ impl TransactionalStore for SqliteStore {
     type Tx = SqliteTx;
 
     async fn claim_in_tx(&self, req: &ClaimRequest) -> StoreResult<TxClaim<SqliteTx>> {
-        if let Some(outcome) = self.fast_path(req).await? {
+        let (existing, decision) = self.read_decision(req).await?;
+        if let Some(outcome) = settled(existing.clone(), decision)? {
             return Ok(TxClaim::Other(outcome));
         }
+        let Some(marker) = PendingMarker::acquire(&self.pending, &req.scope) else {
+            // The same key is being claimed by a single-step request of this process.
+            return Ok(TxClaim::Other(ClaimOutcome::InProgress {
+                retry_after: Duration::from_secs(1),
+            }));
+        };
+        let replaces = existing.as_ref().map(|r| r.fencing_token);
+        let token = FencingToken(replaces.map_or(1, |t| t.0 + 1));
+        let resumed_from = match decision {
+            Decision::Takeover => existing.and_then(|r| r.recovery_point),
+            _ => None,
+        };
         let mut tx = self.begin().await?;
-        match self.claim_on(&mut tx, req).await? {
-            Ok(lease) => Ok(TxClaim::Claimed { tx, lease }),
-            Err(outcome) => Ok(TxClaim::Other(outcome)),
-        }
+        let now = self.clock.now();
+        tx.pending = Some(PendingClaim {
+            _marker: marker,
+            replaces,
+            token,
+            keep_progress: decision == Decision::Takeover,
+            fingerprint: req.fingerprint,
+            request: req.request.clone(),
+            created_at: now,
+        });
+        let lease = Lease {
+            token,
+            expires_at: now.plus(req.lease),
+            resumed_from,
+        };
+        Ok(TxClaim::Claimed { tx, lease })
     }
 
     async fn begin_fenced(&self, scope: &Scope, token: FencingToken) -> StoreResult<SqliteTx> {
@@ -429,8 +618,14 @@ impl TransactionalStore for SqliteStore {
         token: FencingToken,
         response: &StoredResponse,
     ) -> StoreResult<()> {
-        // On `Fenced` the transaction is dropped, which rolls back the business writes.
-        self.complete_on(&mut tx, scope, token, response).await?;
+        // On an error the transaction is dropped, which rolls back the business writes.
+        match tx.pending.take() {
+            Some(pending) => {
+                self.write_completed_claim(&mut tx, scope, token, pending, response)
+                    .await?
+            }
+            None => self.complete_on(&mut tx, scope, token, response).await?,
+        }
         tx.commit().await.map_err(map_err)
     }
 }
@@ -499,6 +694,18 @@ fn replay_of(record: Record) -> StoreResult<ClaimOutcome> {
         .response
         .map(ClaimOutcome::Replay)
         .ok_or_else(|| StoreError::Corrupt("completed record without a response".into()))
+}
+
+/// The outcome of a read-only decision, or `None` when the claim must be written.
+fn settled(existing: Option<Record>, decision: Decision) -> StoreResult<Option<ClaimOutcome>> {
+    Ok(match decision {
+        Decision::Replay => Some(replay_of(
+            existing.ok_or_else(|| StoreError::Corrupt("replay of nothing".into()))?,
+        )?),
+        Decision::Mismatch => Some(ClaimOutcome::Mismatch),
+        Decision::InProgress { retry_after } => Some(ClaimOutcome::InProgress { retry_after }),
+        Decision::Insert | Decision::Reuse | Decision::Takeover => None,
+    })
 }
 
 fn cas_ok(rows: u64) -> StoreResult<()> {

@@ -140,7 +140,8 @@ pub async fn fenced_completion_rolls_back_business_writes<S, P>(
 }
 
 /// 64 concurrent single-step requests with one key: one business row; every
-/// other answer is the stored response or in-progress.
+/// other answer is the stored response, in-progress, or a conflict at commit
+/// whose writes were rolled back.
 pub async fn concurrent_single_step_requests_write_once<S, P>(
     store: Arc<S>,
     probe: P,
@@ -167,11 +168,17 @@ pub async fn concurrent_single_step_requests_write_once<S, P>(
                 match store.claim_in_tx(&req).await.expect("claim") {
                     TxClaim::Claimed { mut tx, lease } => {
                         probe.insert(&mut tx, "tx-race").await;
-                        store
+                        match store
                             .complete_in_tx(tx, &s, lease.token, &response(201, "race"))
                             .await
-                            .unwrap();
-                        None
+                        {
+                            Ok(()) => None,
+                            // Lost at commit: rolled back, nothing written.
+                            Err(StoreError::Conflict) => Some(ClaimOutcome::InProgress {
+                                retry_after: Default::default(),
+                            }),
+                            Err(e) => panic!("complete: {e}"),
+                        }
                     }
                     TxClaim::Other(o) => Some(o),
                 }

@@ -201,18 +201,35 @@ fn key_problem(e: &KeyError) -> ProblemResponse {
     ProblemResponse::new(e.code(), e.to_string())
 }
 
-async fn read_body(body: Body, limit: usize) -> Result<Bytes, ProblemResponse> {
-    match Limited::new(body, limit).collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(ProblemResponse::new(
+/// How much of an oversized body is read and discarded before answering 413, so
+/// that clients still sending get the problem document instead of a reset.
+const OVERSIZE_DRAIN: usize = 8 * 1024 * 1024;
+
+async fn read_body(mut body: Body, limit: usize) -> Result<Bytes, ProblemResponse> {
+    let mut buf = bytes::BytesMut::new();
+    let mut seen = 0usize;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| {
+            ProblemResponse::new(
+                ErrorCode::ValidationFailed,
+                format!("could not read the request body: {e}"),
+            )
+        })?;
+        let Ok(data) = frame.into_data() else { continue };
+        seen = seen.saturating_add(data.len());
+        if seen <= limit {
+            buf.extend_from_slice(&data);
+        } else if seen > limit.saturating_add(OVERSIZE_DRAIN) {
+            break;
+        }
+    }
+    if seen > limit {
+        return Err(ProblemResponse::new(
             ErrorCode::PayloadTooLarge,
             format!("the request body is larger than {limit} bytes"),
-        )),
-        Err(e) => Err(ProblemResponse::new(
-            ErrorCode::ValidationFailed,
-            format!("could not read the request body: {e}"),
-        )),
+        ));
     }
+    Ok(buf.freeze())
 }
 
 fn key_from_json(bytes: &[u8], pointer: &str) -> Result<IdempotencyKey, ProblemResponse> {
@@ -351,7 +368,7 @@ where
     B: http_body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
-    let scope = claim.scope;
+    let scope = claim.scope.clone();
     let lease = held.lease().clone();
     let mut req = Request::from_parts(parts, Body::from(bytes));
     req.extensions_mut().insert(IdempotencyContext {
@@ -390,7 +407,7 @@ where
 
     let outcome = response.extensions().get::<Outcome>().copied();
     match disposition(response.status(), outcome, &shared.policy) {
-        Disposition::Store => Ok(store_response(shared, slot, &scope, &lease, response).await),
+        Disposition::Store => Ok(store_response(shared, slot, &claim, &lease, response).await),
         other => {
             settle_unstored(shared, slot, &scope, &lease, other).await;
             Ok(response.map(Body::new))
@@ -429,7 +446,7 @@ async fn settle_unstored(
 async fn store_response<B>(
     shared: &Shared,
     slot: Option<TxSlot>,
-    scope: &Scope,
+    claim: &ClaimRequest,
     lease: &Lease,
     response: Response<B>,
 ) -> Response
@@ -437,6 +454,7 @@ where
     B: http_body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
+    let scope = &claim.scope;
     let (parts, body) = response.into_parts();
     let cap = shared.policy.max_stored_body;
     let body = match Limited::new(body, cap).collect().await {
@@ -506,6 +524,20 @@ where
     };
     match committed {
         Ok(()) => Response::from_parts(parts, Body::from(body)),
+        Err(StoreError::Conflict) => {
+            // Another request with this key committed first and this attempt's
+            // writes were rolled back: answer what the key now answers.
+            tracing::debug!("idempotency: single-step claim lost the race at commit");
+            match acquire(shared, claim).await {
+                Err(settled) => settled,
+                Ok(_) => ProblemResponse::new(
+                    ErrorCode::RequestInProgress,
+                    "a concurrent request with this idempotency key changed its state; retry",
+                )
+                .retry_after(Duration::from_secs(1))
+                .into_response(),
+            }
+        }
         Err(e) => store_problem(&e).into_response(),
     }
 }

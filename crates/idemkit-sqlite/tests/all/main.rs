@@ -84,3 +84,62 @@ async fn opens_sqlite_urls_and_reopens_existing_files() {
         .unwrap();
     assert_eq!(mode, "wal");
 }
+
+/// A duplicate arriving while a single-step claim of the same process is
+/// pending answers "in progress" at once; it does not queue for the write lock.
+#[tokio::test]
+async fn in_process_duplicate_of_a_pending_single_step_claim_is_in_progress() {
+    use idemkit_core::{ClaimOutcome, TransactionalStore, TxClaim};
+    use idemkit_testkit::suite::{claim_req, response, scope};
+    let store = fresh(Arc::new(ManualClock::new())).await;
+    let s = scope("a", "pending");
+    let req = claim_req(&s, "{}");
+    let TxClaim::Claimed { tx, lease } = store.claim_in_tx(&req).await.unwrap() else { panic!("first claims") };
+    match store.claim_in_tx(&req).await.unwrap() {
+        TxClaim::Other(ClaimOutcome::InProgress { .. }) => {}
+        other => panic!("expected in progress, got {other:?}"),
+    }
+    store.complete_in_tx(tx, &s, lease.token, &response(201, "one")).await.unwrap();
+    match store.claim_in_tx(&req).await.unwrap() {
+        TxClaim::Other(ClaimOutcome::Replay(r)) => assert_eq!(r, response(201, "one")),
+        other => panic!("expected replay, got {other:?}"),
+    }
+}
+
+/// Two stores on one file stand for two processes: each passes its own
+/// in-process checks, and the primary key decides at commit. The loser's
+/// business write rolls back with its claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_processes_racing_one_key_commit_once() {
+    use idemkit_core::{StoreError, TransactionalStore, TxClaim};
+    use idemkit_testkit::suite::{claim_req, response, scope};
+    let dir = std::env::temp_dir().join(format!("idemkit-sqlite-two-{}", uuid_like()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("shared.db");
+    let a = Arc::new(SqliteStore::open(&path).await.unwrap());
+    let b = Arc::new(SqliteStore::open(&path).await.unwrap());
+    let orders = probe(a.clone()).await;
+    let s = scope("acct", "race");
+    let req = claim_req(&s, "{}");
+    // Both read "absent" before either writes.
+    let TxClaim::Claimed { tx: mut tx_a, lease: la } = a.claim_in_tx(&req).await.unwrap() else { panic!() };
+    let b_task = tokio::spawn({
+        let (b, req, s) = (b.clone(), req.clone(), s.clone());
+        async move {
+            // Blocks on SQLite's write lock until A commits.
+            let TxClaim::Claimed { mut tx, lease } = b.claim_in_tx(&req).await.unwrap() else {
+                return None;
+            };
+            sqlx::query("INSERT INTO biz (tag) VALUES ('race')").execute(&mut *tx).await.unwrap();
+            Some(b.complete_in_tx(tx, &s, lease.token, &response(201, "B")).await)
+        }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    orders.insert(&mut tx_a, "race").await;
+    a.complete_in_tx(tx_a, &s, la.token, &response(201, "A")).await.unwrap();
+    match b_task.await.unwrap() {
+        Some(Err(StoreError::Conflict)) => {}
+        other => panic!("B must lose at commit, got {other:?}"),
+    }
+    assert_eq!(orders.count("race").await, 1, "B's business write rolled back");
+}
