@@ -195,6 +195,9 @@ impl SqliteStore {
         .foreign_keys(true);
         let pool = SqlitePoolOptions::new()
             .max_connections(config.max_connections)
+            // A local file cannot drop a connection the way a network can; the
+            // ping sqlx would send on every acquire is a wasted round trip.
+            .test_before_acquire(false)
             .connect_with(options)
             .await
             .map_err(map_err)?;

@@ -94,12 +94,17 @@ async fn in_process_duplicate_of_a_pending_single_step_claim_is_in_progress() {
     let store = fresh(Arc::new(ManualClock::new())).await;
     let s = scope("a", "pending");
     let req = claim_req(&s, "{}");
-    let TxClaim::Claimed { tx, lease } = store.claim_in_tx(&req).await.unwrap() else { panic!("first claims") };
+    let TxClaim::Claimed { tx, lease } = store.claim_in_tx(&req).await.unwrap() else {
+        panic!("first claims")
+    };
     match store.claim_in_tx(&req).await.unwrap() {
         TxClaim::Other(ClaimOutcome::InProgress { .. }) => {}
         other => panic!("expected in progress, got {other:?}"),
     }
-    store.complete_in_tx(tx, &s, lease.token, &response(201, "one")).await.unwrap();
+    store
+        .complete_in_tx(tx, &s, lease.token, &response(201, "one"))
+        .await
+        .unwrap();
     match store.claim_in_tx(&req).await.unwrap() {
         TxClaim::Other(ClaimOutcome::Replay(r)) => assert_eq!(r, response(201, "one")),
         other => panic!("expected replay, got {other:?}"),
@@ -122,7 +127,13 @@ async fn two_processes_racing_one_key_commit_once() {
     let s = scope("acct", "race");
     let req = claim_req(&s, "{}");
     // Both read "absent" before either writes.
-    let TxClaim::Claimed { tx: mut tx_a, lease: la } = a.claim_in_tx(&req).await.unwrap() else { panic!() };
+    let TxClaim::Claimed {
+        tx: mut tx_a,
+        lease: la,
+    } = a.claim_in_tx(&req).await.unwrap()
+    else {
+        panic!()
+    };
     let b_task = tokio::spawn({
         let (b, req, s) = (b.clone(), req.clone(), s.clone());
         async move {
@@ -130,13 +141,18 @@ async fn two_processes_racing_one_key_commit_once() {
             let TxClaim::Claimed { mut tx, lease } = b.claim_in_tx(&req).await.unwrap() else {
                 return None;
             };
-            sqlx::query("INSERT INTO biz (tag) VALUES ('race')").execute(&mut *tx).await.unwrap();
+            sqlx::query("INSERT INTO biz (tag) VALUES ('race')")
+                .execute(&mut *tx)
+                .await
+                .unwrap();
             Some(b.complete_in_tx(tx, &s, lease.token, &response(201, "B")).await)
         }
     });
     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     orders.insert(&mut tx_a, "race").await;
-    a.complete_in_tx(tx_a, &s, la.token, &response(201, "A")).await.unwrap();
+    a.complete_in_tx(tx_a, &s, la.token, &response(201, "A"))
+        .await
+        .unwrap();
     match b_task.await.unwrap() {
         Some(Err(StoreError::Conflict)) => {}
         other => panic!("B must lose at commit, got {other:?}"),
