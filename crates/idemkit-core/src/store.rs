@@ -20,6 +20,10 @@ pub struct ClaimRequest {
     pub lease: Duration,
     /// The route's replay window.
     pub replay_window: Duration,
+    /// How long a single-step claim may wait inside the store for a concurrent
+    /// holder's uncommitted claim (PostgreSQL blocks on it) before answering
+    /// in progress. Zero: do not wait (the store uses its shortest lock wait).
+    pub lock_wait: Duration,
 }
 
 /// A successful claim: the caller now holds the key.
@@ -79,6 +83,25 @@ impl StoreError {
     /// Whether retrying the same request later may succeed.
     pub fn is_retryable(&self) -> bool {
         matches!(self, Self::Unavailable(_) | Self::Fenced | Self::Conflict)
+    }
+}
+
+impl crate::Decision {
+    /// The outcome a decision settles without writing (replay, mismatch, in
+    /// progress), or `None` when the claim must be written (insert, reuse,
+    /// takeover). `existing` is the record the decision was made on.
+    pub fn settle(self, existing: Option<Record>) -> StoreResult<Option<ClaimOutcome>> {
+        use crate::Decision;
+        Ok(match self {
+            Decision::Replay => Some(ClaimOutcome::Replay(
+                existing
+                    .and_then(|r| r.response)
+                    .ok_or_else(|| StoreError::Corrupt("completed record without a response".into()))?,
+            )),
+            Decision::Mismatch => Some(ClaimOutcome::Mismatch),
+            Decision::InProgress { retry_after } => Some(ClaimOutcome::InProgress { retry_after }),
+            Decision::Insert | Decision::Reuse | Decision::Takeover => None,
+        })
     }
 }
 

@@ -294,9 +294,9 @@ impl SqliteStore {
             Decision::Insert => Err(StoreError::Corrupt(
                 "decision `insert` for an existing row".into(),
             )),
-            Decision::Replay => Ok(Err(replay_of(existing)?)),
-            Decision::Mismatch => Ok(Err(ClaimOutcome::Mismatch)),
-            Decision::InProgress { retry_after } => Ok(Err(ClaimOutcome::InProgress { retry_after })),
+            d @ (Decision::Replay | Decision::Mismatch | Decision::InProgress { .. }) => Ok(Err(d
+                .settle(Some(existing))?
+                .ok_or_else(|| StoreError::Corrupt("unsettled".into()))?)),
             Decision::Takeover => {
                 let moved = sqlx::query(
                     "UPDATE idemkit_keys SET fencing_token = ?3, lease_expires_at = ?4 \
@@ -475,7 +475,7 @@ impl SqliteStore {
 impl KeyStore for SqliteStore {
     async fn claim(&self, req: &ClaimRequest) -> StoreResult<ClaimOutcome> {
         let (existing, decision) = self.read_decision(req).await?;
-        if let Some(outcome) = settled(existing, decision)? {
+        if let Some(outcome) = decision.settle(existing)? {
             return Ok(outcome);
         }
         let mut tx = self.begin().await?;
@@ -562,7 +562,7 @@ impl TransactionalStore for SqliteStore {
 
     async fn claim_in_tx(&self, req: &ClaimRequest) -> StoreResult<TxClaim<SqliteTx>> {
         let (existing, decision) = self.read_decision(req).await?;
-        if let Some(outcome) = settled(existing.clone(), decision)? {
+        if let Some(outcome) = decision.settle(existing.clone())? {
             return Ok(TxClaim::Other(outcome));
         }
         let Some(marker) = PendingMarker::acquire(&self.pending, &req.scope) else {
@@ -689,25 +689,6 @@ fn decode(row: &SqliteRow) -> StoreResult<Record> {
         },
         response,
         last_error: row.try_get(17).map_err(corrupt)?,
-    })
-}
-
-fn replay_of(record: Record) -> StoreResult<ClaimOutcome> {
-    record
-        .response
-        .map(ClaimOutcome::Replay)
-        .ok_or_else(|| StoreError::Corrupt("completed record without a response".into()))
-}
-
-/// The outcome of a read-only decision, or `None` when the claim must be written.
-fn settled(existing: Option<Record>, decision: Decision) -> StoreResult<Option<ClaimOutcome>> {
-    Ok(match decision {
-        Decision::Replay => Some(replay_of(
-            existing.ok_or_else(|| StoreError::Corrupt("replay of nothing".into()))?,
-        )?),
-        Decision::Mismatch => Some(ClaimOutcome::Mismatch),
-        Decision::InProgress { retry_after } => Some(ClaimOutcome::InProgress { retry_after }),
-        Decision::Insert | Decision::Reuse | Decision::Takeover => None,
     })
 }
 

@@ -42,6 +42,7 @@ pub fn claim_req(scope: &Scope, body: &str) -> ClaimRequest {
         },
         lease: LEASE,
         replay_window: WINDOW,
+        lock_wait: Duration::ZERO,
     }
 }
 

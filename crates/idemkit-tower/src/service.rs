@@ -192,6 +192,10 @@ async fn prepare(
             request,
             lease: shared.policy.lease,
             replay_window: shared.policy.replay_window,
+            lock_wait: match shared.policy.in_flight {
+                InFlightBehavior::Wait(d) => d,
+                _ => Duration::ZERO,
+            },
         },
         bytes,
     ))

@@ -1,0 +1,42 @@
+-- idemkit key store (PostgreSQL). Created in the store's own schema: the pool's
+-- search_path starts with it. One row per (account, key); the primary key is the
+-- unique constraint that arbitrates claims.
+CREATE TABLE IF NOT EXISTS idemkit_keys (
+    account          TEXT    NOT NULL,
+    idem_key         TEXT    NOT NULL,
+    fingerprint      BYTEA   NOT NULL,
+    state            TEXT    NOT NULL CHECK (state IN ('in_flight', 'completed', 'released')),
+    created_at       BIGINT  NOT NULL,
+    completed_at     BIGINT,
+    lease_expires_at BIGINT  NOT NULL,
+    fencing_token    BIGINT  NOT NULL CHECK (fencing_token > 0),
+    recovery_point   TEXT,
+    step_outputs     TEXT    NOT NULL DEFAULT '{}',
+    req_method       TEXT    NOT NULL,
+    req_path         TEXT    NOT NULL,
+    req_headers      TEXT    NOT NULL,
+    req_body         BYTEA   NOT NULL,
+    resp_status      INTEGER,
+    resp_headers     TEXT,
+    resp_body        BYTEA,
+    last_error       TEXT,
+    PRIMARY KEY (account, idem_key)
+);
+
+CREATE INDEX IF NOT EXISTS idemkit_keys_state_lease ON idemkit_keys (state, lease_expires_at);
+CREATE INDEX IF NOT EXISTS idemkit_keys_created ON idemkit_keys (created_at);
+
+-- Waiters LISTEN on `idemkit_changes`; a record that completes, is released or
+-- whose lease is ended early wakes them (delivered at commit, no extra round trip).
+CREATE OR REPLACE FUNCTION idemkit_notify_change() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('idemkit_changes', json_build_array(TG_TABLE_SCHEMA, NEW.account, NEW.idem_key)::text);
+    RETURN NEW;
+END
+$$;
+
+CREATE OR REPLACE TRIGGER idemkit_keys_changed
+    AFTER UPDATE OF state, lease_expires_at ON idemkit_keys
+    FOR EACH ROW
+    WHEN (NEW.state <> 'in_flight' OR NEW.lease_expires_at < OLD.lease_expires_at)
+    EXECUTE FUNCTION idemkit_notify_change();

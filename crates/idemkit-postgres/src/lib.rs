@@ -1,0 +1,810 @@
+//! # idemkit-postgres
+//!
+//! A [`KeyStore`] on PostgreSQL for services that run many instances on one
+//! database. Both claim modes of the contract:
+//!
+//! - **single-step** ([`TransactionalStore`]): the claim is an
+//!   `INSERT … ON CONFLICT DO NOTHING` at the start of the handler's own
+//!   transaction. A concurrent duplicate's INSERT blocks on the unique index
+//!   until the winner commits, then reads the completed row and replays it; with
+//!   in-flight = reject, a short `lock_timeout` turns that wait into SQLSTATE
+//!   55P03 and a quick `409`, so no pool connection is held waiting.
+//! - **lease** ([`KeyStore::claim`]): the claim commits on its own as
+//!   `in_flight` with a lease and a fencing token; every later write is
+//!   `… WHERE fencing_token = $mine`.
+//!
+//! Waiters for an in-flight key are woken by `LISTEN/NOTIFY` (a trigger notifies
+//! at commit), not by polling. Deadlocks and serialization failures are retried
+//! inside the store a bounded number of times; a lost connection surfaces as
+//! [`StoreError::Unavailable`] (a retryable `503`).
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), idemkit_core::StoreError> {
+//! use idemkit_postgres::{PgConfig, PgStore};
+//! let store = PgStore::connect("postgres://app@127.0.0.1/app", PgConfig::default()).await?;
+//! # let _ = store; Ok(()) }
+//! ```
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::ops::{Deref, DerefMut};
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use idemkit_core::{
+    Account, ClaimOutcome, ClaimRequest, Clock, Decision, FencingToken, Fingerprint, IdempotencyKey,
+    KeyStore, Lease, Millis, Record, RecordHead, RecordState, Scope, StoreError, StoreResult, StoredHeader,
+    StoredRequest, StoredResponse, SystemClock, TransactionalStore, TxClaim, decide,
+};
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions, PgRow};
+use sqlx::{AssertSqlSafe, PgConnection, PgPool, Postgres, Row};
+use tokio::sync::broadcast;
+
+/// Embedded migrations, run in the store's schema.
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
+
+/// The notification channel waiters listen on.
+pub const CHANNEL: &str = "idemkit_changes";
+
+const SELECT_RECORD: &str = "SELECT account, idem_key, fingerprint, state, created_at, completed_at, \
+     lease_expires_at, fencing_token, recovery_point, step_outputs, req_method, req_path, req_headers, \
+     req_body, resp_status, resp_headers, resp_body, last_error \
+     FROM idemkit_keys WHERE account = $1 AND idem_key = $2";
+
+/// Settings of a [`PgStore`].
+#[derive(Debug, Clone)]
+pub struct PgConfig {
+    /// Schema holding the store's table (created if missing; default `idemkit`).
+    /// The pool's `search_path` is `<schema>, public`.
+    pub schema: String,
+    /// Pool size (default 5: three instances use 15 of PostgreSQL's default 100).
+    pub max_connections: u32,
+    /// How long a request waits for a pooled connection before a retryable 503
+    /// (default 5 s).
+    pub acquire_timeout: Duration,
+    /// `statement_timeout` of every connection (default 10 s).
+    pub statement_timeout: Duration,
+    /// With in-flight = reject, how long a single-step claim waits on a
+    /// concurrent holder's uncommitted claim before answering 409 (default 100 ms).
+    pub reject_lock_timeout: Duration,
+    /// Attempts for an operation that hits a deadlock or serialization failure
+    /// (default 3).
+    pub max_attempts: u32,
+}
+
+impl Default for PgConfig {
+    fn default() -> Self {
+        Self {
+            schema: "idemkit".into(),
+            max_connections: 5,
+            acquire_timeout: Duration::from_secs(5),
+            statement_timeout: Duration::from_secs(10),
+            reject_lock_timeout: Duration::from_millis(100),
+            max_attempts: 3,
+        }
+    }
+}
+
+/// A [`KeyStore`] on PostgreSQL.
+#[derive(Clone)]
+pub struct PgStore {
+    pool: PgPool,
+    clock: Arc<dyn Clock>,
+    config: Arc<PgConfig>,
+    changes: broadcast::Sender<(String, String)>,
+    _listener: Arc<AbortOnDrop>,
+}
+
+impl std::fmt::Debug for PgStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgStore")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// A transaction on the store's database, handed to single-step handlers. It
+/// dereferences to the connection, so `&mut **tx` through the layer's `Tx`
+/// extractor is an sqlx executor. Dropping it rolls back.
+pub struct PgTx {
+    tx: sqlx::Transaction<'static, Postgres>,
+}
+
+impl PgTx {
+    /// Commits the transaction.
+    pub async fn commit(self) -> Result<(), sqlx::Error> {
+        self.tx.commit().await
+    }
+}
+
+impl Deref for PgTx {
+    type Target = PgConnection;
+    fn deref(&self) -> &PgConnection {
+        &self.tx
+    }
+}
+
+impl DerefMut for PgTx {
+    fn deref_mut(&mut self) -> &mut PgConnection {
+        &mut self.tx
+    }
+}
+
+impl std::fmt::Debug for PgTx {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PgTx { .. }")
+    }
+}
+
+fn valid_schema(s: &str) -> bool {
+    let mut chars = s.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_lowercase() || c == '_')
+        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        && s.len() <= 63
+}
+
+impl PgStore {
+    /// Connects, creates the schema if needed and runs the migrations.
+    pub async fn connect(url: &str, config: PgConfig) -> StoreResult<Self> {
+        if !valid_schema(&config.schema) {
+            return Err(StoreError::Backend(
+                format!("schema `{}` must match [a-z_][a-z0-9_]{{0,62}}", config.schema).into(),
+            ));
+        }
+        let options = PgConnectOptions::from_str(url)
+            .map_err(|e| StoreError::Backend(Box::new(e)))?
+            .options([
+                ("search_path", format!("{}, public", config.schema)),
+                (
+                    "statement_timeout",
+                    format!("{}", config.statement_timeout.as_millis()),
+                ),
+            ]);
+        let pool = PgPoolOptions::new()
+            .max_connections(config.max_connections)
+            .acquire_timeout(config.acquire_timeout)
+            .connect_with(options)
+            .await
+            .map_err(map_err)?;
+        Self::from_pool(pool, config).await
+    }
+
+    /// Uses an existing pool whose connections already have `search_path` set
+    /// to `<schema>, …` (as [`PgStore::connect`] does).
+    pub async fn from_pool(pool: PgPool, config: PgConfig) -> StoreResult<Self> {
+        {
+            // Concurrent `CREATE SCHEMA IF NOT EXISTS` can race in PostgreSQL;
+            // serialise it across instances with an advisory lock.
+            let mut tx = pool.begin().await.map_err(map_err)?;
+            sqlx::query("SELECT pg_advisory_xact_lock(7345243911)")
+                .execute(&mut *tx)
+                .await
+                .map_err(map_err)?;
+            sqlx::query(AssertSqlSafe(format!(
+                "CREATE SCHEMA IF NOT EXISTS {}",
+                config.schema
+            )))
+            .execute(&mut *tx)
+            .await
+            .map_err(map_err)?;
+            tx.commit().await.map_err(map_err)?;
+        }
+        MIGRATOR
+            .run(&pool)
+            .await
+            .map_err(|e| StoreError::Backend(Box::new(e)))?;
+        let (changes, _) = broadcast::channel(1024);
+        let listener = spawn_listener(&pool, config.schema.clone(), changes.clone()).await?;
+        Ok(Self {
+            pool,
+            clock: Arc::new(SystemClock),
+            config: Arc::new(config),
+            changes,
+            _listener: Arc::new(listener),
+        })
+    }
+
+    /// Replaces the clock (tests move time with it).
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// The pool, for the application's own queries.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// The settings in force.
+    pub fn config(&self) -> &PgConfig {
+        &self.config
+    }
+
+    /// Runs `op`, retrying deadlocks and serialization failures a bounded number
+    /// of times with a short jittered pause.
+    async fn retrying<T, F, Fut>(&self, mut op: F) -> StoreResult<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, Retry>>,
+    {
+        let mut attempt = 1;
+        loop {
+            match op().await {
+                Ok(v) => return Ok(v),
+                Err(Retry::Transient(e)) if attempt < self.config.max_attempts => {
+                    tracing::debug!(error = %e, attempt, "idemkit-postgres: retrying after a transient conflict");
+                    let pause = 5u64 << attempt;
+                    tokio::time::sleep(Duration::from_millis(
+                        pause / 2 + pause * u64::from(attempt % 2) / 2,
+                    ))
+                    .await;
+                    attempt += 1;
+                }
+                Err(Retry::Transient(e)) => return Err(StoreError::Unavailable(Box::new(e))),
+                Err(Retry::Fatal(e)) => return Err(e),
+            }
+        }
+    }
+
+    async fn read_decision(&self, req: &ClaimRequest) -> StoreResult<(Option<Record>, Decision)> {
+        let mut conn = self.pool.acquire().await.map_err(map_err)?;
+        let existing = fetch_record(&mut conn, &req.scope, false)
+            .await
+            .map_err(Retry::into_store)?;
+        let decision = decide(
+            existing.as_ref().map(RecordHead::from).as_ref(),
+            &req.fingerprint,
+            self.clock.now(),
+            req.replay_window,
+        );
+        Ok((existing, decision))
+    }
+
+    /// Claims inside an open transaction (whose `lock_timeout` bounds the wait on
+    /// a concurrent uncommitted claim).
+    async fn claim_on(
+        &self,
+        conn: &mut PgConnection,
+        req: &ClaimRequest,
+    ) -> Result<Result<Lease, ClaimOutcome>, Retry> {
+        let now = self.clock.now();
+        let expires = now.plus(req.lease);
+        let headers = to_json(&req.request.headers)?;
+        // The `set_config` runs only when the row was inserted: it lifts the claim's
+        // short lock_timeout for the handler's own statements, at no extra round trip.
+        let inserted = sqlx::query(
+            "WITH ins AS (INSERT INTO idemkit_keys (account, idem_key, fingerprint, state, created_at, \
+             lease_expires_at, fencing_token, req_method, req_path, req_headers, req_body) \
+             VALUES ($1, $2, $3, 'in_flight', $4, $5, 1, $6, $7, $8, $9) \
+             ON CONFLICT (account, idem_key) DO NOTHING RETURNING fencing_token) \
+             SELECT fencing_token, set_config('lock_timeout', '0', true) FROM ins",
+        )
+        .bind(req.scope.account.as_str())
+        .bind(req.scope.key.as_str())
+        .bind(&req.fingerprint.as_bytes()[..])
+        .bind(now.0)
+        .bind(expires.0)
+        .bind(&req.request.method)
+        .bind(&req.request.path)
+        .bind(&headers)
+        .bind(&req.request.body)
+        .fetch_optional(&mut *conn)
+        .await
+        .map_err(Retry::from)?;
+        if let Some(row) = inserted {
+            let token: i64 = row.try_get(0).map_err(corrupt)?;
+            return Ok(Ok(Lease {
+                token: FencingToken(token),
+                expires_at: expires,
+                resumed_from: None,
+            }));
+        }
+
+        // The row exists (committed, possibly just now by the holder we waited for).
+        let existing = fetch_record(&mut *conn, &req.scope, true)
+            .await?
+            .ok_or_else(|| Retry::Transient(sqlx::Error::RowNotFound))?;
+        let now = self.clock.now();
+        let next = FencingToken(existing.fencing_token.0 + 1);
+        let decision = decide(
+            Some(&RecordHead::from(&existing)),
+            &req.fingerprint,
+            now,
+            req.replay_window,
+        );
+        let takeover = match decision {
+            Decision::Takeover => true,
+            Decision::Reuse => false,
+            Decision::Insert => {
+                return Err(Retry::Fatal(StoreError::Corrupt(
+                    "insert decided on a row".into(),
+                )));
+            }
+            settled => {
+                let outcome = settled.settle(Some(existing)).map_err(Retry::Fatal)?;
+                return Ok(Err(
+                    outcome.ok_or_else(|| Retry::Fatal(StoreError::Corrupt("unsettled".into())))?
+                ));
+            }
+        };
+        // Row locked FOR UPDATE above: this compare-and-swap cannot miss.
+        let moved = sqlx::query(
+            "UPDATE idemkit_keys SET fencing_token = $3, lease_expires_at = $4, state = 'in_flight', \
+             fingerprint = CASE WHEN $5 THEN fingerprint ELSE $6 END, \
+             created_at = CASE WHEN $5 THEN created_at ELSE $7 END, completed_at = NULL, \
+             recovery_point = CASE WHEN $5 THEN recovery_point END, \
+             step_outputs = CASE WHEN $5 THEN step_outputs ELSE '{}' END, \
+             req_method = $8, req_path = $9, req_headers = $10, req_body = $11, \
+             resp_status = NULL, resp_headers = NULL, resp_body = NULL, \
+             last_error = CASE WHEN $5 THEN last_error END \
+             WHERE account = $1 AND idem_key = $2 AND fencing_token = $12",
+        )
+        .bind(req.scope.account.as_str())
+        .bind(req.scope.key.as_str())
+        .bind(next.0)
+        .bind(expires.0)
+        .bind(takeover)
+        .bind(&req.fingerprint.as_bytes()[..])
+        .bind(now.0)
+        .bind(&req.request.method)
+        .bind(&req.request.path)
+        .bind(&headers)
+        .bind(&req.request.body)
+        .bind(existing.fencing_token.0)
+        .execute(&mut *conn)
+        .await
+        .map_err(Retry::from)?;
+        if moved.rows_affected() != 1 {
+            return Err(Retry::Fatal(StoreError::Corrupt("locked row changed".into())));
+        }
+        let resumed_from = if takeover { existing.recovery_point } else { None };
+        Ok(Ok(Lease {
+            token: next,
+            expires_at: expires,
+            resumed_from,
+        }))
+    }
+
+    /// Begins a transaction whose `lock_timeout` bounds the wait on a concurrent
+    /// claim: the configured reject timeout, or the request's own wait.
+    async fn begin_claim(&self, lock_wait: Duration) -> Result<sqlx::Transaction<'static, Postgres>, Retry> {
+        let ms = if lock_wait.is_zero() {
+            self.config.reject_lock_timeout
+        } else {
+            lock_wait
+        }
+        .as_millis()
+        .max(1);
+        // One round trip: the simple-query protocol runs both statements.
+        let begin = AssertSqlSafe(format!("BEGIN; SET LOCAL lock_timeout = {ms}"));
+        self.pool.begin_with(begin).await.map_err(Retry::from)
+    }
+
+    async fn fenced(
+        &self,
+        sql: &'static str,
+        scope: &Scope,
+        token: FencingToken,
+        extra: impl Fn(
+            sqlx::query::Query<'static, Postgres, sqlx::postgres::PgArguments>,
+        ) -> sqlx::query::Query<'static, Postgres, sqlx::postgres::PgArguments>,
+    ) -> StoreResult<()> {
+        self.retrying(|| async {
+            let q = sqlx::query(sql)
+                .bind(scope.account.as_str().to_owned())
+                .bind(scope.key.as_str().to_owned())
+                .bind(token.0);
+            let done = extra(q).execute(&self.pool).await.map_err(Retry::from)?;
+            if done.rows_affected() == 1 {
+                Ok(())
+            } else {
+                Err(Retry::Fatal(StoreError::Fenced))
+            }
+        })
+        .await
+    }
+
+    async fn complete_on(
+        &self,
+        conn: &mut PgConnection,
+        scope: &Scope,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> Result<(), Retry> {
+        let done = sqlx::query(
+            "UPDATE idemkit_keys SET state = 'completed', completed_at = $4, resp_status = $5, \
+             resp_headers = $6, resp_body = $7, last_error = NULL \
+             WHERE account = $1 AND idem_key = $2 AND fencing_token = $3 AND state = 'in_flight'",
+        )
+        .bind(scope.account.as_str())
+        .bind(scope.key.as_str())
+        .bind(token.0)
+        .bind(self.clock.now().0)
+        .bind(i32::from(response.status))
+        .bind(to_json(&response.headers)?)
+        .bind(&response.body)
+        .execute(&mut *conn)
+        .await
+        .map_err(Retry::from)?;
+        if done.rows_affected() == 1 {
+            Ok(())
+        } else {
+            Err(Retry::Fatal(StoreError::Fenced))
+        }
+    }
+}
+
+/// An operation's failure: retry it (deadlock, serialization failure) or not.
+#[derive(Debug)]
+enum Retry {
+    Transient(sqlx::Error),
+    Fatal(StoreError),
+}
+
+impl Retry {
+    fn into_store(self) -> StoreError {
+        match self {
+            Self::Transient(e) => StoreError::Unavailable(Box::new(e)),
+            Self::Fatal(e) => e,
+        }
+    }
+}
+
+impl From<sqlx::Error> for Retry {
+    fn from(e: sqlx::Error) -> Self {
+        match sqlstate(&e).as_deref() {
+            Some("40001" | "40P01") => Self::Transient(e),
+            _ => Self::Fatal(map_err(e)),
+        }
+    }
+}
+
+impl From<StoreError> for Retry {
+    fn from(e: StoreError) -> Self {
+        Self::Fatal(e)
+    }
+}
+
+fn sqlstate(e: &sqlx::Error) -> Option<String> {
+    match e {
+        sqlx::Error::Database(db) => db.code().map(|c| c.into_owned()),
+        _ => None,
+    }
+}
+
+#[async_trait]
+impl KeyStore for PgStore {
+    async fn claim(&self, req: &ClaimRequest) -> StoreResult<ClaimOutcome> {
+        let (existing, decision) = self.read_decision(req).await?;
+        if let Some(outcome) = decision.settle(existing)? {
+            return Ok(outcome);
+        }
+        self.retrying(|| async {
+            let mut tx = self.begin_claim(Duration::ZERO).await?;
+            match self.claim_on(&mut tx, req).await {
+                Ok(Ok(lease)) => {
+                    tx.commit().await.map_err(Retry::from)?;
+                    Ok(ClaimOutcome::Claimed(lease))
+                }
+                Ok(Err(outcome)) => Ok(outcome),
+                Err(Retry::Fatal(StoreError::Unavailable(e))) if is_lock_timeout(&*e) => {
+                    // Another instance is claiming this very key right now.
+                    Ok(ClaimOutcome::InProgress {
+                        retry_after: Duration::from_secs(1),
+                    })
+                }
+                Err(e) => Err(e),
+            }
+        })
+        .await
+    }
+
+    async fn heartbeat(&self, scope: &Scope, token: FencingToken, lease: Duration) -> StoreResult<Millis> {
+        let expires = self.clock.now().plus(lease);
+        self.fenced(
+            "UPDATE idemkit_keys SET lease_expires_at = $4 \
+             WHERE account = $1 AND idem_key = $2 AND fencing_token = $3 AND state = 'in_flight'",
+            scope,
+            token,
+            move |q| q.bind(expires.0),
+        )
+        .await?;
+        Ok(expires)
+    }
+
+    async fn complete(
+        &self,
+        scope: &Scope,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> StoreResult<()> {
+        self.retrying(|| async {
+            let mut conn = self.pool.acquire().await.map_err(Retry::from)?;
+            self.complete_on(&mut conn, scope, token, response).await
+        })
+        .await
+    }
+
+    async fn release(&self, scope: &Scope, token: FencingToken) -> StoreResult<()> {
+        // The row stays (state `released`, behaving as absent) so the next
+        // claim's token is higher than any this record ever handed out.
+        self.fenced(
+            "UPDATE idemkit_keys SET state = 'released', lease_expires_at = 0, req_body = ''::bytea \
+             WHERE account = $1 AND idem_key = $2 AND fencing_token = $3 AND state = 'in_flight'",
+            scope,
+            token,
+            |q| q,
+        )
+        .await
+    }
+
+    async fn abandon(&self, scope: &Scope, token: FencingToken, error: &str) -> StoreResult<()> {
+        let now = self.clock.now().0;
+        self.fenced(
+            "UPDATE idemkit_keys SET lease_expires_at = $4, last_error = $5 \
+             WHERE account = $1 AND idem_key = $2 AND fencing_token = $3 AND state = 'in_flight'",
+            scope,
+            token,
+            move |q| q.bind(now).bind(error.to_owned()),
+        )
+        .await
+    }
+
+    async fn get(&self, scope: &Scope) -> StoreResult<Option<Record>> {
+        let mut conn = self.pool.acquire().await.map_err(map_err)?;
+        fetch_record(&mut conn, scope, false)
+            .await
+            .map_err(Retry::into_store)
+    }
+
+    fn now(&self) -> Millis {
+        self.clock.now()
+    }
+
+    fn notifies_changes(&self) -> bool {
+        true
+    }
+
+    async fn wait_for_change(&self, scope: &Scope, timeout: Duration) -> StoreResult<()> {
+        let mut rx = self.changes.subscribe();
+        let want = (scope.account.as_str(), scope.key.as_str());
+        let wait = async {
+            loop {
+                match rx.recv().await {
+                    Ok((account, key)) if (account.as_str(), key.as_str()) == want => return,
+                    Ok(_) => {}
+                    // Missed some: one of them may have been ours.
+                    Err(broadcast::error::RecvError::Lagged(_)) => return,
+                    Err(broadcast::error::RecvError::Closed) => return,
+                }
+            }
+        };
+        let _ = tokio::time::timeout(timeout, wait).await;
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl TransactionalStore for PgStore {
+    type Tx = PgTx;
+
+    async fn claim_in_tx(&self, req: &ClaimRequest) -> StoreResult<TxClaim<PgTx>> {
+        let (existing, decision) = self.read_decision(req).await?;
+        if let Some(outcome) = decision.settle(existing)? {
+            return Ok(TxClaim::Other(outcome));
+        }
+        self.retrying(|| async {
+            let mut tx = self.begin_claim(req.lock_wait).await?;
+            match self.claim_on(&mut tx, req).await {
+                Ok(Ok(lease)) => Ok(TxClaim::Claimed {
+                    tx: PgTx { tx },
+                    lease,
+                }),
+                Ok(Err(outcome)) => Ok(TxClaim::Other(outcome)),
+                Err(Retry::Fatal(StoreError::Unavailable(e))) if is_lock_timeout(&*e) => {
+                    // The holder's claim is still uncommitted after the allowed wait.
+                    Ok(TxClaim::Other(ClaimOutcome::InProgress {
+                        retry_after: Duration::from_secs(1),
+                    }))
+                }
+                Err(e) => Err(e),
+            }
+        })
+        .await
+    }
+
+    async fn begin_fenced(&self, scope: &Scope, token: FencingToken) -> StoreResult<PgTx> {
+        let mut tx = self.pool.begin().await.map_err(map_err)?;
+        let held = sqlx::query(
+            "SELECT 1 FROM idemkit_keys WHERE account = $1 AND idem_key = $2 AND fencing_token = $3 \
+             AND state = 'in_flight'",
+        )
+        .bind(scope.account.as_str())
+        .bind(scope.key.as_str())
+        .bind(token.0)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(map_err)?;
+        if held.is_none() {
+            return Err(StoreError::Fenced);
+        }
+        Ok(PgTx { tx })
+    }
+
+    async fn complete_in_tx(
+        &self,
+        mut tx: PgTx,
+        scope: &Scope,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> StoreResult<()> {
+        // On an error the transaction is dropped, rolling back the business writes.
+        self.complete_on(&mut tx, scope, token, response)
+            .await
+            .map_err(Retry::into_store)?;
+        tx.tx.commit().await.map_err(map_err)
+    }
+}
+
+fn is_lock_timeout(e: &(dyn std::error::Error + 'static)) -> bool {
+    e.downcast_ref::<sqlx::Error>().and_then(sqlstate).as_deref() == Some("55P03")
+}
+
+async fn spawn_listener(
+    pool: &PgPool,
+    schema: String,
+    changes: broadcast::Sender<(String, String)>,
+) -> StoreResult<AbortOnDrop> {
+    let mut listener = PgListener::connect_with(pool).await.map_err(map_err)?;
+    listener.listen(CHANNEL).await.map_err(map_err)?;
+    Ok(AbortOnDrop(tokio::spawn(async move {
+        loop {
+            match listener.recv().await {
+                Ok(n) => {
+                    if let Ok((s, account, key)) =
+                        serde_json::from_str::<(String, String, String)>(n.payload())
+                        && s == schema
+                    {
+                        let _ = changes.send((account, key));
+                    }
+                }
+                Err(e) => {
+                    // PgListener reconnects on the next recv; waiters are bounded
+                    // by their own timeouts meanwhile.
+                    tracing::warn!(error = %e, "idemkit-postgres: notification listener error");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        }
+    })))
+}
+
+async fn fetch_record(conn: &mut PgConnection, scope: &Scope, lock: bool) -> Result<Option<Record>, Retry> {
+    let sql = if lock {
+        AssertSqlSafe(format!("{SELECT_RECORD} FOR UPDATE"))
+    } else {
+        AssertSqlSafe(SELECT_RECORD.to_owned())
+    };
+    let row = sqlx::query(sql)
+        .bind(scope.account.as_str())
+        .bind(scope.key.as_str())
+        .fetch_optional(&mut *conn)
+        .await
+        .map_err(Retry::from)?;
+    row.map(|r| decode(&r)).transpose().map_err(Retry::Fatal)
+}
+
+fn decode(row: &PgRow) -> StoreResult<Record> {
+    let get_str = |i: usize| -> StoreResult<String> { row.try_get::<String, _>(i).map_err(corrupt) };
+    let fp: Vec<u8> = row.try_get(2).map_err(corrupt)?;
+    let fp: [u8; 32] = fp
+        .try_into()
+        .map_err(|_| StoreError::Corrupt("fingerprint is not 32 bytes".into()))?;
+    let state = get_str(3)?;
+    let key = get_str(1)?;
+    let resp_status: Option<i32> = row.try_get(14).map_err(corrupt)?;
+    let response = match resp_status {
+        Some(status) => Some(StoredResponse {
+            status: u16::try_from(status).map_err(|_| StoreError::Corrupt(format!("status {status}")))?,
+            headers: from_json(
+                &row.try_get::<Option<String>, _>(15)
+                    .map_err(corrupt)?
+                    .unwrap_or_default(),
+            )?,
+            body: row
+                .try_get::<Option<Vec<u8>>, _>(16)
+                .map_err(corrupt)?
+                .unwrap_or_default(),
+        }),
+        None => None,
+    };
+    Ok(Record {
+        scope: Scope::new(
+            Account::new(get_str(0)?),
+            IdempotencyKey::parse(&key).map_err(|e| StoreError::Corrupt(e.to_string()))?,
+        ),
+        fingerprint: Fingerprint::from_bytes(fp),
+        state: RecordState::parse(&state).ok_or_else(|| StoreError::Corrupt(format!("state {state}")))?,
+        created_at: Millis(row.try_get(4).map_err(corrupt)?),
+        completed_at: row.try_get::<Option<i64>, _>(5).map_err(corrupt)?.map(Millis),
+        lease_expires_at: Millis(row.try_get(6).map_err(corrupt)?),
+        fencing_token: FencingToken(row.try_get(7).map_err(corrupt)?),
+        recovery_point: row.try_get(8).map_err(corrupt)?,
+        step_outputs: serde_json::from_str::<BTreeMap<String, serde_json::Value>>(&get_str(9)?)
+            .map_err(|e| StoreError::Corrupt(e.to_string()))?,
+        request: StoredRequest {
+            method: get_str(10)?,
+            path: get_str(11)?,
+            headers: from_json(&get_str(12)?)?,
+            body: row.try_get(13).map_err(corrupt)?,
+        },
+        response,
+        last_error: row.try_get(17).map_err(corrupt)?,
+    })
+}
+
+fn to_json(headers: &[StoredHeader]) -> StoreResult<String> {
+    serde_json::to_string(headers).map_err(|e| StoreError::Corrupt(e.to_string()))
+}
+
+fn from_json(s: &str) -> StoreResult<Vec<StoredHeader>> {
+    serde_json::from_str(s).map_err(|e| StoreError::Corrupt(e.to_string()))
+}
+
+fn corrupt(e: sqlx::Error) -> StoreError {
+    StoreError::Corrupt(e.to_string())
+}
+
+/// Normalises sqlx errors: connection loss, pool exhaustion, timeouts, server
+/// shutdown and resource exhaustion are `Unavailable` (a retryable 503), as is a
+/// lock wait that timed out; everything else is `Backend`.
+fn map_err(e: sqlx::Error) -> StoreError {
+    let unavailable = match &e {
+        sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::Protocol(_)
+        | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(db) => db.code().is_some_and(|c| {
+            c.starts_with("08")
+                || c.starts_with("53")
+                || c.starts_with("57")
+                || c == "55P03"
+                || c == "40001"
+                || c == "40P01"
+        }),
+        _ => false,
+    };
+    if unavailable {
+        StoreError::Unavailable(Box::new(e))
+    } else {
+        StoreError::Backend(Box::new(e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schema_names_are_plain_identifiers() {
+        assert!(valid_schema("idemkit"));
+        assert!(valid_schema("t_1"));
+        assert!(!valid_schema("1t"));
+        assert!(!valid_schema("a-b"));
+        assert!(!valid_schema("a; drop table x"));
+        assert!(!valid_schema(""));
+        assert!(!valid_schema(&"a".repeat(64)));
+    }
+}

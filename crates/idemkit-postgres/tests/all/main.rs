@@ -1,0 +1,119 @@
+//! PostgreSQL runs the store conformance suite, each test in a fresh schema.
+//!
+//! Tests read `IDEMKIT_TEST_POSTGRES_URL`. Under `CI` a missing URL is a failure;
+//! elsewhere the tests say so and return.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use idemkit_postgres::{PgConfig, PgStore, PgTx};
+use idemkit_testkit::ManualClock;
+use idemkit_testkit::tx_suite::BusinessProbe;
+
+/// The test database URL, or `None` (outside CI) when it is not configured.
+pub(crate) fn database_url() -> Option<String> {
+    match std::env::var("IDEMKIT_TEST_POSTGRES_URL") {
+        Ok(url) if !url.is_empty() => Some(url),
+        _ if std::env::var_os("CI").is_some() => {
+            panic!("IDEMKIT_TEST_POSTGRES_URL is not set; under CI a missing database is a failure")
+        }
+        _ => {
+            eprintln!("IDEMKIT_TEST_POSTGRES_URL is not set: skipping PostgreSQL test");
+            None
+        }
+    }
+}
+
+/// A schema name no other test uses.
+pub(crate) fn fresh_schema() -> String {
+    format!("t_{}", uuid::Uuid::new_v4().simple())
+}
+
+/// A fresh store in its own schema, or `None` when no database is configured.
+pub(crate) async fn store_in_fresh_schema(clock: Option<Arc<ManualClock>>) -> Option<Arc<PgStore>> {
+    let url = database_url()?;
+    let config = PgConfig {
+        schema: fresh_schema(),
+        max_connections: 8,
+        ..PgConfig::default()
+    };
+    let mut store = PgStore::connect(&url, config)
+        .await
+        .expect("connect to PostgreSQL");
+    if let Some(clock) = clock {
+        store = store.with_clock(clock);
+    }
+    Some(Arc::new(store))
+}
+
+/// Conformance-suite factory: `None` outside CI when no database is configured.
+async fn fresh(clock: Arc<ManualClock>) -> Option<Arc<PgStore>> {
+    store_in_fresh_schema(Some(clock)).await
+}
+
+struct Orders(Arc<PgStore>);
+
+async fn probe(store: Arc<PgStore>) -> Orders {
+    sqlx::query("CREATE TABLE IF NOT EXISTS biz (tag TEXT NOT NULL)")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    Orders(store)
+}
+
+#[async_trait]
+impl BusinessProbe<PgStore> for Orders {
+    async fn insert(&self, tx: &mut PgTx, tag: &str) {
+        sqlx::query("INSERT INTO biz (tag) VALUES ($1)")
+            .bind(tag.to_owned())
+            .execute(&mut **tx)
+            .await
+            .unwrap();
+    }
+    async fn count(&self, tag: &str) -> usize {
+        let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM biz WHERE tag = $1")
+            .bind(tag.to_owned())
+            .fetch_one(self.0.pool())
+            .await
+            .unwrap();
+        n as usize
+    }
+}
+
+mod conformance {
+    use super::*;
+    idemkit_testkit::store_conformance_tests!(optional fresh);
+}
+
+mod transactional {
+    use super::*;
+    idemkit_testkit::transactional_conformance_tests!(optional fresh, probe);
+}
+
+#[test]
+fn invalid_schema_names_are_refused() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let err = rt.block_on(PgStore::connect(
+        "postgres://nobody@127.0.0.1:1/none",
+        PgConfig {
+            schema: "x; DROP TABLE y".into(),
+            ..PgConfig::default()
+        },
+    ));
+    assert!(err.is_err());
+}
+
+/// A connection that cannot be made is `Unavailable` (a retryable 503), not a
+/// generic failure.
+#[tokio::test]
+async fn unreachable_database_is_unavailable() {
+    let config = PgConfig {
+        acquire_timeout: Duration::from_millis(500),
+        ..PgConfig::default()
+    };
+    let err = PgStore::connect("postgres://nobody@127.0.0.1:1/none", config)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, idemkit_core::StoreError::Unavailable(_)), "{err:?}");
+}
