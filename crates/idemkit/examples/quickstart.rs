@@ -1,9 +1,10 @@
 //! The quickstart: an orders API whose `POST /orders` is idempotent.
 //!
 //! ```text
-//! cargo run --example quickstart            # serves on 127.0.0.1:3000
+//! cargo run --example quickstart            # SQLite file in the working directory, port 3000
 //! PORT=4000 IDEMKIT_DB=/tmp/q.db cargo run --example quickstart
 //! DATABASE_URL=sqlite:///tmp/q.db cargo run --example quickstart
+//! DATABASE_URL=postgres://app@127.0.0.1/app cargo run --example quickstart
 //!
 //! curl -s localhost:3000/orders -H 'Authorization: Bearer alice' \
 //!   -H 'Idempotency-Key: order-confirm-42' -H 'Content-Type: application/json' \
@@ -16,22 +17,30 @@
 //!   inserts one order row in the claim's own transaction; `201` with the order and
 //!   a `Location` header. Retries with the same key replay that `201`.
 //! - `GET /orders/count` answers `{"count": n}` for the caller's account.
+//!
+//! Environment: `PORT` (default 3000); `DATABASE_URL` (`sqlite://…` or
+//! `postgres://…`), else `IDEMKIT_DB` (a SQLite file path, default
+//! `idemkit-quickstart.db`); `IDEMKIT_PG_SCHEMA` (PostgreSQL schema, default
+//! `idemkit`); `IDEMKIT_LEASE_MS` (lease length, default 30000).
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
 use axum::Router;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{MethodRouter, get, post};
 use http::request::Parts;
 use http::{StatusCode, header};
-use idemkit::core::ErrorCode;
+use idemkit::core::{ErrorCode, Policy};
 use idemkit::sqlite::{SqliteStore, SqliteTx};
 use idemkit::tower::{
-    AccountResolver, BearerTokenAccount, IdempotencyContext, IdempotencyLayer, Json, ProblemResponse, Tx,
+    AccountResolver, BearerTokenAccount, IdempotencyContext, IdempotencyLayer, IdempotencyLayerBuilder, Json,
+    ProblemResponse, Tx,
 };
+use idemkit_postgres::{PgConfig, PgStore, PgTx};
 use serde::{Deserialize, Serialize};
 
 #[derive(Deserialize)]
@@ -48,112 +57,162 @@ struct Order {
     quantity: i64,
 }
 
+impl NewOrder {
+    fn validate(&self) -> Result<(), ProblemResponse> {
+        if self.sku.trim().is_empty() || self.sku.len() > 100 {
+            return Err(ProblemResponse::new(ErrorCode::ValidationFailed, "`sku` must be 1 to 100 characters"));
+        }
+        if self.quantity < 1 {
+            return Err(ProblemResponse::new(
+                ErrorCode::ValidationFailed,
+                "`quantity` must be an integer of at least 1",
+            ));
+        }
+        Ok(())
+    }
+
+    fn created(self, id: i64) -> Response {
+        let location = format!("/orders/{id}");
+        let body = Order { id, sku: self.sku, quantity: self.quantity };
+        (StatusCode::CREATED, [(header::LOCATION, location)], axum::Json(body)).into_response()
+    }
+}
+
+fn internal(e: sqlx::Error) -> ProblemResponse {
+    ProblemResponse::new(ErrorCode::Internal, format!("database error: {e}"))
+}
+
 /// Runs inside the claim's transaction: the order row, the claim and the stored
 /// response commit together, or none of them does.
-async fn create_order(
+async fn create_order_sqlite(
     ctx: IdempotencyContext,
     mut tx: Tx<SqliteTx>,
     Json(order): Json<NewOrder>,
 ) -> Result<Response, ProblemResponse> {
-    let account = ctx.scope.account.as_str();
-    if order.sku.trim().is_empty() || order.sku.len() > 100 {
-        return Err(ProblemResponse::new(
-            ErrorCode::ValidationFailed,
-            "`sku` must be 1 to 100 characters",
-        ));
-    }
-    if order.quantity < 1 {
-        return Err(ProblemResponse::new(
-            ErrorCode::ValidationFailed,
-            "`quantity` must be an integer of at least 1",
-        ));
-    }
-    let id: i64 =
-        sqlx::query_scalar("INSERT INTO orders (account, sku, quantity) VALUES (?1, ?2, ?3) RETURNING id")
-            .bind(account)
-            .bind(&order.sku)
-            .bind(order.quantity)
-            .fetch_one(&mut **tx)
-            .await
-            .map_err(|e| {
-                ProblemResponse::new(ErrorCode::Internal, format!("could not insert the order: {e}"))
-            })?;
-    let body = Order {
-        id,
-        sku: order.sku,
-        quantity: order.quantity,
-    };
-    Ok((
-        StatusCode::CREATED,
-        [(header::LOCATION, format!("/orders/{id}"))],
-        axum::Json(body),
-    )
-        .into_response())
+    order.validate()?;
+    let id: i64 = sqlx::query_scalar("INSERT INTO orders (account, sku, quantity) VALUES (?1, ?2, ?3) RETURNING id")
+        .bind(ctx.scope.account.as_str())
+        .bind(&order.sku)
+        .bind(order.quantity)
+        .fetch_one(&mut **tx)
+        .await
+        .map_err(internal)?;
+    Ok(order.created(id))
 }
 
-async fn count_orders(
-    State(store): State<Arc<SqliteStore>>,
-    parts: Parts,
+/// The same handler on PostgreSQL.
+async fn create_order_pg(
+    ctx: IdempotencyContext,
+    mut tx: Tx<PgTx>,
+    Json(order): Json<NewOrder>,
 ) -> Result<Response, ProblemResponse> {
-    let account = BearerTokenAccount.resolve(&parts)?;
-    let count: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM orders WHERE account = ?1")
-        .bind(account.as_str())
-        .fetch_one(store.pool())
+    order.validate()?;
+    let id: i64 = sqlx::query_scalar("INSERT INTO orders (account, sku, quantity) VALUES ($1, $2, $3) RETURNING id")
+        .bind(ctx.scope.account.as_str())
+        .bind(&order.sku)
+        .bind(order.quantity)
+        .fetch_one(&mut **tx)
         .await
-        .map_err(|e| ProblemResponse::new(ErrorCode::Internal, e.to_string()))?;
+        .map_err(internal)?;
+    Ok(order.created(id))
+}
+
+#[derive(Clone)]
+enum Db {
+    Sqlite(Arc<SqliteStore>),
+    Postgres(Arc<PgStore>),
+}
+
+async fn count_orders(State(db): State<Db>, parts: Parts) -> Result<Response, ProblemResponse> {
+    let account = BearerTokenAccount.resolve(&parts)?;
+    let count: i64 = match &db {
+        Db::Sqlite(s) => {
+            sqlx::query_scalar("SELECT COUNT(*) FROM orders WHERE account = ?1")
+                .bind(account.as_str())
+                .fetch_one(s.pool())
+                .await
+        }
+        Db::Postgres(s) => {
+            sqlx::query_scalar("SELECT COUNT(*) FROM orders WHERE account = $1")
+                .bind(account.as_str())
+                .fetch_one(s.pool())
+                .await
+        }
+    }
+    .map_err(internal)?;
     Ok(axum::Json(serde_json::json!({ "count": count })).into_response())
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .init();
+fn configure(builder: IdempotencyLayerBuilder, lease: Duration) -> anyhow::Result<IdempotencyLayer> {
+    Ok(builder
+        .policy(Policy::new().with_lease(lease))
+        .resolver(BearerTokenAccount)
+        .max_request_body(64 * 1024)
+        .build()?)
+}
 
-    let port: u16 = std::env::var("PORT")
-        .ok()
-        .map(|p| p.parse())
-        .transpose()
-        .context("PORT")?
-        .unwrap_or(3000);
-    let location = match std::env::var("DATABASE_URL") {
-        Ok(url) if url.starts_with("sqlite:") => url,
-        Ok(url) => anyhow::bail!("DATABASE_URL `{url}` is not supported here: use sqlite://PATH"),
-        Err(_) => std::env::var("IDEMKIT_DB").unwrap_or_else(|_| "idemkit-quickstart.db".into()),
-    };
-    let store = Arc::new(
-        SqliteStore::open(&location)
-            .await
-            .with_context(|| format!("opening {location}"))?,
-    );
+/// Opens the database and returns the state and the idempotent `POST /orders` route.
+async fn open(lease: Duration) -> anyhow::Result<(Db, MethodRouter<Db>, String)> {
+    let url = std::env::var("DATABASE_URL").ok();
+    Ok(match url.as_deref() {
+        Some(url) if url.starts_with("postgres:") || url.starts_with("postgresql:") => {
+            let schema = std::env::var("IDEMKIT_PG_SCHEMA").unwrap_or_else(|_| "idemkit".into());
+            let config = PgConfig { schema: schema.clone(), ..PgConfig::default() };
+            let store = Arc::new(PgStore::connect(url, config).await.context("connecting to PostgreSQL")?);
+            // Several instances may start at once: serialise the DDL.
+            let mut tx = store.pool().begin().await?;
+            sqlx::query("SELECT pg_advisory_xact_lock(7345243912)").execute(&mut *tx).await?;
+            sqlx::query(
+                "CREATE TABLE IF NOT EXISTS orders (id BIGSERIAL PRIMARY KEY, account TEXT NOT NULL, \
+                 sku TEXT NOT NULL, quantity BIGINT NOT NULL)",
+            )
+            .execute(&mut *tx)
+            .await?;
+            tx.commit().await?;
+            let layer = configure(IdempotencyLayer::transactional(store.clone()), lease)?;
+            (Db::Postgres(store), post(create_order_pg).layer(layer), format!("PostgreSQL schema {schema}"))
+        }
+        Some(url) if url.starts_with("sqlite:") => sqlite(url, lease).await?,
+        Some(url) => anyhow::bail!("DATABASE_URL `{url}` is not supported: use sqlite://PATH or postgres://…"),
+        None => {
+            let path = std::env::var("IDEMKIT_DB").unwrap_or_else(|_| "idemkit-quickstart.db".into());
+            sqlite(&path, lease).await?
+        }
+    })
+}
+
+async fn sqlite(location: &str, lease: Duration) -> anyhow::Result<(Db, MethodRouter<Db>, String)> {
+    let store = Arc::new(SqliteStore::open(location).await.with_context(|| format!("opening {location}"))?);
     sqlx::query(
         "CREATE TABLE IF NOT EXISTS orders (id INTEGER PRIMARY KEY AUTOINCREMENT, account TEXT NOT NULL, \
          sku TEXT NOT NULL, quantity INTEGER NOT NULL)",
     )
     .execute(store.pool())
     .await?;
+    let layer = configure(IdempotencyLayer::transactional(store.clone()), lease)?;
+    Ok((Db::Sqlite(store), post(create_order_sqlite).layer(layer), format!("SQLite {location}")))
+}
 
-    let idempotency = IdempotencyLayer::transactional(store.clone())
-        .resolver(BearerTokenAccount)
-        .max_request_body(64 * 1024)
-        .build()?;
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .init();
+
+    let port: u16 = std::env::var("PORT").ok().map(|p| p.parse()).transpose().context("PORT")?.unwrap_or(3000);
+    let lease_ms: u64 =
+        std::env::var("IDEMKIT_LEASE_MS").ok().map(|v| v.parse()).transpose().context("IDEMKIT_LEASE_MS")?.unwrap_or(30_000);
+    let (db, create, described) = open(Duration::from_millis(lease_ms)).await?;
     let app = Router::new()
-        .route("/orders", post(create_order).layer(idempotency))
+        .route("/orders", create)
         .route("/orders/count", get(count_orders))
         .fallback(idemkit::tower::not_found)
         .method_not_allowed_fallback(idemkit::tower::method_not_allowed)
-        .with_state(store);
+        .with_state(db);
 
     let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("binding {addr}"))?;
-    println!(
-        "quickstart listening on http://{} (keys in {location})",
-        listener.local_addr()?
-    );
+    let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
+    println!("quickstart listening on http://{} (keys and orders in {described})", listener.local_addr()?);
     axum::serve(listener, app)
         .with_graceful_shutdown(async {
             let _ = tokio::signal::ctrl_c().await;

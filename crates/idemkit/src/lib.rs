@@ -6,6 +6,7 @@
 //! |----------|---------|--------------|
 //! | `sqlite` | yes     | [`sqlite::SqliteStore`], the embedded key store |
 //! | `axum`   | yes     | [`tower`]: the `IdempotencyLayer`, extractors and problem responses |
+//! | `postgres` | no    | [`postgres`]: `PgStore`, the store for many instances on one PostgreSQL |
 //! | `client` | no      | [`client`]: the retry loop with safe defaults (backoff, budget, deadline, auto keys) |
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
@@ -19,6 +20,11 @@ pub use idemkit_core::{
 #[cfg(feature = "sqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub use idemkit_sqlite as sqlite;
+
+/// The PostgreSQL key store.
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub use idemkit_postgres as postgres;
 
 /// The tower layer, axum extractors and problem responses.
 #[cfg(feature = "axum")]

@@ -8,6 +8,7 @@ use std::time::Duration;
 use reqwest::header::{HeaderMap, HeaderValue};
 use serde_json::{Value, json};
 
+mod multi_instance;
 mod quickstart;
 
 /// A quickstart process on a free port with its own database; killed on drop.
@@ -53,14 +54,55 @@ fn quickstart_bin() -> PathBuf {
     bin
 }
 
+/// Which store a quickstart process runs on.
+#[derive(Debug, Clone)]
+pub(crate) enum Backend {
+    /// Its own SQLite file.
+    Sqlite,
+    /// A PostgreSQL database URL and the schema to use in it.
+    Postgres { url: String, schema: String },
+}
+
+impl Backend {
+    /// A fresh PostgreSQL schema on the test database; `None` outside CI when
+    /// no database is configured (under CI a missing database is a failure).
+    pub(crate) fn postgres() -> Option<Self> {
+        let url = match std::env::var("IDEMKIT_TEST_POSTGRES_URL") {
+            Ok(url) if !url.is_empty() => url,
+            _ if std::env::var_os("CI").is_some() => panic!("IDEMKIT_TEST_POSTGRES_URL is not set under CI"),
+            _ => {
+                eprintln!("IDEMKIT_TEST_POSTGRES_URL is not set: skipping");
+                return None;
+            }
+        };
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+        Some(Self::Postgres { url, schema: format!("q_{}_{nanos}", std::process::id()) })
+    }
+}
+
 impl Server {
     pub(crate) async fn start() -> Self {
+        Self::start_on(&Backend::Sqlite, &[]).await
+    }
+
+    /// Starts a quickstart process on `backend` with extra environment.
+    pub(crate) async fn start_on(backend: &Backend, env: &[(&str, &str)]) -> Self {
         let dir = TempDir::new("quickstart");
         let port = free_port();
-        let child = Command::new(quickstart_bin())
+        let mut cmd = Command::new(quickstart_bin());
+        match backend {
+            Backend::Sqlite => {
+                cmd.env("IDEMKIT_DB", dir.0.join("quickstart.db")).env_remove("DATABASE_URL");
+            }
+            Backend::Postgres { url, schema } => {
+                cmd.env("DATABASE_URL", url).env("IDEMKIT_PG_SCHEMA", schema);
+            }
+        }
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let child = cmd
             .env("PORT", port.to_string())
-            .env("IDEMKIT_DB", dir.0.join("quickstart.db"))
-            .env_remove("DATABASE_URL")
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
@@ -77,7 +119,7 @@ impl Server {
 
     async fn wait_ready(&self) {
         let client = reqwest::Client::new();
-        for _ in 0..200 {
+        for _ in 0..400 {
             if client
                 .get(format!("{}/orders/count", self.base))
                 .bearer_auth("probe")

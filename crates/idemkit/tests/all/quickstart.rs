@@ -3,7 +3,7 @@ use std::sync::Arc;
 use reqwest::header::HeaderValue;
 use serde_json::json;
 
-use crate::{Server, order, post_order, post_raw};
+use crate::{Backend, Server, order, post_order, post_raw};
 
 /// (name, headers, body, expected status, expected code)
 type BadCase = (
@@ -21,9 +21,7 @@ fn hv(s: &str) -> HeaderValue {
 /// SPEC §9 concurrency gate over real HTTP: 64 identical requests with one key at
 /// once → one order row; every other answer is the identical 201 replay or
 /// `409 idempotency_request_in_progress` with `Retry-After`.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn concurrency_gate_64_identical_requests_make_one_order() {
-    let server = Server::start().await;
+async fn concurrency_gate_64_identical_requests_make_one_order(server: Server) {
     let client = reqwest::Client::new();
     let barrier = Arc::new(tokio::sync::Barrier::new(64));
     let tasks: Vec<_> = (0..64)
@@ -64,9 +62,7 @@ async fn concurrency_gate_64_identical_requests_make_one_order() {
 
 /// The client lost the first response: the retry replays it byte for byte,
 /// marked, and nothing runs twice.
-#[tokio::test]
-async fn lost_response_is_replayed_not_re_executed() {
-    let server = Server::start().await;
+async fn lost_response_is_replayed_not_re_executed(server: Server) {
     let client = reqwest::Client::new();
     let first = post_order(&client, &server.base, "lost", "k-lost", &order("A", 2)).await;
     assert_eq!(first.status, 201);
@@ -91,9 +87,7 @@ async fn lost_response_is_replayed_not_re_executed() {
 
 /// Key order and whitespace do not change the fingerprint: replay, not mismatch.
 /// A different body under the same key is `409 idempotency_key_reused`.
-#[tokio::test]
-async fn canonical_json_replays_and_different_body_conflicts() {
-    let server = Server::start().await;
+async fn canonical_json_replays_and_different_body_conflicts(server: Server) {
     let client = reqwest::Client::new();
     let first = post_order(&client, &server.base, "fp", "k-fp", &order("A", 1)).await;
     assert_eq!(first.status, 201);
@@ -123,9 +117,7 @@ async fn canonical_json_replays_and_different_body_conflicts() {
 
 /// Keys are scoped per account: the same key from two accounts is two orders,
 /// and neither sees the other's response.
-#[tokio::test]
-async fn same_key_in_two_accounts_makes_two_orders() {
-    let server = Server::start().await;
+async fn same_key_in_two_accounts_makes_two_orders(server: Server) {
     let client = reqwest::Client::new();
     let a = post_order(&client, &server.base, "alice", "shared", &order("A", 1)).await;
     let b = post_order(&client, &server.base, "bob", "shared", &order("A", 1)).await;
@@ -138,9 +130,7 @@ async fn same_key_in_two_accounts_makes_two_orders() {
 
 /// Every malformed request is a problem document with a stable code, and
 /// creates nothing.
-#[tokio::test]
-async fn bad_input_is_rejected_cleanly_and_creates_nothing() {
-    let server = Server::start().await;
+async fn bad_input_is_rejected_cleanly_and_creates_nothing(server: Server) {
     let client = reqwest::Client::new();
     let auth = ("authorization", hv("Bearer bad"));
     let json_ct = ("content-type", hv("application/json"));
@@ -283,9 +273,7 @@ async fn bad_input_is_rejected_cleanly_and_creates_nothing() {
 
 /// A validation error releases the key: the corrected request with the same key
 /// creates the order. The quoted structured-field form is the same key.
-#[tokio::test]
-async fn validation_error_releases_the_key_and_quoted_keys_are_equal() {
-    let server = Server::start().await;
+async fn validation_error_releases_the_key_and_quoted_keys_are_equal(server: Server) {
     let client = reqwest::Client::new();
     let bad = post_order(&client, &server.base, "fix", "k-fix", &order("A", 0)).await;
     assert_eq!(bad.status, 400);
@@ -298,3 +286,35 @@ async fn validation_error_releases_the_key_and_quoted_keys_are_equal() {
     assert_eq!(quoted.body, good.body);
     assert_eq!(server.count("fix").await, 1);
 }
+
+/// Runs each scenario against a quickstart on SQLite and one on PostgreSQL.
+macro_rules! on_both_backends {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    super::$name(super::Server::start().await).await;
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    let Some(backend) = super::Backend::postgres() else { return };
+                    super::$name(super::Server::start_on(&backend, &[]).await).await;
+                }
+            )*
+        }
+    };
+}
+
+on_both_backends!(
+    concurrency_gate_64_identical_requests_make_one_order,
+    lost_response_is_replayed_not_re_executed,
+    canonical_json_replays_and_different_body_conflicts,
+    same_key_in_two_accounts_makes_two_orders,
+    bad_input_is_rejected_cleanly_and_creates_nothing,
+    validation_error_releases_the_key_and_quoted_keys_are_equal
+);
