@@ -11,6 +11,8 @@ use idemkit_postgres::{PgConfig, PgStore, PgTx};
 use idemkit_testkit::ManualClock;
 use idemkit_testkit::tx_suite::BusinessProbe;
 
+mod fencing;
+
 /// The test database URL, or `None` (outside CI) when it is not configured.
 pub(crate) fn database_url() -> Option<String> {
     match std::env::var("IDEMKIT_TEST_POSTGRES_URL") {

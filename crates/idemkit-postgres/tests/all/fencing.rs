@@ -1,0 +1,98 @@
+//! Fencing under a real pause: a holder process is stopped (SIGSTOP) between its
+//! claim and its completing transaction, its lease expires, another attempt
+//! takes over and completes; the resumed holder's completion and business write
+//! are refused and rolled back.
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use idemkit_core::{
+    Account, ClaimOutcome, ClaimRequest, Fingerprinter, IdempotencyKey, KeyStore, Scope, StoredRequest,
+    StoredResponse, TransactionalStore,
+};
+
+use crate::{database_url, fresh_schema};
+
+fn holder_bin() -> std::path::PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let bin = exe.parent().unwrap().parent().unwrap().join("examples").join("pg_holder");
+    if !bin.exists() {
+        let ok = Command::new(env!("CARGO"))
+            .args(["build", "-p", "idemkit-postgres", "--example", "pg_holder"])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok);
+    }
+    bin
+}
+
+fn signal(pid: u32, sig: &str) {
+    assert!(Command::new("kill").args([sig, &pid.to_string()]).status().unwrap().success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stopped_holder_cannot_complete_after_takeover() {
+    let Some(url) = database_url() else { return };
+    let schema = fresh_schema();
+    let config = idemkit_postgres::PgConfig { schema: schema.clone(), ..Default::default() };
+    let store = idemkit_postgres::PgStore::connect(&url, config).await.unwrap();
+    sqlx::query("CREATE TABLE biz (tag TEXT NOT NULL)").execute(store.pool()).await.unwrap();
+
+    let lease_ms = 300;
+    let mut holder = Command::new(holder_bin())
+        .args([&url, &schema, "paused-key", &lease_ms.to_string()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(holder.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "claimed 1", "holder A claimed");
+
+    // A is stopped for real, outside any transaction, past its lease.
+    signal(holder.id(), "-STOP");
+    tokio::time::sleep(Duration::from_millis(lease_ms * 3)).await;
+
+    // B takes over (new fencing token) and completes with its business row.
+    let scope = Scope::new(Account::new("holder"), IdempotencyKey::parse("paused-key").unwrap());
+    let req = ClaimRequest {
+        scope: scope.clone(),
+        fingerprint: Fingerprinter::new().compute("POST", "/op", b"{}"),
+        request: StoredRequest { method: "POST".into(), path: "/op".into(), headers: vec![], body: b"{}".to_vec() },
+        lease: Duration::from_millis(lease_ms),
+        replay_window: Duration::from_secs(3600),
+        lock_wait: Duration::ZERO,
+    };
+    let ClaimOutcome::Claimed(b) = store.claim(&req).await.unwrap() else { panic!("B takes over") };
+    assert_eq!(b.token.0, 2);
+    let mut tx = store.begin_fenced(&scope, b.token).await.unwrap();
+    sqlx::query("INSERT INTO biz (tag) VALUES ('holder-b')").execute(&mut *tx).await.unwrap();
+    let b_response = StoredResponse { status: 201, headers: vec![], body: b"B".to_vec() };
+    store.complete_in_tx(tx, &scope, b.token, &b_response).await.unwrap();
+
+    // A resumes and goes on from its failpoint.
+    signal(holder.id(), "-CONT");
+    holder.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
+    line.clear();
+    out.read_line(&mut line).unwrap();
+    let status = holder.wait().unwrap();
+    assert_eq!(line.trim(), "fenced", "A's completion must be refused");
+    assert_eq!(status.code(), Some(3));
+
+    let count = |tag: &'static str| {
+        let pool = store.pool().clone();
+        async move {
+            sqlx::query_scalar::<_, i64>("SELECT COUNT(*) FROM biz WHERE tag = $1")
+                .bind(tag)
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+        }
+    };
+    assert_eq!(count("holder-a").await, 0, "A's business write rolled back");
+    assert_eq!(count("holder-b").await, 1);
+    assert_eq!(store.claim(&req).await.unwrap(), ClaimOutcome::Replay(b_response));
+}
