@@ -9,6 +9,7 @@ use reqwest::header::{HeaderMap, HeaderValue};
 use serde_json::{Value, json};
 
 mod multi_instance;
+mod pg_restart;
 mod quickstart;
 
 /// A quickstart process on a free port with its own database; killed on drop.
@@ -155,7 +156,7 @@ impl Drop for Server {
     }
 }
 
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
