@@ -19,12 +19,25 @@ async fn main() {
         eprintln!("usage: pg_holder URL SCHEMA KEY LEASE_MS");
         std::process::exit(2);
     };
-    let store = PgStore::connect(url, PgConfig { schema: schema.clone(), ..PgConfig::default() }).await.unwrap();
+    let store = PgStore::connect(
+        url,
+        PgConfig {
+            schema: schema.clone(),
+            ..PgConfig::default()
+        },
+    )
+    .await
+    .unwrap();
     let scope = Scope::new(Account::new("holder"), IdempotencyKey::parse(key).unwrap());
     let req = ClaimRequest {
         scope: scope.clone(),
         fingerprint: Fingerprinter::new().compute("POST", "/op", b"{}"),
-        request: StoredRequest { method: "POST".into(), path: "/op".into(), headers: vec![], body: b"{}".to_vec() },
+        request: StoredRequest {
+            method: "POST".into(),
+            path: "/op".into(),
+            headers: vec![],
+            body: b"{}".to_vec(),
+        },
         lease: Duration::from_millis(lease_ms.parse().unwrap()),
         replay_window: Duration::from_secs(3600),
         lock_wait: Duration::ZERO,
@@ -42,8 +55,15 @@ async fn main() {
 
     let result = async {
         let mut tx = store.begin_fenced(&scope, lease.token).await?;
-        sqlx::query("INSERT INTO biz (tag) VALUES ('holder-a')").execute(&mut *tx).await.unwrap();
-        let response = StoredResponse { status: 201, headers: vec![], body: b"A".to_vec() };
+        sqlx::query("INSERT INTO biz (tag) VALUES ('holder-a')")
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        let response = StoredResponse {
+            status: 201,
+            headers: vec![],
+            body: b"A".to_vec(),
+        };
         store.complete_in_tx(tx, &scope, lease.token, &response).await
     }
     .await;

@@ -26,17 +26,7 @@ CREATE TABLE IF NOT EXISTS idemkit_keys (
 CREATE INDEX IF NOT EXISTS idemkit_keys_state_lease ON idemkit_keys (state, lease_expires_at);
 CREATE INDEX IF NOT EXISTS idemkit_keys_created ON idemkit_keys (created_at);
 
--- Waiters LISTEN on `idemkit_changes`; a record that completes, is released or
--- whose lease is ended early wakes them (delivered at commit, no extra round trip).
-CREATE OR REPLACE FUNCTION idemkit_notify_change() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    PERFORM pg_notify('idemkit_changes', json_build_array(TG_TABLE_SCHEMA, NEW.account, NEW.idem_key)::text);
-    RETURN NEW;
-END
-$$;
-
-CREATE OR REPLACE TRIGGER idemkit_keys_changed
-    AFTER UPDATE OF state, lease_expires_at ON idemkit_keys
-    FOR EACH ROW
-    WHEN (NEW.state <> 'in_flight' OR NEW.lease_expires_at < OLD.lease_expires_at)
-    EXECUTE FUNCTION idemkit_notify_change();
+-- Waiters LISTEN on `idemkit_changes`; the statements that complete, release or
+-- end a lease early notify in the same round trip (see `NOTIFY_CTE` in lib.rs).
+-- Single-step completions do not notify: nobody can be waiting on a claim that
+-- was never committed.

@@ -48,6 +48,16 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 /// The notification channel waiters listen on.
 pub const CHANNEL: &str = "idemkit_changes";
 
+/// Wraps a fenced `UPDATE … RETURNING account, idem_key` so that the rows it
+/// changed wake this schema's waiters, and the statement answers how many it
+/// changed: `{update}` is replaced by the UPDATE.
+fn notifying(update: &str) -> String {
+    format!(
+        "WITH u AS ({update} RETURNING account, idem_key) \
+         SELECT count(*) FROM (SELECT pg_notify('{CHANNEL}', json_build_array(current_schema(), account, idem_key)::text) FROM u) AS n"
+    )
+}
+
 const SELECT_RECORD: &str = "SELECT account, idem_key, fingerprint, state, created_at, completed_at, \
      lease_expires_at, fencing_token, recovery_point, step_outputs, req_method, req_path, req_headers, \
      req_body, resp_status, resp_headers, resp_body, last_error \
@@ -118,6 +128,8 @@ impl Drop for AbortOnDrop {
 /// extractor is an sqlx executor. Dropping it rolls back.
 pub struct PgTx {
     tx: sqlx::Transaction<'static, Postgres>,
+    /// Holds an uncommitted single-step claim (nobody can be waiting on it).
+    single_step: bool,
 }
 
 impl PgTx {
@@ -338,33 +350,18 @@ impl PgStore {
             }
         };
         // Row locked FOR UPDATE above: this compare-and-swap cannot miss.
-        let moved = sqlx::query(
-            "UPDATE idemkit_keys SET fencing_token = $3, lease_expires_at = $4, state = 'in_flight', \
-             fingerprint = CASE WHEN $5 THEN fingerprint ELSE $6 END, \
-             created_at = CASE WHEN $5 THEN created_at ELSE $7 END, completed_at = NULL, \
-             recovery_point = CASE WHEN $5 THEN recovery_point END, \
-             step_outputs = CASE WHEN $5 THEN step_outputs ELSE '{}' END, \
-             req_method = $8, req_path = $9, req_headers = $10, req_body = $11, \
-             resp_status = NULL, resp_headers = NULL, resp_body = NULL, \
-             last_error = CASE WHEN $5 THEN last_error END \
-             WHERE account = $1 AND idem_key = $2 AND fencing_token = $12",
-        )
-        .bind(req.scope.account.as_str())
-        .bind(req.scope.key.as_str())
-        .bind(next.0)
-        .bind(expires.0)
-        .bind(takeover)
-        .bind(&req.fingerprint.as_bytes()[..])
-        .bind(now.0)
-        .bind(&req.request.method)
-        .bind(&req.request.path)
-        .bind(&headers)
-        .bind(&req.request.body)
-        .bind(existing.fencing_token.0)
-        .execute(&mut *conn)
-        .await
-        .map_err(Retry::from)?;
-        if moved.rows_affected() != 1 {
+        if !self
+            .move_claim(
+                &mut *conn,
+                req,
+                existing.fencing_token,
+                next,
+                expires,
+                takeover,
+                &headers,
+            )
+            .await?
+        {
             return Err(Retry::Fatal(StoreError::Corrupt("locked row changed".into())));
         }
         let resumed_from = if takeover { existing.recovery_point } else { None };
@@ -390,22 +387,172 @@ impl PgStore {
         self.pool.begin_with(begin).await.map_err(Retry::from)
     }
 
+    /// The lease-mode claim: one autocommitted statement inserts the in-flight
+    /// row or returns the existing one, so a claim is one round trip and one
+    /// commit (a request costs phases + 1 commits). Takeover and window reuse
+    /// add a compare-and-swap on the fencing token.
+    async fn claim_autocommit(&self, req: &ClaimRequest) -> Result<ClaimOutcome, Retry> {
+        let now = self.clock.now();
+        let expires = now.plus(req.lease);
+        let headers = to_json(&req.request.headers)?;
+        let row = sqlx::query(AssertSqlSafe(format!(
+            "WITH ins AS (INSERT INTO idemkit_keys (account, idem_key, fingerprint, state, created_at, \
+             lease_expires_at, fencing_token, req_method, req_path, req_headers, req_body) \
+             VALUES ($1, $2, $3, 'in_flight', $4, $5, 1, $6, $7, $8, $9) \
+             ON CONFLICT (account, idem_key) DO NOTHING RETURNING fencing_token) \
+             SELECT (SELECT fencing_token FROM ins), k.* FROM (SELECT 1) AS one \
+             LEFT JOIN ({SELECT_RECORD}) AS k ON NOT EXISTS (SELECT 1 FROM ins)"
+        )))
+        .bind(req.scope.account.as_str())
+        .bind(req.scope.key.as_str())
+        .bind(&req.fingerprint.as_bytes()[..])
+        .bind(now.0)
+        .bind(expires.0)
+        .bind(&req.request.method)
+        .bind(&req.request.path)
+        .bind(&headers)
+        .bind(&req.request.body)
+        .fetch_one(&self.pool)
+        .await
+        .map_err(Retry::from)?;
+        if let Some(token) = row.try_get::<Option<i64>, _>(0).map_err(corrupt)? {
+            return Ok(ClaimOutcome::Claimed(Lease {
+                token: FencingToken(token),
+                expires_at: expires,
+                resumed_from: None,
+            }));
+        }
+        let existing = if row.try_get::<Option<String>, _>(1).map_err(corrupt)?.is_some() {
+            decode_at(&row, 1)?
+        } else {
+            // The conflicting row was committed after this statement's snapshot
+            // (we waited for its inserter): read it afresh.
+            let mut conn = self.pool.acquire().await.map_err(Retry::from)?;
+            fetch_record(&mut conn, &req.scope, false)
+                .await?
+                .ok_or(Retry::Transient(sqlx::Error::RowNotFound))?
+        };
+        let decision = decide(
+            Some(&RecordHead::from(&existing)),
+            &req.fingerprint,
+            now,
+            req.replay_window,
+        );
+        let takeover = match decision {
+            Decision::Takeover => true,
+            Decision::Reuse => false,
+            Decision::Insert => {
+                return Err(Retry::Fatal(StoreError::Corrupt(
+                    "insert decided on a row".into(),
+                )));
+            }
+            settled => {
+                return settled
+                    .settle(Some(existing))
+                    .map_err(Retry::Fatal)?
+                    .ok_or(Retry::Fatal(StoreError::Corrupt("unsettled".into())));
+            }
+        };
+        let next = FencingToken(existing.fencing_token.0 + 1);
+        let moved = self
+            .move_claim(
+                &self.pool,
+                req,
+                existing.fencing_token,
+                next,
+                expires,
+                takeover,
+                &headers,
+            )
+            .await?;
+        if !moved {
+            // Another attempt moved the record first: decide again on its new state.
+            return Err(Retry::Transient(sqlx::Error::RowNotFound));
+        }
+        let resumed_from = if takeover { existing.recovery_point } else { None };
+        Ok(ClaimOutcome::Claimed(Lease {
+            token: next,
+            expires_at: expires,
+            resumed_from,
+        }))
+    }
+
+    /// Compare-and-swap of a record to a new holder: takeover keeps its progress,
+    /// window reuse starts clean. `false` when the token was no longer `seen`.
+    #[allow(clippy::too_many_arguments)]
+    async fn move_claim<'c, E>(
+        &self,
+        executor: E,
+        req: &ClaimRequest,
+        seen: FencingToken,
+        next: FencingToken,
+        expires: Millis,
+        takeover: bool,
+        headers: &str,
+    ) -> Result<bool, Retry>
+    where
+        E: sqlx::Executor<'c, Database = Postgres>,
+    {
+        let moved = sqlx::query(
+            "UPDATE idemkit_keys SET fencing_token = $3, lease_expires_at = $4, state = 'in_flight', \
+             fingerprint = CASE WHEN $5 THEN fingerprint ELSE $6 END, \
+             created_at = CASE WHEN $5 THEN created_at ELSE $7 END, completed_at = NULL, \
+             recovery_point = CASE WHEN $5 THEN recovery_point END, \
+             step_outputs = CASE WHEN $5 THEN step_outputs ELSE '{}' END, \
+             req_method = $8, req_path = $9, req_headers = $10, req_body = $11, \
+             resp_status = NULL, resp_headers = NULL, resp_body = NULL, \
+             last_error = CASE WHEN $5 THEN last_error END \
+             WHERE account = $1 AND idem_key = $2 AND fencing_token = $12",
+        )
+        .bind(req.scope.account.as_str())
+        .bind(req.scope.key.as_str())
+        .bind(next.0)
+        .bind(expires.0)
+        .bind(takeover)
+        .bind(&req.fingerprint.as_bytes()[..])
+        .bind(self.clock.now().0)
+        .bind(&req.request.method)
+        .bind(&req.request.path)
+        .bind(headers)
+        .bind(&req.request.body)
+        .bind(seen.0)
+        .execute(executor)
+        .await
+        .map_err(Retry::from)?;
+        Ok(moved.rows_affected() == 1)
+    }
+
     async fn fenced(
         &self,
         sql: &'static str,
+        notify: bool,
         scope: &Scope,
         token: FencingToken,
         extra: impl Fn(
             sqlx::query::Query<'static, Postgres, sqlx::postgres::PgArguments>,
         ) -> sqlx::query::Query<'static, Postgres, sqlx::postgres::PgArguments>,
     ) -> StoreResult<()> {
+        let sql = if notify { notifying(sql) } else { sql.to_owned() };
         self.retrying(|| async {
-            let q = sqlx::query(sql)
+            let q = sqlx::query(AssertSqlSafe(sql.clone()))
                 .bind(scope.account.as_str().to_owned())
                 .bind(scope.key.as_str().to_owned())
                 .bind(token.0);
-            let done = extra(q).execute(&self.pool).await.map_err(Retry::from)?;
-            if done.rows_affected() == 1 {
+            let changed = if notify {
+                extra(q)
+                    .fetch_one(&self.pool)
+                    .await
+                    .map_err(Retry::from)?
+                    .try_get::<i64, _>(0)
+                    .map_err(corrupt)? as u64
+            } else {
+                extra(q)
+                    .execute(&self.pool)
+                    .await
+                    .map_err(Retry::from)?
+                    .rows_affected()
+            };
+            if changed == 1 {
                 Ok(())
             } else {
                 Err(Retry::Fatal(StoreError::Fenced))
@@ -420,23 +567,34 @@ impl PgStore {
         scope: &Scope,
         token: FencingToken,
         response: &StoredResponse,
+        notify: bool,
     ) -> Result<(), Retry> {
-        let done = sqlx::query(
-            "UPDATE idemkit_keys SET state = 'completed', completed_at = $4, resp_status = $5, \
+        const COMPLETE: &str = "UPDATE idemkit_keys SET state = 'completed', completed_at = $4, resp_status = $5, \
              resp_headers = $6, resp_body = $7, last_error = NULL \
-             WHERE account = $1 AND idem_key = $2 AND fencing_token = $3 AND state = 'in_flight'",
-        )
-        .bind(scope.account.as_str())
-        .bind(scope.key.as_str())
-        .bind(token.0)
-        .bind(self.clock.now().0)
-        .bind(i32::from(response.status))
-        .bind(to_json(&response.headers)?)
-        .bind(&response.body)
-        .execute(&mut *conn)
-        .await
-        .map_err(Retry::from)?;
-        if done.rows_affected() == 1 {
+             WHERE account = $1 AND idem_key = $2 AND fencing_token = $3 AND state = 'in_flight'";
+        let sql = if notify {
+            notifying(COMPLETE)
+        } else {
+            COMPLETE.to_owned()
+        };
+        let q = sqlx::query(AssertSqlSafe(sql))
+            .bind(scope.account.as_str())
+            .bind(scope.key.as_str())
+            .bind(token.0)
+            .bind(self.clock.now().0)
+            .bind(i32::from(response.status))
+            .bind(to_json(&response.headers)?)
+            .bind(&response.body);
+        let changed = if notify {
+            q.fetch_one(&mut *conn)
+                .await
+                .map_err(Retry::from)?
+                .try_get::<i64, _>(0)
+                .map_err(corrupt)? as u64
+        } else {
+            q.execute(&mut *conn).await.map_err(Retry::from)?.rows_affected()
+        };
+        if changed == 1 {
             Ok(())
         } else {
             Err(Retry::Fatal(StoreError::Fenced))
@@ -485,28 +643,7 @@ fn sqlstate(e: &sqlx::Error) -> Option<String> {
 #[async_trait]
 impl KeyStore for PgStore {
     async fn claim(&self, req: &ClaimRequest) -> StoreResult<ClaimOutcome> {
-        let (existing, decision) = self.read_decision(req).await?;
-        if let Some(outcome) = decision.settle(existing)? {
-            return Ok(outcome);
-        }
-        self.retrying(|| async {
-            let mut tx = self.begin_claim(Duration::ZERO).await?;
-            match self.claim_on(&mut tx, req).await {
-                Ok(Ok(lease)) => {
-                    tx.commit().await.map_err(Retry::from)?;
-                    Ok(ClaimOutcome::Claimed(lease))
-                }
-                Ok(Err(outcome)) => Ok(outcome),
-                Err(Retry::Fatal(StoreError::Unavailable(e))) if is_lock_timeout(&*e) => {
-                    // Another instance is claiming this very key right now.
-                    Ok(ClaimOutcome::InProgress {
-                        retry_after: Duration::from_secs(1),
-                    })
-                }
-                Err(e) => Err(e),
-            }
-        })
-        .await
+        self.retrying(|| self.claim_autocommit(req)).await
     }
 
     async fn heartbeat(&self, scope: &Scope, token: FencingToken, lease: Duration) -> StoreResult<Millis> {
@@ -514,6 +651,7 @@ impl KeyStore for PgStore {
         self.fenced(
             "UPDATE idemkit_keys SET lease_expires_at = $4 \
              WHERE account = $1 AND idem_key = $2 AND fencing_token = $3 AND state = 'in_flight'",
+            false,
             scope,
             token,
             move |q| q.bind(expires.0),
@@ -530,7 +668,7 @@ impl KeyStore for PgStore {
     ) -> StoreResult<()> {
         self.retrying(|| async {
             let mut conn = self.pool.acquire().await.map_err(Retry::from)?;
-            self.complete_on(&mut conn, scope, token, response).await
+            self.complete_on(&mut conn, scope, token, response, true).await
         })
         .await
     }
@@ -541,6 +679,7 @@ impl KeyStore for PgStore {
         self.fenced(
             "UPDATE idemkit_keys SET state = 'released', lease_expires_at = 0, req_body = ''::bytea \
              WHERE account = $1 AND idem_key = $2 AND fencing_token = $3 AND state = 'in_flight'",
+            true,
             scope,
             token,
             |q| q,
@@ -553,6 +692,7 @@ impl KeyStore for PgStore {
         self.fenced(
             "UPDATE idemkit_keys SET lease_expires_at = $4, last_error = $5 \
              WHERE account = $1 AND idem_key = $2 AND fencing_token = $3 AND state = 'in_flight'",
+            true,
             scope,
             token,
             move |q| q.bind(now).bind(error.to_owned()),
@@ -607,7 +747,10 @@ impl TransactionalStore for PgStore {
             let mut tx = self.begin_claim(req.lock_wait).await?;
             match self.claim_on(&mut tx, req).await {
                 Ok(Ok(lease)) => Ok(TxClaim::Claimed {
-                    tx: PgTx { tx },
+                    tx: PgTx {
+                        tx,
+                        single_step: true,
+                    },
                     lease,
                 }),
                 Ok(Err(outcome)) => Ok(TxClaim::Other(outcome)),
@@ -638,7 +781,10 @@ impl TransactionalStore for PgStore {
         if held.is_none() {
             return Err(StoreError::Fenced);
         }
-        Ok(PgTx { tx })
+        Ok(PgTx {
+            tx,
+            single_step: false,
+        })
     }
 
     async fn complete_in_tx(
@@ -649,7 +795,8 @@ impl TransactionalStore for PgStore {
         response: &StoredResponse,
     ) -> StoreResult<()> {
         // On an error the transaction is dropped, rolling back the business writes.
-        self.complete_on(&mut tx, scope, token, response)
+        let notify = !tx.single_step;
+        self.complete_on(&mut tx, scope, token, response, notify)
             .await
             .map_err(Retry::into_store)?;
         tx.tx.commit().await.map_err(map_err)
@@ -701,28 +848,29 @@ async fn fetch_record(conn: &mut PgConnection, scope: &Scope, lock: bool) -> Res
         .fetch_optional(&mut *conn)
         .await
         .map_err(Retry::from)?;
-    row.map(|r| decode(&r)).transpose().map_err(Retry::Fatal)
+    row.map(|r| decode_at(&r, 0)).transpose().map_err(Retry::Fatal)
 }
 
-fn decode(row: &PgRow) -> StoreResult<Record> {
-    let get_str = |i: usize| -> StoreResult<String> { row.try_get::<String, _>(i).map_err(corrupt) };
-    let fp: Vec<u8> = row.try_get(2).map_err(corrupt)?;
+/// Decodes a record whose 18 columns start at `at` (0 for [`SELECT_RECORD`]).
+fn decode_at(row: &PgRow, at: usize) -> StoreResult<Record> {
+    let get_str = |i: usize| -> StoreResult<String> { row.try_get::<String, _>(at + i).map_err(corrupt) };
+    let fp: Vec<u8> = row.try_get(at + 2).map_err(corrupt)?;
     let fp: [u8; 32] = fp
         .try_into()
         .map_err(|_| StoreError::Corrupt("fingerprint is not 32 bytes".into()))?;
     let state = get_str(3)?;
     let key = get_str(1)?;
-    let resp_status: Option<i32> = row.try_get(14).map_err(corrupt)?;
+    let resp_status: Option<i32> = row.try_get(at + 14).map_err(corrupt)?;
     let response = match resp_status {
         Some(status) => Some(StoredResponse {
             status: u16::try_from(status).map_err(|_| StoreError::Corrupt(format!("status {status}")))?,
             headers: from_json(
-                &row.try_get::<Option<String>, _>(15)
+                &row.try_get::<Option<String>, _>(at + 15)
                     .map_err(corrupt)?
                     .unwrap_or_default(),
             )?,
             body: row
-                .try_get::<Option<Vec<u8>>, _>(16)
+                .try_get::<Option<Vec<u8>>, _>(at + 16)
                 .map_err(corrupt)?
                 .unwrap_or_default(),
         }),
@@ -735,21 +883,24 @@ fn decode(row: &PgRow) -> StoreResult<Record> {
         ),
         fingerprint: Fingerprint::from_bytes(fp),
         state: RecordState::parse(&state).ok_or_else(|| StoreError::Corrupt(format!("state {state}")))?,
-        created_at: Millis(row.try_get(4).map_err(corrupt)?),
-        completed_at: row.try_get::<Option<i64>, _>(5).map_err(corrupt)?.map(Millis),
-        lease_expires_at: Millis(row.try_get(6).map_err(corrupt)?),
-        fencing_token: FencingToken(row.try_get(7).map_err(corrupt)?),
-        recovery_point: row.try_get(8).map_err(corrupt)?,
+        created_at: Millis(row.try_get(at + 4).map_err(corrupt)?),
+        completed_at: row
+            .try_get::<Option<i64>, _>(at + 5)
+            .map_err(corrupt)?
+            .map(Millis),
+        lease_expires_at: Millis(row.try_get(at + 6).map_err(corrupt)?),
+        fencing_token: FencingToken(row.try_get(at + 7).map_err(corrupt)?),
+        recovery_point: row.try_get(at + 8).map_err(corrupt)?,
         step_outputs: serde_json::from_str::<BTreeMap<String, serde_json::Value>>(&get_str(9)?)
             .map_err(|e| StoreError::Corrupt(e.to_string()))?,
         request: StoredRequest {
             method: get_str(10)?,
             path: get_str(11)?,
             headers: from_json(&get_str(12)?)?,
-            body: row.try_get(13).map_err(corrupt)?,
+            body: row.try_get(at + 13).map_err(corrupt)?,
         },
         response,
-        last_error: row.try_get(17).map_err(corrupt)?,
+        last_error: row.try_get(at + 17).map_err(corrupt)?,
     })
 }
 

@@ -18,6 +18,7 @@ use axum::response::IntoResponse;
 use axum::routing::post;
 use http::{Request, StatusCode};
 use idemkit_core::{KeyStore, Policy};
+use idemkit_postgres::{PgConfig, PgStore, PgTx};
 use idemkit_sqlite::{SqliteStore, SqliteTx};
 use idemkit_testkit::MemoryStore;
 use idemkit_tower::{BearerTokenAccount, IdempotencyContext, IdempotencyLayer, Json, Tx};
@@ -245,6 +246,93 @@ fn sqlite_idempotent(store: Arc<SqliteStore>) -> Router {
     )
 }
 
+async fn pg_store(url: &str, schema: &str) -> Arc<PgStore> {
+    let config = PgConfig {
+        schema: schema.to_owned(),
+        max_connections: 8,
+        ..PgConfig::default()
+    };
+    let store = PgStore::connect(url, config).await.unwrap();
+    sqlx::query("DROP TABLE IF EXISTS orders")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    sqlx::query(
+        "CREATE TABLE orders (id BIGSERIAL PRIMARY KEY, account TEXT NOT NULL, sku TEXT NOT NULL, quantity BIGINT NOT NULL)",
+    )
+    .execute(store.pool())
+    .await
+    .unwrap();
+    sqlx::query("TRUNCATE idemkit_keys")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    Arc::new(store)
+}
+
+async fn pg_insert(conn: &mut sqlx::PgConnection, account: &str, o: &NewOrder) -> i64 {
+    sqlx::query_scalar("INSERT INTO orders (account, sku, quantity) VALUES ($1, $2, $3) RETURNING id")
+        .bind(account)
+        .bind(&o.sku)
+        .bind(o.quantity)
+        .fetch_one(conn)
+        .await
+        .unwrap()
+}
+
+/// The quickstart's PostgreSQL handler without idempotency (same pool, same insert).
+fn pg_plain(store: Arc<PgStore>) -> Router {
+    Router::new().route(
+        "/op",
+        post(move |Json(o): Json<NewOrder>| {
+            let store = store.clone();
+            async move {
+                let mut tx = store.pool().begin().await.unwrap();
+                let id = pg_insert(&mut tx, "bench", &o).await;
+                tx.commit().await.unwrap();
+                (
+                    StatusCode::CREATED,
+                    axum::Json(serde_json::json!({"id": id, "sku": o.sku, "quantity": o.quantity})),
+                )
+            }
+        }),
+    )
+}
+
+/// The same handler under the single-step layer.
+fn pg_idempotent(store: Arc<PgStore>) -> Router {
+    let layer = IdempotencyLayer::transactional(store)
+        .resolver(BearerTokenAccount)
+        .build()
+        .unwrap();
+    Router::new().route(
+        "/op",
+        post(
+            |ctx: IdempotencyContext, mut tx: Tx<PgTx>, Json(o): Json<NewOrder>| async move {
+                let id = pg_insert(&mut tx, ctx.scope.account.as_str(), &o).await;
+                (
+                    StatusCode::CREATED,
+                    axum::Json(serde_json::json!({"id": id, "sku": o.sku, "quantity": o.quantity})),
+                )
+            },
+        )
+        .layer(layer),
+    )
+}
+
+/// Replay p50 ÷ first-request p50, sequential requests.
+async fn replay_row(name: String, target: &Target, n: usize) -> Row {
+    let m = (n / 4).max(50);
+    let first = p50(latencies(target, m, |i| format!("replay-{i}")).await);
+    let replay = p50(latencies(target, m, |i| format!("replay-{i}")).await);
+    Row {
+        name,
+        ratio: replay.as_secs_f64() / first.as_secs_f64(),
+        added_us: replay.as_secs_f64() * 1e6 - first.as_secs_f64() * 1e6,
+        target: -0.5,
+    }
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     // `cargo bench` passes `--bench`; `cargo test --benches` does not and would
@@ -298,15 +386,27 @@ async fn main() {
 
         // Replay vs original on SQLite single-step: sequential p50 latencies.
         let target = wrap(sqlite_idempotent(idem)).await;
-        let m = (n / 4).max(50);
-        let first = p50(latencies(&target, m, |i| format!("replay-{i}")).await);
-        let replay = p50(latencies(&target, m, |i| format!("replay-{i}")).await);
-        rows.push(Row {
-            name: format!("SQLite replay p50 / first p50 ({via})"),
-            ratio: replay.as_secs_f64() / first.as_secs_f64(),
-            added_us: replay.as_secs_f64() * 1e6 - first.as_secs_f64() * 1e6,
-            target: -0.5,
-        });
+        rows.push(replay_row(format!("SQLite replay p50 / first p50 ({via})"), &target, n).await);
+
+        if let Ok(url) = std::env::var("IDEMKIT_TEST_POSTGRES_URL") {
+            let plain = pg_store(&url, &format!("bench_plain_{http}")).await;
+            let idem = pg_store(&url, &format!("bench_idem_{http}")).await;
+            rows.push(
+                compare(
+                    format!("PostgreSQL single-step, quickstart insert ({via})"),
+                    0.85,
+                    n,
+                    wrap(pg_plain(plain)).await,
+                    wrap(pg_idempotent(idem.clone())).await,
+                )
+                .await,
+            );
+            let target = wrap(pg_idempotent(idem)).await;
+            rows.push(replay_row(format!("PostgreSQL replay p50 / first p50 ({via})"), &target, n).await);
+        }
+    }
+    if std::env::var("IDEMKIT_TEST_POSTGRES_URL").is_err() {
+        println!("(set IDEMKIT_TEST_POSTGRES_URL to include PostgreSQL)");
     }
 
     println!();

@@ -16,7 +16,13 @@ use crate::{database_url, fresh_schema};
 
 fn holder_bin() -> std::path::PathBuf {
     let exe = std::env::current_exe().unwrap();
-    let bin = exe.parent().unwrap().parent().unwrap().join("examples").join("pg_holder");
+    let bin = exe
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("examples")
+        .join("pg_holder");
     if !bin.exists() {
         let ok = Command::new(env!("CARGO"))
             .args(["build", "-p", "idemkit-postgres", "--example", "pg_holder"])
@@ -29,16 +35,28 @@ fn holder_bin() -> std::path::PathBuf {
 }
 
 fn signal(pid: u32, sig: &str) {
-    assert!(Command::new("kill").args([sig, &pid.to_string()]).status().unwrap().success());
+    assert!(
+        Command::new("kill")
+            .args([sig, &pid.to_string()])
+            .status()
+            .unwrap()
+            .success()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stopped_holder_cannot_complete_after_takeover() {
     let Some(url) = database_url() else { return };
     let schema = fresh_schema();
-    let config = idemkit_postgres::PgConfig { schema: schema.clone(), ..Default::default() };
+    let config = idemkit_postgres::PgConfig {
+        schema: schema.clone(),
+        ..Default::default()
+    };
     let store = idemkit_postgres::PgStore::connect(&url, config).await.unwrap();
-    sqlx::query("CREATE TABLE biz (tag TEXT NOT NULL)").execute(store.pool()).await.unwrap();
+    sqlx::query("CREATE TABLE biz (tag TEXT NOT NULL)")
+        .execute(store.pool())
+        .await
+        .unwrap();
 
     let lease_ms = 300;
     let mut holder = Command::new(holder_bin())
@@ -57,21 +75,41 @@ async fn stopped_holder_cannot_complete_after_takeover() {
     tokio::time::sleep(Duration::from_millis(lease_ms * 3)).await;
 
     // B takes over (new fencing token) and completes with its business row.
-    let scope = Scope::new(Account::new("holder"), IdempotencyKey::parse("paused-key").unwrap());
+    let scope = Scope::new(
+        Account::new("holder"),
+        IdempotencyKey::parse("paused-key").unwrap(),
+    );
     let req = ClaimRequest {
         scope: scope.clone(),
         fingerprint: Fingerprinter::new().compute("POST", "/op", b"{}"),
-        request: StoredRequest { method: "POST".into(), path: "/op".into(), headers: vec![], body: b"{}".to_vec() },
+        request: StoredRequest {
+            method: "POST".into(),
+            path: "/op".into(),
+            headers: vec![],
+            body: b"{}".to_vec(),
+        },
         lease: Duration::from_millis(lease_ms),
         replay_window: Duration::from_secs(3600),
         lock_wait: Duration::ZERO,
     };
-    let ClaimOutcome::Claimed(b) = store.claim(&req).await.unwrap() else { panic!("B takes over") };
+    let ClaimOutcome::Claimed(b) = store.claim(&req).await.unwrap() else {
+        panic!("B takes over")
+    };
     assert_eq!(b.token.0, 2);
     let mut tx = store.begin_fenced(&scope, b.token).await.unwrap();
-    sqlx::query("INSERT INTO biz (tag) VALUES ('holder-b')").execute(&mut *tx).await.unwrap();
-    let b_response = StoredResponse { status: 201, headers: vec![], body: b"B".to_vec() };
-    store.complete_in_tx(tx, &scope, b.token, &b_response).await.unwrap();
+    sqlx::query("INSERT INTO biz (tag) VALUES ('holder-b')")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let b_response = StoredResponse {
+        status: 201,
+        headers: vec![],
+        body: b"B".to_vec(),
+    };
+    store
+        .complete_in_tx(tx, &scope, b.token, &b_response)
+        .await
+        .unwrap();
 
     // A resumes and goes on from its failpoint.
     signal(holder.id(), "-CONT");

@@ -119,3 +119,82 @@ async fn unreachable_database_is_unavailable() {
         .unwrap_err();
     assert!(matches!(err, idemkit_core::StoreError::Unavailable(_)), "{err:?}");
 }
+
+/// Waiters are woken by LISTEN/NOTIFY when the holder completes, not by a poll
+/// interval; with nothing happening they wait out their bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_are_woken_by_notifications() {
+    use idemkit_core::KeyStore;
+    use idemkit_testkit::suite::{claim_req, must_claim, response, scope};
+    let Some(store) = store_in_fresh_schema(None).await else {
+        return;
+    };
+    assert!(store.notifies_changes());
+    let s = scope("a", "wake");
+    let lease = must_claim(&*store, &claim_req(&s, "{}")).await;
+
+    let started = std::time::Instant::now();
+    let waiter = tokio::spawn({
+        let (store, s) = (store.clone(), s.clone());
+        async move { store.wait_for_change(&s, Duration::from_secs(10)).await }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    store
+        .complete(&s, lease.token, &response(201, "done"))
+        .await
+        .unwrap();
+    waiter.await.unwrap().unwrap();
+    let woke = started.elapsed();
+    assert!(
+        woke < Duration::from_secs(3),
+        "woken after {woke:?}, not by the notification"
+    );
+
+    // Nothing changes: the wait ends at its bound.
+    let quiet = scope("a", "quiet");
+    let started = std::time::Instant::now();
+    store
+        .wait_for_change(&quiet, Duration::from_millis(300))
+        .await
+        .unwrap();
+    assert!(started.elapsed() >= Duration::from_millis(290));
+}
+
+/// In-flight = reject on single-step: a duplicate arriving while the winner's
+/// claim is uncommitted answers in progress after the short lock timeout; it
+/// neither waits for the winner nor holds a connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn single_step_duplicate_is_rejected_quickly_while_winner_runs() {
+    use idemkit_core::{ClaimOutcome, TransactionalStore, TxClaim};
+    use idemkit_testkit::suite::{claim_req, response, scope};
+    let Some(store) = store_in_fresh_schema(None).await else {
+        return;
+    };
+    let s = scope("a", "busy");
+    let req = claim_req(&s, "{}");
+    let TxClaim::Claimed { tx, lease } = store.claim_in_tx(&req).await.unwrap() else {
+        panic!("winner")
+    };
+    let started = std::time::Instant::now();
+    match store.claim_in_tx(&req).await.unwrap() {
+        TxClaim::Other(ClaimOutcome::InProgress { .. }) => {}
+        other => panic!("expected in progress, got {other:?}"),
+    }
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(2), "rejected after {took:?}");
+    // With a wait, the duplicate blocks on the winner and then replays it.
+    let waiting = tokio::spawn({
+        let (store, mut req) = (store.clone(), req.clone());
+        req.lock_wait = Duration::from_secs(10);
+        async move { store.claim_in_tx(&req).await.unwrap() }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    store
+        .complete_in_tx(tx, &s, lease.token, &response(201, "won"))
+        .await
+        .unwrap();
+    match waiting.await.unwrap() {
+        TxClaim::Other(ClaimOutcome::Replay(r)) => assert_eq!(r, response(201, "won")),
+        other => panic!("expected replay, got {other:?}"),
+    }
+}
