@@ -20,13 +20,15 @@ CREATE TABLE IF NOT EXISTS idemkit_keys (
     resp_headers     TEXT,
     resp_body        BYTEA,
     last_error       TEXT,
+    -- Set by an instance waiting for this key; only then do completions NOTIFY.
+    has_waiters      BOOLEAN NOT NULL DEFAULT false,
     PRIMARY KEY (account, idem_key)
 );
 
 CREATE INDEX IF NOT EXISTS idemkit_keys_state_lease ON idemkit_keys (state, lease_expires_at);
 CREATE INDEX IF NOT EXISTS idemkit_keys_created ON idemkit_keys (created_at);
 
--- Waiters LISTEN on `idemkit_changes`; the statements that complete, release or
--- end a lease early notify in the same round trip (see `NOTIFY_CTE` in lib.rs).
--- Single-step completions do not notify: nobody can be waiting on a claim that
--- was never committed.
+-- Waiters LISTEN on `idemkit_changes` after setting `has_waiters`; the statements
+-- that complete, release or end a lease early notify in the same round trip when
+-- that flag is set (see `notifying` in lib.rs). A NOTIFY costs the listeners a
+-- transaction each, so records nobody waits for never send one.

@@ -48,13 +48,14 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 /// The notification channel waiters listen on.
 pub const CHANNEL: &str = "idemkit_changes";
 
-/// Wraps a fenced `UPDATE … RETURNING account, idem_key` so that the rows it
-/// changed wake this schema's waiters, and the statement answers how many it
-/// changed: `{update}` is replaced by the UPDATE.
+/// Wraps a fenced `UPDATE` so that a changed row somebody waits for (its
+/// `has_waiters` is set) wakes this schema's waiters in the same round trip; the
+/// statement answers how many rows it changed.
 fn notifying(update: &str) -> String {
     format!(
-        "WITH u AS ({update} RETURNING account, idem_key) \
-         SELECT count(*) FROM (SELECT pg_notify('{CHANNEL}', json_build_array(current_schema(), account, idem_key)::text) FROM u) AS n"
+        "WITH u AS ({update} RETURNING account, idem_key, has_waiters) \
+         SELECT count(*) FROM (SELECT CASE WHEN has_waiters THEN \
+         pg_notify('{CHANNEL}', json_build_array(current_schema(), account, idem_key)::text) END FROM u) AS n"
     )
 }
 
@@ -716,7 +717,18 @@ impl KeyStore for PgStore {
     }
 
     async fn wait_for_change(&self, scope: &Scope, timeout: Duration) -> StoreResult<()> {
+        // Subscribe first, then flag the record, so a completion that lands in
+        // between is either seen by the caller's next claim or notified to us.
         let mut rx = self.changes.subscribe();
+        sqlx::query(
+            "UPDATE idemkit_keys SET has_waiters = true \
+             WHERE account = $1 AND idem_key = $2 AND state = 'in_flight' AND NOT has_waiters",
+        )
+        .bind(scope.account.as_str())
+        .bind(scope.key.as_str())
+        .execute(&self.pool)
+        .await
+        .map_err(map_err)?;
         let want = (scope.account.as_str(), scope.key.as_str());
         let wait = async {
             loop {

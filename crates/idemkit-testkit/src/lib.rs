@@ -2,12 +2,15 @@
 //!
 //! Test support shared by every idemkit backend:
 //!
-//! - [`MemoryStore`], an in-memory [`KeyStore`] (tests, benchmarks, single-process demos);
+//! - [`MemoryStore`], an in-memory [`KeyStore`](idemkit_core::KeyStore) (tests,
+//!   benchmarks, single-process demos);
 //! - [`ManualClock`], a clock tests move by hand, so lease expiry and replay windows
 //!   are tested without sleeping;
 //! - the **store conformance suite** ([`suite`], [`tx_suite`]) and the macros
 //!   [`store_conformance_tests!`] and [`transactional_conformance_tests!`] that turn
-//!   it into one `#[tokio::test]` per case for a backend.
+//!   it into one `#[tokio::test]` per case for a backend;
+//! - the black-box HTTP gates of SPEC §9 ([`gates`]) that `idemkit check` runs
+//!   against any API.
 //!
 //! ```
 //! use std::sync::Arc;
@@ -21,12 +24,15 @@
 //! ```
 
 mod clock;
+pub mod gates;
 mod memory;
+mod process;
 pub mod suite;
 pub mod tx_suite;
 
 pub use clock::ManualClock;
 pub use memory::MemoryStore;
+pub use process::example_bin;
 
 /// Generates one `#[tokio::test]` per case of [`suite`] for a backend.
 ///

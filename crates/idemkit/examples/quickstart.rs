@@ -21,7 +21,10 @@
 //! Environment: `PORT` (default 3000); `DATABASE_URL` (`sqlite://…` or
 //! `postgres://…`), else `IDEMKIT_DB` (a SQLite file path, default
 //! `idemkit-quickstart.db`); `IDEMKIT_PG_SCHEMA` (PostgreSQL schema, default
-//! `idemkit`); `IDEMKIT_LEASE_MS` (lease length, default 30000).
+//! `idemkit`); `IDEMKIT_LEASE_MS` (lease length, default 30000);
+//! `IDEMKIT_HANDLER_DELAY_MS` (makes each order take that long inside its
+//! transaction, to see duplicates of a running request answered
+//! `409 idempotency_request_in_progress`; default 0).
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
@@ -60,7 +63,10 @@ struct Order {
 impl NewOrder {
     fn validate(&self) -> Result<(), ProblemResponse> {
         if self.sku.trim().is_empty() || self.sku.len() > 100 {
-            return Err(ProblemResponse::new(ErrorCode::ValidationFailed, "`sku` must be 1 to 100 characters"));
+            return Err(ProblemResponse::new(
+                ErrorCode::ValidationFailed,
+                "`sku` must be 1 to 100 characters",
+            ));
         }
         if self.quantity < 1 {
             return Err(ProblemResponse::new(
@@ -73,8 +79,26 @@ impl NewOrder {
 
     fn created(self, id: i64) -> Response {
         let location = format!("/orders/{id}");
-        let body = Order { id, sku: self.sku, quantity: self.quantity };
-        (StatusCode::CREATED, [(header::LOCATION, location)], axum::Json(body)).into_response()
+        let body = Order {
+            id,
+            sku: self.sku,
+            quantity: self.quantity,
+        };
+        (
+            StatusCode::CREATED,
+            [(header::LOCATION, location)],
+            axum::Json(body),
+        )
+            .into_response()
+    }
+}
+
+/// Simulated work inside the order's transaction (`IDEMKIT_HANDLER_DELAY_MS`).
+static HANDLER_DELAY: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+
+async fn simulated_work() {
+    if let Some(d) = HANDLER_DELAY.get().filter(|d| !d.is_zero()) {
+        tokio::time::sleep(*d).await;
     }
 }
 
@@ -90,13 +114,15 @@ async fn create_order_sqlite(
     Json(order): Json<NewOrder>,
 ) -> Result<Response, ProblemResponse> {
     order.validate()?;
-    let id: i64 = sqlx::query_scalar("INSERT INTO orders (account, sku, quantity) VALUES (?1, ?2, ?3) RETURNING id")
-        .bind(ctx.scope.account.as_str())
-        .bind(&order.sku)
-        .bind(order.quantity)
-        .fetch_one(&mut **tx)
-        .await
-        .map_err(internal)?;
+    simulated_work().await;
+    let id: i64 =
+        sqlx::query_scalar("INSERT INTO orders (account, sku, quantity) VALUES (?1, ?2, ?3) RETURNING id")
+            .bind(ctx.scope.account.as_str())
+            .bind(&order.sku)
+            .bind(order.quantity)
+            .fetch_one(&mut **tx)
+            .await
+            .map_err(internal)?;
     Ok(order.created(id))
 }
 
@@ -107,13 +133,15 @@ async fn create_order_pg(
     Json(order): Json<NewOrder>,
 ) -> Result<Response, ProblemResponse> {
     order.validate()?;
-    let id: i64 = sqlx::query_scalar("INSERT INTO orders (account, sku, quantity) VALUES ($1, $2, $3) RETURNING id")
-        .bind(ctx.scope.account.as_str())
-        .bind(&order.sku)
-        .bind(order.quantity)
-        .fetch_one(&mut **tx)
-        .await
-        .map_err(internal)?;
+    simulated_work().await;
+    let id: i64 =
+        sqlx::query_scalar("INSERT INTO orders (account, sku, quantity) VALUES ($1, $2, $3) RETURNING id")
+            .bind(ctx.scope.account.as_str())
+            .bind(&order.sku)
+            .bind(order.quantity)
+            .fetch_one(&mut **tx)
+            .await
+            .map_err(internal)?;
     Ok(order.created(id))
 }
 
@@ -157,11 +185,20 @@ async fn open(lease: Duration) -> anyhow::Result<(Db, MethodRouter<Db>, String)>
     Ok(match url.as_deref() {
         Some(url) if url.starts_with("postgres:") || url.starts_with("postgresql:") => {
             let schema = std::env::var("IDEMKIT_PG_SCHEMA").unwrap_or_else(|_| "idemkit".into());
-            let config = PgConfig { schema: schema.clone(), ..PgConfig::default() };
-            let store = Arc::new(PgStore::connect(url, config).await.context("connecting to PostgreSQL")?);
+            let config = PgConfig {
+                schema: schema.clone(),
+                ..PgConfig::default()
+            };
+            let store = Arc::new(
+                PgStore::connect(url, config)
+                    .await
+                    .context("connecting to PostgreSQL")?,
+            );
             // Several instances may start at once: serialise the DDL.
             let mut tx = store.pool().begin().await?;
-            sqlx::query("SELECT pg_advisory_xact_lock(7345243912)").execute(&mut *tx).await?;
+            sqlx::query("SELECT pg_advisory_xact_lock(7345243912)")
+                .execute(&mut *tx)
+                .await?;
             sqlx::query(
                 "CREATE TABLE IF NOT EXISTS orders (id BIGSERIAL PRIMARY KEY, account TEXT NOT NULL, \
                  sku TEXT NOT NULL, quantity BIGINT NOT NULL)",
@@ -170,10 +207,16 @@ async fn open(lease: Duration) -> anyhow::Result<(Db, MethodRouter<Db>, String)>
             .await?;
             tx.commit().await?;
             let layer = configure(IdempotencyLayer::transactional(store.clone()), lease)?;
-            (Db::Postgres(store), post(create_order_pg).layer(layer), format!("PostgreSQL schema {schema}"))
+            (
+                Db::Postgres(store),
+                post(create_order_pg).layer(layer),
+                format!("PostgreSQL schema {schema}"),
+            )
         }
         Some(url) if url.starts_with("sqlite:") => sqlite(url, lease).await?,
-        Some(url) => anyhow::bail!("DATABASE_URL `{url}` is not supported: use sqlite://PATH or postgres://…"),
+        Some(url) => {
+            anyhow::bail!("DATABASE_URL `{url}` is not supported: use sqlite://PATH or postgres://…")
+        }
         None => {
             let path = std::env::var("IDEMKIT_DB").unwrap_or_else(|_| "idemkit-quickstart.db".into());
             sqlite(&path, lease).await?
@@ -182,7 +225,11 @@ async fn open(lease: Duration) -> anyhow::Result<(Db, MethodRouter<Db>, String)>
 }
 
 async fn sqlite(location: &str, lease: Duration) -> anyhow::Result<(Db, MethodRouter<Db>, String)> {
-    let store = Arc::new(SqliteStore::open(location).await.with_context(|| format!("opening {location}"))?);
+    let store = Arc::new(
+        SqliteStore::open(location)
+            .await
+            .with_context(|| format!("opening {location}"))?,
+    );
     sqlx::query(
         "CREATE TABLE IF NOT EXISTS orders (id INTEGER PRIMARY KEY AUTOINCREMENT, account TEXT NOT NULL, \
          sku TEXT NOT NULL, quantity INTEGER NOT NULL)",
@@ -190,18 +237,40 @@ async fn sqlite(location: &str, lease: Duration) -> anyhow::Result<(Db, MethodRo
     .execute(store.pool())
     .await?;
     let layer = configure(IdempotencyLayer::transactional(store.clone()), lease)?;
-    Ok((Db::Sqlite(store), post(create_order_sqlite).layer(layer), format!("SQLite {location}")))
+    Ok((
+        Db::Sqlite(store),
+        post(create_order_sqlite).layer(layer),
+        format!("SQLite {location}"),
+    ))
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
         .init();
 
-    let port: u16 = std::env::var("PORT").ok().map(|p| p.parse()).transpose().context("PORT")?.unwrap_or(3000);
-    let lease_ms: u64 =
-        std::env::var("IDEMKIT_LEASE_MS").ok().map(|v| v.parse()).transpose().context("IDEMKIT_LEASE_MS")?.unwrap_or(30_000);
+    let port: u16 = std::env::var("PORT")
+        .ok()
+        .map(|p| p.parse())
+        .transpose()
+        .context("PORT")?
+        .unwrap_or(3000);
+    let lease_ms: u64 = std::env::var("IDEMKIT_LEASE_MS")
+        .ok()
+        .map(|v| v.parse())
+        .transpose()
+        .context("IDEMKIT_LEASE_MS")?
+        .unwrap_or(30_000);
+    let delay_ms: u64 = std::env::var("IDEMKIT_HANDLER_DELAY_MS")
+        .ok()
+        .map(|v| v.parse())
+        .transpose()
+        .context("IDEMKIT_HANDLER_DELAY_MS")?
+        .unwrap_or(0);
+    HANDLER_DELAY.get_or_init(|| Duration::from_millis(delay_ms));
     let (db, create, described) = open(Duration::from_millis(lease_ms)).await?;
     let app = Router::new()
         .route("/orders", create)
@@ -211,8 +280,13 @@ async fn main() -> anyhow::Result<()> {
         .with_state(db);
 
     let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
-    let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
-    println!("quickstart listening on http://{} (keys and orders in {described})", listener.local_addr()?);
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding {addr}"))?;
+    println!(
+        "quickstart listening on http://{} (keys and orders in {described})",
+        listener.local_addr()?
+    );
     axum::serve(listener, app)
         .with_graceful_shutdown(async {
             let _ = tokio::signal::ctrl_c().await;

@@ -14,26 +14,6 @@ use idemkit_core::{
 
 use crate::{database_url, fresh_schema};
 
-fn holder_bin() -> std::path::PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let bin = exe
-        .parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .join("examples")
-        .join("pg_holder");
-    if !bin.exists() {
-        let ok = Command::new(env!("CARGO"))
-            .args(["build", "-p", "idemkit-postgres", "--example", "pg_holder"])
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok);
-    }
-    bin
-}
-
 fn signal(pid: u32, sig: &str) {
     assert!(
         Command::new("kill")
@@ -59,7 +39,7 @@ async fn stopped_holder_cannot_complete_after_takeover() {
         .unwrap();
 
     let lease_ms = 300;
-    let mut holder = Command::new(holder_bin())
+    let mut holder = Command::new(idemkit_testkit::example_bin("idemkit-postgres", "pg_holder"))
         .args([&url, &schema, "paused-key", &lease_ms.to_string()])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())

@@ -39,22 +39,6 @@ impl Drop for TempDir {
     }
 }
 
-/// The quickstart binary cargo built next to this test (cargo and nextest build
-/// examples with the tests); built on demand otherwise.
-fn quickstart_bin() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let profile_dir = exe.parent().unwrap().parent().unwrap();
-    let bin = profile_dir.join("examples").join("quickstart");
-    if !bin.exists() {
-        let status = Command::new(env!("CARGO"))
-            .args(["build", "-p", "idemkit", "--example", "quickstart"])
-            .status()
-            .expect("cargo build --example quickstart");
-        assert!(status.success());
-    }
-    bin
-}
-
 /// Which store a quickstart process runs on.
 #[derive(Debug, Clone)]
 pub(crate) enum Backend {
@@ -76,8 +60,14 @@ impl Backend {
                 return None;
             }
         };
-        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
-        Some(Self::Postgres { url, schema: format!("q_{}_{nanos}", std::process::id()) })
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
+        Some(Self::Postgres {
+            url,
+            schema: format!("q_{}_{nanos}", std::process::id()),
+        })
     }
 }
 
@@ -90,10 +80,11 @@ impl Server {
     pub(crate) async fn start_on(backend: &Backend, env: &[(&str, &str)]) -> Self {
         let dir = TempDir::new("quickstart");
         let port = free_port();
-        let mut cmd = Command::new(quickstart_bin());
+        let mut cmd = Command::new(idemkit_testkit::example_bin("idemkit", "quickstart"));
         match backend {
             Backend::Sqlite => {
-                cmd.env("IDEMKIT_DB", dir.0.join("quickstart.db")).env_remove("DATABASE_URL");
+                cmd.env("IDEMKIT_DB", dir.0.join("quickstart.db"))
+                    .env_remove("DATABASE_URL");
             }
             Backend::Postgres { url, schema } => {
                 cmd.env("DATABASE_URL", url).env("IDEMKIT_PG_SCHEMA", schema);

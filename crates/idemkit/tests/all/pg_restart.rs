@@ -22,13 +22,21 @@ struct Cluster {
 }
 
 fn pg_bin() -> Option<PathBuf> {
-    let mut dirs: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql").ok()?.flatten().map(|e| e.path().join("bin")).collect();
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .ok()?
+        .flatten()
+        .map(|e| e.path().join("bin"))
+        .collect();
     dirs.sort();
     dirs.into_iter().rev().find(|d| d.join("initdb").exists())
 }
 
 fn is_root() -> bool {
-    Command::new("id").arg("-u").output().map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0").unwrap_or(false)
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+        .unwrap_or(false)
 }
 
 /// Runs a PostgreSQL server binary as the `postgres` user when we are root
@@ -41,35 +49,79 @@ fn pg(bin: &Path, args: &[&str]) -> bool {
     } else {
         Command::new(bin)
     };
-    cmd.args(args).stdout(std::process::Stdio::null()).status().map(|s| s.success()).unwrap_or(false)
+    cmd.args(args)
+        .stdout(std::process::Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false)
 }
 
 impl Cluster {
     fn create() -> Self {
-        let bin = pg_bin().expect("PostgreSQL server binaries under /usr/lib/postgresql (install `postgresql`)");
+        let bin =
+            pg_bin().expect("PostgreSQL server binaries under /usr/lib/postgresql (install `postgresql`)");
         let dir = TempDir::new("pgcluster");
         if is_root() {
-            assert!(Command::new("chown").args(["-R", "postgres:postgres"]).arg(&dir.0).status().unwrap().success());
+            assert!(
+                Command::new("chown")
+                    .args(["-R", "postgres:postgres"])
+                    .arg(&dir.0)
+                    .status()
+                    .unwrap()
+                    .success()
+            );
         }
         let data = dir.0.join("data");
         let port = crate::free_port();
-        assert!(pg(&bin.join("initdb"), &["-D", data.to_str().unwrap(), "-A", "trust", "-U", "postgres", "--no-sync"]));
-        let cluster = Self { bin, data, port, _dir: dir };
+        assert!(pg(
+            &bin.join("initdb"),
+            &[
+                "-D",
+                data.to_str().unwrap(),
+                "-A",
+                "trust",
+                "-U",
+                "postgres",
+                "--no-sync"
+            ]
+        ));
+        let cluster = Self {
+            bin,
+            data,
+            port,
+            _dir: dir,
+        };
         cluster.start();
         cluster
     }
 
     fn start(&self) {
-        let opts = format!("-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=on", self.port, self.data.display());
+        let opts = format!(
+            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=on",
+            self.port,
+            self.data.display()
+        );
         let log = self.data.join("server.log");
         assert!(pg(
             &self.bin.join("pg_ctl"),
-            &["-D", self.data.to_str().unwrap(), "-o", &opts, "-l", log.to_str().unwrap(), "-w", "start"]
+            &[
+                "-D",
+                self.data.to_str().unwrap(),
+                "-o",
+                &opts,
+                "-l",
+                log.to_str().unwrap(),
+                "-w",
+                "start"
+            ]
         ));
     }
 
     fn crash(&self) {
-        assert!(pg(&self.bin.join("pg_ctl"), &["-D", self.data.to_str().unwrap(), "-m", "immediate", "stop"]));
+        assert!(pg(
+            &self.bin.join("pg_ctl"),
+            &["-D", self.data.to_str().unwrap(), "-m", "immediate", "stop"]
+        ));
     }
 
     fn url(&self) -> String {
@@ -79,7 +131,10 @@ impl Cluster {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
-        pg(&self.bin.join("pg_ctl"), &["-D", self.data.to_str().unwrap(), "-m", "immediate", "stop"]);
+        pg(
+            &self.bin.join("pg_ctl"),
+            &["-D", self.data.to_str().unwrap(), "-m", "immediate", "stop"],
+        );
     }
 }
 
@@ -90,9 +145,15 @@ async fn database_restart_under_load_loses_no_acknowledged_order() {
         return;
     }
     let cluster = Cluster::create();
-    let backend = Backend::Postgres { url: cluster.url(), schema: "restart".into() };
+    let backend = Backend::Postgres {
+        url: cluster.url(),
+        schema: "restart".into(),
+    };
     let server = Server::start_on(&backend, &[("IDEMKIT_LEASE_MS", "1000")]).await;
-    let client = reqwest::Client::builder().timeout(Duration::from_secs(5)).build().unwrap();
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
 
     // Each worker sends its keys one after another, retrying a key (same key,
     // same body) until it is answered 2xx, as a client following SPEC §8 would.
@@ -101,8 +162,12 @@ async fn database_restart_under_load_loses_no_acknowledged_order() {
     let deadline = Instant::now() + Duration::from_secs(60);
     let workers: Vec<_> = (0..8)
         .map(|w| {
-            let (client, base, acknowledged, failures) =
-                (client.clone(), server.base.clone(), acknowledged.clone(), failures.clone());
+            let (client, base, acknowledged, failures) = (
+                client.clone(),
+                server.base.clone(),
+                acknowledged.clone(),
+                failures.clone(),
+            );
             tokio::spawn(async move {
                 for i in 0..60 {
                     let key = format!("restart-{w}-{i}");
@@ -118,12 +183,18 @@ async fn database_restart_under_load_loses_no_acknowledged_order() {
                         match sent {
                             Ok(res) if res.status().is_success() => {
                                 let body: serde_json::Value = res.json().await.unwrap();
-                                acknowledged.lock().await.insert(key.clone(), body["id"].as_i64().unwrap());
+                                acknowledged
+                                    .lock()
+                                    .await
+                                    .insert(key.clone(), body["id"].as_i64().unwrap());
                                 break;
                             }
                             Ok(res) => {
                                 let status = res.status().as_u16();
-                                assert!(matches!(status, 409 | 500 | 503), "key {key}: unexpected {status}");
+                                assert!(
+                                    matches!(status, 409 | 500 | 503),
+                                    "key {key}: unexpected {status}"
+                                );
                                 failures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                             }
                             Err(_) => {
@@ -148,17 +219,35 @@ async fn database_restart_under_load_loses_no_acknowledged_order() {
     }
 
     let acknowledged = acknowledged.lock().await.clone();
-    assert_eq!(acknowledged.len(), 8 * 60, "every key was eventually answered 2xx");
-    assert!(before > 0 && before < 8 * 60, "the crash happened under load ({before} acknowledged before it)");
-    assert!(failures.load(std::sync::atomic::Ordering::Relaxed) > 0, "the crash was felt by clients");
+    assert_eq!(
+        acknowledged.len(),
+        8 * 60,
+        "every key was eventually answered 2xx"
+    );
+    assert!(
+        before > 0 && before < 8 * 60,
+        "the crash happened under load ({before} acknowledged before it)"
+    );
+    assert!(
+        failures.load(std::sync::atomic::Ordering::Relaxed) > 0,
+        "the crash was felt by clients"
+    );
 
     // Every acknowledged order exists, exactly once per key.
-    let pool = sqlx::PgPool::connect(&format!("{}?options=-csearch_path%3Drestart", cluster.url())).await.unwrap();
-    let ids: Vec<i64> = sqlx::query_scalar("SELECT id FROM orders WHERE account = 'restart'").fetch_all(&pool).await.unwrap();
+    let pool = sqlx::PgPool::connect(&format!("{}?options=-csearch_path%3Drestart", cluster.url()))
+        .await
+        .unwrap();
+    let ids: Vec<i64> = sqlx::query_scalar("SELECT id FROM orders WHERE account = 'restart'")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
     assert_eq!(ids.len(), 8 * 60, "one order per key, none lost, none doubled");
     let ids: std::collections::HashSet<i64> = ids.into_iter().collect();
     for (key, id) in &acknowledged {
         assert!(ids.contains(id), "acknowledged order {id} of key {key} was lost");
     }
-    eprintln!("{before} keys acknowledged before the crash; all {} present after restart", acknowledged.len());
+    eprintln!(
+        "{before} keys acknowledged before the crash; all {} present after restart",
+        acknowledged.len()
+    );
 }

@@ -1,0 +1,353 @@
+//! `idemkit check`: the black-box conformance gates (SPEC §9) against any
+//! idempotent HTTP endpoint.
+//!
+//! The gates themselves live in [`idemkit_testkit::gates`]; this module turns the
+//! command line into a [`CheckConfig`], sends the requests with reqwest, shows
+//! progress and prints the report as a table or as JSON.
+
+mod hosts;
+mod output;
+mod progress;
+mod transport;
+
+use std::io::{IsTerminal, Read};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::Args;
+use http::{HeaderMap, HeaderName, HeaderValue, Method};
+use idemkit_testkit::gates::{self, CheckConfig, Gate, KeyPlacement, Template};
+use reqwest::Url;
+
+const AFTER_HELP: &str = "\
+Gates (run in this order; pick with --gates):
+  1 concurrency  N identical requests with one fresh key at once -> one effect; the rest are identical replays or conflicts
+  2 replay       a retry replays status, body bytes and allowlisted headers, marked, with no new effect
+  3 mismatch     same key, different body -> a 4xx conflict, not a replay, code unlike the in-progress one
+  4 in-progress  overlapping duplicates get the in-progress conflict (distinct code, Retry-After) or the identical replay
+  5 bad-keys     missing, empty, 256-character, control-character keys -> 4xx, no effect
+  6 isolation    the same key from another account -> its own effect, never the first account's response
+  7 fresh-key    a fresh key -> a new effect; reordered JSON members under a used key -> replay, not mismatch
+
+Exit status: 0 every selected gate passed; 1 a gate failed; 2 a gate was inconclusive
+(e.g. no probe given, no overlap provoked) and none failed, or the check could not run.
+
+Only loopback hosts (127.0.0.0/8, [::1], localhost) are contacted unless a host is named
+with --allow-host. Plain http only.
+
+Example (the quickstart):
+  idemkit check --url http://127.0.0.1:3000/orders -H 'Authorization: Bearer checker' \\
+    --body '{\"sku\":\"BOOK-1\",\"quantity\":1}' --count-url /orders/count \\
+    --other-account-header 'Authorization: Bearer other'";
+
+/// Arguments of `idemkit check`.
+#[derive(Debug, Clone, Args)]
+#[command(after_help = AFTER_HELP)]
+pub struct CheckArgs {
+    /// The endpoint to check, e.g. http://127.0.0.1:3000/orders.
+    #[arg(long, value_name = "URL")]
+    pub url: String,
+
+    /// The request template's HTTP method.
+    #[arg(short = 'X', long, default_value = "POST")]
+    pub method: String,
+
+    /// The request template's body: inline JSON (or text), @FILE, or @- for stdin.
+    /// JSON bodies are sent re-serialised (compact).
+    #[arg(short = 'd', long, value_name = "JSON|@FILE")]
+    pub body: Option<String>,
+
+    /// A header sent with every request, 'Name: value' (repeatable). JSON bodies get
+    /// 'Content-Type: application/json' unless one is given.
+    #[arg(short = 'H', long = "header", value_name = "NAME: VALUE")]
+    pub headers: Vec<String>,
+
+    /// The header the idempotency key travels in.
+    #[arg(long, value_name = "NAME", default_value = "Idempotency-Key")]
+    pub key_header: String,
+
+    /// Put the key in the JSON body at this JSON pointer instead (e.g. /idempotencyKey).
+    #[arg(long, value_name = "POINTER", conflicts_with = "key_header")]
+    pub key_field: Option<String>,
+
+    /// A second valid body for the mismatch gate (JSON|@FILE). Default: the template
+    /// with its first string or number leaf changed.
+    #[arg(long, value_name = "JSON|@FILE")]
+    pub alt_body: Option<String>,
+
+    /// The status replays answer when it differs from the original's (e.g. 200 for a
+    /// replayed 201).
+    #[arg(long, value_name = "STATUS")]
+    pub replay_status: Option<u16>,
+
+    /// The header (and value) that marks a replay.
+    #[arg(long, value_name = "NAME: VALUE", default_value = "Idempotent-Replayed: true")]
+    pub replay_marker: String,
+
+    /// One more response header a replay must repeat exactly (repeatable);
+    /// Content-Type and Location always are.
+    #[arg(long = "same-header", value_name = "NAME")]
+    pub same_headers: Vec<String>,
+
+    /// A second account's credentials for the isolation gate, 'Name: value'; it
+    /// replaces the template's header of that name.
+    #[arg(long, value_name = "NAME: VALUE")]
+    pub other_account_header: Option<String>,
+
+    /// Side-effect probe: a URL (or a path on --url's host) answering the caller's
+    /// effect count as {"count": n} or a bare number; fetched with GET and the
+    /// template's headers.
+    #[arg(long, value_name = "URL")]
+    pub count_url: Option<String>,
+
+    /// JSON pointer to the resource id in successful answers (e.g. /id), to tell
+    /// effects apart by what the answers show.
+    #[arg(long, value_name = "POINTER")]
+    pub id_pointer: Option<String>,
+
+    /// The gates to run, by name or number, comma-separated [default: all].
+    #[arg(long, value_name = "GATES", value_delimiter = ',', value_parser = parse_gate)]
+    pub gates: Vec<Gate>,
+
+    /// How many identical requests the concurrency and in-progress gates start at once
+    /// (2 to 1000).
+    #[arg(
+        short = 'n',
+        long,
+        value_name = "N",
+        default_value_t = gates::DEFAULT_CONCURRENCY,
+        value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(2..=1000)
+    )]
+    pub concurrency: usize,
+
+    /// Per-request timeout, in seconds.
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        default_value_t = 30,
+        value_parser = clap::builder::RangedU64ValueParser::<u64>::new().range(1..=3600)
+    )]
+    pub timeout: u64,
+
+    /// Allow contacting this non-loopback host (repeatable). Without it, only
+    /// 127.0.0.0/8, ::1 and localhost are contacted.
+    #[arg(long = "allow-host", value_name = "HOST")]
+    pub allow_hosts: Vec<String>,
+
+    /// Print the report as JSON on stdout (and no progress bar).
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn parse_gate(s: &str) -> Result<Gate, String> {
+    s.parse().map_err(|e: gates::UnknownGate| e.to_string())
+}
+
+/// Runs `idemkit check` and returns its exit code (0 pass, 1 fail, 2 inconclusive).
+pub fn run(args: CheckArgs) -> anyhow::Result<ExitCode> {
+    let plan = Plan::from_args(&args)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let transport = transport::HttpTransport::new(Duration::from_secs(args.timeout))?;
+    let show_progress = !args.json && std::io::stderr().is_terminal();
+    let bar = progress::Bar::new(show_progress);
+    let report = runtime.block_on(gates::run(&plan.config, &transport, &bar));
+    bar.finish();
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        output::json(&mut out, &plan, &report)?;
+    } else {
+        output::table(&mut out, &plan, &report)?;
+    }
+    Ok(ExitCode::from(report.exit_code()))
+}
+
+/// The validated check: its configuration and what to say about it.
+struct Plan {
+    config: CheckConfig,
+    url: Url,
+    count_url: Option<Url>,
+    key_header: String,
+}
+
+impl Plan {
+    fn from_args(args: &CheckArgs) -> anyhow::Result<Self> {
+        let url = Url::parse(&args.url).with_context(|| format!("--url `{}`", args.url))?;
+        hosts::check(&url, &args.allow_hosts).context("--url")?;
+        let count_url = args
+            .count_url
+            .as_deref()
+            .map(|c| {
+                let u = url.join(c).with_context(|| format!("--count-url `{c}`"))?;
+                hosts::check(&u, &args.allow_hosts).context("--count-url")?;
+                anyhow::Ok(u)
+            })
+            .transpose()?;
+
+        let method = Method::from_bytes(args.method.to_ascii_uppercase().as_bytes())
+            .with_context(|| format!("--method `{}`", args.method))?;
+        let mut headers = HeaderMap::new();
+        for h in &args.headers {
+            let (name, value) = parse_header(h).context("--header")?;
+            headers.append(name, value);
+        }
+        let key = match &args.key_field {
+            Some(pointer) => KeyPlacement::Field(pointer.clone()),
+            None => KeyPlacement::Header(
+                HeaderName::from_bytes(args.key_header.trim().as_bytes())
+                    .with_context(|| format!("--key-header `{}`", args.key_header))?,
+            ),
+        };
+        let mut template = Template::new(method, url.as_str()).with_headers(headers);
+        if let Some(body) = &args.body {
+            template = template.with_body(&read_body(body).context("--body")?)?;
+        }
+        if let Some(alt) = &args.alt_body {
+            template = template.with_alt_body(&read_body(alt).context("--alt-body")?)?;
+        }
+        template = template.with_key(key)?;
+
+        let mut config = CheckConfig::new(template).with_concurrency(args.concurrency);
+        if !args.gates.is_empty() {
+            config = config.with_gates(args.gates.iter().copied());
+        }
+        if let Some(status) = args.replay_status {
+            if !(100..600).contains(&status) {
+                bail!("--replay-status {status} is not an HTTP status");
+            }
+            config = config.with_replay_status(status);
+        }
+        let (name, value) = parse_header(&args.replay_marker).context("--replay-marker")?;
+        config = config.with_replay_marker(name, value.to_str().unwrap_or("true").trim());
+        for h in &args.same_headers {
+            let name = HeaderName::from_bytes(h.trim().as_bytes())
+                .with_context(|| format!("--same-header `{h}`"))?;
+            config = config.with_same_header(name);
+        }
+        if let Some(other) = &args.other_account_header {
+            let (name, value) = parse_header(other).context("--other-account-header")?;
+            config = config.with_other_account(name, value);
+        }
+        if let Some(u) = &count_url {
+            config = config.with_count_url(u.as_str());
+        }
+        if let Some(pointer) = &args.id_pointer {
+            if !pointer.is_empty() && !pointer.starts_with('/') {
+                bail!("--id-pointer `{pointer}` is not a JSON pointer (it starts with `/`)");
+            }
+            config = config.with_id_pointer(pointer.clone());
+        }
+        Ok(Self {
+            config,
+            url,
+            count_url,
+            key_header: args.key_header.trim().to_owned(),
+        })
+    }
+}
+
+/// `Name: value` → a header.
+fn parse_header(s: &str) -> anyhow::Result<(HeaderName, HeaderValue)> {
+    let Some((name, value)) = s.split_once(':') else {
+        bail!("`{s}` is not `Name: value`");
+    };
+    let name =
+        HeaderName::from_bytes(name.trim().as_bytes()).with_context(|| format!("header name in `{s}`"))?;
+    let value = HeaderValue::from_str(value.trim()).with_context(|| format!("header value in `{s}`"))?;
+    Ok((name, value))
+}
+
+/// Inline text, `@FILE`, or `@-` for stdin.
+fn read_body(arg: &str) -> anyhow::Result<Vec<u8>> {
+    match arg.strip_prefix('@') {
+        Some("-") => {
+            let mut buf = Vec::new();
+            std::io::stdin().read_to_end(&mut buf).context("reading stdin")?;
+            Ok(buf)
+        }
+        Some(path) => std::fs::read(path).with_context(|| format!("reading {path}")),
+        None => Ok(arg.as_bytes().to_vec()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+    use crate::{Cli, Command};
+
+    fn plan(args: &[&str]) -> anyhow::Result<Plan> {
+        let cli = Cli::try_parse_from(["idemkit", "check"].iter().chain(args))?;
+        let Command::Check(args) = cli.command;
+        Plan::from_args(&args)
+    }
+
+    #[test]
+    fn relative_count_url_joins_the_endpoint() {
+        let p = plan(&[
+            "--url",
+            "http://127.0.0.1:9/orders",
+            "--count-url",
+            "/orders/count",
+            "-d",
+            "{}",
+        ])
+        .unwrap();
+        assert_eq!(p.count_url.unwrap().as_str(), "http://127.0.0.1:9/orders/count");
+        assert_eq!(p.config.gates(), Gate::ALL);
+    }
+
+    #[test]
+    fn gates_by_name_or_number_in_documented_order() {
+        let p = plan(&[
+            "--url",
+            "http://localhost:9/x",
+            "--gates",
+            "isolation,1,in-progress",
+        ])
+        .unwrap();
+        assert_eq!(
+            p.config.gates(),
+            [Gate::Concurrency, Gate::InProgress, Gate::Isolation]
+        );
+        assert!(plan(&["--url", "http://localhost:9/x", "--gates", "speed"]).is_err());
+    }
+
+    #[test]
+    fn remote_hosts_need_allow_host() {
+        let err = plan(&["--url", "http://api.example.com/orders"]).err().unwrap();
+        assert!(
+            format!("{err:#}").contains("--allow-host api.example.com"),
+            "{err:#}"
+        );
+        assert!(
+            plan(&[
+                "--url",
+                "http://api.example.com/orders",
+                "--allow-host",
+                "api.example.com"
+            ])
+            .is_ok()
+        );
+        let err = plan(&[
+            "--url",
+            "http://127.0.0.1:9/orders",
+            "--count-url",
+            "http://10.0.0.1/count",
+        ])
+        .err()
+        .unwrap();
+        assert!(format!("{err:#}").contains("--count-url"), "{err:#}");
+    }
+
+    #[test]
+    fn bad_headers_and_key_fields_are_refused() {
+        assert!(plan(&["--url", "http://[::1]:9/x", "-H", "no colon"]).is_err());
+        assert!(plan(&["--url", "http://[::1]:9/x", "-d", "text", "--key-field", "/k"]).is_err());
+        assert!(plan(&["--url", "http://[::1]:9/x", "-d", "{}", "--key-field", "/k"]).is_ok());
+    }
+}

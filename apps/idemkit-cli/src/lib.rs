@@ -1,0 +1,73 @@
+//! # idemkit-cli
+//!
+//! The `idemkit` command. Today it has one subcommand:
+//!
+//! - `idemkit check` — black-box conformance gates for any idempotent HTTP API
+//!   (see `docs/check.md`): point it at your own endpoint to learn whether retried
+//!   writes are really effectively once within the key scope and replay window.
+//!
+//! The binary is a thin `main` over [`main`]; each subcommand is a module with an
+//! `Args` struct and a `run` function, and [`Command`] lists them, so later
+//! subcommands (`demo`, `serve`, `courier`, `docs`, `keys`) slot in beside `check`.
+//!
+//! Exit codes: a subcommand decides its own (for `check`: 0 every selected gate
+//! passed, 1 one failed, 2 one was inconclusive and none failed). Errors that stop a
+//! command from running at all (bad arguments, a refused host) exit 2 with a message
+//! on stderr; a closed stdout (`idemkit check … | head`) exits 0.
+
+use std::io::Write;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+pub mod check;
+
+/// The command line.
+#[derive(Debug, Parser)]
+#[command(
+    name = "idemkit",
+    version,
+    about = "idemkit: make retried writes safe — tools for idempotent HTTP APIs",
+    propagate_version = true
+)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the black-box conformance gates against an idempotent HTTP endpoint.
+    Check(check::CheckArgs),
+}
+
+/// Runs a parsed command line and returns the exit code it chose.
+pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Check(args) => check::run(args),
+    }
+}
+
+/// Parses the process's arguments, runs them, and maps errors to exit codes: a
+/// broken pipe on stdout exits 0, any other error prints `error: …` and exits 2.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(code) => code,
+        Err(e) if is_broken_pipe(&e) => ExitCode::SUCCESS,
+        Err(e) => {
+            let _ = writeln!(std::io::stderr(), "error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|cause| {
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}

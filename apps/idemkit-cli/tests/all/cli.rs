@@ -1,0 +1,168 @@
+//! The command's surface: table output, exit codes, inconclusive verdicts, refused
+//! hosts, broken pipes.
+
+use std::process::{Command, Stdio};
+
+use crate::fixtures::{Design, Fixture};
+use crate::{check_args, expect, idemkit};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn table_shows_gate_verdict_evidence_and_details() {
+    let fixture = Fixture::start(Design::Unscoped).await;
+    let run = idemkit(check_args(&fixture.base, &["--gates", "replay,isolation"])).await;
+    assert_eq!(run.code, 1, "{run:#?}");
+    let out = &run.stdout;
+    assert!(out.contains("gate"), "{out}");
+    assert!(out.contains("verdict"), "{out}");
+    assert!(out.contains("evidence"), "{out}");
+    let row = |gate: &str| {
+        out.lines()
+            .find(|l| l.starts_with(gate))
+            .unwrap_or_else(|| panic!("no row for {gate}: {out}"))
+            .to_owned()
+    };
+    assert!(row("2 replay").contains(" pass "), "{out}");
+    let isolation = row("6 isolation");
+    assert!(isolation.contains(" fail "), "{out}");
+    assert!(isolation.contains("the first account's stored response"), "{out}");
+    assert!(
+        out.contains("6 isolation (fail): the same key from another account"),
+        "{out}"
+    );
+    assert!(
+        out.contains("2 gate(s): 1 pass, 1 fail, 0 inconclusive → exit 1"),
+        "{out}"
+    );
+    assert!(
+        run.stderr.is_empty(),
+        "no progress bar off a terminal: {}",
+        run.stderr
+    );
+}
+
+/// Without a probe, the gates that need to count effects cannot pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_probe_is_inconclusive() {
+    let fixture = Fixture::start(Design::Correct).await;
+    let run = idemkit(vec![
+        "check".into(),
+        "--url".into(),
+        format!("{}/orders", fixture.base),
+        "-H".into(),
+        "Authorization: Bearer noprobe".into(),
+        "-d".into(),
+        r#"{"sku":"A","quantity":1}"#.into(),
+        "--json".into(),
+    ])
+    .await;
+    assert_eq!(
+        run.verdicts(),
+        expect(&[
+            ("concurrency", "inconclusive"),
+            ("replay", "pass"),
+            ("mismatch", "pass"),
+            ("in-progress", "pass"),
+            ("bad-keys", "inconclusive"),
+            ("isolation", "inconclusive"),
+            ("fresh-key", "inconclusive"),
+        ]),
+        "{run:#?}"
+    );
+    assert_eq!(run.code, 2);
+    assert!(
+        run.evidence("concurrency").contains("no side-effect probe"),
+        "{run:#?}"
+    );
+    assert!(
+        run.evidence("isolation").contains("no second account"),
+        "{run:#?}"
+    );
+}
+
+/// Nothing listening: every gate is inconclusive (exit 2), none passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_server_is_inconclusive() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let run = idemkit(check_args(
+        &format!("http://127.0.0.1:{port}"),
+        &["--json", "--timeout", "5"],
+    ))
+    .await;
+    assert_eq!(run.code, 2, "{run:#?}");
+    assert!(
+        run.verdicts().iter().all(|(_, v)| v == "inconclusive"),
+        "{run:#?}"
+    );
+    assert!(run.evidence("replay").contains("no answer"), "{run:#?}");
+}
+
+/// Check traffic goes to loopback unless a host is named with --allow-host.
+#[tokio::test]
+async fn other_hosts_are_refused_unless_named() {
+    let run = idemkit(check_args("http://192.0.2.1:80", &[])).await;
+    assert_eq!(run.code, 2, "{run:#?}");
+    assert!(run.stdout.is_empty());
+    assert!(
+        run.stderr.contains(
+            "refusing to send check traffic to `192.0.2.1`: only loopback hosts are checked unless named with --allow-host 192.0.2.1"
+        ),
+        "{run:#?}"
+    );
+}
+
+#[tokio::test]
+async fn usage_errors_and_help() {
+    let run = idemkit(vec![
+        "check".into(),
+        "--url".into(),
+        "http://127.0.0.1:1/x".into(),
+        "--gates".into(),
+        "speed".into(),
+    ])
+    .await;
+    assert_eq!(run.code, 2, "{run:#?}");
+    assert!(run.stderr.contains("unknown gate `speed`"), "{run:#?}");
+
+    let run = idemkit(vec!["check".into(), "--help".into()]).await;
+    assert_eq!(run.code, 0);
+    for gate in [
+        "concurrency",
+        "replay",
+        "mismatch",
+        "in-progress",
+        "bad-keys",
+        "isolation",
+        "fresh-key",
+    ] {
+        assert!(run.stdout.contains(gate), "{gate}: {}", run.stdout);
+    }
+    assert!(run.stdout.contains("--allow-host"));
+}
+
+/// A closed stdout (`idemkit check … | head -0`) is not an error: exit 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn broken_pipe_exits_zero() {
+    let fixture = Fixture::start(Design::Unscoped).await;
+    let args = check_args(&fixture.base, &["--gates", "isolation"]);
+    let status = tokio::task::spawn_blocking(move || {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_idemkit"))
+            .args(&args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take());
+        child.wait().unwrap()
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "a failing check whose stdout is gone exits 0"
+    );
+}

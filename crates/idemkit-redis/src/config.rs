@@ -1,0 +1,221 @@
+//! [`RedisConfig`]: where the store connects and how it behaves.
+
+use std::num::NonZeroUsize;
+use std::time::Duration;
+
+use crate::error::ConfigError;
+
+/// Default key prefix.
+pub const DEFAULT_PREFIX: &str = "idemkit";
+/// Default reap threshold (SPEC §6): how long a record is kept after its last write.
+pub const DEFAULT_REAP_AFTER: Duration = Duration::from_secs(72 * 3600);
+
+/// Settings for [`crate::RedisStore::connect`].
+///
+/// ```
+/// use std::time::Duration;
+/// use idemkit_redis::RedisConfig;
+///
+/// let single = RedisConfig::new("redis://127.0.0.1:6379").with_prefix("shop-keys");
+/// let cluster = RedisConfig::cluster(["redis://10.0.0.1:7000", "redis://10.0.0.2:7000"])
+///     .with_wait_replicas(1, Duration::from_millis(500));
+/// # let _ = (single, cluster);
+/// ```
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct RedisConfig {
+    /// Server URL(s): one for a single node; one or more seed nodes for a cluster.
+    pub urls: Vec<String>,
+    /// Whether `urls` are Redis Cluster seed nodes (the cluster client is used).
+    pub cluster: bool,
+    /// Prefix of every key and channel this store touches (default `idemkit`).
+    /// Several stores (or test runs) share one server safely under distinct prefixes.
+    pub key_prefix: String,
+    /// Reap threshold: the TTL of a record after its last write (default 72 h).
+    /// A record is always kept at least as long as the route's replay window.
+    pub reap_after: Duration,
+    /// Opt-in durability: after each write, `WAIT` until this many replicas have
+    /// acknowledged it, or the timeout passes; fewer acknowledgements make the
+    /// operation fail with a retryable `503`. `None` (the default) does not wait.
+    pub wait_replicas: Option<(u32, Duration)>,
+    /// Upper bound on one store operation, reconnects and redirects included
+    /// (default 5 s; the `WAIT` timeout is added on top). Past it: a retryable `503`.
+    pub operation_timeout: Duration,
+    /// Timeout of one connection attempt (default 1 s).
+    pub connect_timeout: Duration,
+    /// Publish completion, release and abandon on a per-record channel so
+    /// waiters wake at once instead of polling (default `true`).
+    pub notifications: bool,
+    /// Independent multiplexed connections used round-robin. `None` (the
+    /// default): one, or eight with `wait_replicas` — `WAIT` blocks the
+    /// connection it runs on, so one connection would queue every request
+    /// behind the slowest acknowledgement.
+    pub connections: Option<NonZeroUsize>,
+}
+
+impl RedisConfig {
+    /// A single node (or a primary behind a proxy) at `url`, e.g. `redis://127.0.0.1:6379`.
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            urls: vec![url.into()],
+            cluster: false,
+            key_prefix: DEFAULT_PREFIX.to_owned(),
+            reap_after: DEFAULT_REAP_AFTER,
+            wait_replicas: None,
+            operation_timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(1),
+            notifications: true,
+            connections: None,
+        }
+    }
+
+    /// A Redis Cluster reached through these seed nodes.
+    pub fn cluster<I, S>(urls: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        let urls: Vec<String> = urls.into_iter().map(Into::into).collect();
+        Self {
+            urls,
+            cluster: true,
+            ..Self::new(String::new())
+        }
+    }
+
+    /// Parses the form the quickstart's `IDEMKIT_KEYSTORE` uses:
+    /// `redis://host:port[/db]` (also `rediss://`) for one node, or
+    /// `redis+cluster://host1:port1,host2:port2` for a cluster.
+    pub fn from_url(url: &str) -> Result<Self, ConfigError> {
+        if let Some(rest) = url.strip_prefix("redis+cluster://") {
+            let urls: Vec<String> = rest
+                .trim_end_matches('/')
+                .split(',')
+                .filter(|s| !s.is_empty())
+                .map(|node| format!("redis://{node}"))
+                .collect();
+            if urls.is_empty() {
+                return Err(ConfigError::NoUrl);
+            }
+            Ok(Self::cluster(urls))
+        } else if url.starts_with("redis://")
+            || url.starts_with("rediss://")
+            || url.starts_with("redis+unix://")
+        {
+            Ok(Self::new(url))
+        } else {
+            Err(ConfigError::BadUrl(url.to_owned()))
+        }
+    }
+
+    /// Sets the key prefix.
+    pub fn with_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.key_prefix = prefix.into();
+        self
+    }
+
+    /// Sets the reap threshold (the TTL after a record's last write).
+    pub fn with_reap_after(mut self, reap_after: Duration) -> Self {
+        self.reap_after = reap_after;
+        self
+    }
+
+    /// Requires `replicas` acknowledgements within `timeout` for every write.
+    pub fn with_wait_replicas(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.wait_replicas = Some((replicas, timeout));
+        self
+    }
+
+    /// Sets the bound on one store operation.
+    pub fn with_operation_timeout(mut self, timeout: Duration) -> Self {
+        self.operation_timeout = timeout;
+        self
+    }
+
+    /// Sets the timeout of one connection attempt.
+    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// Turns change notifications on or off.
+    pub fn with_notifications(mut self, on: bool) -> Self {
+        self.notifications = on;
+        self
+    }
+
+    /// Sets the number of independent connections (see [`RedisConfig::connections`]).
+    pub fn with_connections(mut self, n: NonZeroUsize) -> Self {
+        self.connections = Some(n);
+        self
+    }
+
+    /// The number of connections [`crate::RedisStore::connect`] opens.
+    pub fn connection_count(&self) -> usize {
+        match (self.connections, self.wait_replicas) {
+            (Some(n), _) => n.get(),
+            (None, None) => 1,
+            (None, Some(_)) => 8,
+        }
+    }
+
+    /// Checks the settings without connecting.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.urls.is_empty() || self.urls.iter().any(String::is_empty) {
+            return Err(ConfigError::NoUrl);
+        }
+        if !self.cluster && self.urls.len() > 1 {
+            return Err(ConfigError::SeveralUrls);
+        }
+        if self.key_prefix.is_empty() || self.key_prefix.contains(['{', '}']) {
+            return Err(ConfigError::BadPrefix(self.key_prefix.clone()));
+        }
+        if let Some((n, t)) = self.wait_replicas
+            && (n == 0 || t.is_zero())
+        {
+            return Err(ConfigError::BadWait);
+        }
+        Ok(())
+    }
+
+    /// The bound on one operation, `WAIT` included.
+    pub(crate) fn op_budget(&self) -> Duration {
+        self.operation_timeout + self.wait_replicas.map_or(Duration::ZERO, |(_, t)| t)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_urls() {
+        let c = RedisConfig::from_url("redis://127.0.0.1:6379/0").unwrap();
+        assert!(!c.cluster);
+        assert_eq!(c.urls, ["redis://127.0.0.1:6379/0"]);
+        let c = RedisConfig::from_url("redis+cluster://a:1,b:2/").unwrap();
+        assert!(c.cluster);
+        assert_eq!(c.urls, ["redis://a:1", "redis://b:2"]);
+        assert!(RedisConfig::from_url("http://x").is_err());
+        assert!(RedisConfig::from_url("redis+cluster://").is_err());
+    }
+
+    #[test]
+    fn validates() {
+        assert!(RedisConfig::new("redis://x").validate().is_ok());
+        assert_eq!(
+            RedisConfig::new("redis://x").with_prefix("a{b").validate(),
+            Err(ConfigError::BadPrefix("a{b".into()))
+        );
+        assert_eq!(
+            RedisConfig::new("redis://x")
+                .with_wait_replicas(0, Duration::from_secs(1))
+                .validate(),
+            Err(ConfigError::BadWait)
+        );
+        assert_eq!(
+            RedisConfig::cluster(Vec::<String>::new()).validate(),
+            Err(ConfigError::NoUrl)
+        );
+    }
+}

@@ -1,0 +1,104 @@
+//! Errors of this crate and the mapping of Redis errors to store error kinds.
+
+use std::time::Duration;
+
+use idemkit_core::StoreError;
+use redis::{ErrorKind, RedisError, ServerErrorKind};
+
+/// A write reached the primary but fewer replicas than required acknowledged it
+/// within the `WAIT` timeout. Surfaces as [`StoreError::Unavailable`] (a
+/// retryable `503`): the write may still be on the primary, but it does not count.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("only {acknowledged} of {required} required replicas acknowledged the write within {timeout:?}")]
+pub struct ReplicaShortfall {
+    /// Replicas that acknowledged.
+    pub acknowledged: u32,
+    /// Replicas required by [`crate::RedisConfig::wait_replicas`].
+    pub required: u32,
+    /// The `WAIT` timeout.
+    pub timeout: Duration,
+}
+
+/// The whole operation (connect, reconnect, redirects, `WAIT`) took longer than
+/// [`crate::RedisConfig::operation_timeout`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("redis operation timed out after {0:?}")]
+pub struct OperationTimedOut(pub Duration);
+
+/// A configuration that cannot work.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// No server URL was given.
+    #[error("no redis URL given")]
+    NoUrl,
+    /// A single-node store got several URLs.
+    #[error("several redis URLs given for a single-node store; use `RedisConfig::cluster`")]
+    SeveralUrls,
+    /// The key prefix is empty or contains `{` or `}` (it would break the hash tag).
+    #[error("invalid key prefix {0:?}: it must be non-empty and contain no braces")]
+    BadPrefix(String),
+    /// `wait_replicas` asks for zero replicas or a zero timeout (which `WAIT` reads as "forever").
+    #[error("wait_replicas needs at least one replica and a non-zero timeout")]
+    BadWait,
+    /// The URL could not be understood.
+    #[error("invalid redis URL {0:?}")]
+    BadUrl(String),
+}
+
+impl From<ConfigError> for StoreError {
+    fn from(e: ConfigError) -> Self {
+        StoreError::Backend(Box::new(e))
+    }
+}
+
+/// Normalises a Redis error: anything that says "the store cannot answer right
+/// now" (I/O, dropped or refused connections, timeouts, a failover in progress,
+/// a server still loading) is [`StoreError::Unavailable`], a retryable `503`;
+/// the rest is [`StoreError::Backend`].
+pub(crate) fn map_err(e: RedisError) -> StoreError {
+    let unavailable = e.is_io_error()
+        || e.is_timeout()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || e.is_cluster_error()
+        || matches!(
+            e.kind(),
+            ErrorKind::ClusterConnectionNotFound
+                | ErrorKind::Server(
+                    ServerErrorKind::BusyLoading
+                        | ServerErrorKind::TryAgain
+                        | ServerErrorKind::ClusterDown
+                        | ServerErrorKind::MasterDown
+                        | ServerErrorKind::ReadOnly
+                        | ServerErrorKind::Moved
+                        | ServerErrorKind::Ask
+                )
+        )
+        // OOM (maxmemory reached) and BUSY (a slow script) clear by themselves.
+        || matches!(e.code(), Some("OOM" | "BUSY" | "LOADING" | "NOREPLICAS"));
+    if unavailable {
+        StoreError::Unavailable(Box::new(e))
+    } else {
+        StoreError::Backend(Box::new(e))
+    }
+}
+
+pub(crate) fn corrupt(what: impl Into<String>) -> StoreError {
+    StoreError::Corrupt(what.into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn io_errors_are_unavailable() {
+        let e = RedisError::from(std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset"));
+        assert!(matches!(map_err(e), StoreError::Unavailable(_)));
+        let e = RedisError::from((ErrorKind::Server(ServerErrorKind::ClusterDown), "down"));
+        assert!(matches!(map_err(e), StoreError::Unavailable(_)));
+        let e = RedisError::from((ErrorKind::Server(ServerErrorKind::ResponseError), "ERR bad"));
+        assert!(matches!(map_err(e), StoreError::Backend(_)));
+    }
+}

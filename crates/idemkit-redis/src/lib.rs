@@ -1,0 +1,664 @@
+//! # idemkit-redis
+//!
+//! A [`KeyStore`] on Redis or Valkey, for teams whose only shared store is Redis.
+//! Claim, takeover, heartbeat, phase advance, completion, release and abandon are
+//! each **one Lua script** (one round trip) that Redis runs atomically. Every
+//! record carries a **fencing token** that the claim increments on every new
+//! holder (first attempt, takeover, reuse after release or after the replay
+//! window); every lease-holder write compares it and is refused with
+//! [`StoreError::Fenced`] when it is stale. A plain `SET NX` + TTL lease is not a
+//! claim: a client paused past its lease would still write after the owner changed.
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use idemkit_core::KeyStore;
+//! use idemkit_redis::{RedisConfig, RedisStore};
+//!
+//! # async fn demo() -> Result<(), idemkit_core::StoreError> {
+//! let store = RedisStore::connect(RedisConfig::new("redis://127.0.0.1:6379").with_prefix("shop")).await?;
+//! let keys: Arc<dyn KeyStore> = Arc::new(store);
+//! # let _ = keys; Ok(()) }
+//! ```
+//!
+//! What this buys is *effectively once within the key scope and replay window*,
+//! and only as durable as the Redis deployment: see the [`guide`] for
+//! `appendfsync`, `WAIT`, Redis Cluster and the key layout.
+//!
+//! Business writes do not live in Redis, so there is no single-step
+//! transactional mode ([`idemkit_core::TransactionalStore`] is not implemented):
+//! the layer's generic lease mode is used, with fenced phases for multi-step work.
+
+mod config;
+mod conn;
+mod error;
+mod keys;
+mod notify;
+mod scripts;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use idemkit_core::{
+    ClaimOutcome, ClaimRequest, Clock, FencingToken, Fingerprint, KeyStore, Lease, Millis, Record,
+    RecordState, Scope, StoreError, StoreResult, StoredHeader, StoredRequest, StoredResponse, SystemClock,
+};
+use redis::{Cmd, Value};
+
+pub use config::{DEFAULT_PREFIX, DEFAULT_REAP_AFTER, RedisConfig};
+pub use error::{ConfigError, OperationTimedOut, ReplicaShortfall};
+
+use conn::Conn;
+use error::{corrupt, map_err};
+use notify::Notifier;
+use scripts::{Lua, SCRIPTS};
+
+/// A [`KeyStore`] on Redis (single node or Redis Cluster). Cheap to clone.
+#[derive(Clone)]
+pub struct RedisStore {
+    // Independent multiplexed connections, used round-robin: a blocking `WAIT`
+    // holds up only the requests queued behind it on its own connection.
+    conns: Arc<[Conn]>,
+    next: Arc<AtomicUsize>,
+    config: Arc<RedisConfig>,
+    clock: Arc<dyn Clock>,
+    notifier: Option<Arc<Notifier>>,
+    publish: &'static str,
+    ids: Arc<WriteIds>,
+}
+
+/// Unique ids for claims and fenced writes: a random per-store part (so stores in
+/// different processes or hosts never collide) and a counter.
+#[derive(Debug)]
+struct WriteIds {
+    seed: u64,
+    counter: AtomicU64,
+}
+
+impl WriteIds {
+    fn new() -> Self {
+        use std::hash::{BuildHasher, Hasher};
+        // `RandomState` is seeded from the OS's randomness.
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u128(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_nanos(),
+        );
+        h.write_u32(std::process::id());
+        Self {
+            seed: h.finish(),
+            counter: AtomicU64::new(0),
+        }
+    }
+
+    fn next(&self) -> String {
+        format!(
+            "{:016x}-{:x}",
+            self.seed,
+            self.counter.fetch_add(1, Ordering::Relaxed)
+        )
+    }
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("mode", &self.conns[0])
+            .field("connections", &self.conns.len())
+            .field("key_prefix", &self.config.key_prefix)
+            .field("wait_replicas", &self.config.wait_replicas)
+            .field("clock", &self.clock)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisStore {
+    /// Connects with defaults to the single node at `url`
+    /// (or a cluster, given `redis+cluster://host:port,host:port`).
+    pub async fn open(url: &str) -> StoreResult<Self> {
+        Self::connect(RedisConfig::from_url(url)?).await
+    }
+
+    /// Connects (failing with [`StoreError::Unavailable`] when the server cannot be
+    /// reached) and loads the scripts.
+    pub async fn connect(config: RedisConfig) -> StoreResult<Self> {
+        config.validate()?;
+        let budget = config.op_budget();
+        let mut conns = Vec::new();
+        for _ in 0..config.connection_count() {
+            let conn = tokio::time::timeout(budget, Conn::connect(&config))
+                .await
+                .map_err(|_| StoreError::Unavailable(Box::new(OperationTimedOut(budget))))?
+                .map_err(map_err)?;
+            conns.push(conn);
+        }
+        // Only an optimisation (a missing script falls back to EVAL), so failures
+        // are not fatal.
+        if let Err(e) = conns[0].preload(&SCRIPTS.all()).await {
+            tracing::debug!(error = %e, "idemkit-redis: could not preload scripts");
+        }
+        let publish = Notifier::publish_command(&config);
+        let notifier = config
+            .notifications
+            .then(|| Arc::new(Notifier::new(config.clone())));
+        Ok(Self {
+            conns: conns.into(),
+            next: Arc::default(),
+            config: Arc::new(config),
+            clock: Arc::new(SystemClock),
+            notifier,
+            publish,
+            ids: Arc::new(WriteIds::new()),
+        })
+    }
+
+    /// Replaces the clock (tests move time with it). Every time the scripts
+    /// compare comes from this clock, never from the server's `TIME`.
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// The configuration in use.
+    pub fn config(&self) -> &RedisConfig {
+        &self.config
+    }
+
+    /// The Redis key of the record of `scope` (a hash), for operators and tests.
+    pub fn record_key(&self, scope: &Scope) -> String {
+        keys::record_key(&self.config.key_prefix, scope)
+    }
+
+    /// Advances a phase of a multi-step request: records `recovery_point` and,
+    /// when given, one step's saved output, in one fenced script. Refused with
+    /// [`StoreError::Fenced`] when `token` is no longer the record's.
+    pub async fn record_phase(
+        &self,
+        scope: &Scope,
+        token: FencingToken,
+        recovery_point: &str,
+        step: Option<(&str, &serde_json::Value)>,
+    ) -> StoreResult<()> {
+        let (name, output) = match step {
+            Some((name, value)) => (
+                name,
+                serde_json::to_vec(value).map_err(|e| corrupt(e.to_string()))?,
+            ),
+            None => ("", Vec::new()),
+        };
+        if step.is_some() && name.is_empty() {
+            return Err(StoreError::Backend("a step needs a name".into()));
+        }
+        self.fenced(&SCRIPTS.phase, scope, token, &|c| {
+            c.arg(recovery_point).arg(name).arg(&output);
+        })
+        .await
+    }
+
+    fn conn(&self) -> &Conn {
+        let i = self.next.fetch_add(1, Ordering::Relaxed);
+        &self.conns[i % self.conns.len()]
+    }
+
+    /// Runs a script within the operation budget; the reply and `WAIT`'s count.
+    async fn run(
+        &self,
+        lua: &Lua,
+        keys: &[&str],
+        fill: &(dyn Fn(&mut Cmd) + Send + Sync),
+        wait: Option<(u32, Duration)>,
+    ) -> StoreResult<(Value, Option<i64>)> {
+        let budget = self.config.op_budget();
+        tokio::time::timeout(budget, self.conn().eval(lua, keys, fill, wait))
+            .await
+            .map_err(|_| StoreError::Unavailable(Box::new(OperationTimedOut(budget))))?
+            .map_err(map_err)
+    }
+
+    /// `Err(Unavailable)` when `WAIT` counted fewer replicas than required.
+    fn check_acks(&self, acks: Option<i64>) -> StoreResult<()> {
+        match (self.config.wait_replicas, acks) {
+            (Some((required, timeout)), Some(n)) if n < i64::from(required) => {
+                Err(StoreError::Unavailable(Box::new(ReplicaShortfall {
+                    acknowledged: u32::try_from(n).unwrap_or(0),
+                    required,
+                    timeout,
+                })))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// A lease-holder write: the script's guard refuses a stale token (reply 0).
+    async fn fenced(
+        &self,
+        lua: &Lua,
+        scope: &Scope,
+        token: FencingToken,
+        fill: &(dyn Fn(&mut Cmd) + Send + Sync),
+    ) -> StoreResult<()> {
+        self.fenced_with(
+            lua,
+            scope,
+            token,
+            fill,
+            self.config.wait_replicas,
+            &self.ids.next(),
+        )
+        .await
+    }
+
+    async fn fenced_with(
+        &self,
+        lua: &Lua,
+        scope: &Scope,
+        token: FencingToken,
+        fill: &(dyn Fn(&mut Cmd) + Send + Sync),
+        wait: Option<(u32, Duration)>,
+        write_id: &str,
+    ) -> StoreResult<()> {
+        let key = self.record_key(scope);
+        let channel = keys::channel(&self.config.key_prefix, scope);
+        let (reply, acks) = self
+            .run(
+                lua,
+                &[&key, &channel],
+                &|c| {
+                    c.arg(token.0);
+                    fill(c);
+                    c.arg(write_id);
+                },
+                wait,
+            )
+            .await?;
+        match reply {
+            Value::Int(1) => self.check_acks(acks),
+            Value::Int(0) => Err(StoreError::Fenced),
+            other => Err(corrupt(format!("{} script returned {other:?}", lua.name))),
+        }
+    }
+
+    /// The claim, with the attempt id that makes its re-delivery harmless.
+    async fn claim_as(&self, req: &ClaimRequest, attempt: &str) -> StoreResult<ClaimOutcome> {
+        let now = self.clock.now();
+        let expires = now.plus(req.lease);
+        let keep = self.config.reap_after.max(req.replay_window);
+        let key = self.record_key(&req.scope);
+        let headers = to_json(&req.request.headers)?;
+        let touch = if self.config.wait_replicas.is_some() {
+            "1"
+        } else {
+            "0"
+        };
+        let (reply, acks) = self
+            .run(
+                &SCRIPTS.claim,
+                &[&key],
+                &|c| {
+                    c.arg(now.0)
+                        .arg(expires.0)
+                        .arg(ms(req.replay_window))
+                        .arg(ms(keep))
+                        .arg(&req.fingerprint.as_bytes()[..])
+                        .arg(&req.request.method)
+                        .arg(&req.request.path)
+                        .arg(&headers)
+                        .arg(&req.request.body)
+                        .arg(touch)
+                        .arg(attempt);
+                },
+                self.config.wait_replicas,
+            )
+            .await?;
+        let outcome = decode_claim(reply, expires)?;
+        if matches!(outcome, ClaimOutcome::Claimed(_) | ClaimOutcome::Replay(_))
+            && let Err(e) = self.check_acks(acks)
+        {
+            if let ClaimOutcome::Claimed(lease) = &outcome {
+                // Nothing ran under this claim: hand the key back so the retry need
+                // not wait out the lease. Best effort and without `WAIT` (the
+                // replicas are what is missing); the lease expires anyway.
+                let publish = self.publish;
+                let _ = self
+                    .fenced_with(
+                        &SCRIPTS.release,
+                        &req.scope,
+                        lease.token,
+                        &|c| {
+                            c.arg(publish);
+                        },
+                        None,
+                        &self.ids.next(),
+                    )
+                    .await;
+            }
+            return Err(e);
+        }
+        Ok(outcome)
+    }
+}
+
+fn ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+#[async_trait]
+impl KeyStore for RedisStore {
+    async fn claim(&self, req: &ClaimRequest) -> StoreResult<ClaimOutcome> {
+        self.claim_as(req, &self.ids.next()).await
+    }
+
+    async fn heartbeat(&self, scope: &Scope, token: FencingToken, lease: Duration) -> StoreResult<Millis> {
+        let expires = self.clock.now().plus(lease);
+        self.fenced(&SCRIPTS.heartbeat, scope, token, &|c| {
+            c.arg(expires.0).arg(ms(lease));
+        })
+        .await?;
+        Ok(expires)
+    }
+
+    async fn complete(
+        &self,
+        scope: &Scope,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> StoreResult<()> {
+        let now = self.clock.now();
+        let headers = to_json(&response.headers)?;
+        self.fenced(&SCRIPTS.complete, scope, token, &|c| {
+            c.arg(now.0)
+                .arg(response.status)
+                .arg(&headers)
+                .arg(&response.body)
+                .arg(self.publish);
+        })
+        .await
+    }
+
+    async fn release(&self, scope: &Scope, token: FencingToken) -> StoreResult<()> {
+        self.fenced(&SCRIPTS.release, scope, token, &|c| {
+            c.arg(self.publish);
+        })
+        .await
+    }
+
+    async fn abandon(&self, scope: &Scope, token: FencingToken, error: &str) -> StoreResult<()> {
+        let now = self.clock.now();
+        self.fenced(&SCRIPTS.abandon, scope, token, &|c| {
+            c.arg(now.0).arg(error).arg(self.publish);
+        })
+        .await
+    }
+
+    async fn get(&self, scope: &Scope) -> StoreResult<Option<Record>> {
+        let mut cmd = redis::cmd("HGETALL");
+        cmd.arg(self.record_key(scope));
+        let budget = self.config.op_budget();
+        let reply = tokio::time::timeout(budget, self.conn().query(&cmd))
+            .await
+            .map_err(|_| StoreError::Unavailable(Box::new(OperationTimedOut(budget))))?
+            .map_err(map_err)?;
+        let fields: HashMap<String, Vec<u8>> =
+            redis::from_redis_value(reply).map_err(|e| corrupt(e.to_string()))?;
+        if fields.is_empty() {
+            return Ok(None);
+        }
+        decode_record(scope, fields).map(Some)
+    }
+
+    fn now(&self) -> Millis {
+        self.clock.now()
+    }
+
+    fn notifies_changes(&self) -> bool {
+        self.notifier.is_some()
+    }
+
+    async fn wait_for_change(&self, scope: &Scope, timeout: Duration) -> StoreResult<()> {
+        let Some(notifier) = &self.notifier else {
+            return Ok(());
+        };
+        let channel = keys::channel(&self.config.key_prefix, scope);
+        let joined = tokio::time::timeout(self.config.op_budget(), notifier.join(&channel)).await;
+        let registration = match joined {
+            Ok(Ok(r)) => r,
+            failed => {
+                // No subscription (e.g. a proxy without RESP3): degrade to a short
+                // poll rather than failing requests the store can still serve.
+                let why = match failed {
+                    Ok(Err(e)) => e.to_string(),
+                    _ => "timed out".to_owned(),
+                };
+                tracing::warn!(error = %why, "idemkit-redis: cannot subscribe to changes; polling");
+                tokio::time::sleep(timeout.min(Duration::from_millis(50))).await;
+                return Ok(());
+            }
+        };
+        let notified = registration.notify.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        // The record may have changed between the caller's claim and the
+        // subscription: look once more now that no message can be missed.
+        let mut cmd = redis::cmd("HMGET");
+        cmd.arg(self.record_key(scope))
+            .arg("state")
+            .arg("lease_expires_at");
+        let budget = self.config.op_budget();
+        let reply = tokio::time::timeout(budget, self.conn().query(&cmd))
+            .await
+            .map_err(|_| StoreError::Unavailable(Box::new(OperationTimedOut(budget))))?
+            .map_err(map_err)?;
+        let head: (Option<String>, Option<i64>) =
+            redis::from_redis_value(reply).map_err(|e| corrupt(e.to_string()))?;
+        let now = self.clock.now();
+        let lease = match head {
+            (Some(state), Some(lease)) if state == RecordState::InFlight.as_str() && lease > now.0 => {
+                Millis(lease)
+            }
+            _ => return Ok(()),
+        };
+        // A holder that crashes publishes nothing: wake when its lease ends.
+        let _ = tokio::time::timeout(timeout.min(now.until(lease)), notified).await;
+        Ok(())
+    }
+}
+
+fn to_json(headers: &[StoredHeader]) -> StoreResult<Vec<u8>> {
+    serde_json::to_vec(headers).map_err(|e| corrupt(e.to_string()))
+}
+
+fn from_json(bytes: &[u8]) -> StoreResult<Vec<StoredHeader>> {
+    serde_json::from_slice(bytes).map_err(|e| corrupt(e.to_string()))
+}
+
+fn int_of(v: &Value) -> Option<i64> {
+    match v {
+        Value::Int(n) => Some(*n),
+        Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
+        Value::SimpleString(s) => s.parse().ok(),
+        _ => None,
+    }
+}
+
+fn bytes_of(v: Value) -> Option<Vec<u8>> {
+    match v {
+        Value::BulkString(b) => Some(b),
+        Value::SimpleString(s) => Some(s.into_bytes()),
+        _ => None,
+    }
+}
+
+fn decode_claim(reply: Value, expires: Millis) -> StoreResult<ClaimOutcome> {
+    let Value::Array(items) = reply else {
+        return Err(corrupt(format!("claim script returned {reply:?}")));
+    };
+    let bad = || corrupt("claim script returned an unexpected reply");
+    let mut items = items.into_iter();
+    let code = items.next().as_ref().and_then(int_of).ok_or_else(bad)?;
+    match code {
+        1 => {
+            let token = items.next().as_ref().and_then(int_of).ok_or_else(bad)?;
+            let resumed_from = match items.next().and_then(bytes_of) {
+                Some(rp) => Some(String::from_utf8(rp).map_err(|e| corrupt(e.to_string()))?),
+                None => None,
+            };
+            // The stored expiry: a re-delivered claim reports the first delivery's.
+            let expires_at = items.next().as_ref().and_then(int_of).map_or(expires, Millis);
+            Ok(ClaimOutcome::Claimed(Lease {
+                token: FencingToken(token),
+                expires_at,
+                resumed_from,
+            }))
+        }
+        2 => {
+            let status = items.next().as_ref().and_then(int_of).ok_or_else(bad)?;
+            let headers = items.next().and_then(bytes_of).unwrap_or_default();
+            let body = items.next().and_then(bytes_of).unwrap_or_default();
+            Ok(ClaimOutcome::Replay(StoredResponse {
+                status: u16::try_from(status).map_err(|_| corrupt(format!("status {status}")))?,
+                headers: if headers.is_empty() {
+                    Vec::new()
+                } else {
+                    from_json(&headers)?
+                },
+                body,
+            }))
+        }
+        3 => Ok(ClaimOutcome::Mismatch),
+        4 => {
+            let left = items.next().as_ref().and_then(int_of).ok_or_else(bad)?;
+            Ok(ClaimOutcome::InProgress {
+                retry_after: Duration::from_millis(u64::try_from(left).unwrap_or(0)),
+            })
+        }
+        _ => Err(bad()),
+    }
+}
+
+fn decode_record(scope: &Scope, mut f: HashMap<String, Vec<u8>>) -> StoreResult<Record> {
+    fn text(f: &mut HashMap<String, Vec<u8>>, name: &str) -> StoreResult<Option<String>> {
+        f.remove(name)
+            .map(|b| String::from_utf8(b).map_err(|_| corrupt(format!("{name} is not UTF-8"))))
+            .transpose()
+    }
+    fn num(f: &mut HashMap<String, Vec<u8>>, name: &str) -> StoreResult<Option<i64>> {
+        text(f, name)?
+            .map(|s| s.parse::<i64>().map_err(|_| corrupt(format!("{name} = {s:?}"))))
+            .transpose()
+    }
+    let need = |name: &str| corrupt(format!("record has no {name}"));
+    let state = text(&mut f, "state")?.ok_or_else(|| need("state"))?;
+    let fingerprint: [u8; 32] = f
+        .remove("fingerprint")
+        .ok_or_else(|| need("fingerprint"))?
+        .try_into()
+        .map_err(|_| corrupt("fingerprint is not 32 bytes"))?;
+    let response = match num(&mut f, "response_status")? {
+        Some(status) => Some(StoredResponse {
+            status: u16::try_from(status).map_err(|_| corrupt(format!("status {status}")))?,
+            headers: from_json(&f.remove("response_headers").unwrap_or_else(|| b"[]".to_vec()))?,
+            body: f.remove("response_body").unwrap_or_default(),
+        }),
+        None => None,
+    };
+    let mut step_outputs = BTreeMap::new();
+    for (name, value) in f.iter() {
+        if let Some(step) = name.strip_prefix("step:") {
+            let value = serde_json::from_slice(value).map_err(|e| corrupt(e.to_string()))?;
+            step_outputs.insert(step.to_owned(), value);
+        }
+    }
+    Ok(Record {
+        scope: scope.clone(),
+        fingerprint: Fingerprint::from_bytes(fingerprint),
+        state: RecordState::parse(&state).ok_or_else(|| corrupt(format!("state {state}")))?,
+        created_at: Millis(num(&mut f, "created_at")?.ok_or_else(|| need("created_at"))?),
+        completed_at: num(&mut f, "completed_at")?.map(Millis),
+        lease_expires_at: Millis(num(&mut f, "lease_expires_at")?.ok_or_else(|| need("lease_expires_at"))?),
+        fencing_token: FencingToken(num(&mut f, "token")?.ok_or_else(|| need("token"))?),
+        recovery_point: text(&mut f, "recovery_point")?,
+        step_outputs,
+        request: StoredRequest {
+            method: text(&mut f, "request_method")?.unwrap_or_default(),
+            path: text(&mut f, "request_path")?.unwrap_or_default(),
+            headers: from_json(&f.remove("request_headers").unwrap_or_else(|| b"[]".to_vec()))?,
+            body: f.remove("request_body").unwrap_or_default(),
+        },
+        response,
+        last_error: text(&mut f, "last_error")?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use idemkit_core::{Account, IdempotencyKey};
+
+    /// A reply lost on the way back makes the client send the same command
+    /// again; the second delivery must answer like the first.
+    #[tokio::test]
+    async fn redelivered_claims_and_writes_answer_like_the_first_delivery() {
+        let url = match std::env::var("IDEMKIT_TEST_REDIS_URL") {
+            Ok(url) => url,
+            Err(_) if std::env::var_os("CI").is_some() => {
+                panic!("IDEMKIT_TEST_REDIS_URL is not set under CI")
+            }
+            Err(_) => return eprintln!("notice: IDEMKIT_TEST_REDIS_URL is not set; skipping"),
+        };
+        let prefix = format!("idemkit-unit:{}:{}", std::process::id(), WriteIds::new().next());
+        let store = RedisStore::connect(RedisConfig::new(url).with_prefix(prefix))
+            .await
+            .unwrap();
+        let scope = Scope::new(Account::new("a"), IdempotencyKey::parse("k").unwrap());
+        let req = idemkit_testkit::suite::claim_req(&scope, "{}");
+        let first = store.claim_as(&req, "attempt-1").await.unwrap();
+        let again = store.claim_as(&req, "attempt-1").await.unwrap();
+        assert_eq!(first, again, "re-delivered claim");
+        assert!(matches!(
+            store.claim_as(&req, "attempt-2").await.unwrap(),
+            ClaimOutcome::InProgress { .. }
+        ));
+        let ClaimOutcome::Claimed(lease) = first else {
+            panic!("{first:?}")
+        };
+        let resp = StoredResponse {
+            status: 201,
+            ..Default::default()
+        };
+        let publish = store.publish;
+        let complete = |id: &'static str| {
+            let (store, scope, resp) = (store.clone(), scope.clone(), resp.clone());
+            async move {
+                let headers = to_json(&resp.headers).unwrap();
+                store
+                    .fenced_with(
+                        &SCRIPTS.complete,
+                        &scope,
+                        lease.token,
+                        &|c| {
+                            c.arg(1)
+                                .arg(resp.status)
+                                .arg(&headers)
+                                .arg(&resp.body)
+                                .arg(publish);
+                        },
+                        None,
+                        id,
+                    )
+                    .await
+            }
+        };
+        complete("write-1").await.unwrap();
+        complete("write-1")
+            .await
+            .expect("re-delivered completion succeeds");
+        assert!(matches!(complete("write-2").await, Err(StoreError::Fenced)));
+    }
+}
+
+#[doc = include_str!("../../../docs/redis.md")]
+pub mod guide {}

@@ -1,0 +1,197 @@
+//! A real Redis Cluster (three primaries, one replica each) on loopback ports,
+//! started by the harness and killed by its Drop guard. The conformance suite
+//! and a 64-way concurrent-claim gate run on it, plus `WAIT` with live replicas.
+//!
+//! One test drives every case against one cluster (starting a cluster per case
+//! would cost seconds each); each case still gets a fresh store under its own
+//! key prefix and its own clock.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use idemkit_core::{ClaimOutcome, KeyStore};
+use idemkit_redis::{RedisConfig, RedisStore};
+use idemkit_testkit::ManualClock;
+use idemkit_testkit::suite::{self, claim_req, response, scope};
+
+use crate::common::{have_redis_binaries, unique_prefix};
+use crate::harness::Cluster;
+
+async fn cluster_store(urls: &[String], tag: &str, clock: Arc<ManualClock>) -> Arc<RedisStore> {
+    let store = RedisStore::connect(RedisConfig::cluster(urls.to_vec()).with_prefix(unique_prefix(tag)))
+        .await
+        .expect("connect to the cluster");
+    Arc::new(store.with_clock(clock))
+}
+
+/// Runs suite cases concurrently, each on a fresh store and clock.
+macro_rules! run_cases {
+    ($urls:expr; $($case:ident),* $(,)?) => {{
+        let urls: Vec<String> = $urls;
+        let mut set = tokio::task::JoinSet::new();
+        $(
+            {
+                let urls = urls.clone();
+                set.spawn(async move {
+                    let clock = Arc::new(ManualClock::new());
+                    let store = cluster_store(&urls, stringify!($case), clock.clone()).await;
+                    suite::$case(store, clock).await;
+                    stringify!($case)
+                });
+            }
+        )*
+        let mut passed = Vec::new();
+        while let Some(done) = set.join_next().await {
+            passed.push(done.expect("a conformance case failed on the cluster"));
+        }
+        passed
+    }};
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cluster_conformance_and_concurrency_gate() {
+    if !have_redis_binaries() {
+        return;
+    }
+    let started = Instant::now();
+    let cluster = tokio::task::spawn_blocking(Cluster::start).await.unwrap();
+    let urls = cluster.urls();
+    eprintln!("cluster up in {:?}: {urls:?}", started.elapsed());
+    assert_eq!(cluster.pairs().len(), 3, "three primaries, each with a replica");
+
+    // Keep this list equal to `idemkit_testkit::store_conformance_tests!`.
+    let passed = run_cases!(urls.clone();
+        first_claim_then_replay,
+        replay_is_byte_identical,
+        mismatch_is_reported_in_every_state,
+        live_lease_is_in_progress,
+        takeover_after_expiry_gets_new_token_and_fences_old_holder,
+        expired_window_is_a_new_request,
+        release_makes_key_absent_and_tokens_keep_growing,
+        abandon_ends_lease_at_once,
+        heartbeat_keeps_lease_alive,
+        accounts_are_isolated,
+        completion_is_fenced_once_completed,
+        record_keeps_the_request,
+        concurrent_claims_have_one_winner,
+    );
+    assert_eq!(passed.len(), 13);
+
+    // Records of many accounts spread over every primary; a record and its
+    // channel share the account's slot.
+    let probe = cluster_store(&urls, "layout", Arc::new(ManualClock::new())).await;
+    let mut slots = std::collections::BTreeSet::new();
+    for i in 0..32 {
+        let key = probe.record_key(&scope(&format!("acct-{i}"), "k"));
+        let other = probe.record_key(&scope(&format!("acct-{i}"), "another-key"));
+        let slot = cluster.keyslot(&key);
+        assert_eq!(slot, cluster.keyslot(&other), "one account, one slot");
+        slots.insert(slot);
+    }
+    assert!(slots.len() > 16, "accounts spread over slots");
+
+    // The gate: 64 identical requests at once from 8 independent store instances
+    // (as 8 application processes would): one runs its side effect, every other
+    // answer is in-progress, and afterwards all 64 replay the winner's response.
+    let instances: Vec<Arc<RedisStore>> = {
+        let prefix = unique_prefix("gate");
+        let mut v = Vec::new();
+        for _ in 0..8 {
+            let s = RedisStore::connect(RedisConfig::cluster(urls.clone()).with_prefix(prefix.clone()))
+                .await
+                .unwrap();
+            v.push(Arc::new(s));
+        }
+        v
+    };
+    let effects = Arc::new(AtomicUsize::new(0));
+    let s = scope("acct-gate", "order-confirm-42");
+    let req = claim_req(&s, r#"{"sku":"A","quantity":1}"#);
+    let barrier = Arc::new(tokio::sync::Barrier::new(64));
+    let mut set = tokio::task::JoinSet::new();
+    for i in 0..64 {
+        let (store, req, barrier, effects) = (
+            instances[i % 8].clone(),
+            req.clone(),
+            barrier.clone(),
+            effects.clone(),
+        );
+        set.spawn(async move {
+            barrier.wait().await;
+            match store.claim(&req).await.expect("claim") {
+                ClaimOutcome::Claimed(lease) => {
+                    effects.fetch_add(1, Ordering::SeqCst);
+                    store
+                        .complete(&req.scope, lease.token, &response(201, r#"{"order":1}"#))
+                        .await
+                        .expect("complete");
+                    "claimed"
+                }
+                ClaimOutcome::InProgress { .. } => "in-progress",
+                ClaimOutcome::Replay(r) => {
+                    assert_eq!(r, response(201, r#"{"order":1}"#));
+                    "replay"
+                }
+                other => panic!("unexpected {other:?}"),
+            }
+        });
+    }
+    let mut claimed = 0;
+    while let Some(r) = set.join_next().await {
+        claimed += usize::from(r.unwrap() == "claimed");
+    }
+    assert_eq!(claimed, 1);
+    assert_eq!(effects.load(Ordering::SeqCst), 1, "one side effect");
+    for store in &instances {
+        assert_eq!(
+            store.claim(&req).await.unwrap(),
+            ClaimOutcome::Replay(response(201, r#"{"order":1}"#))
+        );
+    }
+
+    // WAIT with live replicas: every write is acknowledged by one replica.
+    let durable = RedisStore::connect(
+        RedisConfig::cluster(urls.clone())
+            .with_prefix(unique_prefix("wait"))
+            .with_wait_replicas(1, Duration::from_secs(2)),
+    )
+    .await
+    .unwrap();
+    for i in 0..20 {
+        let s = scope(&format!("acct-{i}"), "k-wait");
+        let lease = suite::must_claim(&durable, &claim_req(&s, "{}")).await;
+        durable
+            .complete(&s, lease.token, &response(201, "w"))
+            .await
+            .unwrap();
+        assert_eq!(
+            durable.claim(&claim_req(&s, "{}")).await.unwrap(),
+            ClaimOutcome::Replay(response(201, "w"))
+        );
+    }
+
+    // Notifications use sharded pub/sub on the record's shard.
+    let waiter = durable.clone();
+    let s = scope("acct-notify", "k");
+    let lease = suite::must_claim(&durable, &claim_req(&s, "{}")).await;
+    let w = {
+        let s = s.clone();
+        tokio::spawn(async move {
+            let t = Instant::now();
+            waiter.wait_for_change(&s, Duration::from_secs(20)).await.unwrap();
+            t.elapsed()
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    durable
+        .complete(&s, lease.token, &response(201, "n"))
+        .await
+        .unwrap();
+    let waited = w.await.unwrap();
+    assert!(waited < Duration::from_secs(5), "{waited:?}");
+
+    drop(cluster);
+    eprintln!("cluster test done in {:?}", started.elapsed());
+    assert!(started.elapsed() < Duration::from_secs(60));
+}

@@ -1,0 +1,18 @@
+//! Redis runs the store conformance suite (single node and a real cluster),
+//! fencing under a real process pause, `WAIT`, notifications and failure mapping.
+//!
+//! Single-node tests use `IDEMKIT_TEST_REDIS_URL`, each store under its own key
+//! prefix so tests share the server and run in parallel. Unset: a failure under
+//! `CI`, a notice and a skip elsewhere. Cluster and failure tests start their own
+//! `redis-server` processes on free loopback ports.
+
+mod cluster;
+mod common;
+mod fencing;
+mod harness;
+mod single;
+
+mod conformance {
+    // `None` (no Redis configured outside CI) skips each case with a notice.
+    idemkit_testkit::store_conformance_tests!(optional super::common::fresh_single);
+}

@@ -1,0 +1,284 @@
+//! Single-node behaviour beyond the conformance suite.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use idemkit_core::{ClaimOutcome, FencingToken, KeyStore, RecordState, StoreError};
+use idemkit_redis::{RedisConfig, RedisStore, ReplicaShortfall};
+use idemkit_testkit::ManualClock;
+use idemkit_testkit::suite::{LEASE, WINDOW, claim_req, must_claim, response, scope};
+
+use crate::common::{have_redis_binaries, redis_url, single_config};
+use crate::harness::{Standalone, cli};
+
+async fn store(tag: &str) -> Option<(RedisStore, Arc<ManualClock>)> {
+    redis_url()?;
+    let clock = Arc::new(ManualClock::new());
+    let store = RedisStore::connect(single_config(tag)).await.expect("connect");
+    Some((store.with_clock(clock.clone()), clock))
+}
+
+async fn pttl(store: &RedisStore, key: &str) -> i64 {
+    let client = redis::Client::open(store.config().urls[0].as_str()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    redis::cmd("PTTL").arg(key).query_async(&mut conn).await.unwrap()
+}
+
+#[tokio::test]
+async fn key_layout_is_hash_tagged_by_account() {
+    let Some((store, _)) = store("layout").await else {
+        return;
+    };
+    let prefix = store.config().key_prefix.clone();
+    let key = store.record_key(&scope("acct-{7}", "order-1"));
+    assert_eq!(key, format!("{prefix}:{{acct-%7B7%7D}}:k:order-1"));
+}
+
+#[tokio::test]
+async fn ttl_is_the_reap_threshold_and_never_shorter_than_the_window() {
+    let Some(url) = redis_url() else { return };
+    let base = single_config("ttl");
+    let reap = Duration::from_secs(3600);
+    let store = RedisStore::connect(base.clone().with_reap_after(reap))
+        .await
+        .unwrap();
+    let s = scope("acct-a", "k-ttl");
+    let mut req = claim_req(&s, "{}");
+    req.replay_window = Duration::from_secs(600);
+    let lease = must_claim(&store, &req).await;
+    let key = store.record_key(&s);
+    let in_flight = pttl(&store, &key).await;
+    assert!(
+        in_flight > 3_600_000 && in_flight <= 3_600_000 + 30_000,
+        "{in_flight}"
+    );
+    store
+        .complete(&s, lease.token, &response(201, "x"))
+        .await
+        .unwrap();
+    let done = pttl(&store, &key).await;
+    assert!(done > 3_590_000 && done <= 3_600_000, "{done}");
+
+    // A reap threshold shorter than the window would drop records that must replay.
+    let short = RedisStore::connect(
+        RedisConfig::new(url)
+            .with_prefix(format!("{}-short", base.key_prefix))
+            .with_reap_after(Duration::from_secs(1)),
+    )
+    .await
+    .unwrap();
+    let s2 = scope("acct-a", "k-ttl-2");
+    let l2 = must_claim(&short, &claim_req(&s2, "{}")).await;
+    short.complete(&s2, l2.token, &response(201, "y")).await.unwrap();
+    let kept = pttl(&short, &short.record_key(&s2)).await;
+    assert!(kept > (WINDOW.as_millis() as i64) - 10_000, "{kept}");
+}
+
+#[tokio::test]
+async fn phases_are_fenced_kept_across_takeover_and_cleared_on_reuse() {
+    let Some((store, clock)) = store("phases").await else {
+        return;
+    };
+    let s = scope("acct-a", "k-phase");
+    let req = claim_req(&s, r#"{"sku":"A"}"#);
+    let a = must_claim(&store, &req).await;
+    let label = serde_json::json!({"tracking": "1Z999", "cost": 12.5});
+    store
+        .record_phase(&s, a.token, "label-bought", Some(("buy_label", &label)))
+        .await
+        .unwrap();
+    let rec = store.get(&s).await.unwrap().unwrap();
+    assert_eq!(rec.recovery_point.as_deref(), Some("label-bought"));
+    assert_eq!(rec.step_outputs.get("buy_label"), Some(&label));
+
+    clock.advance(LEASE + Duration::from_millis(1));
+    let b = must_claim(&store, &req).await;
+    assert!(b.token > a.token);
+    assert_eq!(b.resumed_from.as_deref(), Some("label-bought"));
+    assert!(matches!(
+        store.record_phase(&s, a.token, "stale", None).await,
+        Err(StoreError::Fenced)
+    ));
+    let rec = store.get(&s).await.unwrap().unwrap();
+    assert_eq!(rec.recovery_point.as_deref(), Some("label-bought"));
+    assert_eq!(rec.step_outputs.get("buy_label"), Some(&label));
+
+    store.release(&s, b.token).await.unwrap();
+    let c = must_claim(&store, &claim_req(&s, r#"{"sku":"B"}"#)).await;
+    assert!(c.token > b.token);
+    let rec = store.get(&s).await.unwrap().unwrap();
+    assert_eq!(rec.recovery_point, None);
+    assert!(rec.step_outputs.is_empty());
+    assert_eq!(rec.state, RecordState::InFlight);
+}
+
+#[tokio::test]
+async fn token_of_another_record_or_a_guess_is_fenced() {
+    let Some((store, _)) = store("guess").await else {
+        return;
+    };
+    let s = scope("acct-a", "k-guess");
+    let a = must_claim(&store, &claim_req(&s, "{}")).await;
+    for wrong in [FencingToken(0), FencingToken(a.token.0 + 1), FencingToken(-1)] {
+        assert!(matches!(
+            store.complete(&s, wrong, &response(201, "x")).await,
+            Err(StoreError::Fenced)
+        ));
+    }
+    assert!(matches!(
+        store.heartbeat(&scope("acct-a", "absent"), a.token, LEASE).await,
+        Err(StoreError::Fenced)
+    ));
+}
+
+#[tokio::test]
+async fn wait_without_enough_replicas_is_unavailable_and_hands_the_key_back() {
+    let Some(url) = redis_url() else { return };
+    let port: u16 = url
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.trim_end_matches('/').split('/').next()?.parse().ok())
+        .unwrap_or(6379);
+    if !cli(port, &["INFO", "replication"]).contains("connected_slaves:0") {
+        eprintln!("notice: the test server has replicas; skipping the shortfall test");
+        return;
+    }
+    let store = RedisStore::connect(single_config("wait").with_wait_replicas(1, Duration::from_millis(50)))
+        .await
+        .unwrap();
+    let s = scope("acct-a", "k-wait");
+    let req = claim_req(&s, "{}");
+    match store.claim(&req).await {
+        Err(StoreError::Unavailable(e)) => {
+            let short = e.downcast_ref::<ReplicaShortfall>().expect("a replica shortfall");
+            assert_eq!((short.acknowledged, short.required), (0, 1));
+        }
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
+    assert!(StoreError::Unavailable("x".into()).is_retryable());
+    // The claim that did not count was released: the record behaves as absent.
+    let rec = store.get(&s).await.unwrap().expect("record kept for its token");
+    assert_eq!(rec.state, RecordState::Released);
+}
+
+#[tokio::test]
+async fn unreachable_server_is_unavailable() {
+    let port = crate::harness::free_ports(1)[0];
+    let config = RedisConfig::new(format!("redis://127.0.0.1:{port}"))
+        .with_operation_timeout(Duration::from_secs(2))
+        .with_connect_timeout(Duration::from_millis(200));
+    let started = Instant::now();
+    match RedisStore::connect(config).await {
+        Err(StoreError::Unavailable(_)) => {}
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
+    assert!(started.elapsed() < Duration::from_secs(5));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_connection_is_a_retryable_unavailable() {
+    if !have_redis_binaries() {
+        return;
+    }
+    let mut server = Standalone::start(&[]);
+    let store = RedisStore::connect(
+        RedisConfig::new(server.url())
+            .with_operation_timeout(Duration::from_secs(2))
+            .with_connect_timeout(Duration::from_millis(200)),
+    )
+    .await
+    .unwrap();
+    let s = scope("acct-a", "k-lost");
+    let lease = must_claim(&store, &claim_req(&s, "{}")).await;
+    server.node.kill();
+    let started = Instant::now();
+    for _ in 0..3 {
+        match store.complete(&s, lease.token, &response(201, "x")).await {
+            Err(e @ StoreError::Unavailable(_)) => assert!(e.is_retryable()),
+            other => panic!("expected Unavailable, got {other:?}"),
+        }
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn completion_wakes_waiters_without_polling() {
+    let Some((holder, _)) = store("notify").await else {
+        return;
+    };
+    let waiter = holder.clone();
+    assert!(waiter.notifies_changes());
+    let s = scope("acct-a", "k-notify");
+    let req = claim_req(&s, "{}");
+    let lease = must_claim(&holder, &req).await;
+    assert!(matches!(
+        waiter.claim(&req).await.unwrap(),
+        ClaimOutcome::InProgress { .. }
+    ));
+    let w = {
+        let (waiter, s) = (waiter.clone(), s.clone());
+        tokio::spawn(async move {
+            let started = Instant::now();
+            waiter.wait_for_change(&s, Duration::from_secs(20)).await.unwrap();
+            started.elapsed()
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    holder
+        .complete(&s, lease.token, &response(201, "done"))
+        .await
+        .unwrap();
+    let waited = w.await.unwrap();
+    assert!(
+        waited >= Duration::from_millis(250) && waited < Duration::from_secs(5),
+        "{waited:?}"
+    );
+    assert_eq!(
+        waiter.claim(&req).await.unwrap(),
+        ClaimOutcome::Replay(response(201, "done"))
+    );
+    // Already changed: no wait at all.
+    let started = Instant::now();
+    waiter.wait_for_change(&s, Duration::from_secs(20)).await.unwrap();
+    assert!(started.elapsed() < Duration::from_secs(2));
+}
+
+#[tokio::test]
+async fn notifications_can_be_turned_off() {
+    let Some(_) = redis_url() else { return };
+    let store = RedisStore::connect(single_config("quiet").with_notifications(false))
+        .await
+        .unwrap();
+    assert!(!store.notifies_changes());
+    let s = scope("acct-a", "k-quiet");
+    let lease = must_claim(&store, &claim_req(&s, "{}")).await;
+    store
+        .complete(&s, lease.token, &response(201, "q"))
+        .await
+        .unwrap();
+    let started = Instant::now();
+    store.wait_for_change(&s, Duration::from_secs(5)).await.unwrap();
+    assert!(started.elapsed() < Duration::from_millis(100));
+}
+
+#[test]
+fn bad_configs_are_refused() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    for config in [
+        RedisConfig::new("redis://127.0.0.1:1").with_prefix("has{brace"),
+        RedisConfig::new("redis://127.0.0.1:1").with_prefix(""),
+        RedisConfig::new("redis://127.0.0.1:1").with_wait_replicas(1, Duration::ZERO),
+    ] {
+        assert!(matches!(
+            rt.block_on(RedisStore::connect(config)),
+            Err(StoreError::Backend(_))
+        ));
+    }
+}

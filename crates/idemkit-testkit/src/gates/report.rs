@@ -1,0 +1,203 @@
+//! Gates, verdicts and the report a check produces.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::Serialize;
+
+/// One black-box gate (SPEC §9 and the key, fingerprint and scope rules it rests on).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Gate {
+    /// N identical requests with one fresh key at once → one effect; every other
+    /// answer is an identical replay or a conflict.
+    Concurrency,
+    /// A retry after completion replays status (or the declared replay status), body
+    /// bytes and allowlisted headers, with the replay marker, and runs nothing again.
+    Replay,
+    /// The same key with a different body → a 4xx conflict, no effect, not a replay,
+    /// and a code that differs from the in-progress one.
+    Mismatch,
+    /// Duplicates overlapping a running request get the in-progress conflict (distinct
+    /// code, `Retry-After`) or wait for the identical replay.
+    InProgress,
+    /// Missing, empty, oversized (256) and control-character keys → 4xx, no effect.
+    BadKeys,
+    /// The same key from another account → a separate effect, never the first
+    /// account's stored response.
+    Isolation,
+    /// A fresh key → a new effect; the same JSON with members reordered under a used
+    /// key → a replay, not a mismatch.
+    FreshKey,
+}
+
+impl Gate {
+    /// Every gate, in the order a check runs them.
+    pub const ALL: [Gate; 7] = [
+        Gate::Concurrency,
+        Gate::Replay,
+        Gate::Mismatch,
+        Gate::InProgress,
+        Gate::BadKeys,
+        Gate::Isolation,
+        Gate::FreshKey,
+    ];
+
+    /// The gate's number (1–7), as in the documentation.
+    pub const fn number(self) -> u8 {
+        match self {
+            Gate::Concurrency => 1,
+            Gate::Replay => 2,
+            Gate::Mismatch => 3,
+            Gate::InProgress => 4,
+            Gate::BadKeys => 5,
+            Gate::Isolation => 6,
+            Gate::FreshKey => 7,
+        }
+    }
+
+    /// The gate's name, as accepted by `--gates` and printed in reports.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Gate::Concurrency => "concurrency",
+            Gate::Replay => "replay",
+            Gate::Mismatch => "mismatch",
+            Gate::InProgress => "in-progress",
+            Gate::BadKeys => "bad-keys",
+            Gate::Isolation => "isolation",
+            Gate::FreshKey => "fresh-key",
+        }
+    }
+
+    /// One line: what passing the gate shows.
+    pub const fn asserts(self) -> &'static str {
+        match self {
+            Gate::Concurrency => {
+                "N identical requests with one fresh key at once make one effect; every other answer is an identical replay or a conflict"
+            }
+            Gate::Replay => {
+                "a retry replays status, body bytes and allowlisted headers with the replay marker, and runs nothing again"
+            }
+            Gate::Mismatch => {
+                "the same key with a different body is a 4xx conflict, not a replay, no effect, with a code unlike the in-progress one"
+            }
+            Gate::InProgress => {
+                "duplicates overlapping a running request get the in-progress conflict (distinct code, Retry-After) or the identical replay"
+            }
+            Gate::BadKeys => {
+                "missing, empty, 256-character and control-character keys are refused (4xx) with no effect"
+            }
+            Gate::Isolation => {
+                "the same key from another account is a separate effect, never the first account's stored response"
+            }
+            Gate::FreshKey => {
+                "a fresh key makes a new effect; reordered JSON members under a used key replay, not mismatch"
+            }
+        }
+    }
+}
+
+impl fmt::Display for Gate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A `--gates` entry that names no gate.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error(
+    "unknown gate `{0}`: use a number 1-7 or one of concurrency, replay, mismatch, in-progress, bad-keys, isolation, fresh-key"
+)]
+pub struct UnknownGate(pub String);
+
+impl FromStr for Gate {
+    type Err = UnknownGate;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let wanted = s.trim().to_ascii_lowercase().replace('_', "-");
+        Gate::ALL
+            .into_iter()
+            .find(|g| g.name() == wanted || g.number().to_string() == wanted)
+            .ok_or_else(|| UnknownGate(s.to_owned()))
+    }
+}
+
+/// What a gate concluded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Verdict {
+    /// Everything the gate asserts was observed.
+    Pass,
+    /// The API broke what the gate asserts; the evidence says how.
+    Fail,
+    /// The gate could not judge (no probe, no overlap provoked, template refused, no
+    /// answer, …). Never counted as a pass.
+    Inconclusive,
+}
+
+impl fmt::Display for Verdict {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Verdict::Pass => "pass",
+            Verdict::Fail => "fail",
+            Verdict::Inconclusive => "inconclusive",
+        })
+    }
+}
+
+/// One gate's verdict and the evidence behind it.
+#[derive(Debug, Clone, Serialize)]
+pub struct GateReport {
+    /// The gate.
+    pub gate: Gate,
+    /// Its number (1–7).
+    pub number: u8,
+    /// The verdict.
+    pub verdict: Verdict,
+    /// One paragraph a person can act on: what was sent, what came back.
+    pub evidence: String,
+    /// Further observations (notes, samples of odd answers).
+    pub details: Vec<String>,
+    /// How many requests the gate sent (probe reads included).
+    pub requests: usize,
+}
+
+/// The outcome of a check: one report per selected gate, in run order.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    /// The reports, in the order the gates ran.
+    pub gates: Vec<GateReport>,
+}
+
+impl Report {
+    /// The overall verdict: `Fail` if any gate failed, else `Inconclusive` if any
+    /// gate could not judge (or none ran), else `Pass`.
+    pub fn verdict(&self) -> Verdict {
+        if self.gates.iter().any(|g| g.verdict == Verdict::Fail) {
+            Verdict::Fail
+        } else if self.gates.is_empty() || self.gates.iter().any(|g| g.verdict == Verdict::Inconclusive) {
+            Verdict::Inconclusive
+        } else {
+            Verdict::Pass
+        }
+    }
+
+    /// The process exit code for the overall verdict: 0 pass, 1 fail, 2 inconclusive.
+    pub fn exit_code(&self) -> u8 {
+        match self.verdict() {
+            Verdict::Pass => 0,
+            Verdict::Fail => 1,
+            Verdict::Inconclusive => 2,
+        }
+    }
+
+    /// The report for `gate`, if it ran.
+    pub fn gate(&self, gate: Gate) -> Option<&GateReport> {
+        self.gates.iter().find(|g| g.gate == gate)
+    }
+
+    /// How many gates got `verdict`.
+    pub fn count(&self, verdict: Verdict) -> usize {
+        self.gates.iter().filter(|g| g.verdict == verdict).count()
+    }
+}
