@@ -233,7 +233,7 @@ async fn database_restart_under_load_loses_no_acknowledged_order() {
         "the crash was felt by clients"
     );
 
-    // Every acknowledged order exists, exactly once per key.
+    // Every acknowledged order exists, one per key.
     let pool = sqlx::PgPool::connect(&format!("{}?options=-csearch_path%3Drestart", cluster.url()))
         .await
         .unwrap();
