@@ -148,17 +148,21 @@ async fn check_every_gate(backend: Backend, env: &[(&str, &str)], in_progress: &
     );
 }
 
-/// SQLite: duplicates that arrive while the winner's transaction is open are refused
-/// with `409 idempotency_request_in_progress`, so every gate passes.
+/// SQLite with handlers that take a while (`IDEMKIT_HANDLER_DELAY_MS`): duplicates
+/// that arrive while the winner runs are refused with
+/// `409 idempotency_request_in_progress`, so every gate passes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quickstart_on_sqlite_passes_every_gate() {
-    check_every_gate(Backend::Sqlite, &[], &["pass"]).await;
+    check_every_gate(Backend::Sqlite, &[("IDEMKIT_HANDLER_DELAY_MS", "300")], &["pass"]).await;
 }
 
-/// PostgreSQL: a duplicate's claim waits (up to the 100 ms reject `lock_timeout`) for
-/// the winner's commit, which takes milliseconds, and then replays. From outside that
-/// cannot be told from a duplicate that arrived late, so the in-progress gate may be
-/// inconclusive — never failed; every other gate passes.
+/// SQLite with instant handlers: a duplicate may simply arrive after the winner
+/// finished, so the in-progress gate may be inconclusive — never failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quickstart_on_sqlite_with_instant_handlers_never_fails_a_gate() {
+    check_every_gate(Backend::Sqlite, &[], &["pass", "inconclusive"]).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quickstart_on_postgres_passes_every_gate_but_in_flight_is_unprovable() {
     if let Some(backend) = Backend::postgres() {
