@@ -5,6 +5,7 @@
 //! PORT=4000 IDEMKIT_DB=/tmp/q.db cargo run --example quickstart
 //! DATABASE_URL=sqlite:///tmp/q.db cargo run --example quickstart
 //! DATABASE_URL=postgres://app@127.0.0.1/app cargo run --example quickstart
+//! IDEMKIT_KEYSTORE=redis://127.0.0.1:6379 cargo run --example quickstart   # keys in Redis
 //!
 //! curl -s localhost:3000/orders -H 'Authorization: Bearer alice' \
 //!   -H 'Idempotency-Key: order-confirm-42' -H 'Content-Type: application/json' \
@@ -21,7 +22,9 @@
 //! Environment: `PORT` (default 3000); `DATABASE_URL` (`sqlite://…` or
 //! `postgres://…`), else `IDEMKIT_DB` (a SQLite file path, default
 //! `idemkit-quickstart.db`); `IDEMKIT_PG_SCHEMA` (PostgreSQL schema, default
-//! `idemkit`); `IDEMKIT_LEASE_MS` (lease length, default 30000);
+//! `idemkit`); `IDEMKIT_KEYSTORE` (`redis://…` or `redis+cluster://…`: keys in
+//! Redis, in lease mode, while orders stay in the SQLite file; `IDEMKIT_REDIS_PREFIX`
+//! namespaces its keys, default `idemkit`); `IDEMKIT_LEASE_MS` (lease length, default 30000);
 //! `IDEMKIT_HANDLER_DELAY_MS` (makes each order take that long inside its
 //! transaction, to see duplicates of a running request answered
 //! `409 idempotency_request_in_progress`; default 0).
@@ -44,6 +47,7 @@ use idemkit::tower::{
     ProblemResponse, Tx,
 };
 use idemkit_postgres::{PgConfig, PgStore, PgTx};
+use idemkit_redis::{RedisConfig, RedisStore};
 use serde::{Deserialize, Serialize};
 
 #[derive(Deserialize)]
@@ -103,7 +107,18 @@ async fn simulated_work() {
 }
 
 fn internal(e: sqlx::Error) -> ProblemResponse {
-    ProblemResponse::new(ErrorCode::Internal, format!("database error: {e}"))
+    match e {
+        // The database went away or is saturated: nothing was committed, and the
+        // same request with the same key may be retried.
+        sqlx::Error::Io(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::Protocol(_) => {
+            ProblemResponse::new(ErrorCode::StoreUnavailable, format!("database unavailable: {e}"))
+                .retry_after(Duration::from_secs(1))
+        }
+        e => ProblemResponse::new(ErrorCode::Internal, format!("database error: {e}")),
+    }
 }
 
 /// Runs inside the claim's transaction: the order row, the claim and the stored
@@ -142,6 +157,37 @@ async fn create_order_pg(
             .fetch_one(&mut **tx)
             .await
             .map_err(internal)?;
+    Ok(order.created(id))
+}
+
+/// Keys in Redis (lease mode): the order is written in its own SQLite
+/// transaction, and the layer stores the response in Redis afterwards.
+async fn create_order_redis(
+    State(db): State<Db>,
+    ctx: IdempotencyContext,
+    Json(order): Json<NewOrder>,
+) -> Result<Response, ProblemResponse> {
+    order.validate()?;
+    let Db::Sqlite(store) = db else {
+        return Err(ProblemResponse::new(
+            ErrorCode::Internal,
+            "orders live in SQLite with a Redis key store",
+        ));
+    };
+    simulated_work().await;
+    let mut tx = store
+        .begin()
+        .await
+        .map_err(|e| ProblemResponse::new(ErrorCode::StoreUnavailable, e.to_string()))?;
+    let id: i64 =
+        sqlx::query_scalar("INSERT INTO orders (account, sku, quantity) VALUES (?1, ?2, ?3) RETURNING id")
+            .bind(ctx.scope.account.as_str())
+            .bind(&order.sku)
+            .bind(order.quantity)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(internal)?;
+    tx.commit().await.map_err(internal)?;
     Ok(order.created(id))
 }
 
@@ -236,12 +282,31 @@ async fn sqlite(location: &str, lease: Duration) -> anyhow::Result<(Db, MethodRo
     )
     .execute(store.pool())
     .await?;
-    let layer = configure(IdempotencyLayer::transactional(store.clone()), lease)?;
-    Ok((
-        Db::Sqlite(store),
-        post(create_order_sqlite).layer(layer),
-        format!("SQLite {location}"),
-    ))
+    match std::env::var("IDEMKIT_KEYSTORE").ok().filter(|k| !k.is_empty()) {
+        Some(url) if url.starts_with("redis") => {
+            let mut config = RedisConfig::from_url(&url)?;
+            if let Ok(prefix) = std::env::var("IDEMKIT_REDIS_PREFIX") {
+                config = config.with_prefix(prefix);
+            }
+            let keys = Arc::new(RedisStore::connect(config).await.context("connecting to Redis")?);
+            let layer = configure(IdempotencyLayer::builder(keys), lease)?;
+            let described = format!("Redis {url} (keys) and SQLite {location} (orders)");
+            Ok((
+                Db::Sqlite(store),
+                post(create_order_redis).layer(layer),
+                described,
+            ))
+        }
+        Some(other) => anyhow::bail!("IDEMKIT_KEYSTORE `{other}` is not supported: use redis://…"),
+        None => {
+            let layer = configure(IdempotencyLayer::transactional(store.clone()), lease)?;
+            Ok((
+                Db::Sqlite(store),
+                post(create_order_sqlite).layer(layer),
+                format!("SQLite {location}"),
+            ))
+        }
+    }
 }
 
 #[tokio::main]

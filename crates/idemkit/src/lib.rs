@@ -7,6 +7,7 @@
 //! | `sqlite` | yes     | [`sqlite::SqliteStore`], the embedded key store |
 //! | `axum`   | yes     | [`tower`]: the `IdempotencyLayer`, extractors and problem responses |
 //! | `postgres` | no    | [`postgres`]: `PgStore`, the store for many instances on one PostgreSQL |
+//! | `redis`  | no      | [`redis`]: `RedisStore`, fenced Lua claims on Redis or Redis Cluster |
 //! | `client` | no      | [`client`]: the retry loop with safe defaults (backoff, budget, deadline, auto keys) |
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
@@ -25,6 +26,11 @@ pub use idemkit_sqlite as sqlite;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use idemkit_postgres as postgres;
+
+/// The Redis key store.
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub use idemkit_redis as redis;
 
 /// The tower layer, axum extractors and problem responses.
 #[cfg(feature = "axum")]

@@ -46,9 +46,32 @@ pub(crate) enum Backend {
     Sqlite,
     /// A PostgreSQL database URL and the schema to use in it.
     Postgres { url: String, schema: String },
+    /// Keys in Redis under a fresh prefix, orders in the process's SQLite file.
+    Redis { url: String, prefix: String },
 }
 
 impl Backend {
+    /// A fresh key prefix on the test Redis; `None` outside CI when no Redis is
+    /// configured (under CI a missing Redis is a failure).
+    pub(crate) fn redis() -> Option<Self> {
+        let url = match std::env::var("IDEMKIT_TEST_REDIS_URL") {
+            Ok(url) if !url.is_empty() => url,
+            _ if std::env::var_os("CI").is_some() => panic!("IDEMKIT_TEST_REDIS_URL is not set under CI"),
+            _ => {
+                eprintln!("IDEMKIT_TEST_REDIS_URL is not set: skipping");
+                return None;
+            }
+        };
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
+        Some(Self::Redis {
+            url,
+            prefix: format!("qs{}x{nanos}", std::process::id()),
+        })
+    }
+
     /// A fresh PostgreSQL schema on the test database; `None` outside CI when
     /// no database is configured (under CI a missing database is a failure).
     pub(crate) fn postgres() -> Option<Self> {
@@ -88,6 +111,12 @@ impl Server {
             }
             Backend::Postgres { url, schema } => {
                 cmd.env("DATABASE_URL", url).env("IDEMKIT_PG_SCHEMA", schema);
+            }
+            Backend::Redis { url, prefix } => {
+                cmd.env("IDEMKIT_DB", dir.0.join("quickstart.db"))
+                    .env_remove("DATABASE_URL")
+                    .env("IDEMKIT_KEYSTORE", url)
+                    .env("IDEMKIT_REDIS_PREFIX", prefix);
             }
         }
         for (k, v) in env {

@@ -287,7 +287,8 @@ async fn validation_error_releases_the_key_and_quoted_keys_are_equal(server: Ser
     assert_eq!(server.count("fix").await, 1);
 }
 
-/// Runs each scenario against a quickstart on SQLite and one on PostgreSQL.
+/// Runs each scenario against a quickstart on SQLite, one on PostgreSQL, and one
+/// with its keys in Redis (orders in SQLite).
 macro_rules! on_both_backends {
     ($($name:ident),* $(,)?) => {
         mod sqlite {
@@ -295,6 +296,15 @@ macro_rules! on_both_backends {
                 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
                 async fn $name() {
                     super::$name(super::Server::start().await).await;
+                }
+            )*
+        }
+        mod redis {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    let Some(backend) = super::Backend::redis() else { return };
+                    super::$name(super::Server::start_on(&backend, &[]).await).await;
                 }
             )*
         }
