@@ -39,10 +39,11 @@ pub use policy::{
 };
 pub use problem::{ErrorCode, PROBLEM_CONTENT_TYPE, Problem};
 pub use record::{
-    Decision, FencingToken, Record, RecordHead, RecordState, StoredHeader, StoredRequest, StoredResponse,
-    decide,
+    Decision, FencingToken, Record, RecordHead, RecordRow, RecordState, StoredHeader, StoredRequest,
+    StoredResponse, decide,
 };
 pub use scope::{Account, Scope};
 pub use store::{
-    ClaimOutcome, ClaimRequest, KeyStore, Lease, StoreError, StoreResult, TransactionalStore, TxClaim,
+    ClaimOutcome, ClaimRequest, KeyStore, Lease, Resolution, StoreError, StoreResult, TransactionalStore,
+    TxClaim,
 };

@@ -110,6 +110,88 @@ pub struct Record {
     pub last_error: Option<String>,
 }
 
+/// A record as SQL stores persist it, one value per column, before validation.
+/// Stores read their row into this and convert with `Record::try_from`, so the
+/// parsing and its error messages are the same for every SQL backend.
+#[derive(Debug, Clone, Default)]
+#[allow(missing_docs)] // one field per column of the `idemkit_keys` table
+pub struct RecordRow {
+    pub account: String,
+    pub key: String,
+    pub fingerprint: Vec<u8>,
+    pub state: String,
+    pub created_at: i64,
+    pub completed_at: Option<i64>,
+    pub lease_expires_at: i64,
+    pub fencing_token: i64,
+    pub recovery_point: Option<String>,
+    pub step_outputs: String,
+    pub req_method: String,
+    pub req_path: String,
+    pub req_headers: String,
+    pub req_body: Vec<u8>,
+    pub resp_status: Option<i64>,
+    pub resp_headers: Option<String>,
+    pub resp_body: Option<Vec<u8>>,
+    pub last_error: Option<String>,
+}
+
+impl TryFrom<RecordRow> for Record {
+    type Error = crate::StoreError;
+
+    fn try_from(r: RecordRow) -> Result<Self, Self::Error> {
+        use crate::{Account, IdempotencyKey, StoreError};
+        let corrupt = |what: String| StoreError::Corrupt(what);
+        let fingerprint: [u8; 32] = r
+            .fingerprint
+            .try_into()
+            .map_err(|_| corrupt("fingerprint is not 32 bytes".into()))?;
+        let response = match r.resp_status {
+            Some(status) => Some(StoredResponse {
+                status: u16::try_from(status).map_err(|_| corrupt(format!("status {status}")))?,
+                headers: StoredHeader::decode_list(r.resp_headers.as_deref().unwrap_or("[]"))?,
+                body: r.resp_body.unwrap_or_default(),
+            }),
+            None => None,
+        };
+        Ok(Self {
+            scope: Scope::new(
+                Account::new(r.account),
+                IdempotencyKey::parse(&r.key).map_err(|e| corrupt(format!("key: {e}")))?,
+            ),
+            fingerprint: Fingerprint::from_bytes(fingerprint),
+            state: RecordState::parse(&r.state).ok_or_else(|| corrupt(format!("state {}", r.state)))?,
+            created_at: Millis(r.created_at),
+            completed_at: r.completed_at.map(Millis),
+            lease_expires_at: Millis(r.lease_expires_at),
+            fencing_token: FencingToken(r.fencing_token),
+            recovery_point: r.recovery_point,
+            step_outputs: serde_json::from_str(&r.step_outputs)
+                .map_err(|e| corrupt(format!("step outputs: {e}")))?,
+            request: StoredRequest {
+                method: r.req_method,
+                path: r.req_path,
+                headers: StoredHeader::decode_list(&r.req_headers)?,
+                body: r.req_body,
+            },
+            response,
+            last_error: r.last_error,
+        })
+    }
+}
+
+impl StoredHeader {
+    /// Encodes a header list as stores persist it (JSON).
+    pub fn encode_list(headers: &[StoredHeader]) -> Result<String, crate::StoreError> {
+        serde_json::to_string(headers).map_err(|e| crate::StoreError::Corrupt(e.to_string()))
+    }
+
+    /// Decodes a list written by [`StoredHeader::encode_list`].
+    pub fn decode_list(s: &str) -> Result<Vec<StoredHeader>, crate::StoreError> {
+        serde_json::from_str(s).map_err(|e| crate::StoreError::Corrupt(format!("headers: {e}")))
+    }
+}
+
 /// The part of a record the claim decision needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RecordHead {

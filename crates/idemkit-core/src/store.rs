@@ -105,6 +105,47 @@ impl crate::Decision {
     }
 }
 
+/// How a claim proceeds on a record that already exists.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Resolution {
+    /// Answer this without writing (replay, mismatch, in progress).
+    Settled(ClaimOutcome),
+    /// Move the record to the claimant with the next token.
+    Move {
+        /// `true`: a takeover, which keeps the recovery point and step outputs;
+        /// `false`: window reuse or a released key, which starts clean.
+        takeover: bool,
+    },
+}
+
+impl Resolution {
+    /// Decides a claim on `existing` (see [`crate::decide`]).
+    pub fn of(
+        existing: &Record,
+        fingerprint: &crate::Fingerprint,
+        now: Millis,
+        replay_window: Duration,
+    ) -> StoreResult<Self> {
+        use crate::Decision;
+        match crate::decide(
+            Some(&crate::RecordHead::from(existing)),
+            fingerprint,
+            now,
+            replay_window,
+        ) {
+            Decision::Takeover => Ok(Self::Move { takeover: true }),
+            Decision::Reuse => Ok(Self::Move { takeover: false }),
+            Decision::Insert => Err(StoreError::Corrupt(
+                "decision `insert` for an existing record".into(),
+            )),
+            settled => settled
+                .settle(Some(existing.clone()))?
+                .map(Self::Settled)
+                .ok_or_else(|| StoreError::Corrupt("unsettled decision".into())),
+        }
+    }
+}
+
 /// Result alias for store operations.
 pub type StoreResult<T, E = StoreError> = Result<T, E>;
 

@@ -25,7 +25,6 @@
 //! # let _ = store; Ok(()) }
 //! ```
 
-use std::collections::BTreeMap;
 use std::future::Future;
 use std::ops::{Deref, DerefMut};
 use std::str::FromStr;
@@ -34,9 +33,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use idemkit_core::{
-    Account, ClaimOutcome, ClaimRequest, Clock, Decision, FencingToken, Fingerprint, IdempotencyKey,
-    KeyStore, Lease, Millis, Record, RecordHead, RecordState, Scope, StoreError, StoreResult, StoredHeader,
-    StoredRequest, StoredResponse, SystemClock, TransactionalStore, TxClaim, decide,
+    ClaimOutcome, ClaimRequest, Clock, Decision, FencingToken, KeyStore, Lease, Millis, Record, RecordHead,
+    RecordRow, Resolution, Scope, StoreError, StoreResult, StoredHeader, StoredResponse, SystemClock,
+    TransactionalStore, TxClaim, decide,
 };
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions, PgRow};
 use sqlx::{AssertSqlSafe, PgConnection, PgPool, Postgres, Row};
@@ -292,7 +291,7 @@ impl PgStore {
     ) -> Result<Result<Lease, ClaimOutcome>, Retry> {
         let now = self.clock.now();
         let expires = now.plus(req.lease);
-        let headers = to_json(&req.request.headers)?;
+        let headers = StoredHeader::encode_list(&req.request.headers)?;
         // The `set_config` runs only when the row was inserted: it lifts the claim's
         // short lock_timeout for the handler's own statements, at no extra round trip.
         let inserted = sqlx::query(
@@ -329,26 +328,9 @@ impl PgStore {
             .ok_or_else(|| Retry::Transient(sqlx::Error::RowNotFound))?;
         let now = self.clock.now();
         let next = FencingToken(existing.fencing_token.0 + 1);
-        let decision = decide(
-            Some(&RecordHead::from(&existing)),
-            &req.fingerprint,
-            now,
-            req.replay_window,
-        );
-        let takeover = match decision {
-            Decision::Takeover => true,
-            Decision::Reuse => false,
-            Decision::Insert => {
-                return Err(Retry::Fatal(StoreError::Corrupt(
-                    "insert decided on a row".into(),
-                )));
-            }
-            settled => {
-                let outcome = settled.settle(Some(existing)).map_err(Retry::Fatal)?;
-                return Ok(Err(
-                    outcome.ok_or_else(|| Retry::Fatal(StoreError::Corrupt("unsettled".into())))?
-                ));
-            }
+        let takeover = match Resolution::of(&existing, &req.fingerprint, now, req.replay_window)? {
+            Resolution::Move { takeover } => takeover,
+            Resolution::Settled(outcome) => return Ok(Err(outcome)),
         };
         // Row locked FOR UPDATE above: this compare-and-swap cannot miss.
         if !self
@@ -395,7 +377,7 @@ impl PgStore {
     async fn claim_autocommit(&self, req: &ClaimRequest) -> Result<ClaimOutcome, Retry> {
         let now = self.clock.now();
         let expires = now.plus(req.lease);
-        let headers = to_json(&req.request.headers)?;
+        let headers = StoredHeader::encode_list(&req.request.headers)?;
         let row = sqlx::query(AssertSqlSafe(format!(
             "WITH ins AS (INSERT INTO idemkit_keys (account, idem_key, fingerprint, state, created_at, \
              lease_expires_at, fencing_token, req_method, req_path, req_headers, req_body) \
@@ -433,26 +415,9 @@ impl PgStore {
                 .await?
                 .ok_or(Retry::Transient(sqlx::Error::RowNotFound))?
         };
-        let decision = decide(
-            Some(&RecordHead::from(&existing)),
-            &req.fingerprint,
-            now,
-            req.replay_window,
-        );
-        let takeover = match decision {
-            Decision::Takeover => true,
-            Decision::Reuse => false,
-            Decision::Insert => {
-                return Err(Retry::Fatal(StoreError::Corrupt(
-                    "insert decided on a row".into(),
-                )));
-            }
-            settled => {
-                return settled
-                    .settle(Some(existing))
-                    .map_err(Retry::Fatal)?
-                    .ok_or(Retry::Fatal(StoreError::Corrupt("unsettled".into())));
-            }
+        let takeover = match Resolution::of(&existing, &req.fingerprint, now, req.replay_window)? {
+            Resolution::Move { takeover } => takeover,
+            Resolution::Settled(outcome) => return Ok(outcome),
         };
         let next = FencingToken(existing.fencing_token.0 + 1);
         let moved = self
@@ -584,7 +549,7 @@ impl PgStore {
             .bind(token.0)
             .bind(self.clock.now().0)
             .bind(i32::from(response.status))
-            .bind(to_json(&response.headers)?)
+            .bind(StoredHeader::encode_list(&response.headers)?)
             .bind(&response.body);
         let changed = if notify {
             q.fetch_one(&mut *conn)
@@ -863,65 +828,29 @@ async fn fetch_record(conn: &mut PgConnection, scope: &Scope, lock: bool) -> Res
     row.map(|r| decode_at(&r, 0)).transpose().map_err(Retry::Fatal)
 }
 
-/// Decodes a record whose 18 columns start at `at` (0 for [`SELECT_RECORD`]).
+/// Reads the 18 record columns starting at `at` (0 for `SELECT_RECORD`).
 fn decode_at(row: &PgRow, at: usize) -> StoreResult<Record> {
-    let get_str = |i: usize| -> StoreResult<String> { row.try_get::<String, _>(at + i).map_err(corrupt) };
-    let fp: Vec<u8> = row.try_get(at + 2).map_err(corrupt)?;
-    let fp: [u8; 32] = fp
-        .try_into()
-        .map_err(|_| StoreError::Corrupt("fingerprint is not 32 bytes".into()))?;
-    let state = get_str(3)?;
-    let key = get_str(1)?;
-    let resp_status: Option<i32> = row.try_get(at + 14).map_err(corrupt)?;
-    let response = match resp_status {
-        Some(status) => Some(StoredResponse {
-            status: u16::try_from(status).map_err(|_| StoreError::Corrupt(format!("status {status}")))?,
-            headers: from_json(
-                &row.try_get::<Option<String>, _>(at + 15)
-                    .map_err(corrupt)?
-                    .unwrap_or_default(),
-            )?,
-            body: row
-                .try_get::<Option<Vec<u8>>, _>(at + 16)
-                .map_err(corrupt)?
-                .unwrap_or_default(),
-        }),
-        None => None,
-    };
-    Ok(Record {
-        scope: Scope::new(
-            Account::new(get_str(0)?),
-            IdempotencyKey::parse(&key).map_err(|e| StoreError::Corrupt(e.to_string()))?,
-        ),
-        fingerprint: Fingerprint::from_bytes(fp),
-        state: RecordState::parse(&state).ok_or_else(|| StoreError::Corrupt(format!("state {state}")))?,
-        created_at: Millis(row.try_get(at + 4).map_err(corrupt)?),
-        completed_at: row
-            .try_get::<Option<i64>, _>(at + 5)
-            .map_err(corrupt)?
-            .map(Millis),
-        lease_expires_at: Millis(row.try_get(at + 6).map_err(corrupt)?),
-        fencing_token: FencingToken(row.try_get(at + 7).map_err(corrupt)?),
-        recovery_point: row.try_get(at + 8).map_err(corrupt)?,
-        step_outputs: serde_json::from_str::<BTreeMap<String, serde_json::Value>>(&get_str(9)?)
-            .map_err(|e| StoreError::Corrupt(e.to_string()))?,
-        request: StoredRequest {
-            method: get_str(10)?,
-            path: get_str(11)?,
-            headers: from_json(&get_str(12)?)?,
-            body: row.try_get(at + 13).map_err(corrupt)?,
-        },
-        response,
-        last_error: row.try_get(at + 17).map_err(corrupt)?,
+    let g = |e: sqlx::Error| StoreError::Corrupt(e.to_string());
+    Record::try_from(RecordRow {
+        account: row.try_get(at).map_err(g)?,
+        key: row.try_get(at + 1).map_err(g)?,
+        fingerprint: row.try_get(at + 2).map_err(g)?,
+        state: row.try_get(at + 3).map_err(g)?,
+        created_at: row.try_get(at + 4).map_err(g)?,
+        completed_at: row.try_get(at + 5).map_err(g)?,
+        lease_expires_at: row.try_get(at + 6).map_err(g)?,
+        fencing_token: row.try_get(at + 7).map_err(g)?,
+        recovery_point: row.try_get(at + 8).map_err(g)?,
+        step_outputs: row.try_get(at + 9).map_err(g)?,
+        req_method: row.try_get(at + 10).map_err(g)?,
+        req_path: row.try_get(at + 11).map_err(g)?,
+        req_headers: row.try_get(at + 12).map_err(g)?,
+        req_body: row.try_get(at + 13).map_err(g)?,
+        resp_status: row.try_get::<Option<i32>, _>(at + 14).map_err(g)?.map(i64::from),
+        resp_headers: row.try_get(at + 15).map_err(g)?,
+        resp_body: row.try_get(at + 16).map_err(g)?,
+        last_error: row.try_get(at + 17).map_err(g)?,
     })
-}
-
-fn to_json(headers: &[StoredHeader]) -> StoreResult<String> {
-    serde_json::to_string(headers).map_err(|e| StoreError::Corrupt(e.to_string()))
-}
-
-fn from_json(s: &str) -> StoreResult<Vec<StoredHeader>> {
-    serde_json::from_str(s).map_err(|e| StoreError::Corrupt(e.to_string()))
 }
 
 fn corrupt(e: sqlx::Error) -> StoreError {

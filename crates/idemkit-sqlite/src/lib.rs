@@ -22,7 +22,7 @@
 //! (up to the busy timeout). That is the right trade for an embedded store; use
 //! PostgreSQL when many instances share keys.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::ops::{Deref, DerefMut};
 use std::path::Path;
 use std::str::FromStr;
@@ -31,9 +31,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use idemkit_core::{
-    Account, ClaimOutcome, ClaimRequest, Clock, Decision, FencingToken, Fingerprint, IdempotencyKey,
-    KeyStore, Lease, Millis, Record, RecordHead, RecordState, Scope, StoreError, StoreResult, StoredHeader,
-    StoredRequest, StoredResponse, SystemClock, TransactionalStore, TxClaim, decide,
+    ClaimOutcome, ClaimRequest, Clock, Decision, FencingToken, Fingerprint, KeyStore, Lease, Millis, Record,
+    RecordHead, RecordRow, Resolution, Scope, StoreError, StoreResult, StoredHeader, StoredRequest,
+    StoredResponse, SystemClock, TransactionalStore, TxClaim, decide,
 };
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow, SqliteSynchronous,
@@ -253,7 +253,7 @@ impl SqliteStore {
     ) -> StoreResult<Result<Lease, ClaimOutcome>> {
         let now = self.clock.now();
         let expires = now.plus(req.lease);
-        let headers = to_json(&req.request.headers)?;
+        let headers = StoredHeader::encode_list(&req.request.headers)?;
         let inserted = sqlx::query(
             "INSERT INTO idemkit_keys (account, idem_key, fingerprint, state, created_at, lease_expires_at, \
              fencing_token, req_method, req_path, req_headers, req_body) \
@@ -284,69 +284,45 @@ impl SqliteStore {
         let existing = fetch_record(&mut *conn, &req.scope).await?.ok_or_else(|| {
             StoreError::Corrupt("insert conflicted but no row was found under the write lock".into())
         })?;
+        let takeover = match Resolution::of(&existing, &req.fingerprint, now, req.replay_window)? {
+            Resolution::Move { takeover } => takeover,
+            Resolution::Settled(outcome) => return Ok(Err(outcome)),
+        };
         let next = FencingToken(existing.fencing_token.0 + 1);
-        match decide(
-            Some(&RecordHead::from(&existing)),
-            &req.fingerprint,
-            now,
-            req.replay_window,
-        ) {
-            Decision::Insert => Err(StoreError::Corrupt(
-                "decision `insert` for an existing row".into(),
-            )),
-            d @ (Decision::Replay | Decision::Mismatch | Decision::InProgress { .. }) => Ok(Err(d
-                .settle(Some(existing))?
-                .ok_or_else(|| StoreError::Corrupt("unsettled".into()))?)),
-            Decision::Takeover => {
-                let moved = sqlx::query(
-                    "UPDATE idemkit_keys SET fencing_token = ?3, lease_expires_at = ?4 \
-                     WHERE account = ?1 AND idem_key = ?2 AND fencing_token = ?5",
-                )
-                .bind(req.scope.account.as_str())
-                .bind(req.scope.key.as_str())
-                .bind(next.0)
-                .bind(expires.0)
-                .bind(existing.fencing_token.0)
-                .execute(&mut *conn)
-                .await
-                .map_err(map_err)?;
-                cas_ok(moved.rows_affected())?;
-                Ok(Ok(Lease {
-                    token: next,
-                    expires_at: expires,
-                    resumed_from: existing.recovery_point,
-                }))
-            }
-            Decision::Reuse => {
-                let moved = sqlx::query(
-                    "UPDATE idemkit_keys SET fingerprint = ?3, state = 'in_flight', created_at = ?4, \
-                     completed_at = NULL, lease_expires_at = ?5, fencing_token = ?6, recovery_point = NULL, \
-                     step_outputs = '{}', req_method = ?7, req_path = ?8, req_headers = ?9, req_body = ?10, \
-                     resp_status = NULL, resp_headers = NULL, resp_body = NULL, last_error = NULL \
-                     WHERE account = ?1 AND idem_key = ?2 AND fencing_token = ?11",
-                )
-                .bind(req.scope.account.as_str())
-                .bind(req.scope.key.as_str())
-                .bind(&req.fingerprint.as_bytes()[..])
-                .bind(now.0)
-                .bind(expires.0)
-                .bind(next.0)
-                .bind(&req.request.method)
-                .bind(&req.request.path)
-                .bind(&headers)
-                .bind(&req.request.body)
-                .bind(existing.fencing_token.0)
-                .execute(&mut *conn)
-                .await
-                .map_err(map_err)?;
-                cas_ok(moved.rows_affected())?;
-                Ok(Ok(Lease {
-                    token: next,
-                    expires_at: expires,
-                    resumed_from: None,
-                }))
-            }
-        }
+        // Takeover keeps the claim's progress and request; window reuse starts clean.
+        let moved = sqlx::query(
+            "UPDATE idemkit_keys SET fencing_token = ?3, lease_expires_at = ?4, state = 'in_flight', \
+             fingerprint = CASE WHEN ?5 THEN fingerprint ELSE ?6 END, \
+             created_at = CASE WHEN ?5 THEN created_at ELSE ?7 END, completed_at = NULL, \
+             recovery_point = CASE WHEN ?5 THEN recovery_point END, \
+             step_outputs = CASE WHEN ?5 THEN step_outputs ELSE '{}' END, \
+             req_method = ?8, req_path = ?9, req_headers = ?10, req_body = ?11, \
+             resp_status = NULL, resp_headers = NULL, resp_body = NULL, \
+             last_error = CASE WHEN ?5 THEN last_error END \
+             WHERE account = ?1 AND idem_key = ?2 AND fencing_token = ?12",
+        )
+        .bind(req.scope.account.as_str())
+        .bind(req.scope.key.as_str())
+        .bind(next.0)
+        .bind(expires.0)
+        .bind(takeover)
+        .bind(&req.fingerprint.as_bytes()[..])
+        .bind(now.0)
+        .bind(&req.request.method)
+        .bind(&req.request.path)
+        .bind(&headers)
+        .bind(&req.request.body)
+        .bind(existing.fencing_token.0)
+        .execute(&mut *conn)
+        .await
+        .map_err(map_err)?;
+        cas_ok(moved.rows_affected())?;
+        let resumed_from = if takeover { existing.recovery_point } else { None };
+        Ok(Ok(Lease {
+            token: next,
+            expires_at: expires,
+            resumed_from,
+        }))
     }
 
     /// Reads the record with a plain read (no write lock) and decides. A
@@ -430,10 +406,10 @@ impl SqliteStore {
             .bind(p.token.0)
             .bind(&p.request.method)
             .bind(&p.request.path)
-            .bind(to_json(&p.request.headers)?)
+            .bind(StoredHeader::encode_list(&p.request.headers)?)
             .bind(&p.request.body)
             .bind(i64::from(response.status))
-            .bind(to_json(&response.headers)?)
+            .bind(StoredHeader::encode_list(&response.headers)?)
             .bind(&response.body)
             .bind(p.replaces.map_or(0, |t| t.0))
             .bind(p.keep_progress)
@@ -454,7 +430,7 @@ impl SqliteStore {
         token: FencingToken,
         response: &StoredResponse,
     ) -> StoreResult<()> {
-        let headers = to_json(&response.headers)?;
+        let headers = StoredHeader::encode_list(&response.headers)?;
         let now = self.clock.now().0;
         let status = i64::from(response.status);
         let body = response.body.clone();
@@ -640,55 +616,31 @@ async fn fetch_record(conn: &mut SqliteConnection, scope: &Scope) -> StoreResult
         .fetch_optional(&mut *conn)
         .await
         .map_err(map_err)?;
-    row.map(|r| decode(&r)).transpose()
+    row.map(|r| decode_at(&r, 0)).transpose()
 }
 
-fn decode(row: &SqliteRow) -> StoreResult<Record> {
-    let get_str = |i: usize| -> StoreResult<String> { row.try_get::<String, _>(i).map_err(corrupt) };
-    let fp: Vec<u8> = row.try_get(2).map_err(corrupt)?;
-    let fp: [u8; 32] = fp
-        .try_into()
-        .map_err(|_| StoreError::Corrupt("fingerprint is not 32 bytes".into()))?;
-    let state = get_str(3)?;
-    let key = get_str(1)?;
-    let resp_status: Option<i64> = row.try_get(14).map_err(corrupt)?;
-    let response = match resp_status {
-        Some(status) => Some(StoredResponse {
-            status: u16::try_from(status).map_err(|_| StoreError::Corrupt(format!("status {status}")))?,
-            headers: from_json(
-                &row.try_get::<Option<String>, _>(15)
-                    .map_err(corrupt)?
-                    .unwrap_or_default(),
-            )?,
-            body: row
-                .try_get::<Option<Vec<u8>>, _>(16)
-                .map_err(corrupt)?
-                .unwrap_or_default(),
-        }),
-        None => None,
-    };
-    Ok(Record {
-        scope: Scope::new(
-            Account::new(get_str(0)?),
-            IdempotencyKey::parse(&key).map_err(|e| StoreError::Corrupt(e.to_string()))?,
-        ),
-        fingerprint: Fingerprint::from_bytes(fp),
-        state: RecordState::parse(&state).ok_or_else(|| StoreError::Corrupt(format!("state {state}")))?,
-        created_at: Millis(row.try_get(4).map_err(corrupt)?),
-        completed_at: row.try_get::<Option<i64>, _>(5).map_err(corrupt)?.map(Millis),
-        lease_expires_at: Millis(row.try_get(6).map_err(corrupt)?),
-        fencing_token: FencingToken(row.try_get(7).map_err(corrupt)?),
-        recovery_point: row.try_get(8).map_err(corrupt)?,
-        step_outputs: serde_json::from_str::<BTreeMap<String, serde_json::Value>>(&get_str(9)?)
-            .map_err(|e| StoreError::Corrupt(e.to_string()))?,
-        request: StoredRequest {
-            method: get_str(10)?,
-            path: get_str(11)?,
-            headers: from_json(&get_str(12)?)?,
-            body: row.try_get(13).map_err(corrupt)?,
-        },
-        response,
-        last_error: row.try_get(17).map_err(corrupt)?,
+/// Reads the 18 record columns starting at `at` (0 for `SELECT_RECORD`).
+fn decode_at(row: &SqliteRow, at: usize) -> StoreResult<Record> {
+    let g = |e: sqlx::Error| StoreError::Corrupt(e.to_string());
+    Record::try_from(RecordRow {
+        account: row.try_get(at).map_err(g)?,
+        key: row.try_get(at + 1).map_err(g)?,
+        fingerprint: row.try_get(at + 2).map_err(g)?,
+        state: row.try_get(at + 3).map_err(g)?,
+        created_at: row.try_get(at + 4).map_err(g)?,
+        completed_at: row.try_get(at + 5).map_err(g)?,
+        lease_expires_at: row.try_get(at + 6).map_err(g)?,
+        fencing_token: row.try_get(at + 7).map_err(g)?,
+        recovery_point: row.try_get(at + 8).map_err(g)?,
+        step_outputs: row.try_get(at + 9).map_err(g)?,
+        req_method: row.try_get(at + 10).map_err(g)?,
+        req_path: row.try_get(at + 11).map_err(g)?,
+        req_headers: row.try_get(at + 12).map_err(g)?,
+        req_body: row.try_get(at + 13).map_err(g)?,
+        resp_status: row.try_get(at + 14).map_err(g)?,
+        resp_headers: row.try_get(at + 15).map_err(g)?,
+        resp_body: row.try_get(at + 16).map_err(g)?,
+        last_error: row.try_get(at + 17).map_err(g)?,
     })
 }
 
@@ -700,14 +652,6 @@ fn cas_ok(rows: u64) -> StoreResult<()> {
     } else {
         Err(StoreError::Corrupt("record changed under the write lock".into()))
     }
-}
-
-fn to_json(headers: &[StoredHeader]) -> StoreResult<String> {
-    serde_json::to_string(headers).map_err(|e| StoreError::Corrupt(e.to_string()))
-}
-
-fn from_json(s: &str) -> StoreResult<Vec<StoredHeader>> {
-    serde_json::from_str(s).map_err(|e| StoreError::Corrupt(e.to_string()))
 }
 
 fn corrupt(e: sqlx::Error) -> StoreError {
