@@ -39,8 +39,8 @@ pub use policy::{
 };
 pub use problem::{ErrorCode, PROBLEM_CONTENT_TYPE, Problem};
 pub use record::{
-    Decision, FencingToken, Record, RecordHead, RecordRow, RecordState, StoredHeader, StoredRequest,
-    StoredResponse, decide,
+    Decision, DownstreamKey, FencingToken, PhaseUpdate, ReapReport, Record, RecordHead, RecordRow,
+    RecordState, ReviewEntry, StoredHeader, StoredRequest, StoredResponse, decide,
 };
 pub use scope::{Account, Scope};
 pub use store::{

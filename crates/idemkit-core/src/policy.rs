@@ -11,6 +11,10 @@ pub enum InFlightBehavior {
     /// Wait up to the given time for the holder to finish, then replay its response;
     /// if it has not finished by then, answer 409 as [`InFlightBehavior::Reject`] does.
     Wait(Duration),
+    /// For long work: answer `202 Accepted` with a `Location` the layer serves,
+    /// where `GET` answers "in progress" until the request completes and then the
+    /// stored response.
+    Accepted,
 }
 
 /// What happens to a 5xx answer of the handler.

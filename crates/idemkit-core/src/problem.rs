@@ -23,6 +23,10 @@ pub enum ErrorCode {
     /// A request with this key is still being processed.
     #[serde(rename = "idempotency_request_in_progress")]
     RequestInProgress,
+    /// The request was parked for human review (an external call's outcome is
+    /// unknown and cannot be safely repeated); it will not run again.
+    #[serde(rename = "idempotency_request_parked")]
+    RequestParked,
     /// The response is larger than the configured storage cap; nothing was committed.
     #[serde(rename = "idempotency_response_too_large")]
     ResponseTooLarge,
@@ -55,6 +59,7 @@ impl ErrorCode {
             Self::KeyInvalid => "idempotency_key_invalid",
             Self::KeyReused => "idempotency_key_reused",
             Self::RequestInProgress => "idempotency_request_in_progress",
+            Self::RequestParked => "idempotency_request_parked",
             Self::ResponseTooLarge => "idempotency_response_too_large",
             Self::LeaseLost => "idempotency_lease_lost",
             Self::StoreUnavailable => "idempotency_store_unavailable",
@@ -71,7 +76,7 @@ impl ErrorCode {
     pub const fn default_status(self) -> u16 {
         match self {
             Self::KeyMissing | Self::KeyInvalid | Self::ValidationFailed => 400,
-            Self::KeyReused | Self::RequestInProgress => 409,
+            Self::KeyReused | Self::RequestInProgress | Self::RequestParked => 409,
             Self::ResponseTooLarge | Self::Internal => 500,
             Self::LeaseLost | Self::StoreUnavailable => 503,
             Self::PayloadTooLarge => 413,
@@ -96,6 +101,7 @@ impl ErrorCode {
             Self::KeyInvalid => "Idempotency key invalid",
             Self::KeyReused => "Idempotency key reused with a different request",
             Self::RequestInProgress => "A request with this idempotency key is in progress",
+            Self::RequestParked => "Request parked for review",
             Self::ResponseTooLarge => "Response too large to store for replay",
             Self::LeaseLost => "Idempotency lease lost",
             Self::StoreUnavailable => "Idempotency store unavailable",
@@ -185,6 +191,7 @@ mod tests {
             ErrorCode::KeyReused,
             ErrorCode::RequestInProgress,
             ErrorCode::ResponseTooLarge,
+            ErrorCode::RequestParked,
             ErrorCode::LeaseLost,
             ErrorCode::StoreUnavailable,
             ErrorCode::ValidationFailed,

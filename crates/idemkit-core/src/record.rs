@@ -24,6 +24,10 @@ pub enum RecordState {
     /// Released (validation error or retryable failure before any phase committed):
     /// behaves as absent. The row is kept so the fencing token keeps increasing.
     Released,
+    /// Parked for human review: an external call's outcome is unknown and the
+    /// downstream does not honour idempotency keys, so it must not be re-issued.
+    /// Retries are answered `idempotency_request_parked` until an operator acts.
+    Parked,
 }
 
 impl RecordState {
@@ -33,6 +37,7 @@ impl RecordState {
             Self::InFlight => "in_flight",
             Self::Completed => "completed",
             Self::Released => "released",
+            Self::Parked => "parked",
         }
     }
 
@@ -42,6 +47,7 @@ impl RecordState {
             "in_flight" => Self::InFlight,
             "completed" => Self::Completed,
             "released" => Self::Released,
+            "parked" => Self::Parked,
             _ => return None,
         })
     }
@@ -236,6 +242,8 @@ pub enum Decision {
     Replay,
     /// Same key, different request: `idempotency_key_reused`.
     Mismatch,
+    /// Parked for human review: `idempotency_request_parked`, never executed again.
+    Parked,
     /// Held by a live lease: `idempotency_request_in_progress`; retry after this long.
     InProgress {
         /// Time left on the holder's lease.
@@ -255,6 +263,8 @@ pub fn decide(
     };
     match r.state {
         RecordState::Released => Decision::Reuse,
+        RecordState::Parked if r.fingerprint != *fingerprint => Decision::Mismatch,
+        RecordState::Parked => Decision::Parked,
         RecordState::Completed => {
             let done = r.completed_at.unwrap_or(r.created_at);
             if done.plus(replay_window) <= now {
@@ -333,5 +343,91 @@ mod tests {
         assert_eq!(decide(Some(&dead), &b, Millis(10_500), w), Decision::Reuse);
         let released = head(RecordState::Released, a, 9_500, None, 9_800);
         assert_eq!(decide(Some(&released), &b, now, w), Decision::Reuse);
+        // Parked records never run again, not even after the window: a human decides.
+        let parked = head(RecordState::Parked, a, 9_500, None, 9_800);
+        assert_eq!(decide(Some(&parked), &a, Millis(99_999_999), w), Decision::Parked);
+        assert_eq!(decide(Some(&parked), &b, now, w), Decision::Mismatch);
     }
+}
+
+/// A phase's writes to the record, committed with the phase's business writes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PhaseUpdate {
+    /// The recovery point reached (the name of the last committed phase).
+    pub recovery_point: String,
+    /// A step output to save: `(step name, output)`. Saved outputs are reused, not
+    /// recomputed, when an attempt resumes.
+    pub step: Option<(String, serde_json::Value)>,
+}
+
+/// The idempotency key an external call carries downstream, derived from ours so
+/// that every attempt of one request sends the same key for the same step:
+/// hex SHA-256 over (account, key, step), cut to 32 characters (128 bits) so it fits
+/// the length limits downstream APIs impose.
+///
+/// ```
+/// use idemkit_core::{Account, DownstreamKey, IdempotencyKey, Scope};
+/// let scope = Scope::new(Account::new("acct"), IdempotencyKey::parse("k1").unwrap());
+/// let a = DownstreamKey::derive(&scope, "courier");
+/// assert_eq!(a, DownstreamKey::derive(&scope, "courier"));
+/// assert_ne!(a, DownstreamKey::derive(&scope, "email"));
+/// assert_eq!(a.as_str().len(), 32);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct DownstreamKey(String);
+
+impl DownstreamKey {
+    /// Derives the key for `step` of the request at `scope`.
+    pub fn derive(scope: &Scope, step: &str) -> Self {
+        use sha2::{Digest, Sha256};
+        let mut h = Sha256::new();
+        h.update(b"idemkit-downstream-v1");
+        for part in [scope.account.as_str(), scope.key.as_str(), step] {
+            h.update((part.len() as u64).to_be_bytes());
+            h.update(part.as_bytes());
+        }
+        Self(hex::encode(h.finalize())[..32].to_owned())
+    }
+
+    /// The key as sent downstream.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for DownstreamKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A record the reaper moved out of the key table because it never completed,
+/// kept for human review with where it got to and why it stopped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReviewEntry {
+    /// (account, key).
+    pub scope: Scope,
+    /// The state it was in (in flight or parked).
+    pub state: RecordState,
+    /// When it was claimed.
+    pub created_at: Millis,
+    /// When the reaper moved it here.
+    pub reaped_at: Millis,
+    /// The last recovery point it committed.
+    pub recovery_point: Option<String>,
+    /// Saved step outputs (including recorded external-call intents).
+    pub step_outputs: BTreeMap<String, serde_json::Value>,
+    /// The last error recorded for it.
+    pub last_error: Option<String>,
+    /// The request, so an operator can see what was asked.
+    pub request: StoredRequest,
+}
+
+/// What one reaper pass did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReapReport {
+    /// Completed or released records deleted.
+    pub deleted: u64,
+    /// Never-completed records moved to the review list.
+    pub moved_to_review: u64,
 }

@@ -5,7 +5,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::{FencingToken, Fingerprint, Millis, Record, Scope, StoredRequest, StoredResponse};
+use crate::{
+    FencingToken, Fingerprint, Millis, PhaseUpdate, ReapReport, Record, ReviewEntry, Scope, StoredRequest,
+    StoredResponse,
+};
 
 /// Everything a claim needs.
 #[derive(Debug, Clone)]
@@ -52,6 +55,8 @@ pub enum ClaimOutcome {
         /// Time left on that lease.
         retry_after: Duration,
     },
+    /// The request was parked for human review; it will not run again.
+    Parked,
 }
 
 /// Backend failures, normalised to kinds so the layer answers the same way
@@ -74,6 +79,9 @@ pub enum StoreError {
     /// Stored data could not be decoded.
     #[error("key store data is corrupt: {0}")]
     Corrupt(String),
+    /// The store does not offer this operation (e.g. phases on a store without them).
+    #[error("this key store does not support {0}")]
+    Unsupported(&'static str),
     /// Any other backend failure.
     #[error("key store failure: {0}")]
     Backend(#[source] Box<dyn std::error::Error + Send + Sync>),
@@ -100,6 +108,7 @@ impl crate::Decision {
             )),
             Decision::Mismatch => Some(ClaimOutcome::Mismatch),
             Decision::InProgress { retry_after } => Some(ClaimOutcome::InProgress { retry_after }),
+            Decision::Parked => Some(ClaimOutcome::Parked),
             Decision::Insert | Decision::Reuse | Decision::Takeover => None,
         })
     }
@@ -193,6 +202,38 @@ pub trait KeyStore: Send + Sync + std::fmt::Debug + 'static {
         false
     }
 
+    /// Commits a phase's progress (recovery point, step output) for a lease
+    /// holder. SQL stores do this inside the phase's own transaction with
+    /// [`TransactionalStore::advance_in_tx`]; this is for stores whose business
+    /// writes live elsewhere.
+    async fn advance(&self, _scope: &Scope, _token: FencingToken, _update: &PhaseUpdate) -> StoreResult<()> {
+        Err(StoreError::Unsupported("phases"))
+    }
+
+    /// Parks the request for human review (fenced): its lease ends, it never runs
+    /// again, and retries are answered `idempotency_request_parked`.
+    async fn park(&self, _scope: &Scope, _token: FencingToken, _reason: &str) -> StoreResult<()> {
+        Err(StoreError::Unsupported("parking"))
+    }
+
+    /// In-flight records whose lease has expired and that were claimed at or
+    /// before `claimed_before`, oldest first: the completer's work list.
+    async fn abandoned(&self, _claimed_before: Millis, _limit: usize) -> StoreResult<Vec<Record>> {
+        Err(StoreError::Unsupported("listing abandoned records"))
+    }
+
+    /// Deletes completed and released records older than `before`, and moves
+    /// records that never completed (in flight with an expired lease, or parked)
+    /// and were claimed before `before` to the review list.
+    async fn reap(&self, _before: Millis) -> StoreResult<ReapReport> {
+        Err(StoreError::Unsupported("reaping"))
+    }
+
+    /// The review list, oldest first.
+    async fn review(&self, _limit: usize) -> StoreResult<Vec<ReviewEntry>> {
+        Err(StoreError::Unsupported("the review list"))
+    }
+
     /// Waits until the record of `scope` may have changed (completed or released)
     /// or `timeout` passes, whichever is first. Spurious wake-ups are allowed:
     /// the caller claims again either way. Stores without notifications return at
@@ -245,6 +286,23 @@ pub trait TransactionalStore: KeyStore {
 
     /// Opens a transaction for a lease holder, after checking its token.
     async fn begin_fenced(&self, scope: &Scope, token: FencingToken) -> StoreResult<Self::Tx>;
+
+    /// Commits a phase transaction opened with [`TransactionalStore::begin_fenced`]
+    /// (a phase that does not complete the request).
+    async fn commit(&self, tx: Self::Tx) -> StoreResult<()> {
+        drop(tx);
+        Err(StoreError::Unsupported("committing a phase transaction"))
+    }
+
+    /// Records a phase's progress inside its transaction (fenced): the business
+    /// writes and the recovery point commit together, or neither does.
+    async fn advance_in_tx(
+        &self,
+        tx: &mut Self::Tx,
+        scope: &Scope,
+        token: FencingToken,
+        update: &PhaseUpdate,
+    ) -> StoreResult<()>;
 
     /// Stores the response with a fenced write and commits the transaction. On
     /// [`StoreError::Fenced`] (stale token) or [`StoreError::Conflict`] (a

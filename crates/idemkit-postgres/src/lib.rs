@@ -33,8 +33,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use idemkit_core::{
-    ClaimOutcome, ClaimRequest, Clock, Decision, FencingToken, KeyStore, Lease, Millis, Record, RecordHead,
-    RecordRow, Resolution, Scope, StoreError, StoreResult, StoredHeader, StoredResponse, SystemClock,
+    Account, ClaimOutcome, ClaimRequest, Clock, Decision, FencingToken, IdempotencyKey, KeyStore, Lease,
+    Millis, PhaseUpdate, ReapReport, Record, RecordHead, RecordRow, RecordState, Resolution, ReviewEntry,
+    Scope, StoreError, StoreResult, StoredHeader, StoredRequest, StoredResponse, SystemClock,
     TransactionalStore, TxClaim, decide,
 };
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions, PgRow};
@@ -62,6 +63,42 @@ const SELECT_RECORD: &str = "SELECT account, idem_key, fingerprint, state, creat
      lease_expires_at, fencing_token, recovery_point, step_outputs, req_method, req_path, req_headers, \
      req_body, resp_status, resp_headers, resp_body, last_error \
      FROM idemkit_keys WHERE account = $1 AND idem_key = $2";
+
+/// The completer's work list: in-flight records whose lease has expired.
+const SELECT_ABANDONED: &str = "SELECT account, idem_key, fingerprint, state, created_at, completed_at, \
+     lease_expires_at, fencing_token, recovery_point, step_outputs, req_method, req_path, req_headers, \
+     req_body, resp_status, resp_headers, resp_body, last_error \
+     FROM idemkit_keys WHERE state = 'in_flight' AND lease_expires_at <= $1 AND created_at <= $2 \
+     ORDER BY created_at, account, idem_key LIMIT $3";
+
+/// A phase's fenced progress write. A step output is set as a top-level key of
+/// the JSON object (`||` replaces a key, it does not merge nested objects); the
+/// step name is bound as text and the output as JSON text, so neither is parsed
+/// as a path or as SQL.
+const ADVANCE: &str = "UPDATE idemkit_keys SET recovery_point = $4, \
+     step_outputs = CASE WHEN $5::text IS NULL THEN step_outputs \
+     ELSE (step_outputs::jsonb || jsonb_build_object($5::text, $6::jsonb))::text END \
+     WHERE account = $1 AND idem_key = $2 AND fencing_token = $3 AND state = 'in_flight'";
+
+/// One reaper pass in one statement (so one transaction). Records that never
+/// completed and were claimed before `$1` (in flight with a lease expired at
+/// `$2`, now, or parked) move to `idemkit_review`; completed records finished
+/// before `$1` and released ones claimed before it are deleted. Live leases
+/// never match. `completed_at >= created_at`, so the `created_at` bound only
+/// lets the index narrow the scan.
+const REAP: &str = "WITH moved AS (DELETE FROM idemkit_keys WHERE created_at < $1 \
+     AND (state = 'parked' OR (state = 'in_flight' AND lease_expires_at <= $2)) \
+     RETURNING account, idem_key, state, created_at, recovery_point, step_outputs, last_error, \
+     req_method, req_path, req_headers, req_body), \
+     reviewed AS (INSERT INTO idemkit_review (account, idem_key, state, created_at, reaped_at, \
+     recovery_point, step_outputs, last_error, req_method, req_path, req_headers, req_body) \
+     SELECT account, idem_key, state, created_at, $2, recovery_point, step_outputs, last_error, \
+     req_method, req_path, req_headers, req_body FROM moved ORDER BY created_at, account, idem_key \
+     RETURNING 1), \
+     deleted AS (DELETE FROM idemkit_keys WHERE created_at < $1 \
+     AND ((state = 'completed' AND COALESCE(completed_at, created_at) < $1) OR state = 'released') \
+     RETURNING 1) \
+     SELECT (SELECT count(*) FROM reviewed), (SELECT count(*) FROM deleted)";
 
 /// Settings of a [`PgStore`].
 #[derive(Debug, Clone)]
@@ -568,6 +605,25 @@ impl PgStore {
     }
 }
 
+/// The bound [`ADVANCE`] statement.
+fn advance_query(
+    scope: &Scope,
+    token: FencingToken,
+    update: &PhaseUpdate,
+) -> sqlx::query::Query<'static, Postgres, sqlx::postgres::PgArguments> {
+    let (name, value) = match &update.step {
+        Some((name, value)) => (Some(name.clone()), Some(value.to_string())),
+        None => (None, None),
+    };
+    sqlx::query(ADVANCE)
+        .bind(scope.account.as_str().to_owned())
+        .bind(scope.key.as_str().to_owned())
+        .bind(token.0)
+        .bind(update.recovery_point.clone())
+        .bind(name)
+        .bind(value)
+}
+
 /// An operation's failure: retry it (deadlock, serialization failure) or not.
 #[derive(Debug)]
 enum Retry {
@@ -681,6 +737,80 @@ impl KeyStore for PgStore {
         true
     }
 
+    async fn advance(&self, scope: &Scope, token: FencingToken, update: &PhaseUpdate) -> StoreResult<()> {
+        self.retrying(|| async {
+            let changed = advance_query(scope, token, update)
+                .execute(&self.pool)
+                .await
+                .map_err(Retry::from)?
+                .rows_affected();
+            if changed == 1 {
+                Ok(())
+            } else {
+                Err(Retry::Fatal(StoreError::Fenced))
+            }
+        })
+        .await
+    }
+
+    async fn park(&self, scope: &Scope, token: FencingToken, reason: &str) -> StoreResult<()> {
+        let now = self.clock.now().0;
+        // Wakes waiters like release and abandon: their next claim answers `Parked`.
+        self.fenced(
+            "UPDATE idemkit_keys SET state = 'parked', lease_expires_at = $4, last_error = $5 \
+             WHERE account = $1 AND idem_key = $2 AND fencing_token = $3 AND state = 'in_flight'",
+            true,
+            scope,
+            token,
+            move |q| q.bind(now).bind(reason.to_owned()),
+        )
+        .await
+    }
+
+    async fn abandoned(&self, claimed_before: Millis, limit: usize) -> StoreResult<Vec<Record>> {
+        let rows = sqlx::query(SELECT_ABANDONED)
+            .bind(self.clock.now().0)
+            .bind(claimed_before.0)
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(map_err)?;
+        rows.iter().map(|r| decode_at(r, 0)).collect()
+    }
+
+    async fn reap(&self, before: Millis) -> StoreResult<ReapReport> {
+        let now = self.clock.now().0;
+        self.retrying(|| async {
+            let row = sqlx::query(REAP)
+                .bind(before.0)
+                .bind(now)
+                .fetch_one(&self.pool)
+                .await
+                .map_err(Retry::from)?;
+            let count = |i: usize| -> Result<u64, Retry> {
+                Ok(u64::try_from(row.try_get::<i64, _>(i).map_err(corrupt)?).unwrap_or(0))
+            };
+            Ok(ReapReport {
+                moved_to_review: count(0)?,
+                deleted: count(1)?,
+            })
+        })
+        .await
+    }
+
+    async fn review(&self, limit: usize) -> StoreResult<Vec<ReviewEntry>> {
+        let rows = sqlx::query(
+            "SELECT account, idem_key, state, created_at, reaped_at, recovery_point, step_outputs, \
+             last_error, req_method, req_path, req_headers, req_body \
+             FROM idemkit_review ORDER BY created_at, id LIMIT $1",
+        )
+        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+        .fetch_all(&self.pool)
+        .await
+        .map_err(map_err)?;
+        rows.iter().map(decode_review).collect()
+    }
+
     async fn wait_for_change(&self, scope: &Scope, timeout: Duration) -> StoreResult<()> {
         // Subscribe first, then flag the record, so a completion that lands in
         // between is either seen by the caller's next claim or notified to us.
@@ -743,6 +873,10 @@ impl TransactionalStore for PgStore {
         .await
     }
 
+    async fn commit(&self, tx: PgTx) -> StoreResult<()> {
+        tx.commit().await.map_err(map_err)
+    }
+
     async fn begin_fenced(&self, scope: &Scope, token: FencingToken) -> StoreResult<PgTx> {
         let mut tx = self.pool.begin().await.map_err(map_err)?;
         let held = sqlx::query(
@@ -762,6 +896,30 @@ impl TransactionalStore for PgStore {
             tx,
             single_step: false,
         })
+    }
+
+    /// Runs on the caller's open transaction and does not commit: the phase's
+    /// business writes and its progress commit together when the caller
+    /// commits ([`PgTx::commit`]) or completes ([`TransactionalStore::complete_in_tx`]).
+    /// Not retried: a deadlock aborts the caller's transaction, which must be
+    /// run again as a whole.
+    async fn advance_in_tx(
+        &self,
+        tx: &mut PgTx,
+        scope: &Scope,
+        token: FencingToken,
+        update: &PhaseUpdate,
+    ) -> StoreResult<()> {
+        let changed = advance_query(scope, token, update)
+            .execute(&mut **tx)
+            .await
+            .map_err(map_err)?
+            .rows_affected();
+        if changed == 1 {
+            Ok(())
+        } else {
+            Err(StoreError::Fenced)
+        }
     }
 
     async fn complete_in_tx(
@@ -850,6 +1008,34 @@ fn decode_at(row: &PgRow, at: usize) -> StoreResult<Record> {
         resp_headers: row.try_get(at + 15).map_err(g)?,
         resp_body: row.try_get(at + 16).map_err(g)?,
         last_error: row.try_get(at + 17).map_err(g)?,
+    })
+}
+
+/// Decodes a row of `idemkit_review` (columns in the order `review` selects).
+fn decode_review(row: &PgRow) -> StoreResult<ReviewEntry> {
+    let g = |e: sqlx::Error| StoreError::Corrupt(e.to_string());
+    let key: String = row.try_get(1).map_err(g)?;
+    let state: String = row.try_get(2).map_err(g)?;
+    let outputs: String = row.try_get(6).map_err(g)?;
+    let headers: String = row.try_get(10).map_err(g)?;
+    Ok(ReviewEntry {
+        scope: Scope::new(
+            Account::new(row.try_get::<String, _>(0).map_err(g)?),
+            IdempotencyKey::parse(&key).map_err(|e| StoreError::Corrupt(format!("key: {e}")))?,
+        ),
+        state: RecordState::parse(&state).ok_or_else(|| StoreError::Corrupt(format!("state {state}")))?,
+        created_at: Millis(row.try_get(3).map_err(g)?),
+        reaped_at: Millis(row.try_get(4).map_err(g)?),
+        recovery_point: row.try_get(5).map_err(g)?,
+        step_outputs: serde_json::from_str(&outputs)
+            .map_err(|e| StoreError::Corrupt(format!("step outputs: {e}")))?,
+        last_error: row.try_get(7).map_err(g)?,
+        request: StoredRequest {
+            method: row.try_get(8).map_err(g)?,
+            path: row.try_get(9).map_err(g)?,
+            headers: StoredHeader::decode_list(&headers)?,
+            body: row.try_get(11).map_err(g)?,
+        },
     })
 }
 

@@ -31,9 +31,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use idemkit_core::{
-    ClaimOutcome, ClaimRequest, Clock, Decision, FencingToken, Fingerprint, KeyStore, Lease, Millis, Record,
-    RecordHead, RecordRow, Resolution, Scope, StoreError, StoreResult, StoredHeader, StoredRequest,
-    StoredResponse, SystemClock, TransactionalStore, TxClaim, decide,
+    Account, ClaimOutcome, ClaimRequest, Clock, Decision, FencingToken, Fingerprint, IdempotencyKey,
+    KeyStore, Lease, Millis, PhaseUpdate, ReapReport, Record, RecordHead, RecordRow, RecordState, Resolution,
+    ReviewEntry, Scope, StoreError, StoreResult, StoredHeader, StoredRequest, StoredResponse, SystemClock,
+    TransactionalStore, TxClaim, decide,
 };
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow, SqliteSynchronous,
@@ -139,6 +140,13 @@ const SELECT_RECORD: &str = "SELECT account, idem_key, fingerprint, state, creat
      lease_expires_at, fencing_token, recovery_point, step_outputs, req_method, req_path, req_headers, \
      req_body, resp_status, resp_headers, resp_body, last_error \
      FROM idemkit_keys WHERE account = ?1 AND idem_key = ?2";
+
+/// The completer's work list: in-flight records whose lease has expired.
+const SELECT_ABANDONED: &str = "SELECT account, idem_key, fingerprint, state, created_at, completed_at, \
+     lease_expires_at, fencing_token, recovery_point, step_outputs, req_method, req_path, req_headers, \
+     req_body, resp_status, resp_headers, resp_body, last_error \
+     FROM idemkit_keys WHERE state = 'in_flight' AND lease_expires_at <= ?1 AND created_at <= ?2 \
+     ORDER BY created_at, account, idem_key LIMIT ?3";
 
 /// A [`KeyStore`] on SQLite.
 #[derive(Debug, Clone)]
@@ -445,6 +453,50 @@ impl SqliteStore {
         )
         .await
     }
+
+    /// Saves a phase's progress (fenced). A step output is merged into the JSON
+    /// object in Rust: SQLite's JSON paths cannot address every key (a `"` in a
+    /// step name), and `json_patch` would merge nested objects instead of
+    /// replacing the output. The read and the write share the transaction's
+    /// write lock, so no other writer can interleave.
+    async fn advance_on(
+        &self,
+        conn: &mut SqliteConnection,
+        scope: &Scope,
+        token: FencingToken,
+        update: &PhaseUpdate,
+    ) -> StoreResult<()> {
+        let outputs = match &update.step {
+            None => None,
+            Some((name, value)) => {
+                let current: Option<String> = sqlx::query_scalar(
+                    "SELECT step_outputs FROM idemkit_keys WHERE account = ?1 AND idem_key = ?2 \
+                     AND fencing_token = ?3 AND state = 'in_flight'",
+                )
+                .bind(scope.account.as_str())
+                .bind(scope.key.as_str())
+                .bind(token.0)
+                .fetch_optional(&mut *conn)
+                .await
+                .map_err(map_err)?;
+                let current = current.ok_or(StoreError::Fenced)?;
+                let mut map: serde_json::Map<String, serde_json::Value> = serde_json::from_str(&current)
+                    .map_err(|e| StoreError::Corrupt(format!("step outputs: {e}")))?;
+                map.insert(name.clone(), value.clone());
+                Some(serde_json::to_string(&map).map_err(|e| StoreError::Corrupt(e.to_string()))?)
+            }
+        };
+        let point = update.recovery_point.clone();
+        self.fenced_update(
+            conn,
+            "UPDATE idemkit_keys SET recovery_point = ?4, step_outputs = COALESCE(?5, step_outputs) \
+             WHERE account = ?1 AND idem_key = ?2 AND fencing_token = ?3 AND state = 'in_flight'",
+            scope,
+            token,
+            move |q| q.bind(point).bind(outputs),
+        )
+        .await
+    }
 }
 
 #[async_trait]
@@ -530,6 +582,106 @@ impl KeyStore for SqliteStore {
     fn now(&self) -> Millis {
         self.clock.now()
     }
+
+    async fn advance(&self, scope: &Scope, token: FencingToken, update: &PhaseUpdate) -> StoreResult<()> {
+        let mut tx = self.begin().await?;
+        self.advance_on(&mut tx, scope, token, update).await?;
+        tx.commit().await.map_err(map_err)
+    }
+
+    async fn park(&self, scope: &Scope, token: FencingToken, reason: &str) -> StoreResult<()> {
+        let now = self.clock.now().0;
+        let reason = reason.to_owned();
+        let mut tx = self.begin().await?;
+        self.fenced_update(
+            &mut tx,
+            "UPDATE idemkit_keys SET state = 'parked', lease_expires_at = ?4, last_error = ?5 \
+             WHERE account = ?1 AND idem_key = ?2 AND fencing_token = ?3 AND state = 'in_flight'",
+            scope,
+            token,
+            move |q| q.bind(now).bind(reason),
+        )
+        .await?;
+        tx.commit().await.map_err(map_err)
+    }
+
+    async fn abandoned(&self, claimed_before: Millis, limit: usize) -> StoreResult<Vec<Record>> {
+        let rows = sqlx::query(SELECT_ABANDONED)
+            .bind(self.clock.now().0)
+            .bind(claimed_before.0)
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(map_err)?;
+        rows.iter().map(|r| decode_at(r, 0)).collect()
+    }
+
+    async fn reap(&self, before: Millis) -> StoreResult<ReapReport> {
+        let now = self.clock.now().0;
+        // One transaction: a record is either still in the key table or in the
+        // review table, never in both or neither.
+        let mut tx = self.begin().await?;
+        // Never completed and claimed before `?1`: in flight with a lease expired
+        // at `?2` (now), or parked. Live leases never match.
+        let moved = sqlx::query(
+            "INSERT INTO idemkit_review (account, idem_key, state, created_at, reaped_at, recovery_point, \
+             step_outputs, last_error, req_method, req_path, req_headers, req_body) \
+             SELECT account, idem_key, state, created_at, ?2, recovery_point, step_outputs, last_error, \
+             req_method, req_path, req_headers, req_body FROM idemkit_keys WHERE created_at < ?1 \
+             AND (state = 'parked' OR (state = 'in_flight' AND lease_expires_at <= ?2)) \
+             ORDER BY created_at, account, idem_key",
+        )
+        .bind(before.0)
+        .bind(now)
+        .execute(&mut *tx)
+        .await
+        .map_err(map_err)?
+        .rows_affected();
+        let removed = sqlx::query(
+            "DELETE FROM idemkit_keys WHERE created_at < ?1 \
+             AND (state = 'parked' OR (state = 'in_flight' AND lease_expires_at <= ?2))",
+        )
+        .bind(before.0)
+        .bind(now)
+        .execute(&mut *tx)
+        .await
+        .map_err(map_err)?
+        .rows_affected();
+        if removed != moved {
+            return Err(StoreError::Corrupt(format!(
+                "reaper moved {moved} records to review but deleted {removed}"
+            )));
+        }
+        // completed_at >= created_at, so the created_at bound only lets the
+        // created_at index narrow the scan.
+        let deleted = sqlx::query(
+            "DELETE FROM idemkit_keys WHERE created_at < ?1 AND \
+             ((state = 'completed' AND COALESCE(completed_at, created_at) < ?1) OR state = 'released')",
+        )
+        .bind(before.0)
+        .execute(&mut *tx)
+        .await
+        .map_err(map_err)?
+        .rows_affected();
+        tx.commit().await.map_err(map_err)?;
+        Ok(ReapReport {
+            deleted,
+            moved_to_review: moved,
+        })
+    }
+
+    async fn review(&self, limit: usize) -> StoreResult<Vec<ReviewEntry>> {
+        let rows = sqlx::query(
+            "SELECT account, idem_key, state, created_at, reaped_at, recovery_point, step_outputs, \
+             last_error, req_method, req_path, req_headers, req_body \
+             FROM idemkit_review ORDER BY created_at, id LIMIT ?1",
+        )
+        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+        .fetch_all(&self.pool)
+        .await
+        .map_err(map_err)?;
+        rows.iter().map(decode_review).collect()
+    }
 }
 
 #[async_trait]
@@ -572,6 +724,16 @@ impl TransactionalStore for SqliteStore {
         Ok(TxClaim::Claimed { tx, lease })
     }
 
+    async fn commit(&self, tx: SqliteTx) -> StoreResult<()> {
+        if tx.pending.is_some() {
+            // A single-step claim is written when the request completes.
+            return Err(StoreError::Unsupported(
+                "committing a single-step claim without completing it",
+            ));
+        }
+        tx.commit().await.map_err(map_err)
+    }
+
     async fn begin_fenced(&self, scope: &Scope, token: FencingToken) -> StoreResult<SqliteTx> {
         let mut tx = self.begin().await?;
         let held = sqlx::query(
@@ -588,6 +750,24 @@ impl TransactionalStore for SqliteStore {
             return Err(StoreError::Fenced);
         }
         Ok(tx)
+    }
+
+    /// Phases run in lease mode, in transactions opened with
+    /// [`TransactionalStore::begin_fenced`]. A transaction carrying a pending
+    /// single-step claim has no committed record to advance (the claim is
+    /// written, completed, at commit), so it answers
+    /// [`StoreError::Unsupported`].
+    async fn advance_in_tx(
+        &self,
+        tx: &mut SqliteTx,
+        scope: &Scope,
+        token: FencingToken,
+        update: &PhaseUpdate,
+    ) -> StoreResult<()> {
+        if tx.pending.is_some() {
+            return Err(StoreError::Unsupported("phases inside a single-step claim"));
+        }
+        self.advance_on(tx, scope, token, update).await
     }
 
     async fn complete_in_tx(
@@ -641,6 +821,34 @@ fn decode_at(row: &SqliteRow, at: usize) -> StoreResult<Record> {
         resp_headers: row.try_get(at + 15).map_err(g)?,
         resp_body: row.try_get(at + 16).map_err(g)?,
         last_error: row.try_get(at + 17).map_err(g)?,
+    })
+}
+
+/// Decodes a row of `idemkit_review` (columns in the order `review` selects).
+fn decode_review(row: &SqliteRow) -> StoreResult<ReviewEntry> {
+    let g = |e: sqlx::Error| StoreError::Corrupt(e.to_string());
+    let key: String = row.try_get(1).map_err(g)?;
+    let state: String = row.try_get(2).map_err(g)?;
+    let outputs: String = row.try_get(6).map_err(g)?;
+    let headers: String = row.try_get(10).map_err(g)?;
+    Ok(ReviewEntry {
+        scope: Scope::new(
+            Account::new(row.try_get::<String, _>(0).map_err(g)?),
+            IdempotencyKey::parse(&key).map_err(|e| StoreError::Corrupt(format!("key: {e}")))?,
+        ),
+        state: RecordState::parse(&state).ok_or_else(|| StoreError::Corrupt(format!("state {state}")))?,
+        created_at: Millis(row.try_get(3).map_err(g)?),
+        reaped_at: Millis(row.try_get(4).map_err(g)?),
+        recovery_point: row.try_get(5).map_err(g)?,
+        step_outputs: serde_json::from_str(&outputs)
+            .map_err(|e| StoreError::Corrupt(format!("step outputs: {e}")))?,
+        last_error: row.try_get(7).map_err(g)?,
+        request: StoredRequest {
+            method: row.try_get(8).map_err(g)?,
+            path: row.try_get(9).map_err(g)?,
+            headers: StoredHeader::decode_list(&headers)?,
+            body: row.try_get(11).map_err(g)?,
+        },
     })
 }
 

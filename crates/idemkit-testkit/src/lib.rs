@@ -9,6 +9,9 @@
 //! - the **store conformance suite** ([`suite`], [`tx_suite`]) and the macros
 //!   [`store_conformance_tests!`] and [`transactional_conformance_tests!`] that turn
 //!   it into one `#[tokio::test]` per case for a backend;
+//! - the **lifecycle suite** ([`lifecycle`]: phases, parking, the completer's work
+//!   list, the reaper and its review list) with [`lifecycle_conformance_tests!`]
+//!   and [`transactional_lifecycle_tests!`];
 //! - the black-box HTTP gates of SPEC §9 ([`gates`]) that `idemkit check` runs
 //!   against any API.
 //!
@@ -20,11 +23,13 @@
 //!     Arc::new(MemoryStore::with_clock(clock))
 //! }
 //! idemkit_testkit::store_conformance_tests!(fresh);
+//! idemkit_testkit::lifecycle_conformance_tests!(fresh);
 //! # fn main() {}
 //! ```
 
 mod clock;
 pub mod gates;
+pub mod lifecycle;
 mod memory;
 mod process;
 pub mod suite;
@@ -32,7 +37,7 @@ pub mod tx_suite;
 
 pub use clock::ManualClock;
 pub use memory::MemoryStore;
-pub use process::example_bin;
+pub use process::{example_bin, example_bin_with};
 
 /// Generates one `#[tokio::test]` per case of [`suite`] for a backend.
 ///
@@ -131,6 +136,89 @@ macro_rules! transactional_conformance_tests {
                 };
                 let probe = ($probe)(store.clone()).await;
                 $crate::tx_suite::$case(store, probe, clock).await;
+            }
+        )*
+    };
+}
+
+/// Generates one `#[tokio::test]` per case of [`lifecycle`] that needs only a
+/// [`KeyStore`](idemkit_core::KeyStore): phases, parking, the completer's work
+/// list and the reaper.
+///
+/// `$factory` is as for [`store_conformance_tests!`], including the `optional`
+/// form.
+#[macro_export]
+macro_rules! lifecycle_conformance_tests {
+    (optional $factory:expr) => {
+        $crate::lifecycle_conformance_tests!(@cases (|clock| async move { ($factory)(clock).await });
+            advance_saves_progress_and_takeover_resumes_from_it,
+            stale_token_cannot_advance_or_park,
+            parked_record_is_never_claimed_again,
+            abandoned_lists_expired_in_flight_records_oldest_first,
+            reap_deletes_old_records_and_moves_unfinished_ones_to_review,
+            reaped_keys_can_be_claimed_anew
+        );
+    };
+    ($factory:expr) => {
+        $crate::lifecycle_conformance_tests!(@cases (|clock| async move { Some(($factory)(clock).await) });
+            advance_saves_progress_and_takeover_resumes_from_it,
+            stale_token_cannot_advance_or_park,
+            parked_record_is_never_claimed_again,
+            abandoned_lists_expired_in_flight_records_oldest_first,
+            reap_deletes_old_records_and_moves_unfinished_ones_to_review,
+            reaped_keys_can_be_claimed_anew
+        );
+    };
+    (@cases $factory:expr; $($case:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $case() {
+                let clock = ::std::sync::Arc::new($crate::ManualClock::new());
+                let Some(store) = ($factory)(clock.clone()).await else {
+                    eprintln!("store not configured: skipped");
+                    return;
+                };
+                $crate::lifecycle::$case(store, clock).await;
+            }
+        )*
+    };
+}
+
+/// Generates one `#[tokio::test]` per transactional case of [`lifecycle`]:
+/// phase transactions opened with `begin_fenced` that advance the recovery
+/// point together with their business writes.
+///
+/// `$factory` and `$probe` are as for [`transactional_conformance_tests!`]
+/// (including the `optional` form); `$commit` is an async fn taking the
+/// backend's transaction and committing it (a phase that does not complete),
+/// panicking on failure.
+#[macro_export]
+macro_rules! transactional_lifecycle_tests {
+    (optional $factory:expr, $probe:expr, $commit:expr) => {
+        $crate::transactional_lifecycle_tests!(@cases (|clock| async move { ($factory)(clock).await }), $probe, $commit;
+            advance_in_tx_commits_with_the_business_writes,
+            dropped_phase_rolls_back_progress_with_business_writes,
+            stale_token_cannot_advance_in_a_tx
+        );
+    };
+    ($factory:expr, $probe:expr, $commit:expr) => {
+        $crate::transactional_lifecycle_tests!(@cases (|clock| async move { Some(($factory)(clock).await) }), $probe, $commit;
+            advance_in_tx_commits_with_the_business_writes,
+            dropped_phase_rolls_back_progress_with_business_writes,
+            stale_token_cannot_advance_in_a_tx
+        );
+    };
+    (@cases $factory:expr, $probe:expr, $commit:expr; $($case:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $case() {
+                let clock = ::std::sync::Arc::new($crate::ManualClock::new());
+                let Some(store) = ($factory)(clock.clone()).await else {
+                    eprintln!("store not configured: skipped");
+                    return;
+                };
+                let probe = ($probe)(store.clone()).await;
+                $crate::lifecycle::$case(store, probe, $commit, clock).await;
             }
         )*
     };

@@ -4,16 +4,37 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use idemkit_core::{
-    ClaimOutcome, ClaimRequest, Clock, Decision, FencingToken, KeyStore, Lease, Millis, Record, RecordHead,
-    RecordState, Scope, StoreError, StoreResult, StoredResponse, SystemClock, decide,
+    ClaimOutcome, ClaimRequest, Clock, Decision, FencingToken, KeyStore, Lease, Millis, PhaseUpdate,
+    ReapReport, Record, RecordHead, RecordState, ReviewEntry, Scope, StoreError, StoreResult, StoredResponse,
+    SystemClock, decide,
 };
 
 /// An in-memory [`KeyStore`]: one mutex over a map. The claim decision runs under
-/// the mutex, which is what makes it atomic here.
+/// the mutex, which is what makes it atomic here. The review list is a `Vec`
+/// behind the same mutex, so a reaper pass is atomic too.
 #[derive(Debug)]
 pub struct MemoryStore {
-    records: Mutex<HashMap<Scope, Record>>,
+    records: Mutex<Records>,
     clock: Arc<dyn Clock>,
+}
+
+#[derive(Debug, Default)]
+struct Records {
+    keys: HashMap<Scope, Record>,
+    review: Vec<ReviewEntry>,
+}
+
+impl std::ops::Deref for Records {
+    type Target = HashMap<Scope, Record>;
+    fn deref(&self) -> &Self::Target {
+        &self.keys
+    }
+}
+
+impl std::ops::DerefMut for Records {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.keys
+    }
 }
 
 impl Default for MemoryStore {
@@ -31,12 +52,12 @@ impl MemoryStore {
     /// An empty store on the given clock.
     pub fn with_clock(clock: Arc<dyn Clock>) -> Self {
         Self {
-            records: Mutex::new(HashMap::new()),
+            records: Mutex::new(Records::default()),
             clock,
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, HashMap<Scope, Record>> {
+    fn lock(&self) -> MutexGuard<'_, Records> {
         // A panic while holding the lock leaves consistent data (every write is a
         // single assignment), so poisoning is ignored.
         self.records.lock().unwrap_or_else(|e| e.into_inner())
@@ -113,6 +134,7 @@ impl KeyStore for MemoryStore {
             ),
             Decision::Mismatch => ClaimOutcome::Mismatch,
             Decision::InProgress { retry_after } => ClaimOutcome::InProgress { retry_after },
+            Decision::Parked => ClaimOutcome::Parked,
         })
     }
 
@@ -158,5 +180,98 @@ impl KeyStore for MemoryStore {
 
     fn now(&self) -> Millis {
         self.clock.now()
+    }
+
+    async fn advance(&self, scope: &Scope, token: FencingToken, update: &PhaseUpdate) -> StoreResult<()> {
+        self.with_held(scope, token, |r, _| {
+            r.recovery_point = Some(update.recovery_point.clone());
+            if let Some((name, value)) = &update.step {
+                r.step_outputs.insert(name.clone(), value.clone());
+            }
+        })
+    }
+
+    async fn park(&self, scope: &Scope, token: FencingToken, reason: &str) -> StoreResult<()> {
+        self.with_held(scope, token, |r, now| {
+            r.state = RecordState::Parked;
+            r.lease_expires_at = now;
+            r.last_error = Some(reason.to_owned());
+        })
+    }
+
+    async fn abandoned(&self, claimed_before: Millis, limit: usize) -> StoreResult<Vec<Record>> {
+        let now = self.clock.now();
+        let map = self.lock();
+        let mut found: Vec<&Record> = map
+            .values()
+            .filter(|r| {
+                r.state == RecordState::InFlight
+                    && r.lease_expires_at <= now
+                    && r.created_at <= claimed_before
+            })
+            .collect();
+        found.sort_by(|a, b| {
+            (a.created_at, a.scope.account.as_str(), a.scope.key.as_str()).cmp(&(
+                b.created_at,
+                b.scope.account.as_str(),
+                b.scope.key.as_str(),
+            ))
+        });
+        Ok(found.into_iter().take(limit).cloned().collect())
+    }
+
+    async fn reap(&self, before: Millis) -> StoreResult<ReapReport> {
+        let now = self.clock.now();
+        let mut guard = self.lock();
+        let Records { keys, review } = &mut *guard;
+        let mut report = ReapReport::default();
+        let mut moved = Vec::new();
+        keys.retain(|_, r| {
+            let unfinished = match r.state {
+                RecordState::Parked => true,
+                RecordState::InFlight => r.lease_expires_at <= now,
+                _ => false,
+            };
+            if unfinished && r.created_at < before {
+                moved.push(ReviewEntry {
+                    scope: r.scope.clone(),
+                    state: r.state,
+                    created_at: r.created_at,
+                    reaped_at: now,
+                    recovery_point: r.recovery_point.take(),
+                    step_outputs: std::mem::take(&mut r.step_outputs),
+                    last_error: r.last_error.take(),
+                    request: std::mem::take(&mut r.request),
+                });
+                return false;
+            }
+            let expired = match r.state {
+                RecordState::Completed => r.completed_at.unwrap_or(r.created_at) < before,
+                RecordState::Released => r.created_at < before,
+                _ => false,
+            };
+            if expired {
+                report.deleted += 1;
+            }
+            !expired
+        });
+        moved.sort_by(|a, b| {
+            (a.created_at, a.scope.account.as_str(), a.scope.key.as_str()).cmp(&(
+                b.created_at,
+                b.scope.account.as_str(),
+                b.scope.key.as_str(),
+            ))
+        });
+        report.moved_to_review = moved.len() as u64;
+        review.extend(moved);
+        Ok(report)
+    }
+
+    async fn review(&self, limit: usize) -> StoreResult<Vec<ReviewEntry>> {
+        let map = self.lock();
+        let mut entries: Vec<&ReviewEntry> = map.review.iter().collect();
+        // Stable: entries claimed at the same instant keep the order they were reaped in.
+        entries.sort_by_key(|e| e.created_at);
+        Ok(entries.into_iter().take(limit).cloned().collect())
     }
 }

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use axum::extract::FromRequestParts;
 use http::request::Parts;
-use idemkit_core::{ErrorCode, FencingToken, Scope};
+use idemkit_core::{ErrorCode, FencingToken, Policy, Scope};
 
 use crate::ProblemResponse;
 
@@ -19,6 +19,8 @@ pub struct IdempotencyContext {
     pub token: FencingToken,
     /// Set when this attempt took over an abandoned one: its last recovery point.
     pub resumed_from: Option<String>,
+    /// The route's policy (phases need its stored-header allowlist and body cap).
+    pub policy: Arc<Policy>,
 }
 
 impl<S: Send + Sync> FromRequestParts<S> for IdempotencyContext {

@@ -67,12 +67,13 @@ pub(crate) struct Shared {
     pub(crate) store: Arc<dyn KeyStore>,
     /// Set in single-step (transactional) mode.
     pub(crate) tx_store: Option<Arc<dyn ErasedTxStore>>,
-    pub(crate) policy: Policy,
+    pub(crate) policy: Arc<Policy>,
     pub(crate) fingerprinter: Fingerprinter,
     pub(crate) key_source: KeySource,
     pub(crate) resolver: Arc<dyn AccountResolver>,
     pub(crate) max_request_body: usize,
     pub(crate) methods: Vec<Method>,
+    pub(crate) status_path: String,
 }
 
 /// A tower [`Layer`] that makes the wrapped routes require an idempotency key and
@@ -156,6 +157,7 @@ pub struct IdempotencyLayerBuilder {
     resolver: Option<Arc<dyn AccountResolver>>,
     max_request_body: usize,
     methods: Vec<Method>,
+    status_path: String,
 }
 
 impl std::fmt::Debug for IdempotencyLayerBuilder {
@@ -168,6 +170,8 @@ impl std::fmt::Debug for IdempotencyLayerBuilder {
 
 /// The default key header.
 pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
+/// Default prefix of the status URLs handed out with `202 Accepted`.
+pub const DEFAULT_STATUS_PATH: &str = "/idempotency/requests";
 /// The header marking a replayed response.
 pub const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
 
@@ -182,6 +186,7 @@ impl IdempotencyLayerBuilder {
             resolver: None,
             max_request_body: 1024 * 1024,
             methods: vec![Method::POST, Method::PUT, Method::PATCH, Method::DELETE],
+            status_path: DEFAULT_STATUS_PATH.to_owned(),
         }
     }
 
@@ -238,6 +243,13 @@ impl IdempotencyLayerBuilder {
         self
     }
 
+    /// Where the status URLs of the `accepted` in-flight behaviour live (default
+    /// `/idempotency/requests`); serve them with [`IdempotencyLayer::status_router`].
+    pub fn status_path(mut self, path: impl Into<String>) -> Self {
+        self.status_path = path.into();
+        self
+    }
+
     /// Validates and builds.
     pub fn build(self) -> Result<IdempotencyLayer, ConfigError> {
         self.policy.validate()?;
@@ -254,12 +266,13 @@ impl IdempotencyLayerBuilder {
             shared: Arc::new(Shared {
                 store: self.store,
                 tx_store: self.tx_store,
-                policy: self.policy,
+                policy: Arc::new(self.policy),
                 fingerprinter,
                 key_source: self.key_source,
                 resolver: self.resolver.ok_or(ConfigError::NoResolver)?,
                 max_request_body: self.max_request_body,
                 methods: self.methods,
+                status_path: self.status_path,
             }),
         })
     }

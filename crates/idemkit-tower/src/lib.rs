@@ -34,17 +34,23 @@
 //! stable `code` and a `retryable` flag; see [`idemkit_core::ErrorCode`].
 
 mod extract;
+mod jobs;
 mod layer;
 mod outcome;
+mod phases;
 mod problem;
 mod resolver;
 mod service;
+mod status;
 
 pub use extract::{IdempotencyContext, Tx};
+pub use jobs::{Completer, CompleterReport, Reaper};
 pub use layer::{
-    ConfigError, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, IdempotencyLayer, IdempotencyLayerBuilder, KeySource,
+    ConfigError, DEFAULT_STATUS_PATH, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, IdempotencyLayer,
+    IdempotencyLayerBuilder, KeySource,
 };
 pub use outcome::Outcome;
+pub use phases::{CallError, Downstream, PhaseError, Phases};
 pub use problem::{Json, ProblemResponse, method_not_allowed, not_found};
 pub use resolver::{AccountResolver, BearerTokenAccount, TrustedHeaderAccount, bearer_token};
 pub use service::Idempotency;

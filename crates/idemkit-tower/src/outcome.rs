@@ -22,6 +22,10 @@ pub enum Outcome {
     Final,
     /// Do not store it; end the lease now so the next attempt resumes without waiting.
     Retryable,
+    /// The handler already settled the record itself (its final phase stored the
+    /// response, or it parked the request, or its lease was lost): the layer leaves
+    /// the record as it is.
+    Settled,
 }
 
 impl IntoResponseParts for Outcome {

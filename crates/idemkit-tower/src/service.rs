@@ -99,12 +99,15 @@ enum Disposition {
     Store,
     Release,
     Abandon,
+    /// The handler settled the record itself.
+    Leave,
 }
 
 fn disposition(status: StatusCode, outcome: Option<Outcome>, policy: &Policy) -> Disposition {
     match outcome {
         Some(Outcome::Final) => return Disposition::Store,
         Some(Outcome::Retryable) => return Disposition::Abandon,
+        Some(Outcome::Settled) => return Disposition::Leave,
         None => {}
     }
     if status.is_server_error() {
@@ -148,6 +151,12 @@ async fn prepare(
     parts: &Parts,
     body: Body,
 ) -> Result<(ClaimRequest, Bytes), ProblemResponse> {
+    // The completer replays a stored request in-process for its record's own
+    // (account, key); clients cannot set request extensions.
+    if let Some(resume) = parts.extensions.get::<crate::jobs::Resume>() {
+        let bytes = read_body(body, shared.max_request_body).await?;
+        return Ok(claim_request(shared, parts, resume.scope.clone(), bytes));
+    }
     let account = shared.resolver.resolve(parts)?;
     // A header key is checked before the body is read: a bad key costs nothing.
     let header_key = match &shared.key_source {
@@ -165,6 +174,10 @@ async fn prepare(
         (_, KeySource::JsonField(pointer)) => key_from_json(&bytes, pointer)?,
         _ => unreachable!("header keys were checked above"),
     };
+    Ok(claim_request(shared, parts, Scope::new(account, key), bytes))
+}
+
+fn claim_request(shared: &Shared, parts: &Parts, scope: Scope, bytes: Bytes) -> (ClaimRequest, Bytes) {
     let fingerprint = shared
         .fingerprinter
         .compute(parts.method.as_str(), parts.uri.path(), &bytes);
@@ -185,20 +198,18 @@ async fn prepare(
             .collect(),
         body: bytes.to_vec(),
     };
-    Ok((
-        ClaimRequest {
-            scope: Scope::new(account, key),
-            fingerprint,
-            request,
-            lease: shared.policy.lease,
-            replay_window: shared.policy.replay_window,
-            lock_wait: match shared.policy.in_flight {
-                InFlightBehavior::Wait(d) => d,
-                _ => Duration::ZERO,
-            },
+    let claim = ClaimRequest {
+        scope,
+        fingerprint,
+        request,
+        lease: shared.policy.lease,
+        replay_window: shared.policy.replay_window,
+        lock_wait: match shared.policy.in_flight {
+            InFlightBehavior::Wait(d) => d,
+            _ => Duration::ZERO,
         },
-        bytes,
-    ))
+    };
+    (claim, bytes)
 }
 
 fn key_problem(e: &KeyError) -> ProblemResponse {
@@ -286,6 +297,19 @@ async fn acquire(shared: &Shared, claim: &ClaimRequest) -> Result<Held, Response
                 )
                 .with_status(shared.policy.mismatch_status.as_u16())
                 .into_response());
+            }
+            ClaimOutcome::Parked => {
+                return Err(ProblemResponse::new(
+                    ErrorCode::RequestParked,
+                    "this request was parked for human review (an external call's outcome is unknown); \
+                     it will not run again",
+                )
+                .into_response());
+            }
+            ClaimOutcome::InProgress { retry_after }
+                if shared.policy.in_flight == InFlightBehavior::Accepted =>
+            {
+                return Err(crate::status::accepted(shared, &claim.scope, retry_after));
             }
             ClaimOutcome::InProgress { retry_after } => {
                 let now = tokio::time::Instant::now();
@@ -379,6 +403,7 @@ where
         scope: scope.clone(),
         token: lease.token,
         resumed_from: lease.resumed_from.clone(),
+        policy: shared.policy.clone(),
     });
     let (slot, heartbeat) = match held {
         Held::Tx(tx, _) => {
@@ -398,6 +423,7 @@ where
         ),
     };
 
+    fail::fail_point!("idemkit::after_claim");
     let result = inner.call(req).await;
     drop(heartbeat);
     let response = match result {
@@ -412,6 +438,7 @@ where
     let outcome = response.extensions().get::<Outcome>().copied();
     match disposition(response.status(), outcome, &shared.policy) {
         Disposition::Store => Ok(store_response(shared, slot, &claim, &lease, response).await),
+        Disposition::Leave => Ok(response.map(Body::new)),
         other => {
             settle_unstored(shared, slot, &scope, &lease, other).await;
             Ok(response.map(Body::new))
@@ -579,7 +606,7 @@ fn stored_problem(p: &ProblemResponse) -> StoredResponse {
     }
 }
 
-fn store_problem(e: &StoreError) -> ProblemResponse {
+pub(crate) fn store_problem(e: &StoreError) -> ProblemResponse {
     match e {
         StoreError::Fenced => ProblemResponse::new(
             ErrorCode::LeaseLost,

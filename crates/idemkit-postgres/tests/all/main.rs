@@ -93,6 +93,78 @@ mod transactional {
     idemkit_testkit::transactional_conformance_tests!(optional fresh, probe);
 }
 
+/// Commits a phase transaction that does not complete the request.
+async fn commit(tx: PgTx) {
+    tx.commit().await.expect("commit the phase");
+}
+
+mod lifecycle {
+    use super::*;
+    idemkit_testkit::lifecycle_conformance_tests!(optional fresh);
+}
+
+mod transactional_lifecycle {
+    use super::*;
+    idemkit_testkit::transactional_lifecycle_tests!(optional fresh, probe, commit);
+}
+
+/// Parking wakes a waiter at once (its next claim answers `Parked`), as
+/// completing, releasing and abandoning do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parking_wakes_waiters() {
+    use idemkit_core::{ClaimOutcome, KeyStore};
+    use idemkit_testkit::suite::{claim_req, must_claim, scope};
+    let Some(store) = store_in_fresh_schema(None).await else {
+        return;
+    };
+    let s = scope("a", "park-wake");
+    let req = claim_req(&s, "{}");
+    let lease = must_claim(&*store, &req).await;
+    let started = std::time::Instant::now();
+    let waiter = tokio::spawn({
+        let (store, s) = (store.clone(), s.clone());
+        async move { store.wait_for_change(&s, Duration::from_secs(10)).await }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    store.park(&s, lease.token, "review").await.unwrap();
+    waiter.await.unwrap().unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "woken by the notification"
+    );
+    assert_eq!(store.claim(&req).await.unwrap(), ClaimOutcome::Parked);
+}
+
+/// In PostgreSQL a single-step transaction holds a real (uncommitted) claim
+/// row, so a phase may advance inside it; everything commits together.
+#[tokio::test]
+async fn advance_inside_a_single_step_claim_commits_with_it() {
+    use idemkit_core::{KeyStore, PhaseUpdate, TransactionalStore, TxClaim};
+    use idemkit_testkit::suite::{claim_req, response, scope};
+    let Some(store) = store_in_fresh_schema(None).await else {
+        return;
+    };
+    let s = scope("a", "single-step-phase");
+    let TxClaim::Claimed { mut tx, lease } = store.claim_in_tx(&claim_req(&s, "{}")).await.unwrap() else {
+        panic!("claims")
+    };
+    let update = PhaseUpdate {
+        recovery_point: "p".into(),
+        step: Some(("s".into(), serde_json::json!({"n": 1}))),
+    };
+    store
+        .advance_in_tx(&mut tx, &s, lease.token, &update)
+        .await
+        .unwrap();
+    store
+        .complete_in_tx(tx, &s, lease.token, &response(201, "ok"))
+        .await
+        .unwrap();
+    let rec = store.get(&s).await.unwrap().unwrap();
+    assert_eq!(rec.recovery_point.as_deref(), Some("p"));
+    assert_eq!(rec.step_outputs["s"], serde_json::json!({"n": 1}));
+}
+
 #[test]
 fn invalid_schema_names_are_refused() {
     let rt = tokio::runtime::Runtime::new().unwrap();

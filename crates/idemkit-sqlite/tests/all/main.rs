@@ -68,6 +68,108 @@ mod transactional {
     idemkit_testkit::transactional_conformance_tests!(fresh, probe);
 }
 
+/// Commits a phase transaction that does not complete the request.
+async fn commit(tx: SqliteTx) {
+    tx.commit().await.expect("commit the phase");
+}
+
+mod lifecycle {
+    use super::*;
+    idemkit_testkit::lifecycle_conformance_tests!(fresh);
+}
+
+mod transactional_lifecycle {
+    use super::*;
+    idemkit_testkit::transactional_lifecycle_tests!(fresh, probe, commit);
+}
+
+/// Phases are for lease-mode holders: a transaction carrying a pending
+/// single-step claim (written, completed, at commit) has no record to advance.
+#[tokio::test]
+async fn advance_in_a_single_step_claim_is_unsupported() {
+    use idemkit_core::{PhaseUpdate, StoreError, TransactionalStore, TxClaim};
+    use idemkit_testkit::suite::{claim_req, response, scope};
+    let store = fresh(Arc::new(ManualClock::new())).await;
+    let s = scope("a", "single-step-phase");
+    let TxClaim::Claimed { mut tx, lease } = store.claim_in_tx(&claim_req(&s, "{}")).await.unwrap() else {
+        panic!("claims")
+    };
+    let update = PhaseUpdate {
+        recovery_point: "p".into(),
+        step: None,
+    };
+    let err = store.advance_in_tx(&mut tx, &s, lease.token, &update).await;
+    assert!(
+        matches!(
+            err,
+            Err(StoreError::Unsupported("phases inside a single-step claim"))
+        ),
+        "{err:?}"
+    );
+    // The claim itself is unharmed.
+    store
+        .complete_in_tx(tx, &s, lease.token, &response(201, "ok"))
+        .await
+        .unwrap();
+}
+
+/// A database created before the lifecycle migration keeps its records and
+/// gains the `parked` state and the review table.
+#[tokio::test]
+async fn lifecycle_migration_keeps_existing_records() {
+    use idemkit_core::{Clock, KeyStore, RecordState};
+    use idemkit_testkit::suite::{claim_req, must_claim, response, scope};
+    use sqlx::migrate::Migrator;
+    let dir = std::env::temp_dir().join(format!("idemkit-sqlite-migrate-{}", uuid_like()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let url = format!("sqlite://{}?mode=rwc", dir.join("old.db").display());
+    let clock = Arc::new(ManualClock::new());
+    let s = scope("a", "before-upgrade");
+    {
+        // The schema as the first release shipped it, with one record in it.
+        let first = dir.join("first-migration");
+        std::fs::create_dir_all(&first).unwrap();
+        let name = "20261130000001_idemkit_keys.sql";
+        std::fs::copy(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("migrations")
+                .join(name),
+            first.join(name),
+        )
+        .unwrap();
+        let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
+        Migrator::new(first).await.unwrap().run(&pool).await.unwrap();
+        sqlx::query(
+            "INSERT INTO idemkit_keys (account, idem_key, fingerprint, state, created_at, lease_expires_at, \
+             fencing_token, req_method, req_path, req_headers, req_body, recovery_point, step_outputs) \
+             VALUES ('a', 'before-upgrade', ?1, 'in_flight', ?2, ?3, 3, 'POST', '/orders', '[]', x'', 'rp', \
+             '{\"s\":1}')",
+        )
+        .bind(&claim_req(&s, "{}").fingerprint.as_bytes()[..])
+        .bind(clock.now().0 - 60_000)
+        .bind(clock.now().0 - 30_000)
+        .execute(&pool)
+        .await
+        .unwrap();
+        pool.close().await;
+    }
+    let store = SqliteStore::open(&url).await.unwrap().with_clock(clock);
+    let rec = store.get(&s).await.unwrap().expect("kept");
+    assert_eq!(rec.fencing_token.0, 3);
+    assert_eq!(rec.step_outputs["s"], 1);
+    assert_eq!(rec.recovery_point.as_deref(), Some("rp"));
+    let lease = must_claim(&store, &claim_req(&s, "{}")).await;
+    assert_eq!(lease.resumed_from.as_deref(), Some("rp"));
+    store.park(&s, lease.token, "parked after upgrade").await.unwrap();
+    assert_eq!(store.get(&s).await.unwrap().unwrap().state, RecordState::Parked);
+    let other = scope("a", "after-upgrade");
+    let l = must_claim(&store, &claim_req(&other, "{}")).await;
+    store
+        .complete(&other, l.token, &response(201, "x"))
+        .await
+        .unwrap();
+}
+
 #[tokio::test]
 async fn opens_sqlite_urls_and_reopens_existing_files() {
     let dir = std::env::temp_dir().join(format!("idemkit-sqlite-url-{}", uuid_like()));

@@ -9,3 +9,8 @@ async fn fresh(clock: Arc<ManualClock>) -> Arc<MemoryStore> {
 }
 
 idemkit_testkit::store_conformance_tests!(fresh);
+
+mod lifecycle {
+    use super::*;
+    idemkit_testkit::lifecycle_conformance_tests!(fresh);
+}

@@ -17,7 +17,7 @@ use idemkit_sqlite::{SqliteStore, SqliteTx};
 use idemkit_testkit::{ManualClock, MemoryStore};
 use idemkit_tower::{
     BearerTokenAccount, ConfigError, IdempotencyContext, IdempotencyLayer, IdempotencyLayerBuilder, Json,
-    Outcome, Tx,
+    Outcome, Reaper, Tx,
 };
 use serde_json::{Value, json};
 
@@ -660,4 +660,107 @@ fn _tx_store_is_usable(s: Arc<SqliteStore>) -> Arc<dyn KeyStore> {
     takes(&*s);
     let _: fn(StoreError) -> bool = |e| e.is_retryable();
     s
+}
+
+mod crash;
+
+/// In-flight = accepted: a duplicate of a running request gets `202` with a status
+/// URL; `GET` on it answers in progress, then the stored response.
+#[tokio::test]
+async fn accepted_mode_hands_out_a_status_url() {
+    let runs = Runs::default();
+    let layer = generic(memory(), Policy::new().with_in_flight(InFlightBehavior::Accepted))
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route(
+            "/op",
+            post(|State(runs): State<Runs>| async move {
+                let n = runs.next();
+                tokio::time::sleep(Duration::from_millis(600)).await;
+                (StatusCode::CREATED, format!("made {n}"))
+            })
+            .layer(layer.clone()),
+        )
+        .merge(layer.status_router())
+        .with_state(runs.clone());
+    let base = serve(app).await;
+    let slow = tokio::spawn({
+        let base = base.clone();
+        async move { send(&base, Some("long/job#1"), "a", &json!({})).await }
+    });
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let dup = send(&base, Some("long/job#1"), "a", &json!({})).await;
+    assert_eq!(dup.status, 202, "{dup:?}");
+    let location = dup.headers["location"].to_str().unwrap().to_owned();
+    assert_eq!(location, "/idempotency/requests/long%2Fjob%231");
+    let status_url = format!("{base}{location}");
+    let client = reqwest::Client::new();
+    let pending = client.get(&status_url).bearer_auth("a").send().await.unwrap();
+    assert_eq!(pending.status(), 202);
+    assert_eq!(pending.json::<Value>().await.unwrap()["status"], "in_progress");
+    // Another account cannot see it.
+    assert_eq!(
+        client
+            .get(&status_url)
+            .bearer_auth("b")
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        404
+    );
+    assert_eq!(slow.await.unwrap().status, 201);
+    let done = client.get(&status_url).bearer_auth("a").send().await.unwrap();
+    assert_eq!(done.status(), 201);
+    assert!(done.headers().get("idempotent-replayed").is_some());
+    assert_eq!(done.text().await.unwrap(), "made 1");
+    assert_eq!(runs.get(), 1);
+}
+
+/// The reaper deletes what is past the threshold and keeps never-completed
+/// requests in the store's review list, with where they got to.
+#[tokio::test]
+async fn reaper_deletes_old_records_and_keeps_unfinished_ones_for_review() {
+    use idemkit_core::PhaseUpdate;
+    use idemkit_testkit::suite::{claim_req, must_claim, response, scope};
+    let clock = Arc::new(ManualClock::new());
+    let store: Arc<dyn KeyStore> = Arc::new(MemoryStore::with_clock(clock.clone()));
+    let done = scope("a", "old-done");
+    let lease = must_claim(&*store, &claim_req(&done, "{}")).await;
+    store
+        .complete(&done, lease.token, &response(201, "x"))
+        .await
+        .unwrap();
+    let stuck = scope("a", "old-stuck");
+    let lease = must_claim(&*store, &claim_req(&stuck, "{}")).await;
+    let update = PhaseUpdate {
+        recovery_point: "insert".into(),
+        step: None,
+    };
+    store.advance(&stuck, lease.token, &update).await.unwrap();
+    store
+        .abandon(&stuck, lease.token, "courier timed out")
+        .await
+        .unwrap();
+    clock.advance(Duration::from_secs(73 * 3600));
+    let fresh = scope("a", "fresh");
+    must_claim(&*store, &claim_req(&fresh, "{}")).await;
+
+    let report = Reaper::new(store.clone(), Duration::from_secs(72 * 3600))
+        .run_once()
+        .await
+        .unwrap();
+    assert_eq!((report.deleted, report.moved_to_review), (1, 1));
+    assert!(store.get(&done).await.unwrap().is_none());
+    assert!(store.get(&stuck).await.unwrap().is_none());
+    assert!(
+        store.get(&fresh).await.unwrap().is_some(),
+        "recent records are kept"
+    );
+    let review = store.review(10).await.unwrap();
+    assert_eq!(review.len(), 1);
+    assert_eq!(review[0].scope, stuck);
+    assert_eq!(review[0].recovery_point.as_deref(), Some("insert"));
+    assert_eq!(review[0].last_error.as_deref(), Some("courier timed out"));
 }

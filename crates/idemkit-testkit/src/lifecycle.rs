@@ -1,0 +1,644 @@
+//! Conformance cases for the multi-step lifecycle (SPEC §6, §7): phases and
+//! recovery points ([`KeyStore::advance`], [`TransactionalStore::advance_in_tx`]),
+//! parking for human review ([`KeyStore::park`]), the completer's work list
+//! ([`KeyStore::abandoned`]) and the reaper ([`KeyStore::reap`],
+//! [`KeyStore::review`]).
+//!
+//! Each case takes a fresh, empty store and the [`ManualClock`] it reads time
+//! from; time moves by hand, never by sleeping. Use
+//! [`crate::lifecycle_conformance_tests!`] and
+//! [`crate::transactional_lifecycle_tests!`] to run them for a backend.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use idemkit_core::{
+    ClaimOutcome, FencingToken, KeyStore, Lease, Millis, PhaseUpdate, ReapReport, Record, RecordState, Scope,
+    StoreError, TransactionalStore,
+};
+use serde_json::json;
+
+use crate::ManualClock;
+use crate::suite::{LEASE, WINDOW, claim_req, must_claim, response, scope};
+use crate::tx_suite::BusinessProbe;
+
+/// The reap threshold the cases use: three replay windows (SPEC §6 default, 72 h).
+pub const REAP: Duration = Duration::from_secs(3 * 24 * 3600);
+
+/// A phase update reaching `point`, saving `step` when given.
+pub fn phase(point: &str, step: Option<(&str, serde_json::Value)>) -> PhaseUpdate {
+    PhaseUpdate {
+        recovery_point: point.to_owned(),
+        step: step.map(|(name, value)| (name.to_owned(), value)),
+    }
+}
+
+async fn record<S: KeyStore + ?Sized>(store: &S, s: &Scope) -> Record {
+    store.get(s).await.expect("get").expect("record exists")
+}
+
+fn assert_fenced<T: std::fmt::Debug>(r: Result<T, StoreError>, what: &str) {
+    assert!(
+        matches!(r, Err(StoreError::Fenced)),
+        "{what}: expected Fenced, got {r:?}"
+    );
+}
+
+fn keys(records: &[Record]) -> Vec<&str> {
+    records.iter().map(|r| r.scope.key.as_str()).collect()
+}
+
+/// Claims `key` (lease mode) and returns its scope and lease.
+async fn claimed<S: KeyStore + ?Sized>(store: &S, key: &str) -> (Scope, Lease) {
+    let s = scope("acct-l", key);
+    let lease = must_claim(store, &claim_req(&s, &format!(r#"{{"key":"{key}"}}"#))).await;
+    (s, lease)
+}
+
+/// `advance` saves the recovery point and step outputs; a later step with the
+/// same name replaces its output (it is not merged); step names are JSON keys
+/// whatever characters they hold. A takeover resumes from the recovery point,
+/// with the outputs kept.
+pub async fn advance_saves_progress_and_takeover_resumes_from_it<S: KeyStore>(
+    store: Arc<S>,
+    clock: Arc<ManualClock>,
+) {
+    let s = scope("acct-l", "phases");
+    let req = claim_req(&s, r#"{"sku":"A"}"#);
+    let a = must_claim(&*store, &req).await;
+    store
+        .advance(
+            &s,
+            a.token,
+            &phase("charged", Some(("charge", json!({"id": "ch_1", "amount": 1250})))),
+        )
+        .await
+        .expect("advance 1");
+    let odd = r#"we"ird.$[0] 'name'"#;
+    store
+        .advance(
+            &s,
+            a.token,
+            &phase("intent-recorded", Some((odd, json!([1, null, {"x": "y"}])))),
+        )
+        .await
+        .expect("advance 2");
+    // A later output under the same name replaces the earlier one.
+    store
+        .advance(
+            &s,
+            a.token,
+            &phase("recharged", Some(("charge", json!({"id": "ch_2"})))),
+        )
+        .await
+        .expect("advance 3");
+    // No step: only the recovery point moves.
+    store
+        .advance(&s, a.token, &phase("label-bought", None))
+        .await
+        .expect("advance 4");
+
+    let rec = record(&*store, &s).await;
+    assert_eq!(rec.state, RecordState::InFlight);
+    assert_eq!(rec.recovery_point.as_deref(), Some("label-bought"));
+    assert_eq!(rec.step_outputs.len(), 2, "{:?}", rec.step_outputs);
+    assert_eq!(rec.step_outputs["charge"], json!({"id": "ch_2"}));
+    assert_eq!(rec.step_outputs[odd], json!([1, null, {"x": "y"}]));
+
+    // The holder dies; the next attempt takes over from the recovery point.
+    clock.advance(LEASE * 2);
+    let b = must_claim(&*store, &req).await;
+    assert!(b.token > a.token);
+    assert_eq!(b.resumed_from.as_deref(), Some("label-bought"));
+    let rec = record(&*store, &s).await;
+    assert_eq!(rec.step_outputs["charge"], json!({"id": "ch_2"}));
+    assert_eq!(rec.step_outputs[odd], json!([1, null, {"x": "y"}]));
+    // The new holder carries on and completes.
+    store
+        .advance(&s, b.token, &phase("notified", Some(("email", json!("sent")))))
+        .await
+        .expect("advance after takeover");
+    store
+        .complete(&s, b.token, &response(201, "done"))
+        .await
+        .expect("complete");
+    let rec = record(&*store, &s).await;
+    assert_eq!(rec.recovery_point.as_deref(), Some("notified"));
+    assert_eq!(rec.step_outputs.len(), 3);
+}
+
+/// `advance` and `park` are lease-holder writes: a stale token (taken over,
+/// completed, released) is refused and changes nothing.
+pub async fn stale_token_cannot_advance_or_park<S: KeyStore>(store: Arc<S>, clock: Arc<ManualClock>) {
+    let s = scope("acct-l", "stale");
+    let req = claim_req(&s, "{}");
+    let a = must_claim(&*store, &req).await;
+    clock.advance(LEASE * 2);
+    let b = must_claim(&*store, &req).await;
+    assert_fenced(
+        store
+            .advance(&s, a.token, &phase("a-step", Some(("a", json!(1)))))
+            .await,
+        "advance with a taken-over token",
+    );
+    assert_fenced(
+        store.park(&s, a.token, "a parks").await,
+        "park with a taken-over token",
+    );
+    assert_fenced(
+        store
+            .advance(&s, FencingToken(b.token.0 + 1), &phase("future", None))
+            .await,
+        "advance with a token never handed out",
+    );
+    let rec = record(&*store, &s).await;
+    assert_eq!(rec.state, RecordState::InFlight);
+    assert_eq!(rec.recovery_point, None);
+    assert!(rec.step_outputs.is_empty());
+    assert_eq!(rec.last_error, None);
+
+    store
+        .complete(&s, b.token, &response(201, "B"))
+        .await
+        .expect("complete");
+    assert_fenced(
+        store.advance(&s, b.token, &phase("late", None)).await,
+        "advance after completion",
+    );
+    assert_fenced(store.park(&s, b.token, "late").await, "park after completion");
+    assert_eq!(record(&*store, &s).await.state, RecordState::Completed);
+
+    let r = scope("acct-l", "stale-released");
+    let c = must_claim(&*store, &claim_req(&r, "{}")).await;
+    store.release(&r, c.token).await.expect("release");
+    assert_fenced(
+        store.advance(&r, c.token, &phase("late", None)).await,
+        "advance after release",
+    );
+    assert_fenced(store.park(&r, c.token, "late").await, "park after release");
+}
+
+/// A parked record ends its lease, keeps its progress and the reason, answers
+/// `Parked` to the same request and `Mismatch` to another, and is never claimed
+/// again, not even after the replay window. Its holder can no longer write.
+pub async fn parked_record_is_never_claimed_again<S: KeyStore>(store: Arc<S>, clock: Arc<ManualClock>) {
+    let s = scope("acct-l", "parked");
+    let req = claim_req(&s, r#"{"ship":"1"}"#);
+    let a = must_claim(&*store, &req).await;
+    store
+        .advance(
+            &s,
+            a.token,
+            &phase("courier-intent", Some(("courier", json!({"ref": "c-1"})))),
+        )
+        .await
+        .expect("advance");
+    store
+        .park(
+            &s,
+            a.token,
+            "courier outcome unknown; it ignores idempotency keys",
+        )
+        .await
+        .expect("park");
+    let rec = record(&*store, &s).await;
+    assert_eq!(rec.state, RecordState::Parked);
+    assert!(rec.lease_expires_at <= store.now(), "parking ends the lease");
+    assert_eq!(
+        rec.last_error.as_deref(),
+        Some("courier outcome unknown; it ignores idempotency keys")
+    );
+    assert_eq!(rec.recovery_point.as_deref(), Some("courier-intent"));
+    assert_eq!(rec.step_outputs["courier"], json!({"ref": "c-1"}));
+
+    assert_eq!(store.claim(&req).await.unwrap(), ClaimOutcome::Parked);
+    assert_eq!(
+        store.claim(&claim_req(&s, r#"{"ship":"2"}"#)).await.unwrap(),
+        ClaimOutcome::Mismatch
+    );
+    // The holder's lease is over: it can neither complete nor heartbeat.
+    assert_fenced(
+        store.complete(&s, a.token, &response(201, "late")).await,
+        "complete after park",
+    );
+    assert_fenced(store.heartbeat(&s, a.token, LEASE).await, "heartbeat after park");
+    assert_fenced(store.abandon(&s, a.token, "x").await, "abandon after park");
+    assert_fenced(store.release(&s, a.token).await, "release after park");
+
+    clock.advance(LEASE * 2);
+    assert_eq!(store.claim(&req).await.unwrap(), ClaimOutcome::Parked);
+    clock.advance(WINDOW * 2);
+    assert_eq!(store.claim(&req).await.unwrap(), ClaimOutcome::Parked);
+    let rec = record(&*store, &s).await;
+    assert_eq!(rec.state, RecordState::Parked);
+    assert_eq!(rec.fencing_token, a.token, "nobody claimed it since");
+    // Not the completer's business: a human decides.
+    assert!(store.abandoned(store.now(), 100).await.unwrap().is_empty());
+}
+
+/// `abandoned` lists in-flight records whose lease has expired and that were
+/// claimed at or before the cut-off, oldest first, at most `limit`; never live
+/// leases, completed, released or parked records.
+pub async fn abandoned_lists_expired_in_flight_records_oldest_first<S: KeyStore>(
+    store: Arc<S>,
+    clock: Arc<ManualClock>,
+) {
+    let step = Duration::from_secs(1);
+    // Claimed before the cut-off but kept alive by its heartbeat.
+    let (kept, l) = claimed(&*store, "ab-kept").await;
+    store.heartbeat(&kept, l.token, LEASE * 10).await.unwrap();
+    clock.advance(step);
+    let (_, _a1) = claimed(&*store, "ab-1").await;
+    clock.advance(step);
+    let (_, _a2) = claimed(&*store, "ab-2").await;
+    clock.advance(step);
+    let (done, l) = claimed(&*store, "ab-done").await;
+    store.complete(&done, l.token, &response(201, "x")).await.unwrap();
+    clock.advance(step);
+    let (parked, l) = claimed(&*store, "ab-parked").await;
+    store.park(&parked, l.token, "review").await.unwrap();
+    clock.advance(step);
+    let (released, l) = claimed(&*store, "ab-released").await;
+    store.release(&released, l.token).await.unwrap();
+    clock.advance(step);
+    // Ended at once by a retryable outcome: abandoned without waiting for expiry.
+    let (a3, l) = claimed(&*store, "ab-3").await;
+    store
+        .advance(&a3, l.token, &phase("half-way", Some(("s", json!(true)))))
+        .await
+        .unwrap();
+    store.abandon(&a3, l.token, "courier timeout").await.unwrap();
+    let cut = store.now();
+    clock.advance(step);
+    let (_, _late) = claimed(&*store, "ab-late").await;
+
+    // Nothing has expired yet except the one whose lease ended at once.
+    assert_eq!(keys(&store.abandoned(cut, 10).await.unwrap()), ["ab-3"]);
+
+    clock.advance(LEASE * 2);
+    let (live, _) = claimed(&*store, "ab-live").await;
+
+    let found = store.abandoned(cut, 10).await.unwrap();
+    assert_eq!(keys(&found), ["ab-1", "ab-2", "ab-3"]);
+    assert_eq!(found[2].recovery_point.as_deref(), Some("half-way"));
+    assert_eq!(found[2].last_error.as_deref(), Some("courier timeout"));
+    assert_eq!(
+        found[0].request,
+        claim_req(&found[0].scope, r#"{"key":"ab-1"}"#).request
+    );
+    assert_eq!(keys(&store.abandoned(cut, 2).await.unwrap()), ["ab-1", "ab-2"]);
+    assert!(store.abandoned(cut, 0).await.unwrap().is_empty());
+    assert_eq!(
+        keys(&store.abandoned(store.now(), 10).await.unwrap()),
+        ["ab-1", "ab-2", "ab-3", "ab-late"],
+        "live leases ({live:?}, {kept:?}) are never listed"
+    );
+    // Before the first claim: nothing.
+    assert!(
+        store
+            .abandoned(Millis(cut.0 - 60_000), 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
+
+/// The reaper deletes completed and released records past the threshold, moves
+/// records that never completed (expired in flight, parked) to the review list
+/// with where they got to and why they stopped, and leaves live leases and
+/// recent records alone. A second pass finds nothing.
+pub async fn reap_deletes_old_records_and_moves_unfinished_ones_to_review<S: KeyStore>(
+    store: Arc<S>,
+    clock: Arc<ManualClock>,
+) {
+    assert!(store.review(10).await.unwrap().is_empty());
+    let step = Duration::from_secs(1);
+    let (done_old, l) = claimed(&*store, "rp-done-old").await;
+    store
+        .complete(&done_old, l.token, &response(201, "x"))
+        .await
+        .unwrap();
+    let (released_old, l) = claimed(&*store, "rp-released-old").await;
+    store.release(&released_old, l.token).await.unwrap();
+    clock.advance(step);
+    let (stuck_old, l) = claimed(&*store, "rp-stuck-old").await;
+    let stuck_created = store.now();
+    store
+        .advance(
+            &stuck_old,
+            l.token,
+            &phase("charged", Some(("charge", json!({"id": "ch_9"})))),
+        )
+        .await
+        .unwrap();
+    store
+        .abandon(&stuck_old, l.token, "courier timeout")
+        .await
+        .unwrap();
+    clock.advance(step);
+    let (parked_old, l) = claimed(&*store, "rp-parked-old").await;
+    store
+        .advance(
+            &parked_old,
+            l.token,
+            &phase("courier-intent", Some(("courier", json!("c-7")))),
+        )
+        .await
+        .unwrap();
+    store.park(&parked_old, l.token, "outcome unknown").await.unwrap();
+    // Claimed long ago but still held: a live lease is never touched.
+    let (live_old, live_lease) = claimed(&*store, "rp-live-old").await;
+    store
+        .heartbeat(&live_old, live_lease.token, REAP * 2)
+        .await
+        .unwrap();
+    // Claimed long ago, completed after the threshold: kept.
+    let (done_late, late_lease) = claimed(&*store, "rp-done-late").await;
+    store
+        .heartbeat(&done_late, late_lease.token, REAP * 2)
+        .await
+        .unwrap();
+
+    clock.advance(REAP);
+    let before = store.now();
+    clock.advance(step);
+    store
+        .complete(&done_late, late_lease.token, &response(201, "late"))
+        .await
+        .unwrap();
+    let (done_new, l) = claimed(&*store, "rp-done-new").await;
+    store
+        .complete(&done_new, l.token, &response(201, "x"))
+        .await
+        .unwrap();
+    let (released_new, l) = claimed(&*store, "rp-released-new").await;
+    store.release(&released_new, l.token).await.unwrap();
+    let (parked_new, l) = claimed(&*store, "rp-parked-new").await;
+    store.park(&parked_new, l.token, "recent").await.unwrap();
+    let (stuck_new, _) = claimed(&*store, "rp-stuck-new").await;
+    clock.advance(LEASE * 2);
+    let reaped_at = store.now();
+
+    let report = store.reap(before).await.expect("reap");
+    assert_eq!(
+        report,
+        ReapReport {
+            deleted: 2,
+            moved_to_review: 2
+        }
+    );
+    for gone in [&done_old, &released_old, &stuck_old, &parked_old] {
+        assert!(store.get(gone).await.unwrap().is_none(), "{gone:?} reaped");
+    }
+    for kept in [
+        &live_old,
+        &done_late,
+        &done_new,
+        &released_new,
+        &parked_new,
+        &stuck_new,
+    ] {
+        assert!(store.get(kept).await.unwrap().is_some(), "{kept:?} kept");
+    }
+    let live = record(&*store, &live_old).await;
+    assert_eq!(live.state, RecordState::InFlight);
+    assert_eq!(live.fencing_token, live_lease.token);
+    store
+        .complete(&live_old, live_lease.token, &response(201, "still mine"))
+        .await
+        .expect("the live holder still completes");
+
+    let review = store.review(10).await.expect("review");
+    assert_eq!(review.len(), 2, "{review:?}");
+    let (stuck, parked) = (&review[0], &review[1]);
+    assert_eq!(stuck.scope, stuck_old);
+    assert_eq!(stuck.state, RecordState::InFlight);
+    assert_eq!(stuck.created_at, stuck_created);
+    assert_eq!(stuck.reaped_at, reaped_at);
+    assert_eq!(stuck.recovery_point.as_deref(), Some("charged"));
+    assert_eq!(stuck.step_outputs["charge"], json!({"id": "ch_9"}));
+    assert_eq!(stuck.last_error.as_deref(), Some("courier timeout"));
+    assert_eq!(
+        stuck.request,
+        claim_req(&stuck_old, r#"{"key":"rp-stuck-old"}"#).request
+    );
+    assert_eq!(parked.scope, parked_old);
+    assert_eq!(parked.state, RecordState::Parked);
+    assert!(parked.created_at > stuck.created_at);
+    assert_eq!(parked.recovery_point.as_deref(), Some("courier-intent"));
+    assert_eq!(parked.step_outputs["courier"], json!("c-7"));
+    assert_eq!(parked.last_error.as_deref(), Some("outcome unknown"));
+    assert_eq!(store.review(1).await.unwrap(), review[..1]);
+
+    assert_eq!(store.reap(before).await.unwrap(), ReapReport::default());
+    assert_eq!(store.review(10).await.unwrap(), review);
+}
+
+/// After the reaper deleted a record (completed, or moved to review), its key
+/// is free: the next claim starts a new request from scratch.
+pub async fn reaped_keys_can_be_claimed_anew<S: KeyStore>(store: Arc<S>, clock: Arc<ManualClock>) {
+    let done = scope("acct-l", "again-done");
+    let done_req = claim_req(&done, "{}");
+    let l = must_claim(&*store, &done_req).await;
+    store
+        .complete(&done, l.token, &response(201, "old"))
+        .await
+        .unwrap();
+    let parked = scope("acct-l", "again-parked");
+    let parked_req = claim_req(&parked, "{}");
+    let l = must_claim(&*store, &parked_req).await;
+    store
+        .advance(&parked, l.token, &phase("p", Some(("p", json!(1)))))
+        .await
+        .unwrap();
+    store.park(&parked, l.token, "review").await.unwrap();
+
+    clock.advance(REAP + Duration::from_secs(1));
+    let report = store.reap(store.now()).await.unwrap();
+    assert_eq!(
+        report,
+        ReapReport {
+            deleted: 1,
+            moved_to_review: 1
+        }
+    );
+    for (s, req) in [(&done, &done_req), (&parked, &parked_req)] {
+        let lease = must_claim(&*store, req).await;
+        assert_eq!(lease.resumed_from, None);
+        let rec = record(&*store, s).await;
+        assert_eq!(rec.state, RecordState::InFlight);
+        assert_eq!(rec.recovery_point, None);
+        assert!(rec.step_outputs.is_empty());
+        assert_eq!(rec.last_error, None);
+        store
+            .complete(s, lease.token, &response(201, "new"))
+            .await
+            .unwrap();
+        assert_eq!(
+            store.claim(req).await.unwrap(),
+            ClaimOutcome::Replay(response(201, "new"))
+        );
+    }
+}
+
+/// A phase transaction: business row and progress commit together when the
+/// transaction commits (a phase that does not complete), and again when the
+/// last phase completes.
+pub async fn advance_in_tx_commits_with_the_business_writes<S, P, C, F>(
+    store: Arc<S>,
+    probe: P,
+    commit: C,
+    _clock: Arc<ManualClock>,
+) where
+    S: TransactionalStore,
+    P: BusinessProbe<S>,
+    C: Fn(S::Tx) -> F,
+    F: Future<Output = ()>,
+{
+    let s = scope("acct-l", "tx-phases");
+    let req = claim_req(&s, "{}");
+    let lease = must_claim(&*store, &req).await;
+
+    let mut tx = store.begin_fenced(&s, lease.token).await.expect("begin_fenced");
+    probe.insert(&mut tx, "tx-phase-1").await;
+    store
+        .advance_in_tx(
+            &mut tx,
+            &s,
+            lease.token,
+            &phase("reserved", Some(("reservation", json!({"slot": 4})))),
+        )
+        .await
+        .expect("advance_in_tx");
+    assert_eq!(probe.count("tx-phase-1").await, 0, "uncommitted");
+    assert_eq!(record(&*store, &s).await.recovery_point, None, "uncommitted");
+    commit(tx).await;
+    assert_eq!(probe.count("tx-phase-1").await, 1);
+    let rec = record(&*store, &s).await;
+    assert_eq!(rec.state, RecordState::InFlight);
+    assert_eq!(rec.recovery_point.as_deref(), Some("reserved"));
+    assert_eq!(rec.step_outputs["reservation"], json!({"slot": 4}));
+
+    let mut tx = store.begin_fenced(&s, lease.token).await.expect("begin_fenced");
+    probe.insert(&mut tx, "tx-phase-2").await;
+    store
+        .advance_in_tx(
+            &mut tx,
+            &s,
+            lease.token,
+            &phase("shipped", Some(("label", json!("L-1")))),
+        )
+        .await
+        .expect("advance_in_tx");
+    store
+        .complete_in_tx(tx, &s, lease.token, &response(201, "shipped"))
+        .await
+        .expect("complete_in_tx");
+    assert_eq!(probe.count("tx-phase-2").await, 1);
+    let rec = record(&*store, &s).await;
+    assert_eq!(rec.state, RecordState::Completed);
+    assert_eq!(rec.recovery_point.as_deref(), Some("shipped"));
+    assert_eq!(rec.step_outputs.len(), 2);
+    assert_eq!(rec.step_outputs["label"], json!("L-1"));
+    assert_eq!(
+        store.claim(&req).await.unwrap(),
+        ClaimOutcome::Replay(response(201, "shipped"))
+    );
+}
+
+/// A dropped phase transaction (crash, error) rolls back its progress with its
+/// business writes: the record stays at the previous recovery point, which is
+/// where a takeover resumes.
+pub async fn dropped_phase_rolls_back_progress_with_business_writes<S, P, C, F>(
+    store: Arc<S>,
+    probe: P,
+    commit: C,
+    clock: Arc<ManualClock>,
+) where
+    S: TransactionalStore,
+    P: BusinessProbe<S>,
+    C: Fn(S::Tx) -> F,
+    F: Future<Output = ()>,
+{
+    let s = scope("acct-l", "tx-drop-phase");
+    let req = claim_req(&s, "{}");
+    let lease = must_claim(&*store, &req).await;
+    let mut tx = store.begin_fenced(&s, lease.token).await.unwrap();
+    probe.insert(&mut tx, "tx-drop-1").await;
+    store
+        .advance_in_tx(&mut tx, &s, lease.token, &phase("one", Some(("one", json!(1)))))
+        .await
+        .unwrap();
+    commit(tx).await;
+
+    let mut tx = store.begin_fenced(&s, lease.token).await.unwrap();
+    probe.insert(&mut tx, "tx-drop-2").await;
+    store
+        .advance_in_tx(&mut tx, &s, lease.token, &phase("two", Some(("two", json!(2)))))
+        .await
+        .unwrap();
+    drop(tx);
+    assert_eq!(probe.count("tx-drop-1").await, 1);
+    assert_eq!(probe.count("tx-drop-2").await, 0, "rolled back");
+    let rec = record(&*store, &s).await;
+    assert_eq!(rec.recovery_point.as_deref(), Some("one"));
+    assert_eq!(rec.step_outputs.len(), 1);
+    assert!(!rec.step_outputs.contains_key("two"));
+
+    clock.advance(LEASE * 2);
+    let b = must_claim(&*store, &req).await;
+    assert_eq!(b.resumed_from.as_deref(), Some("one"));
+}
+
+/// A holder whose lease was taken over cannot advance inside a transaction: the
+/// progress write is fenced by its own token (whatever token opened the
+/// transaction), its business writes roll back with the transaction, and the
+/// current holder's progress is intact.
+pub async fn stale_token_cannot_advance_in_a_tx<S, P, C, F>(
+    store: Arc<S>,
+    probe: P,
+    commit: C,
+    clock: Arc<ManualClock>,
+) where
+    S: TransactionalStore,
+    P: BusinessProbe<S>,
+    C: Fn(S::Tx) -> F,
+    F: Future<Output = ()>,
+{
+    let s = scope("acct-l", "tx-stale-phase");
+    let req = claim_req(&s, "{}");
+    let a = must_claim(&*store, &req).await;
+    clock.advance(LEASE * 2);
+    let b = must_claim(&*store, &req).await;
+    // A's phase transaction, opened while B holds the key (B's token passes the
+    // opening check in backends that do not lock there); A advances with its own.
+    let mut tx = store.begin_fenced(&s, b.token).await.unwrap();
+    probe.insert(&mut tx, "tx-stale-a").await;
+    let err = store
+        .advance_in_tx(&mut tx, &s, a.token, &phase("a-phase", Some(("a", json!("A")))))
+        .await;
+    assert_fenced(err, "advance_in_tx with a taken-over token");
+    drop(tx);
+    assert_eq!(probe.count("tx-stale-a").await, 0);
+    assert!(matches!(
+        store.begin_fenced(&s, a.token).await,
+        Err(StoreError::Fenced)
+    ));
+    let rec = record(&*store, &s).await;
+    assert_eq!(rec.recovery_point, None);
+    assert!(rec.step_outputs.is_empty());
+
+    let mut tx = store.begin_fenced(&s, b.token).await.unwrap();
+    probe.insert(&mut tx, "tx-stale-b").await;
+    store
+        .advance_in_tx(&mut tx, &s, b.token, &phase("b-phase", Some(("b", json!("B")))))
+        .await
+        .expect("the current holder advances");
+    commit(tx).await;
+    assert_eq!(probe.count("tx-stale-b").await, 1);
+    assert_eq!(
+        record(&*store, &s).await.recovery_point.as_deref(),
+        Some("b-phase")
+    );
+}

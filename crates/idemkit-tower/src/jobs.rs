@@ -1,0 +1,195 @@
+//! The completer and the reaper (SPEC §7).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use http::{HeaderName, HeaderValue, Request};
+use idemkit_core::{KeyStore, ReapReport, Record, RecordState, Scope, StoreResult};
+use tower::{Service, ServiceExt};
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Marks a request the completer replays for a record's own (account, key); the
+/// layer claims with this scope instead of resolving one. Only code in the same
+/// process can attach request extensions, so clients cannot forge it.
+#[derive(Debug, Clone)]
+pub(crate) struct Resume {
+    pub(crate) scope: Scope,
+}
+
+/// What one completer pass did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CompleterReport {
+    /// Abandoned records found.
+    pub found: usize,
+    /// Records driven to completion.
+    pub completed: usize,
+    /// Records parked for review along the way.
+    pub parked: usize,
+    /// Records still not complete, with what the replay answered.
+    pub unfinished: Vec<(Scope, String)>,
+}
+
+/// Drives abandoned in-flight requests (lease expired, claimed at least
+/// `min_age` ago) to completion with no client retry, by replaying each stored
+/// request through the application itself (its router, with the idempotency
+/// layers in front): the layer takes the record over with a new fencing token and
+/// the route's handler resumes from the recovery point, exactly as a client retry
+/// would. The response is stored for the client's next retry.
+pub struct Completer<S> {
+    store: Arc<dyn KeyStore>,
+    app: S,
+    min_age: Duration,
+    batch: usize,
+}
+
+impl<S> std::fmt::Debug for Completer<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Completer")
+            .field("min_age", &self.min_age)
+            .field("batch", &self.batch)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, B> Completer<S>
+where
+    S: Service<Request<Body>, Response = http::Response<B>> + Clone + Send + 'static,
+    S::Future: Send,
+    S::Error: Into<BoxError>,
+{
+    /// A completer for the records of `store`, replayed through `app`. Defaults:
+    /// records abandoned for at least a minute, 100 per pass.
+    pub fn new(store: Arc<dyn KeyStore>, app: S) -> Self {
+        Self {
+            store,
+            app,
+            min_age: Duration::from_secs(60),
+            batch: 100,
+        }
+    }
+
+    /// Only records claimed at least this long ago are taken.
+    pub fn min_age(mut self, d: Duration) -> Self {
+        self.min_age = d;
+        self
+    }
+
+    /// At most this many records per pass.
+    pub fn batch(mut self, n: usize) -> Self {
+        self.batch = n;
+        self
+    }
+
+    fn request_for(record: &Record) -> Result<Request<Body>, BoxError> {
+        let mut req = Request::builder()
+            .method(record.request.method.as_str())
+            .uri(record.request.path.as_str());
+        for h in &record.request.headers {
+            req = req.header(
+                HeaderName::from_bytes(h.name.as_bytes())?,
+                HeaderValue::from_bytes(&h.value)?,
+            );
+        }
+        let mut req = req.body(Body::from(record.request.body.clone()))?;
+        req.extensions_mut().insert(Resume {
+            scope: record.scope.clone(),
+        });
+        Ok(req)
+    }
+
+    /// One pass (the operator CLI's entry point).
+    pub async fn run_once(&self) -> StoreResult<CompleterReport> {
+        let cutoff = self.store.now().minus(self.min_age);
+        let records = self.store.abandoned(cutoff, self.batch).await?;
+        let mut report = CompleterReport {
+            found: records.len(),
+            ..CompleterReport::default()
+        };
+        for record in records {
+            let answer = match Self::request_for(&record) {
+                Ok(req) => match self.app.clone().oneshot(req).await {
+                    Ok(res) => format!("answered {}", res.status()),
+                    Err(e) => format!("failed: {}", e.into()),
+                },
+                Err(e) => format!("stored request is not replayable: {e}"),
+            };
+            match self.store.get(&record.scope).await?.map(|r| r.state) {
+                Some(RecordState::Completed) => report.completed += 1,
+                Some(RecordState::Parked) => report.parked += 1,
+                _ => {
+                    tracing::warn!(%answer, "idempotency completer: record still unfinished");
+                    report.unfinished.push((record.scope, answer));
+                }
+            }
+        }
+        if report.found > 0 {
+            tracing::info!(
+                found = report.found,
+                completed = report.completed,
+                parked = report.parked,
+                "idempotency completer pass"
+            );
+        }
+        Ok(report)
+    }
+
+    /// Runs a pass every `every` in a background task.
+    pub fn spawn(self, every: Duration) -> tokio::task::JoinHandle<()>
+    where
+        S: Sync,
+    {
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            loop {
+                tick.tick().await;
+                if let Err(e) = self.run_once().await {
+                    tracing::warn!(error = %e, "idempotency completer pass failed");
+                }
+            }
+        })
+    }
+}
+
+/// Deletes records past the reap threshold and moves requests that never
+/// completed to the store's review list (with their recovery point and last
+/// error) for humans.
+#[derive(Debug, Clone)]
+pub struct Reaper {
+    store: Arc<dyn KeyStore>,
+    threshold: Duration,
+}
+
+impl Reaper {
+    /// A reaper for records older than `threshold` (the policy's reap threshold).
+    pub fn new(store: Arc<dyn KeyStore>, threshold: Duration) -> Self {
+        Self { store, threshold }
+    }
+
+    /// One pass (the operator CLI's entry point).
+    pub async fn run_once(&self) -> StoreResult<ReapReport> {
+        let report = self.store.reap(self.store.now().minus(self.threshold)).await?;
+        if report.deleted + report.moved_to_review > 0 {
+            tracing::info!(
+                deleted = report.deleted,
+                to_review = report.moved_to_review,
+                "idempotency reaper pass"
+            );
+        }
+        Ok(report)
+    }
+
+    /// Runs a pass every `every` in a background task.
+    pub fn spawn(self, every: Duration) -> tokio::task::JoinHandle<()> {
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            loop {
+                tick.tick().await;
+                if let Err(e) = self.run_once().await {
+                    tracing::warn!(error = %e, "idempotency reaper pass failed");
+                }
+            }
+        })
+    }
+}

@@ -1,0 +1,365 @@
+//! Multi-step requests: atomic phases, recovery points and external-call intents
+//! (SPEC §7).
+//!
+//! A request that calls systems we cannot roll back (payments, couriers, email) runs
+//! as a sequence of phases under a lease-mode claim. Each phase is one fenced
+//! transaction that writes business rows and advances the recovery point together.
+//! An external call records its *intent* (with a downstream idempotency key derived
+//! from ours) before calling, and its *result* after. A retry that takes over an
+//! abandoned attempt skips completed phases (reusing their saved outputs) and
+//! re-issues an unfinished call only when the downstream honours keys; otherwise the
+//! request is parked for human review and never blindly re-called.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::response::{IntoResponse, Response};
+use http_body_util::BodyExt;
+use idemkit_core::{
+    DownstreamKey, ErrorCode, FencingToken, PhaseUpdate, Policy, Scope, StoreError, StoredHeader,
+    StoredResponse, TransactionalStore,
+};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+
+use crate::{IdempotencyContext, Outcome, ProblemResponse};
+
+/// Why a phase did not produce its output.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PhaseError<E> {
+    /// The phase's own work failed; its transaction rolled back.
+    #[error("phase failed: {0}")]
+    Work(E),
+    /// The external call failed (see [`CallError`] for whether it may have run).
+    #[error("external call failed: {0}")]
+    Call(E),
+    /// The request was parked for human review: an earlier attempt recorded the
+    /// intent to call a downstream that does not honour idempotency keys, and its
+    /// result is unknown.
+    #[error("parked for review: {0}")]
+    Parked(String),
+    /// The key store refused or failed (a stale token is [`StoreError::Fenced`]).
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// A saved output could not be read back as the phase's output type.
+    #[error("saved output of step `{0}` does not match its type: {1}")]
+    Output(String, serde_json::Error),
+}
+
+impl<E: IntoResponse> IntoResponse for PhaseError<E> {
+    /// The handler's own error as it answers; the layer's problems otherwise.
+    /// Parked and lease-lost answers leave the record as it is.
+    fn into_response(self) -> Response {
+        match self {
+            Self::Work(e) | Self::Call(e) => e.into_response(),
+            Self::Parked(reason) => (
+                Outcome::Settled,
+                ProblemResponse::new(ErrorCode::RequestParked, reason),
+            )
+                .into_response(),
+            Self::Store(StoreError::Fenced) => (
+                Outcome::Settled,
+                ProblemResponse::new(
+                    ErrorCode::LeaseLost,
+                    "this attempt's lease was taken over by a later attempt; retry to get its result",
+                )
+                .retry_after(std::time::Duration::from_secs(1)),
+            )
+                .into_response(),
+            Self::Store(e) => ProblemResponse::new(
+                if matches!(e, StoreError::Unavailable(_)) {
+                    ErrorCode::StoreUnavailable
+                } else {
+                    ErrorCode::Internal
+                },
+                e.to_string(),
+            )
+            .into_response(),
+            Self::Output(step, e) => {
+                ProblemResponse::new(ErrorCode::Internal, format!("saved output of `{step}`: {e}"))
+                    .into_response()
+            }
+        }
+    }
+}
+
+/// How an external call failed.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum CallError<E> {
+    /// The call certainly did not take effect (connection refused, a definite
+    /// rejection): the intent is withdrawn and a later attempt may call again.
+    NotExecuted(E),
+    /// The call may have taken effect (timeout, reset after sending): the intent
+    /// stays, and a later attempt re-issues it only if the downstream honours keys.
+    Unknown(E),
+}
+
+impl<E> CallError<E> {
+    /// Maps the error inside, keeping whether the call may have run.
+    pub fn map<F>(self, f: impl FnOnce(E) -> F) -> CallError<F> {
+        match self {
+            Self::NotExecuted(e) => CallError::NotExecuted(f(e)),
+            Self::Unknown(e) => CallError::Unknown(f(e)),
+        }
+    }
+}
+
+/// Whether a downstream de-duplicates by idempotency key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Downstream {
+    /// Re-sending the same key is safe: an unfinished call is re-issued on resume.
+    HonoursKeys,
+    /// Re-sending may act twice: an unfinished call parks the request for review.
+    IgnoresKeys,
+}
+
+/// The phases of one request. Build it in a handler under a lease-mode
+/// [`crate::IdempotencyLayer`] whose store offers transactions.
+///
+/// ```no_run
+/// # use std::sync::Arc;
+/// # use idemkit_sqlite::SqliteStore;
+/// # use idemkit_tower::{IdempotencyContext, Phases, Downstream, CallError, PhaseError};
+/// # async fn handler(store: Arc<SqliteStore>, ctx: IdempotencyContext) -> Result<axum::response::Response, PhaseError<String>> {
+/// let mut phases = Phases::begin(store, &ctx).await?;
+/// let label_id: i64 = phases
+///     .phase("label", async |tx| {
+///         sqlx::query_scalar("INSERT INTO labels (status) VALUES ('pending') RETURNING id")
+///             .fetch_one(&mut **tx).await.map_err(|e| e.to_string())
+///     })
+///     .await?;
+/// let tracking: String = phases
+///     .external("courier", Downstream::HonoursKeys, async |key| {
+///         // send `key` as the courier's Idempotency-Key
+///         Ok::<_, CallError<String>>(format!("TRK-{label_id}-{key}"))
+///     })
+///     .await?;
+/// phases
+///     .finish("done", async |tx| {
+///         sqlx::query("UPDATE labels SET status = 'created' WHERE id = ?1").bind(label_id)
+///             .execute(&mut **tx).await.map_err(|e| e.to_string())?;
+///         Ok((http::StatusCode::CREATED, tracking).into_response())
+///     })
+///     .await
+/// # }
+/// # use axum::response::IntoResponse;
+/// ```
+pub struct Phases<S: TransactionalStore> {
+    store: Arc<S>,
+    scope: Scope,
+    token: FencingToken,
+    policy: Arc<Policy>,
+    outputs: BTreeMap<String, Value>,
+    recovery_point: Option<String>,
+}
+
+impl<S: TransactionalStore> std::fmt::Debug for Phases<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Phases")
+            .field("token", &self.token)
+            .field("recovery_point", &self.recovery_point)
+            .field("steps", &self.outputs.keys().collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Saved step states, as JSON in the record's step outputs.
+const DONE: &str = "done";
+const INTENT: &str = "intent";
+
+impl<S: TransactionalStore> Phases<S> {
+    /// Starts the phases of the request the layer claimed, or resumes them after
+    /// a takeover (loading the recovery point and saved outputs).
+    pub async fn begin(store: Arc<S>, ctx: &IdempotencyContext) -> Result<Self, StoreError> {
+        let record = store.get(&ctx.scope).await?;
+        let (outputs, recovery_point) = match record {
+            Some(r) if r.fencing_token == ctx.token => (r.step_outputs, r.recovery_point),
+            _ => return Err(StoreError::Fenced),
+        };
+        Ok(Self {
+            store,
+            scope: ctx.scope.clone(),
+            token: ctx.token,
+            policy: ctx.policy.clone(),
+            outputs,
+            recovery_point,
+        })
+    }
+
+    /// The last committed phase, if any.
+    pub fn recovery_point(&self) -> Option<&str> {
+        self.recovery_point.as_deref()
+    }
+
+    /// The idempotency key this request sends downstream for `step`.
+    pub fn downstream_key(&self, step: &str) -> DownstreamKey {
+        DownstreamKey::derive(&self.scope, step)
+    }
+
+    fn saved<T: DeserializeOwned, E>(&self, name: &str) -> Option<Result<T, PhaseError<E>>> {
+        let done = self.outputs.get(name)?.get(DONE)?;
+        Some(serde_json::from_value(done.clone()).map_err(|e| PhaseError::Output(name.to_owned(), e)))
+    }
+
+    async fn commit_progress<E>(
+        &mut self,
+        mut tx: S::Tx,
+        name: &str,
+        state: Value,
+        advance: bool,
+    ) -> Result<(), PhaseError<E>> {
+        let recovery_point = if advance {
+            name.to_owned()
+        } else {
+            self.recovery_point.clone().unwrap_or_default()
+        };
+        let update = PhaseUpdate {
+            recovery_point: recovery_point.clone(),
+            step: Some((name.to_owned(), state.clone())),
+        };
+        self.store
+            .advance_in_tx(&mut tx, &self.scope, self.token, &update)
+            .await?;
+        self.store.commit(tx).await?;
+        self.outputs.insert(name.to_owned(), state);
+        if advance {
+            self.recovery_point = Some(recovery_point);
+        }
+        Ok(())
+    }
+
+    /// One atomic phase: `work` runs in a fenced transaction of the store, and its
+    /// output is saved as step `name` with the recovery point in that same
+    /// transaction. On resume a completed phase is skipped and its saved output
+    /// returned. If `work` fails, its transaction rolls back.
+    pub async fn phase<T, E>(
+        &mut self,
+        name: &str,
+        work: impl AsyncFnOnce(&mut S::Tx) -> Result<T, E>,
+    ) -> Result<T, PhaseError<E>>
+    where
+        T: Serialize + DeserializeOwned,
+    {
+        if let Some(saved) = self.saved(name) {
+            return saved;
+        }
+        let mut tx = self.store.begin_fenced(&self.scope, self.token).await?;
+        let out = work(&mut tx).await.map_err(PhaseError::Work)?;
+        let state =
+            json!({ DONE: serde_json::to_value(&out).map_err(|e| PhaseError::Output(name.to_owned(), e))? });
+        self.commit_progress(tx, name, state, true).await?;
+        fail::fail_point!("idemkit::after_phase");
+        Ok(out)
+    }
+
+    /// An external call: the intent (with the downstream key) is committed before
+    /// calling and the result after. On resume: a recorded result is returned
+    /// without calling; a recorded intent without a result is re-issued with the
+    /// same key if `downstream` honours keys, and otherwise the request is parked
+    /// for review and the call is not made.
+    pub async fn external<T, E>(
+        &mut self,
+        name: &str,
+        downstream: Downstream,
+        call: impl AsyncFnOnce(DownstreamKey) -> Result<T, CallError<E>>,
+    ) -> Result<T, PhaseError<E>>
+    where
+        T: Serialize + DeserializeOwned,
+    {
+        if let Some(saved) = self.saved(name) {
+            return saved;
+        }
+        let key = self.downstream_key(name);
+        let pending = self.outputs.get(name).and_then(|v| v.get(INTENT)).is_some();
+        if pending && downstream == Downstream::IgnoresKeys {
+            let reason = format!(
+                "external step `{name}` was called by an earlier attempt with no recorded result, and its \
+                 downstream does not honour idempotency keys: parked for review instead of calling again"
+            );
+            self.store.park(&self.scope, self.token, &reason).await?;
+            return Err(PhaseError::Parked(reason));
+        }
+        if !pending {
+            let tx = self.store.begin_fenced(&self.scope, self.token).await?;
+            self.commit_progress(tx, name, json!({ INTENT: key.as_str() }), false)
+                .await?;
+            fail::fail_point!("idemkit::after_intent");
+        }
+        match call(key).await {
+            Ok(out) => {
+                fail::fail_point!("idemkit::after_call");
+                let state = json!({ DONE: serde_json::to_value(&out).map_err(|e| PhaseError::Output(name.to_owned(), e))? });
+                let tx = self.store.begin_fenced(&self.scope, self.token).await?;
+                self.commit_progress(tx, name, state, true).await?;
+                Ok(out)
+            }
+            Err(CallError::NotExecuted(e)) => {
+                // Withdraw the intent: the call certainly did not happen.
+                let tx = self.store.begin_fenced(&self.scope, self.token).await?;
+                self.commit_progress(tx, name, json!({ "withdrawn": true }), false)
+                    .await?;
+                Err(PhaseError::Call(e))
+            }
+            Err(CallError::Unknown(e)) => Err(PhaseError::Call(e)),
+        }
+    }
+
+    /// The final phase: `work` runs in a fenced transaction and returns the
+    /// response, which is stored in that same transaction, so the last business
+    /// writes and the completion commit together (a request with N phases costs
+    /// N + 1 commits). The returned response tells the layer it is already stored.
+    pub async fn finish<E>(
+        self,
+        name: &str,
+        work: impl AsyncFnOnce(&mut S::Tx) -> Result<Response, E>,
+    ) -> Result<Response, PhaseError<E>> {
+        let mut tx = self.store.begin_fenced(&self.scope, self.token).await?;
+        let response = work(&mut tx).await.map_err(PhaseError::Work)?;
+        let (parts, body) = response.into_parts();
+        let cap = self.policy.max_stored_body;
+        let body = match http_body_util::Limited::new(body, cap).collect().await {
+            Ok(c) => c.to_bytes(),
+            Err(_) => {
+                return Ok((
+                    Outcome::Settled,
+                    ProblemResponse::new(
+                        ErrorCode::ResponseTooLarge,
+                        format!("the response is larger than the {cap}-byte storage cap; the final phase was rolled back"),
+                    ),
+                )
+                    .into_response());
+            }
+        };
+        let stored = StoredResponse {
+            status: parts.status.as_u16(),
+            headers: parts
+                .headers
+                .iter()
+                .filter(|(n, _)| self.policy.replays_header(n.as_str()))
+                .map(|(n, v)| StoredHeader {
+                    name: n.as_str().to_owned(),
+                    value: v.as_bytes().to_vec(),
+                })
+                .collect(),
+            body: body.to_vec(),
+        };
+        let update = PhaseUpdate {
+            recovery_point: name.to_owned(),
+            step: None,
+        };
+        self.store
+            .advance_in_tx(&mut tx, &self.scope, self.token, &update)
+            .await?;
+        self.store
+            .complete_in_tx(tx, &self.scope, self.token, &stored)
+            .await?;
+        fail::fail_point!("idemkit::after_complete");
+        let mut response = Response::from_parts(parts, Body::from(body));
+        response.extensions_mut().insert(Outcome::Settled);
+        Ok(response)
+    }
+}

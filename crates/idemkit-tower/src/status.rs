@@ -1,0 +1,96 @@
+//! The `accepted` in-flight behaviour: `202` with a status URL the layer serves.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::{Path, State};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use http::request::Parts;
+use http::{HeaderValue, StatusCode, header};
+use idemkit_core::{ErrorCode, IdempotencyKey, RecordState, Scope};
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
+
+use crate::layer::Shared;
+use crate::problem::retry_after_secs;
+use crate::service::{replay_response, store_problem};
+use crate::{IdempotencyLayer, ProblemResponse};
+
+/// Everything but the unreserved characters of RFC 3986 is escaped in the key's
+/// path segment.
+const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
+fn in_progress(location: Option<String>, retry_after: Duration) -> Response {
+    let mut body = serde_json::json!({ "status": "in_progress" });
+    if let Some(l) = &location {
+        body["statusUrl"] = l.clone().into();
+    }
+    let mut res = (StatusCode::ACCEPTED, axum::Json(body)).into_response();
+    res.headers_mut().insert(
+        header::RETRY_AFTER,
+        HeaderValue::from(retry_after_secs(retry_after)),
+    );
+    if let Some(l) = location.and_then(|l| HeaderValue::from_str(&l).ok()) {
+        res.headers_mut().insert(header::LOCATION, l);
+    }
+    res
+}
+
+/// The `202 Accepted` answer for a duplicate of a request still in flight.
+pub(crate) fn accepted(shared: &Shared, scope: &Scope, retry_after: Duration) -> Response {
+    let location = format!(
+        "{}/{}",
+        shared.status_path.trim_end_matches('/'),
+        utf8_percent_encode(scope.key.as_str(), SEGMENT)
+    );
+    in_progress(Some(location), retry_after)
+}
+
+async fn status(State(shared): State<Arc<Shared>>, Path(key): Path<String>, parts: Parts) -> Response {
+    let account = match shared.resolver.resolve(&parts) {
+        Ok(a) => a,
+        Err(p) => return p.into_response(),
+    };
+    let key = match IdempotencyKey::parse(&key) {
+        Ok(k) => k,
+        Err(e) => return ProblemResponse::new(e.code(), e.to_string()).into_response(),
+    };
+    let scope = Scope::new(account, key);
+    let now = shared.store.now();
+    match shared.store.get(&scope).await {
+        Ok(Some(r)) => match (r.state, r.response) {
+            (RecordState::Completed, Some(stored)) => replay_response(stored, &shared.policy),
+            (RecordState::InFlight, _) => {
+                in_progress(None, now.until(r.lease_expires_at).max(Duration::from_secs(1)))
+            }
+            (RecordState::Parked, _) => ProblemResponse::new(
+                ErrorCode::RequestParked,
+                "this request was parked for human review; it will not run again",
+            )
+            .into_response(),
+            _ => ProblemResponse::new(ErrorCode::NotFound, "no request with this key").into_response(),
+        },
+        // Another account's key is indistinguishable from no key.
+        Ok(None) => ProblemResponse::new(ErrorCode::NotFound, "no request with this key").into_response(),
+        Err(e) => store_problem(&e).into_response(),
+    }
+}
+
+impl IdempotencyLayer {
+    /// The routes that serve the status URLs handed out by the `accepted`
+    /// in-flight behaviour: `GET {status_path}/{key}` answers `202` with
+    /// `{"status":"in_progress"}` while the request runs, then its stored response
+    /// (with `Idempotent-Replayed: true`). Keys are scoped by the caller's account.
+    /// Merge it into the application's router.
+    pub fn status_router<St: Clone + Send + Sync + 'static>(&self) -> Router<St> {
+        let path = format!("{}/{{key}}", self.shared.status_path.trim_end_matches('/'));
+        Router::new()
+            .route(&path, get(status))
+            .with_state(self.shared.clone())
+    }
+}
