@@ -37,7 +37,7 @@ pub mod tx_suite;
 
 pub use clock::ManualClock;
 pub use memory::MemoryStore;
-pub use process::{example_bin, example_bin_with};
+pub use process::example_bin;
 
 /// Generates one `#[tokio::test]` per case of [`suite`] for a backend.
 ///

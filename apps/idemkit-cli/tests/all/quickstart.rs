@@ -57,7 +57,7 @@ impl Quickstart {
             .local_addr()
             .unwrap()
             .port();
-        let bin = tokio::task::spawn_blocking(|| idemkit_testkit::example_bin("idemkit", "quickstart"))
+        let bin = tokio::task::spawn_blocking(|| idemkit_testkit::example_bin("quickstart"))
             .await
             .unwrap();
         let mut cmd = Command::new(bin);

@@ -39,7 +39,7 @@ async fn stopped_holder_cannot_complete_after_takeover() {
         .unwrap();
 
     let lease_ms = 300;
-    let mut holder = Command::new(idemkit_testkit::example_bin("idemkit-postgres", "pg_holder"))
+    let mut holder = Command::new(idemkit_testkit::example_bin("pg_holder"))
         .args([&url, &schema, "paused-key", &lease_ms.to_string()])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())

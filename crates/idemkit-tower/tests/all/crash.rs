@@ -113,7 +113,7 @@ struct Server {
 
 impl Server {
     fn start(db: &Db, courier: &str, env: &[(&str, &str)]) -> Self {
-        let bin = idemkit_testkit::example_bin_with("idemkit-tower", "crash_server", &["failpoints"]);
+        let bin = idemkit_testkit::example_bin("crash_server");
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()

@@ -103,7 +103,7 @@ impl Server {
     pub(crate) async fn start_on(backend: &Backend, env: &[(&str, &str)]) -> Self {
         let dir = TempDir::new("quickstart");
         let port = free_port();
-        let mut cmd = Command::new(idemkit_testkit::example_bin("idemkit", "quickstart"));
+        let mut cmd = Command::new(idemkit_testkit::example_bin("quickstart"));
         match backend {
             Backend::Sqlite => {
                 cmd.env("IDEMKIT_DB", dir.0.join("quickstart.db"))
