@@ -21,6 +21,9 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 pub mod check;
+pub mod courier;
+pub mod demo;
+pub mod serve;
 
 /// The command line.
 #[derive(Debug, Parser)]
@@ -38,15 +41,26 @@ pub struct Cli {
 
 /// The subcommands.
 #[derive(Debug, Subcommand)]
+#[allow(clippy::large_enum_variant, reason = "parsed once per process")]
 pub enum Command {
     /// Run the black-box conformance gates against an idempotent HTTP endpoint.
     Check(check::CheckArgs),
+    /// Run the courier simulator: an idempotent shipments API with fault injection.
+    Courier(courier::CourierArgs),
+    /// Run the shipping-label reference service.
+    Serve(serve::ServeArgs),
+    /// Start the courier and the label service and play the failure scenarios a
+    /// client meets (the main job).
+    Demo(demo::DemoArgs),
 }
 
 /// Runs a parsed command line and returns the exit code it chose.
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Check(args) => check::run(args),
+        Command::Courier(args) => courier::run(args),
+        Command::Serve(args) => serve::run(args),
+        Command::Demo(args) => demo::run(args),
     }
 }
 

@@ -74,7 +74,12 @@ pub(crate) struct Shared {
     pub(crate) max_request_body: usize,
     pub(crate) methods: Vec<Method>,
     pub(crate) status_path: String,
+    pub(crate) validator: Option<Arc<Validator>>,
 }
+
+/// A route's own request validation, run before the key is looked up.
+pub(crate) type Validator =
+    dyn Fn(&http::request::Parts, &[u8]) -> Result<(), crate::ProblemResponse> + Send + Sync;
 
 /// A tower [`Layer`] that makes the wrapped routes require an idempotency key and
 /// enforces the idemkit contract on them.
@@ -158,6 +163,7 @@ pub struct IdempotencyLayerBuilder {
     max_request_body: usize,
     methods: Vec<Method>,
     status_path: String,
+    validator: Option<Arc<Validator>>,
 }
 
 impl std::fmt::Debug for IdempotencyLayerBuilder {
@@ -187,6 +193,7 @@ impl IdempotencyLayerBuilder {
             max_request_body: 1024 * 1024,
             methods: vec![Method::POST, Method::PUT, Method::PATCH, Method::DELETE],
             status_path: DEFAULT_STATUS_PATH.to_owned(),
+            validator: None,
         }
     }
 
@@ -250,6 +257,20 @@ impl IdempotencyLayerBuilder {
         self
     }
 
+    /// Validates each request body before its key is looked up, so an invalid
+    /// body is answered with the route's problem (usually `400`) whatever state its
+    /// key is in, and never claims the key.
+    pub fn validate_body(
+        mut self,
+        validate: impl Fn(&http::request::Parts, &[u8]) -> Result<(), crate::ProblemResponse>
+        + Send
+        + Sync
+        + 'static,
+    ) -> Self {
+        self.validator = Some(Arc::new(validate));
+        self
+    }
+
     /// Validates and builds.
     pub fn build(self) -> Result<IdempotencyLayer, ConfigError> {
         self.policy.validate()?;
@@ -273,6 +294,7 @@ impl IdempotencyLayerBuilder {
                 max_request_body: self.max_request_body,
                 methods: self.methods,
                 status_path: self.status_path,
+                validator: self.validator,
             }),
         })
     }

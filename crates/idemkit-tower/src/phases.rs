@@ -49,6 +49,19 @@ pub enum PhaseError<E> {
     Output(String, serde_json::Error),
 }
 
+impl<E> PhaseError<E> {
+    /// Maps the handler's error type inside, keeping every other variant.
+    pub fn map_work<F>(self, f: impl FnOnce(E) -> F) -> PhaseError<F> {
+        match self {
+            Self::Work(e) => PhaseError::Work(f(e)),
+            Self::Call(e) => PhaseError::Call(f(e)),
+            Self::Parked(r) => PhaseError::Parked(r),
+            Self::Store(e) => PhaseError::Store(e),
+            Self::Output(s, e) => PhaseError::Output(s, e),
+        }
+    }
+}
+
 impl<E: IntoResponse> IntoResponse for PhaseError<E> {
     /// The handler's own error as it answers; the layer's problems otherwise.
     /// Parked and lease-lost answers leave the record as it is.

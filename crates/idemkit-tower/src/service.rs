@@ -169,6 +169,11 @@ async fn prepare(
         return Err(key_problem(e));
     }
     let bytes = read_body(body, shared.max_request_body).await?;
+    if let Some(validate) = &shared.validator {
+        // The route's own validation comes before the key is looked up: an invalid
+        // body is answered the same whatever state its key is in.
+        validate(parts, &bytes)?;
+    }
     let key = match (header_key, &shared.key_source) {
         (Some(Ok(k)), _) => k,
         (_, KeySource::JsonField(pointer)) => key_from_json(&bytes, pointer)?,
@@ -466,7 +471,17 @@ async fn settle_unstored(
                 .abandon(scope, lease.token, "handler marked the outcome retryable")
                 .await
         }
-        _ => shared.store.release(scope, lease.token).await,
+        // A request that committed a phase keeps its progress: the next attempt
+        // resumes from the recovery point instead of starting over.
+        _ => match shared.store.get(scope).await {
+            Ok(Some(r)) if r.recovery_point.is_some() => {
+                shared
+                    .store
+                    .abandon(scope, lease.token, "the handler failed after a phase committed")
+                    .await
+            }
+            _ => shared.store.release(scope, lease.token).await,
+        },
     };
     if let Err(e) = result {
         // The lease still expires on its own; the next attempt takes over then.

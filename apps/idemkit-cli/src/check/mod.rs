@@ -282,7 +282,9 @@ mod tests {
 
     fn plan(args: &[&str]) -> anyhow::Result<Plan> {
         let cli = Cli::try_parse_from(["idemkit", "check"].iter().chain(args))?;
-        let Command::Check(args) = cli.command;
+        let Command::Check(args) = cli.command else {
+            unreachable!("the command line starts with `check`")
+        };
         Plan::from_args(&args)
     }
 

@@ -8,6 +8,8 @@ use serde_json::Value;
 
 mod broken;
 mod cli;
+mod courier;
+mod labels;
 mod fixtures;
 mod quickstart;
 

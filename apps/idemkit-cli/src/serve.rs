@@ -1,0 +1,92 @@
+//! `idemkit serve`: the shipping-label reference service.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use idemkit_labels::service::{LabelsConfig, build};
+use idemkit_tower::{Completer, Reaper};
+
+/// Arguments of `idemkit serve`.
+#[derive(Debug, clap::Args)]
+pub struct ServeArgs {
+    /// Address to listen on, e.g. `127.0.0.1:8080`.
+    #[arg(long)]
+    pub listen: SocketAddr,
+    /// `postgres://…`, `sqlite://…` or a SQLite file path (default `labels.db`).
+    #[arg(long)]
+    pub database_url: Option<String>,
+    /// The courier's base URL (run one with `idemkit courier`).
+    #[arg(long, default_value = "http://127.0.0.1:8081")]
+    pub courier_url: String,
+    /// Lease of a label request, in milliseconds.
+    #[arg(long, default_value_t = 30_000)]
+    pub lease_ms: u64,
+    /// Deadline of the courier call, retries included, in milliseconds.
+    #[arg(long, default_value_t = 10_000)]
+    pub courier_deadline_ms: u64,
+    /// A file of `token=account` lines. Without it, `IDEMKIT_TOKENS="tok=account,…"`;
+    /// without either, the documented demo tokens (`demo-token-acme`, `demo-token-globex`).
+    #[arg(long)]
+    pub tokens: Option<PathBuf>,
+}
+
+/// With the `failpoints` feature, `IDEMKIT_CRASH_AT=<failpoint>` makes the process
+/// print `CRASHPOINT <name>` there and stop until killed (crash tests).
+fn install_crash_point() {
+    #[cfg(feature = "failpoints")]
+    if let Ok(name) = std::env::var("IDEMKIT_CRASH_AT") {
+        let announced = name.clone();
+        let installed = fail::cfg_callback(name, move || {
+            use std::io::Write;
+            println!("CRASHPOINT {announced}");
+            let _ = std::io::stdout().flush();
+            loop {
+                std::thread::sleep(Duration::from_secs(3600));
+            }
+        });
+        if let Err(e) = installed {
+            eprintln!("IDEMKIT_CRASH_AT: {e}");
+        }
+    }
+}
+
+/// Runs the service until interrupted.
+pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
+    install_crash_point();
+    let tokens = match (&args.tokens, std::env::var("IDEMKIT_TOKENS")) {
+        (Some(path), _) => LabelsConfig::parse_tokens(
+            &std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?,
+        )?,
+        (None, Ok(spec)) if !spec.trim().is_empty() => LabelsConfig::parse_tokens(&spec)?,
+        _ => LabelsConfig::demo_tokens(),
+    };
+    let lease = Duration::from_millis(args.lease_ms);
+    let config = LabelsConfig {
+        database: args.database_url.unwrap_or_else(|| "labels.db".into()),
+        courier_url: args.courier_url.trim_end_matches('/').to_owned(),
+        lease,
+        tokens,
+        courier_deadline: Duration::from_millis(args.courier_deadline_ms),
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    runtime.block_on(async move {
+        let service = build(config).await?;
+        // Abandoned requests are finished without waiting for the client; records
+        // past the reap threshold go (unfinished ones to the review table).
+        let every = (lease * 2).max(Duration::from_millis(200));
+        Completer::new(service.keys.clone(), service.router.clone()).min_age(lease).spawn(every);
+        Reaper::new(service.keys.clone(), idemkit_core::Policy::new().reap_threshold).spawn(Duration::from_secs(3600));
+        let listener = tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("binding {}", args.listen))?;
+        println!("labels listening on http://{}", listener.local_addr()?);
+        axum::serve(listener, service.router)
+            .with_graceful_shutdown(async {
+                let _ = tokio::signal::ctrl_c().await;
+            })
+            .await?;
+        Ok::<_, anyhow::Error>(())
+    })?;
+    Ok(ExitCode::SUCCESS)
+}

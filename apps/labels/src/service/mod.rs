@@ -1,0 +1,508 @@
+//! The shipping-label service: `POST /labels` creates a label and books it with a
+//! courier; retries with the same `idempotencyKey` never create a second label or
+//! shipment. Built on idemkit's lease mode with phases (the courier call cannot be
+//! rolled back), and idemkit's client for the courier call.
+
+mod model;
+mod openapi;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use axum::Router;
+use axum::extract::{Path, State};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use http::StatusCode;
+use http::request::Parts;
+use idemkit_client::{ReqwestRetryError, RetryConfig, RetryMiddleware};
+use idemkit_core::{Account, ErrorCode, Policy};
+use idemkit_postgres::{PgConfig, PgStore};
+use idemkit_sqlite::SqliteStore;
+use idemkit_tower::{
+    AccountResolver, CallError, Downstream, IdempotencyContext, IdempotencyLayer, Outcome, PhaseError,
+    Phases, ProblemResponse, bearer_token,
+};
+
+pub use model::{Address, CourierName, CreateLabel, Label, LabelError, Parcel, Tracking, TrackingEvent};
+pub use openapi::openapi;
+
+/// Tokens the service accepts when none are configured (documented for demos).
+pub const DEMO_TOKENS: &[(&str, &str)] = &[("demo-token-acme", "acme"), ("demo-token-globex", "globex")];
+
+/// How the service runs.
+#[derive(Debug, Clone)]
+pub struct LabelsConfig {
+    /// `postgres://…`, `sqlite://…` or a SQLite file path.
+    pub database: String,
+    /// The courier's base URL.
+    pub courier_url: String,
+    /// Lease length of a label request.
+    pub lease: Duration,
+    /// Bearer token → account.
+    pub tokens: HashMap<String, String>,
+    /// The overall deadline of the courier call, retries included.
+    pub courier_deadline: Duration,
+}
+
+impl LabelsConfig {
+    /// Parses `tok=account,tok2=account2`.
+    pub fn parse_tokens(spec: &str) -> anyhow::Result<HashMap<String, String>> {
+        spec.split([',', '\n'])
+            .map(str::trim)
+            .filter(|s| !s.is_empty() && !s.starts_with('#'))
+            .map(|pair| {
+                let (tok, acct) = pair
+                    .split_once('=')
+                    .with_context(|| format!("`{pair}` is not token=account"))?;
+                Ok((tok.trim().to_owned(), acct.trim().to_owned()))
+            })
+            .collect()
+    }
+
+    /// The demo tokens.
+    pub fn demo_tokens() -> HashMap<String, String> {
+        DEMO_TOKENS
+            .iter()
+            .map(|(t, a)| ((*t).to_owned(), (*a).to_owned()))
+            .collect()
+    }
+}
+
+/// Bearer token → account; anything else is `401`.
+#[derive(Debug, Clone)]
+struct Tokens(Arc<HashMap<String, String>>);
+
+impl AccountResolver for Tokens {
+    fn resolve(&self, parts: &Parts) -> Result<Account, ProblemResponse> {
+        bearer_token(parts)
+            .and_then(|t| self.0.get(t))
+            .map(Account::new)
+            .ok_or_else(|| {
+                ProblemResponse::new(
+                    ErrorCode::Unauthorized,
+                    "send `Authorization: Bearer <token>` with a valid token",
+                )
+            })
+    }
+}
+
+#[derive(Clone)]
+struct App<S> {
+    store: Arc<S>,
+    tokens: Tokens,
+    courier_url: String,
+    courier: reqwest_middleware::ClientWithMiddleware,
+    http: reqwest::Client,
+}
+
+/// How the courier call ended, when it did not produce a shipment.
+#[derive(Debug)]
+enum CourierFailure {
+    /// The courier refused the label for good (bad address, …).
+    Rejected(LabelError),
+    /// The courier was unavailable through every retry the deadline allowed.
+    Transient(String),
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Shipment {
+    order_number: String,
+    tracking_number: String,
+    shipment: i64,
+}
+
+async fn book(
+    app: &App<impl Send + Sync>,
+    key: &str,
+    label_id: &str,
+    req: &CreateLabel,
+) -> Result<Shipment, CallError<CourierFailure>> {
+    let body = serde_json::json!({
+        "reference": label_id, "courier": req.courier, "shipFrom": req.ship_from, "shipTo": req.ship_to, "parcel": req.parcel,
+    });
+    let sent = app
+        .courier
+        .post(format!("{}/shipments", app.courier_url))
+        .header("idempotency-key", key)
+        .header("content-type", "application/json")
+        .body(body.to_string())
+        .send()
+        .await;
+    match sent {
+        Ok(res) if res.status().is_success() => res
+            .json()
+            .await
+            .map_err(|e| CallError::Unknown(CourierFailure::Transient(format!("courier answer: {e}")))),
+        Ok(res) if res.status().is_client_error() => {
+            let status = res.status();
+            let problem: serde_json::Value = res.json().await.unwrap_or_default();
+            Err(CallError::NotExecuted(CourierFailure::Rejected(LabelError {
+                code: problem["code"].as_str().unwrap_or("courier_rejected").to_owned(),
+                message: format!(
+                    "the courier rejected the label ({status}): {}; correct the request and send it with a new idempotency key",
+                    problem["detail"].as_str().unwrap_or("no detail")
+                ),
+                retryable: false,
+            })))
+        }
+        Ok(res) => Err(CallError::NotExecuted(CourierFailure::Transient(format!(
+            "courier answered {}",
+            res.status()
+        )))),
+        Err(reqwest_middleware::Error::Middleware(e)) => {
+            let message = format!("courier unavailable: {e}");
+            match e.downcast_ref::<ReqwestRetryError>().map(|r| r.outcome()) {
+                // It answered (503 …): nothing was created.
+                Some(idemkit_client::Outcome::Answered(_)) | Some(idemkit_client::Outcome::NotSent) => {
+                    Err(CallError::NotExecuted(CourierFailure::Transient(message)))
+                }
+                _ => Err(CallError::Unknown(CourierFailure::Transient(message))),
+            }
+        }
+        Err(e) => Err(CallError::Unknown(CourierFailure::Transient(format!(
+            "courier unreachable: {e}"
+        )))),
+    }
+}
+
+fn label_response(status: StatusCode, label: &Label) -> Response {
+    (status, axum::Json(label)).into_response()
+}
+
+fn failed(e: impl std::fmt::Display) -> Response {
+    ProblemResponse::new(ErrorCode::Internal, format!("internal failure: {e}")).into_response()
+}
+
+/// The SQL both databases run (placeholders in order of first use, so SQLite's
+/// `$n` names bind like PostgreSQL's positions).
+mod sql {
+    pub(super) const INSERT: &str = "INSERT INTO labels (id, account, courier, status, request, created_at) \
+         VALUES ($1, $2, $3, 'pending', $4, $5)";
+    pub(super) const CREATED: &str = "UPDATE labels SET status = 'created', courier_order = $1, courier_tracking = $2, \
+         courier_shipment = $3, error = NULL WHERE id = $4";
+    pub(super) const FAILED: &str = "UPDATE labels SET status = 'failed', error = $1 WHERE id = $2";
+    pub(super) const SELECT: &str = "SELECT id, courier, status, courier_order, courier_tracking, error, courier_shipment \
+         FROM labels WHERE account = $1 AND (id = $2 OR courier_tracking = $2)";
+    pub(super) const TABLE_SQLITE: &str = "CREATE TABLE IF NOT EXISTS labels (id TEXT PRIMARY KEY, account TEXT NOT NULL, \
+         courier TEXT NOT NULL, status TEXT NOT NULL, request TEXT NOT NULL, courier_order TEXT, courier_tracking TEXT, \
+         courier_shipment INTEGER, error TEXT, created_at INTEGER NOT NULL)";
+    pub(super) const TABLE_PG: &str = "CREATE TABLE IF NOT EXISTS labels (id TEXT PRIMARY KEY, account TEXT NOT NULL, \
+         courier TEXT NOT NULL, status TEXT NOT NULL, request TEXT NOT NULL, courier_order TEXT, courier_tracking TEXT, \
+         courier_shipment BIGINT, error TEXT, created_at BIGINT NOT NULL)";
+}
+
+type Row = (
+    String,
+    String,
+    String,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<i64>,
+);
+
+fn label_of(row: Row) -> (Label, Option<i64>) {
+    let (id, courier, status, order, tracking, error, shipment) = row;
+    let error = error.and_then(|e| serde_json::from_str(&e).ok());
+    (
+        Label {
+            id,
+            status,
+            courier,
+            courier_order_number: order,
+            courier_tracking_number: tracking,
+            error,
+        },
+        shipment,
+    )
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// The handlers, once per database type.
+macro_rules! handlers {
+    ($create:ident, $get:ident, $track:ident, $store:ty) => {
+        async fn $create(
+            State(app): State<App<$store>>,
+            ctx: IdempotencyContext,
+            body: bytes::Bytes,
+        ) -> Result<Response, PhaseError<Response>> {
+            // Validated before the key was looked up; parsing again cannot fail.
+            let req = CreateLabel::parse(&body).map_err(|p| PhaseError::Work(p.into_response()))?;
+            let account = ctx.scope.account.as_str().to_owned();
+            let courier = serde_json::to_value(req.courier)
+                .unwrap_or_default()
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            let mut phases = Phases::begin(app.store.clone(), &ctx).await?;
+            let label_id: String = phases
+                .phase("label", async |tx| {
+                    let id = format!("lbl_{}", uuid::Uuid::new_v4().simple());
+                    sqlx::query(sql::INSERT)
+                        .bind(&id)
+                        .bind(&account)
+                        .bind(&courier)
+                        .bind(String::from_utf8_lossy(&body).into_owned())
+                        .bind(now_ms())
+                        .execute(&mut **tx)
+                        .await
+                        .map_err(failed)?;
+                    Ok(id)
+                })
+                .await?;
+            let booked = phases
+                .external("courier", Downstream::HonoursKeys, async |key| {
+                    book(&app, key.as_str(), &label_id, &req).await
+                })
+                .await;
+            let mut label = Label {
+                id: label_id.clone(),
+                status: "created".into(),
+                courier: courier.clone(),
+                courier_order_number: None,
+                courier_tracking_number: None,
+                error: None,
+            };
+            match booked {
+                Ok(s) => {
+                    label.courier_order_number = Some(s.order_number.clone());
+                    label.courier_tracking_number = Some(s.tracking_number.clone());
+                    phases
+                        .finish("created", async |tx| {
+                            sqlx::query(sql::CREATED)
+                                .bind(&s.order_number)
+                                .bind(&s.tracking_number)
+                                .bind(s.shipment)
+                                .bind(&label_id)
+                                .execute(&mut **tx)
+                                .await
+                                .map_err(failed)?;
+                            Ok(label_response(StatusCode::CREATED, &label))
+                        })
+                        .await
+                }
+                Err(PhaseError::Call(CourierFailure::Rejected(error))) => {
+                    // Permanent: stored and replayed; a corrected request needs a new key.
+                    label.status = "failed".into();
+                    label.error = Some(error);
+                    let error_json = serde_json::to_string(&label.error).unwrap_or_default();
+                    phases
+                        .finish("rejected", async |tx| {
+                            sqlx::query(sql::FAILED)
+                                .bind(&error_json)
+                                .bind(&label_id)
+                                .execute(&mut **tx)
+                                .await
+                                .map_err(failed)?;
+                            Ok(label_response(StatusCode::BAD_GATEWAY, &label))
+                        })
+                        .await
+                }
+                Err(PhaseError::Call(CourierFailure::Transient(message))) => {
+                    // Retryable: the label is stored failed and the lease ends at once;
+                    // a retry re-attempts the courier with the same downstream key.
+                    label.status = "failed".into();
+                    label.error = Some(LabelError {
+                        code: "courier_unavailable".into(),
+                        message,
+                        retryable: true,
+                    });
+                    let error_json = serde_json::to_string(&label.error).unwrap_or_default();
+                    let step = format!("courier-failed-{}", ctx.token.0);
+                    phases
+                        .phase(&step, async |tx| {
+                            sqlx::query(sql::FAILED)
+                                .bind(&error_json)
+                                .bind(&label_id)
+                                .execute(&mut **tx)
+                                .await
+                                .map_err(failed)
+                                .map(|_| ())
+                        })
+                        .await?;
+                    Ok((
+                        Outcome::Retryable,
+                        label_response(StatusCode::BAD_GATEWAY, &label),
+                    )
+                        .into_response())
+                }
+                Err(other) => Err(other.map_work(|e| failed(format!("{e:?}")))),
+            }
+        }
+
+        async fn $get(State(app): State<App<$store>>, parts: Parts, Path(id): Path<String>) -> Response {
+            let account = match app.tokens.resolve(&parts) {
+                Ok(a) => a,
+                Err(p) => return p.into_response(),
+            };
+            let row: Result<Option<Row>, _> = sqlx::query_as(sql::SELECT)
+                .bind(account.as_str())
+                .bind(&id)
+                .fetch_optional(app.store.pool())
+                .await;
+            match row {
+                Ok(Some(row)) if row.0 == id => label_response(StatusCode::OK, &label_of(row).0),
+                Ok(_) => ProblemResponse::new(ErrorCode::NotFound, "no label with this id").into_response(),
+                Err(e) => failed(e),
+            }
+        }
+
+        async fn $track(State(app): State<App<$store>>, parts: Parts, Path(id): Path<String>) -> Response {
+            let account = match app.tokens.resolve(&parts) {
+                Ok(a) => a,
+                Err(p) => return p.into_response(),
+            };
+            let row: Result<Option<Row>, _> = sqlx::query_as(sql::SELECT)
+                .bind(account.as_str())
+                .bind(&id)
+                .fetch_optional(app.store.pool())
+                .await;
+            let (label, shipment) = match row {
+                Ok(Some(row)) => label_of(row),
+                Ok(None) => {
+                    return ProblemResponse::new(
+                        ErrorCode::NotFound,
+                        "no label with this id or tracking number",
+                    )
+                    .into_response()
+                }
+                Err(e) => return failed(e),
+            };
+            let (Some(tracking), Some(n)) = (label.courier_tracking_number, shipment) else {
+                return ProblemResponse::new(ErrorCode::NotFound, "this label has no shipment yet")
+                    .into_response();
+            };
+            let events = app
+                .http
+                .get(format!("{}/shipments/{n}/events", app.courier_url))
+                .send()
+                .await;
+            let events: Vec<TrackingEvent> = match events {
+                Ok(res) if res.status().is_success() => match res.json::<serde_json::Value>().await {
+                    Ok(v) => serde_json::from_value(v["events"].clone()).unwrap_or_default(),
+                    Err(e) => return failed(e),
+                },
+                _ => {
+                    return ProblemResponse::new(
+                        ErrorCode::StoreUnavailable,
+                        "the courier's tracking is unavailable; retry",
+                    )
+                    .into_response()
+                }
+            };
+            (
+                StatusCode::OK,
+                axum::Json(Tracking {
+                    tracking_number: tracking,
+                    events,
+                }),
+            )
+                .into_response()
+        }
+    };
+}
+
+handlers!(create_sqlite, get_sqlite, track_sqlite, SqliteStore);
+handlers!(create_pg, get_pg, track_pg, PgStore);
+
+fn idempotency(
+    store: Arc<impl idemkit_core::KeyStore>,
+    tokens: Tokens,
+    lease: Duration,
+) -> anyhow::Result<IdempotencyLayer> {
+    Ok(IdempotencyLayer::builder(store)
+        .policy(Policy::new().with_lease(lease).with_replay_status(200))
+        .resolver(tokens)
+        .key_json_field("/idempotencyKey")
+        .validate_body(|_, body| CreateLabel::parse(body).map(|_| ()))
+        .max_request_body(64 * 1024)
+        .build()?)
+}
+
+/// The running service's parts, for the binary and tests.
+pub struct Service {
+    /// The HTTP routes.
+    pub router: Router,
+    /// The key store, for the completer and the reaper.
+    pub keys: Arc<dyn idemkit_core::KeyStore>,
+}
+
+impl std::fmt::Debug for Service {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Service").finish_non_exhaustive()
+    }
+}
+
+/// Opens the database, creates the tables and builds the routes.
+pub async fn build(config: LabelsConfig) -> anyhow::Result<Service> {
+    let tokens = Tokens(Arc::new(config.tokens.clone()));
+    let courier = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+        .with(RetryMiddleware::new(
+            RetryConfig::new().with_deadline(Some(config.courier_deadline)),
+        ))
+        .build();
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()?;
+    let common = Router::new()
+        .route("/openapi.json", get(|| async { axum::Json(openapi()) }))
+        .fallback(idemkit_tower::not_found)
+        .method_not_allowed_fallback(idemkit_tower::method_not_allowed);
+    if config.database.starts_with("postgres") {
+        let schema = std::env::var("IDEMKIT_PG_SCHEMA").unwrap_or_else(|_| "labels".into());
+        let store = Arc::new(
+            PgStore::connect(
+                &config.database,
+                PgConfig {
+                    schema,
+                    ..PgConfig::default()
+                },
+            )
+            .await?,
+        );
+        sqlx::query(sql::TABLE_PG).execute(store.pool()).await?;
+        let layer = idempotency(store.clone(), tokens.clone(), config.lease)?;
+        let app = App {
+            store: store.clone(),
+            tokens,
+            courier_url: config.courier_url,
+            courier,
+            http,
+        };
+        let router = Router::new()
+            .route("/labels", post(create_pg).layer(layer))
+            .route("/labels/{id}", get(get_pg))
+            .route("/tracking/{id}", get(track_pg))
+            .with_state(app)
+            .merge(common);
+        Ok(Service { router, keys: store })
+    } else {
+        let store = Arc::new(SqliteStore::open(&config.database).await?);
+        sqlx::query(sql::TABLE_SQLITE).execute(store.pool()).await?;
+        let layer = idempotency(store.clone(), tokens.clone(), config.lease)?;
+        let app = App {
+            store: store.clone(),
+            tokens,
+            courier_url: config.courier_url,
+            courier,
+            http,
+        };
+        let router = Router::new()
+            .route("/labels", post(create_sqlite).layer(layer))
+            .route("/labels/{id}", get(get_sqlite))
+            .route("/tracking/{id}", get(track_sqlite))
+            .with_state(app)
+            .merge(common);
+        Ok(Service { router, keys: store })
+    }
+}

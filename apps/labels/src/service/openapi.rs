@@ -1,0 +1,118 @@
+//! `GET /openapi.json`: the published contract as OpenAPI 3.1 (utoipa).
+
+#![allow(dead_code)] // the functions below exist only to carry `#[utoipa::path]` docs
+
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::{Modify, OpenApi};
+
+use super::model::{Address, CourierName, CreateLabel, Label, LabelError, Parcel, Tracking, TrackingEvent};
+
+/// An RFC 9457 problem document (`application/problem+json`).
+#[derive(utoipa::ToSchema)]
+struct Problem {
+    /// Problem type URI (`urn:idemkit:problem:<code>`).
+    r#type: String,
+    /// Short summary.
+    title: String,
+    /// HTTP status.
+    status: u16,
+    /// What went wrong.
+    detail: String,
+    /// Stable machine code: `validation_failed`, `unauthorized`, `not_found`,
+    /// `idempotency_key_missing`, `idempotency_key_invalid`, `idempotency_key_reused`,
+    /// `idempotency_request_in_progress`, `idempotency_request_parked`,
+    /// `idempotency_store_unavailable`, `idempotency_lease_lost`, `internal_error`.
+    code: String,
+    /// Whether the same request may be retried with the same key.
+    retryable: bool,
+}
+
+/// Create a label.
+///
+/// The body carries the idempotency key (`idempotencyKey`), scoped to your account.
+/// The body is validated before the key is looked up: an invalid body is `400`
+/// whatever state its key is in, and the key stays usable for the corrected body.
+/// The first request creates the label and books the courier (`201`). The same key
+/// and body again answer `200` with the identical label and `Idempotent-Replayed:
+/// true`; any other stored answer (a `502` rejection) replays with its own status.
+/// The same key with a different body is `409 idempotency_key_reused`; while the
+/// first request runs, `409 idempotency_request_in_progress` with `Retry-After`.
+/// A courier outage is `502` with the label (status `failed`, `error.retryable:
+/// true`): retry with the same key and body. A courier rejection is `502` with
+/// `error.retryable: false`: correct the request and use a new key.
+#[utoipa::path(
+    post,
+    path = "/labels",
+    request_body = CreateLabel,
+    security(("bearer" = [])),
+    responses(
+        (status = 201, description = "Label created", body = Label),
+        (status = 200, description = "Replay of the label created earlier with this key", body = Label,
+            headers(("Idempotent-Replayed" = String, description = "`true` on replays"))),
+        (status = 400, description = "Validation failed, or the key is missing or invalid", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "No or unknown bearer token", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Key reused with a different body, request in progress, or parked for review", body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = String, description = "Seconds, on `idempotency_request_in_progress`"))),
+        (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "Body is not JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 500, description = "Internal failure; retry with the same key", body = Problem, content_type = "application/problem+json"),
+        (status = 502, description = "The courier failed (`error.retryable` says whether to retry with the same key)", body = Label),
+        (status = 503, description = "Key store unavailable; retry with the same key", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+fn create_label() {}
+
+/// Get a label of your account.
+#[utoipa::path(
+    get,
+    path = "/labels/{id}",
+    params(("id" = String, Path, description = "Label id")),
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "The label", body = Label),
+        (status = 401, description = "No or unknown bearer token", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such label in your account", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+fn get_label() {}
+
+/// Tracking events of a label, by label id or tracking number.
+#[utoipa::path(
+    get,
+    path = "/tracking/{id}",
+    params(("id" = String, Path, description = "Label id or tracking number")),
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "Tracking events", body = Tracking),
+        (status = 401, description = "No or unknown bearer token", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such label or shipment in your account", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The courier's tracking is unavailable", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+fn get_tracking() {}
+
+struct Bearer;
+
+impl Modify for Bearer {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
+    }
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "idemkit labels", description = "Shipping labels: effectively once within the key scope and replay window (24 h)."),
+    paths(create_label, get_label, get_tracking),
+    components(schemas(CreateLabel, Label, LabelError, Address, Parcel, CourierName, Tracking, TrackingEvent, Problem)),
+    modifiers(&Bearer)
+)]
+struct ApiDoc;
+
+/// The OpenAPI 3.1 document.
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    ApiDoc::openapi()
+}
