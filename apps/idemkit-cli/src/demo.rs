@@ -65,7 +65,9 @@ struct World {
 
 impl World {
     fn start() -> anyhow::Result<Self> {
-        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_nanos();
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .as_nanos();
         let dir = std::env::temp_dir().join(format!("idemkit-demo-{}-{nanos}", std::process::id()));
         std::fs::create_dir_all(&dir)?;
         let courier_port = free_port()?;
@@ -145,8 +147,15 @@ struct Saw {
 
 impl Saw {
     fn describe(&self) -> String {
-        let what = self.body["status"].as_str().or(self.body["code"].as_str()).unwrap_or("");
-        format!("{}{} {what}", self.status, if self.replayed { " (replay)" } else { "" })
+        let what = self.body["status"]
+            .as_str()
+            .or(self.body["code"].as_str())
+            .unwrap_or("");
+        format!(
+            "{}{} {what}",
+            self.status,
+            if self.replayed { " (replay)" } else { "" }
+        )
     }
 }
 
@@ -170,7 +179,11 @@ impl Client {
         let status = res.status().as_u16();
         let replayed = res.headers().get("idempotent-replayed").is_some();
         let body = res.json().await.unwrap_or(Value::Null);
-        Ok(Saw { status, replayed, body })
+        Ok(Saw {
+            status,
+            replayed,
+            body,
+        })
     }
 
     /// Retries a label request with the same key and body until it is answered
@@ -186,30 +199,49 @@ impl Client {
             .await;
         let res = match sent {
             Ok(res) => res,
-            Err(reqwest_middleware::Error::Middleware(e)) => match e.downcast::<idemkit_client::ReqwestRetryError>() {
-                Ok(retry) => retry.into_response().context("gave up without an answer")?,
-                Err(e) => return Err(e),
-            },
+            Err(reqwest_middleware::Error::Middleware(e)) => {
+                match e.downcast::<idemkit_client::ReqwestRetryError>() {
+                    Ok(retry) => retry.into_response().context("gave up without an answer")?,
+                    Err(e) => return Err(e),
+                }
+            }
             Err(e) => return Err(e.into()),
         };
         let status = res.status().as_u16();
         let replayed = res.headers().get("idempotent-replayed").is_some();
-        Ok(Saw { status, replayed, body: res.json().await.unwrap_or(Value::Null) })
+        Ok(Saw {
+            status,
+            replayed,
+            body: res.json().await.unwrap_or(Value::Null),
+        })
     }
 }
 
-async fn courier_json(http: &reqwest::Client, courier: &str, path: &str, body: Option<Value>) -> anyhow::Result<Value> {
+async fn courier_json(
+    http: &reqwest::Client,
+    courier: &str,
+    path: &str,
+    body: Option<Value>,
+) -> anyhow::Result<Value> {
     let req = match body {
         Some(b) => http.post(format!("{courier}{path}")).json(&b),
         None => http.get(format!("{courier}{path}")),
     };
-    Ok(req.send().await?.error_for_status()?.json().await.unwrap_or(Value::Null))
+    Ok(req
+        .send()
+        .await?
+        .error_for_status()?
+        .json()
+        .await
+        .unwrap_or(Value::Null))
 }
 
 async fn count_labels(db: &Path) -> anyhow::Result<i64> {
     let url = format!("sqlite://{}?mode=ro", db.display());
     let pool = sqlx::SqlitePool::connect(&url).await?;
-    let n = sqlx::query_scalar("SELECT COUNT(*) FROM labels").fetch_one(&pool).await?;
+    let n = sqlx::query_scalar("SELECT COUNT(*) FROM labels")
+        .fetch_one(&pool)
+        .await?;
     pool.close().await;
     Ok(n)
 }
@@ -228,15 +260,26 @@ async fn play(world: &mut World) -> anyhow::Result<Vec<Row>> {
     let http = reqwest::Client::new();
     let retrying = reqwest_middleware::ClientBuilder::new(http.clone())
         .with(RetryMiddleware::new(
-            RetryConfig::new().with_max_attempts(12).with_deadline(Some(Duration::from_secs(20))),
+            RetryConfig::new()
+                .with_max_attempts(12)
+                .with_deadline(Some(Duration::from_secs(20))),
         ))
         .build();
-    let client = Client { raw: http.clone(), retrying: retrying.clone() };
+    let client = Client {
+        raw: http.clone(),
+        retrying: retrying.clone(),
+    };
     let db = world.dir.join("labels.db");
     let mut rows = Vec::new();
-    let key = |name: &str| IdempotencyKey::derived("demo", format!("{name}-{}", std::process::id())).as_str().to_owned();
+    let key = |name: &str| {
+        IdempotencyKey::derived("demo", format!("{name}-{}", std::process::id()))
+            .as_str()
+            .to_owned()
+    };
     let shipments = async |http: &reqwest::Client, courier: &str| -> anyhow::Result<i64> {
-        Ok(courier_json(http, courier, "/_stats", None).await?["shipments"].as_i64().unwrap_or(-1))
+        Ok(courier_json(http, courier, "/_stats", None).await?["shipments"]
+            .as_i64()
+            .unwrap_or(-1))
     };
 
     macro_rules! scenario {
@@ -246,7 +289,13 @@ async fn play(world: &mut World) -> anyhow::Result<Vec<Row>> {
             let (saw, ok): (String, bool) = $body;
             let labels = count_labels(&db).await? - labels_before;
             let ships = shipments(&http, &world.courier).await? - ships_before;
-            rows.push(Row { scenario: $name, client_saw: saw, labels_created: labels, courier_shipments: ships, pass: ok });
+            rows.push(Row {
+                scenario: $name,
+                client_saw: saw,
+                labels_created: labels,
+                courier_shipments: ships,
+                pass: ok,
+            });
         }};
     }
 
@@ -262,7 +311,14 @@ async fn play(world: &mut World) -> anyhow::Result<Vec<Row>> {
         let body = Arc::new(label_body(&key("storm"), "GB"));
         let tasks: Vec<_> = (0..50)
             .map(|_| {
-                let (client, base, body) = (Client { raw: http.clone(), retrying: retrying.clone() }, world.base(), body.clone());
+                let (client, base, body) = (
+                    Client {
+                        raw: http.clone(),
+                        retrying: retrying.clone(),
+                    },
+                    world.base(),
+                    body.clone(),
+                );
                 tokio::spawn(async move { client.post(&base, &body).await })
             })
             .collect();
@@ -273,11 +329,16 @@ async fn play(world: &mut World) -> anyhow::Result<Vec<Row>> {
             match t.await?? {
                 s if s.status == 201 => created += 1,
                 s if s.status == 200 && s.replayed => replays += 1,
-                s if s.status == 409 && s.body["code"] == "idempotency_request_in_progress" => in_progress += 1,
+                s if s.status == 409 && s.body["code"] == "idempotency_request_in_progress" => {
+                    in_progress += 1
+                }
                 s => bail!("unexpected answer {}", s.describe()),
             }
         }
-        (format!("{created}×201, {replays}×200 replay, {in_progress}×409 in progress"), created == 1)
+        (
+            format!("{created}×201, {replays}×200 replay, {in_progress}×409 in progress"),
+            created == 1,
+        )
     });
 
     scenario!("payload mismatch", {
@@ -298,7 +359,13 @@ async fn play(world: &mut World) -> anyhow::Result<Vec<Row>> {
 
     scenario!("courier 503 then retry", {
         let body = label_body(&key("outage"), "GB");
-        courier_json(&http, &world.courier, "/_faults", Some(json!({"failNext": 100, "status": 503}))).await?;
+        courier_json(
+            &http,
+            &world.courier,
+            "/_faults",
+            Some(json!({"failNext": 100, "status": 503})),
+        )
+        .await?;
         let failed = client.post(&world.base(), &body).await?;
         courier_json(&http, &world.courier, "/_faults", Some(json!({"reset": true}))).await?;
         let retry = client.post_until_final(&world.base(), &body).await?;
@@ -306,15 +373,30 @@ async fn play(world: &mut World) -> anyhow::Result<Vec<Row>> {
             && failed.body["error"]["retryable"] == true
             && retry.status == 201
             && retry.body["id"] == failed.body["id"];
-        (format!("{} then {} (same label id)", failed.describe(), retry.describe()), ok)
+        (
+            format!("{} then {} (same label id)", failed.describe(), retry.describe()),
+            ok,
+        )
     });
 
     scenario!("server killed mid-request", {
         let body = label_body(&key("killed"), "GB");
-        courier_json(&http, &world.courier, "/_faults", Some(json!({"latencyMs": 1500}))).await?;
+        courier_json(
+            &http,
+            &world.courier,
+            "/_faults",
+            Some(json!({"latencyMs": 1500})),
+        )
+        .await?;
         let base = world.base();
         let in_flight = tokio::spawn({
-            let (client, body) = (Client { raw: http.clone(), retrying: retrying.clone() }, body.clone());
+            let (client, body) = (
+                Client {
+                    raw: http.clone(),
+                    retrying: retrying.clone(),
+                },
+                body.clone(),
+            );
             async move { client.post(&base, &body).await }
         });
         tokio::time::sleep(Duration::from_millis(400)).await;
@@ -324,13 +406,22 @@ async fn play(world: &mut World) -> anyhow::Result<Vec<Row>> {
         world.start_service()?;
         let retry = client.post_until_final(&world.base(), &body).await?;
         let again = client.post(&world.base(), &body).await?;
-        let ok = lost && (retry.status == 201 || retry.status == 200) && again.replayed && again.body["id"] == retry.body["id"];
+        let ok = lost
+            && (retry.status == 201 || retry.status == 200)
+            && again.replayed
+            && again.body["id"] == retry.body["id"];
         (format!("connection lost, then {}", retry.describe()), ok)
     });
 
     scenario!("courier drops the response after commit", {
         let body = label_body(&key("dropped"), "GB");
-        courier_json(&http, &world.courier, "/_faults", Some(json!({"dropResponseAfterCommit": 1}))).await?;
+        courier_json(
+            &http,
+            &world.courier,
+            "/_faults",
+            Some(json!({"dropResponseAfterCommit": 1})),
+        )
+        .await?;
         let saw = client.post_until_final(&world.base(), &body).await?;
         courier_json(&http, &world.courier, "/_faults", Some(json!({"reset": true}))).await?;
         (saw.describe(), saw.status == 201)
@@ -357,10 +448,18 @@ pub fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
     if args.json {
         writeln!(out, "{}", serde_json::to_string_pretty(&rows)?)?;
     } else {
-        writeln!(out, "{:<42} {:<58} {:>7} {:>9}  result", "scenario", "what the client saw", "labels", "shipments")?;
+        writeln!(
+            out,
+            "{:<42} {:<58} {:>7} {:>9}  result",
+            "scenario", "what the client saw", "labels", "shipments"
+        )?;
         for r in &rows {
             let verdict = if r.pass { "pass" } else { "FAIL" };
-            writeln!(out, "{:<42} {:<58} {:>7} {:>9}  {verdict}", r.scenario, r.client_saw, r.labels_created, r.courier_shipments)?;
+            writeln!(
+                out,
+                "{:<42} {:<58} {:>7} {:>9}  {verdict}",
+                r.scenario, r.client_saw, r.labels_created, r.courier_shipments
+            )?;
         }
         writeln!(
             out,

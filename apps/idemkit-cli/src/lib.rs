@@ -1,7 +1,13 @@
 //! # idemkit-cli
 //!
-//! The `idemkit` command. Today it has one subcommand:
+//! The `idemkit` command:
 //!
+//! - `idemkit demo` — the main job: starts the courier simulator and the label
+//!   service as real processes and plays the failures a client meets (lost
+//!   responses, duplicate storms, payload mismatch, validation, courier outage, a
+//!   server killed mid-request, a courier that drops its answer);
+//! - `idemkit serve` — the shipping-label reference service;
+//! - `idemkit courier` — the courier simulator, idempotent itself, with faults;
 //! - `idemkit check` — black-box conformance gates for any idempotent HTTP API
 //!   (see `docs/check.md`): point it at your own endpoint to learn whether retried
 //!   writes are really effectively once within the key scope and replay window.

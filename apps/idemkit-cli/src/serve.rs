@@ -77,9 +77,14 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         // Abandoned requests are finished without waiting for the client; records
         // past the reap threshold go (unfinished ones to the review table).
         let every = (lease * 2).max(Duration::from_millis(200));
-        Completer::new(service.keys.clone(), service.router.clone()).min_age(lease).spawn(every);
-        Reaper::new(service.keys.clone(), idemkit_core::Policy::new().reap_threshold).spawn(Duration::from_secs(3600));
-        let listener = tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("binding {}", args.listen))?;
+        Completer::new(service.keys.clone(), service.router.clone())
+            .min_age(lease)
+            .spawn(every);
+        Reaper::new(service.keys.clone(), idemkit_core::Policy::new().reap_threshold)
+            .spawn(Duration::from_secs(3600));
+        let listener = tokio::net::TcpListener::bind(args.listen)
+            .await
+            .with_context(|| format!("binding {}", args.listen))?;
         println!("labels listening on http://{}", listener.local_addr()?);
         axum::serve(listener, service.router)
             .with_graceful_shutdown(async {

@@ -11,8 +11,10 @@ pub struct Account(String);
 
 impl Account {
     /// The account used when a deployment explicitly runs unscoped (single-tenant).
-    /// Only reachable through an explicit setting; see `docs/decisions.md`.
-    pub const UNSCOPED: &'static str = "\u{0}unscoped";
+    /// Only reachable through an explicit setting; see `docs/decisions.md`. It starts
+    /// with U+0001, which no identity provider issues and every store can hold
+    /// (PostgreSQL text cannot hold NUL).
+    pub const UNSCOPED: &'static str = "\u{1}unscoped";
 
     /// Wraps an account identifier.
     pub fn new(id: impl Into<String>) -> Self {

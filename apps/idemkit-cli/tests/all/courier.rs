@@ -73,7 +73,20 @@ impl CourierProcess {
 }
 
 impl Drop for CourierProcess {
+    /// SIGTERM first, so the process removes its temporary database; SIGKILL if
+    /// it has not exited within 5 s.
     fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(Some(_))) {
+            return;
+        }
+        let pid = self.child.id().to_string();
+        let _ = Command::new("kill").args(["-TERM", &pid]).status();
+        for _ in 0..100 {
+            if matches!(self.child.try_wait(), Ok(Some(_))) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }

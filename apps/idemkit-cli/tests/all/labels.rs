@@ -18,12 +18,19 @@ impl Drop for Proc {
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 fn spawn(args: &[&str], env: &[(&str, &str)]) -> (Proc, std::sync::mpsc::Receiver<String>) {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_idemkit"));
-    cmd.args(args).env("RUST_LOG", "error").stdout(Stdio::piped()).stderr(Stdio::inherit());
+    cmd.args(args)
+        .env("RUST_LOG", "error")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -58,12 +65,21 @@ impl Labels {
     }
 
     pub(crate) fn start_with(env: &[(&str, &str)]) -> Self {
-        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
         let dir = std::env::temp_dir().join(format!("idemkit-labels-{}-{nanos}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let cport = free_port();
         let (courier, _) = spawn(
-            &["courier", "--listen", &format!("127.0.0.1:{cport}"), "--database-url", dir.join("courier.db").to_str().unwrap()],
+            &[
+                "courier",
+                "--listen",
+                &format!("127.0.0.1:{cport}"),
+                "--database-url",
+                dir.join("courier.db").to_str().unwrap(),
+            ],
             &[],
         );
         let mut labels = Self {
@@ -103,7 +119,9 @@ impl Labels {
     pub(crate) fn wait_line(&self, prefix: &str) {
         let (_, rx) = self.service.as_ref().unwrap();
         loop {
-            let line = rx.recv_timeout(Duration::from_secs(20)).expect("line from the service");
+            let line = rx
+                .recv_timeout(Duration::from_secs(20))
+                .expect("line from the service");
             if line.starts_with(prefix) {
                 return;
             }
@@ -112,18 +130,32 @@ impl Labels {
 
     pub(crate) fn kill9(&mut self) {
         if let Some((p, _)) = self.service.take() {
-            let ok = Command::new("kill").args(["-9", &p.0.id().to_string()]).status().unwrap().success();
+            let ok = Command::new("kill")
+                .args(["-9", &p.0.id().to_string()])
+                .status()
+                .unwrap()
+                .success();
             assert!(ok);
             drop(p);
         }
     }
 
     pub(crate) async fn stats(&self) -> Value {
-        reqwest::get(format!("{}/_stats", self.courier)).await.unwrap().json().await.unwrap()
+        reqwest::get(format!("{}/_stats", self.courier))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
     }
 
     pub(crate) async fn faults(&self, f: Value) {
-        let res = reqwest::Client::new().post(format!("{}/_faults", self.courier)).json(&f).send().await.unwrap();
+        let res = reqwest::Client::new()
+            .post(format!("{}/_faults", self.courier))
+            .json(&f)
+            .send()
+            .await
+            .unwrap();
         assert!(res.status().is_success(), "{}", res.status());
     }
 }
@@ -165,9 +197,20 @@ pub(crate) async fn post(base: &str, token: &str, body: &Value) -> Saw {
         .unwrap();
     let status = res.status().as_u16();
     let replayed = res.headers().get("idempotent-replayed").is_some();
-    let content_type = res.headers().get("content-type").and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
+    let content_type = res
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned();
     let raw = res.bytes().await.unwrap().to_vec();
-    Saw { status, replayed, content_type, body: serde_json::from_slice(&raw).unwrap_or(Value::Null), raw }
+    Saw {
+        status,
+        replayed,
+        content_type,
+        body: serde_json::from_slice(&raw).unwrap_or(Value::Null),
+        raw,
+    }
 }
 
 const ACME: &str = "demo-token-acme";
@@ -201,7 +244,11 @@ async fn validation_comes_before_the_key_and_releases_it() {
     assert_eq!(bad.body["code"], "validation_failed");
     let mut unknown = body("k-v", "GB");
     unknown["extra"] = json!(1);
-    assert_eq!(post(&labels.base, ACME, &unknown).await.status, 400, "unknown fields are rejected");
+    assert_eq!(
+        post(&labels.base, ACME, &unknown).await.status,
+        400,
+        "unknown fields are rejected"
+    );
     let mut no_parcel = body("k-v", "GB");
     no_parcel["parcel"]["weightGrams"] = json!(0);
     assert_eq!(post(&labels.base, ACME, &no_parcel).await.status, 400);
@@ -219,14 +266,22 @@ async fn validation_comes_before_the_key_and_releases_it() {
 async fn auth_scope_mismatch_and_reads() {
     let labels = Labels::start();
     assert_eq!(post(&labels.base, "nope", &body("k-a", "GB")).await.status, 401);
-    let no_token = reqwest::Client::new().post(format!("{}/labels", labels.base)).json(&body("k-a", "GB")).send().await.unwrap();
+    let no_token = reqwest::Client::new()
+        .post(format!("{}/labels", labels.base))
+        .json(&body("k-a", "GB"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(no_token.status(), 401);
     let a = post(&labels.base, ACME, &body("shared", "GB")).await;
     let b = post(&labels.base, GLOBEX, &body("shared", "GB")).await;
     assert_eq!((a.status, b.status), (201, 201), "keys are scoped per account");
     assert_ne!(a.body["id"], b.body["id"]);
     let other = post(&labels.base, ACME, &body("shared", "FR")).await;
-    assert_eq!((other.status, other.body["code"].as_str()), (409, Some("idempotency_key_reused")));
+    assert_eq!(
+        (other.status, other.body["code"].as_str()),
+        (409, Some("idempotency_key_reused"))
+    );
 
     let client = reqwest::Client::new();
     let id = a.body["id"].as_str().unwrap();
@@ -237,15 +292,32 @@ async fn auth_scope_mismatch_and_reads() {
     let mine = get(format!("{}/labels/{id}", labels.base), ACME).await;
     assert_eq!(mine.status(), 200);
     assert_eq!(mine.json::<Value>().await.unwrap(), a.body);
-    assert_eq!(get(format!("{}/labels/{id}", labels.base), GLOBEX).await.status(), 404, "another account's label");
+    assert_eq!(
+        get(format!("{}/labels/{id}", labels.base), GLOBEX).await.status(),
+        404,
+        "another account's label"
+    );
     let tracking = get(format!("{}/tracking/{id}", labels.base), ACME).await;
     assert_eq!(tracking.status(), 200);
     let t: Value = tracking.json().await.unwrap();
     assert_eq!(t["trackingNumber"], a.body["courierTrackingNumber"]);
     assert!(!t["events"].as_array().unwrap().is_empty());
-    let by_number = get(format!("{}/tracking/{}", labels.base, t["trackingNumber"].as_str().unwrap()), ACME).await;
+    let by_number = get(
+        format!(
+            "{}/tracking/{}",
+            labels.base,
+            t["trackingNumber"].as_str().unwrap()
+        ),
+        ACME,
+    )
+    .await;
     assert_eq!(by_number.status(), 200);
-    assert_eq!(get(format!("{}/tracking/{id}", labels.base), GLOBEX).await.status(), 404);
+    assert_eq!(
+        get(format!("{}/tracking/{id}", labels.base), GLOBEX)
+            .await
+            .status(),
+        404
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -254,12 +326,18 @@ async fn courier_outage_is_a_retryable_502_and_the_retry_keeps_the_label() {
     labels.faults(json!({"failNext": 100, "status": 503})).await;
     let failed = post(&labels.base, ACME, &body("k-out", "GB")).await;
     assert_eq!(failed.status, 502, "{failed:?}");
-    assert_eq!(failed.content_type, "application/json", "the contract's label document, not a problem");
+    assert_eq!(
+        failed.content_type, "application/json",
+        "the contract's label document, not a problem"
+    );
     assert_eq!(failed.body["status"], "failed");
     assert_eq!(failed.body["error"]["retryable"], true);
     assert!(failed.body["error"]["code"].is_string() && failed.body["error"]["message"].is_string());
     let calls = labels.stats().await["calls"].as_i64().unwrap();
-    assert!(calls >= 2, "the service's client retried the courier ({calls} calls)");
+    assert!(
+        calls >= 2,
+        "the service's client retried the courier ({calls} calls)"
+    );
     labels.faults(json!({"reset": true})).await;
     let retry = post(&labels.base, ACME, &body("k-out", "GB")).await;
     assert_eq!(retry.status, 201, "{retry:?}");
@@ -274,12 +352,21 @@ async fn courier_rejection_is_a_final_502_replayed() {
     let rejected = post(&labels.base, ACME, &body("k-rej", "GB")).await;
     assert_eq!(rejected.status, 502, "{rejected:?}");
     assert_eq!(rejected.body["error"]["retryable"], false);
-    assert!(rejected.body["error"]["message"].as_str().unwrap().contains("new idempotency key"));
+    assert!(
+        rejected.body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("new idempotency key")
+    );
     let calls = labels.stats().await["calls"].as_i64().unwrap();
     let again = post(&labels.base, ACME, &body("k-rej", "GB")).await;
     assert_eq!((again.status, again.replayed), (502, true));
     assert_eq!(again.raw, rejected.raw);
-    assert_eq!(labels.stats().await["calls"].as_i64().unwrap(), calls, "no new courier call");
+    assert_eq!(
+        labels.stats().await["calls"].as_i64().unwrap(),
+        calls,
+        "no new courier call"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -296,7 +383,11 @@ async fn fifty_concurrent_duplicates_make_one_label_and_one_shipment() {
             })
         })
         .collect();
-    let answers: Vec<Saw> = futures::future::join_all(tasks).await.into_iter().map(Result::unwrap).collect();
+    let answers: Vec<Saw> = futures::future::join_all(tasks)
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
     let created: Vec<&Saw> = answers.iter().filter(|a| a.status == 201).collect();
     assert_eq!(created.len(), 1, "{answers:#?}");
     for a in &answers {
@@ -313,11 +404,19 @@ async fn fifty_concurrent_duplicates_make_one_label_and_one_shipment() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn openapi_describes_the_contract() {
     let labels = Labels::start();
-    let doc: Value = reqwest::get(format!("{}/openapi.json", labels.base)).await.unwrap().json().await.unwrap();
+    let doc: Value = reqwest::get(format!("{}/openapi.json", labels.base))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert!(doc["openapi"].as_str().unwrap().starts_with("3.1"));
     let post = &doc["paths"]["/labels"]["post"];
     for status in ["200", "201", "400", "401", "409", "502"] {
-        assert!(post["responses"][status].is_object(), "POST /labels documents {status}");
+        assert!(
+            post["responses"][status].is_object(),
+            "POST /labels documents {status}"
+        );
     }
     assert!(doc["paths"]["/tracking/{id}"]["get"].is_object());
     assert!(doc["components"]["schemas"]["CreateLabel"]["properties"]["idempotencyKey"].is_object());
@@ -329,7 +428,13 @@ async fn openapi_describes_the_contract() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crash_at_each_boundary_keeps_one_label_and_one_shipment() {
     let mut labels = Labels::start();
-    let boundaries = ["idemkit::after_claim", "idemkit::after_phase", "idemkit::after_intent", "idemkit::after_call", "idemkit::after_complete"];
+    let boundaries = [
+        "idemkit::after_claim",
+        "idemkit::after_phase",
+        "idemkit::after_intent",
+        "idemkit::after_call",
+        "idemkit::after_complete",
+    ];
     for (n, boundary) in boundaries.iter().enumerate() {
         labels.kill9();
         labels.start_service(&[("IDEMKIT_CRASH_AT", boundary)]);
@@ -337,12 +442,20 @@ async fn crash_at_each_boundary_keeps_one_label_and_one_shipment() {
         let first = tokio::spawn({
             let (base, b) = (labels.base.clone(), body(&key, "GB"));
             async move {
-                reqwest::Client::new().post(format!("{base}/labels")).bearer_auth(ACME).json(&b).send().await
+                reqwest::Client::new()
+                    .post(format!("{base}/labels"))
+                    .bearer_auth(ACME)
+                    .json(&b)
+                    .send()
+                    .await
             }
         });
         labels.wait_line(&format!("CRASHPOINT {boundary}"));
         labels.kill9();
-        assert!(first.await.unwrap().is_err(), "{boundary}: the killed attempt cannot answer");
+        assert!(
+            first.await.unwrap().is_err(),
+            "{boundary}: the killed attempt cannot answer"
+        );
         labels.start_service(&[]);
         let deadline = std::time::Instant::now() + Duration::from_secs(20);
         let answer = loop {
@@ -356,6 +469,57 @@ async fn crash_at_each_boundary_keeps_one_label_and_one_shipment() {
         let again = post(&labels.base, ACME, &body(&key, "GB")).await;
         assert_eq!((again.status, again.replayed), (200, true), "{boundary}");
         assert_eq!(again.body["id"], answer.body["id"], "{boundary}: same label id");
-        assert_eq!(labels.stats().await["shipments"], n as i64 + 1, "{boundary}: one shipment per label");
+        assert_eq!(
+            labels.stats().await["shipments"],
+            n as i64 + 1,
+            "{boundary}: one shipment per label"
+        );
     }
+}
+
+/// `idemkit check` against the labels service: every gate passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idemkit_check_passes_every_gate_on_the_labels_service() {
+    let labels = Labels::start();
+    let template = body("check", "GB");
+    let mut alt = template.clone();
+    alt["courier"] = json!("dhl");
+    let base = labels.base.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(env!("CARGO_BIN_EXE_idemkit"))
+            .args([
+                "check",
+                "--url",
+                &format!("{base}/labels"),
+                "--body",
+                &template.to_string(),
+                "--alt-body",
+                &alt.to_string(),
+                "--key-field",
+                "/idempotencyKey",
+                "--replay-status",
+                "200",
+                "-H",
+                "Authorization: Bearer demo-token-acme",
+                "--other-account-header",
+                "Authorization: Bearer demo-token-globex",
+                "--id-pointer",
+                "/id",
+            ])
+            .output()
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("7 gate(s): 7 pass, 0 fail, 0 inconclusive"),
+        "{stdout}"
+    );
 }

@@ -9,8 +9,8 @@ use serde_json::Value;
 mod broken;
 mod cli;
 mod courier;
-mod labels;
 mod fixtures;
+mod labels;
 mod quickstart;
 
 /// What one `idemkit` run left behind.

@@ -268,7 +268,12 @@ async fn latency_is_spent_before_the_commit() {
         let base = base.clone();
         tokio::spawn(async move { post_shipment(&http(), &base, Some("k"), &json!({})).await })
     };
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Once the call has arrived, its commit is still 500 ms away.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while courier_stats(&base).await.calls == 0 {
+        assert!(Instant::now() < deadline, "the call never arrived");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     assert_eq!(courier_stats(&base).await, stats(0, 1, 0), "not committed yet");
     assert_eq!(call.await.unwrap().status, 201);
     assert_eq!(courier_stats(&base).await.shipments, 1);
