@@ -74,7 +74,7 @@ mod tests {
                 "ik",
                 &Scope::new(Account::unscoped(), IdempotencyKey::parse("k").unwrap())
             ),
-            "ik:{%00unscoped}:k:k"
+            "ik:{%01unscoped}:k:k"
         );
         assert_eq!(record_key("ik", &scope("é", "k")), "ik:{%C3%A9}:k:k");
     }
