@@ -29,6 +29,7 @@ use clap::{Parser, Subcommand};
 pub mod check;
 pub mod courier;
 pub mod demo;
+pub mod docs;
 pub mod serve;
 
 /// The command line.
@@ -58,6 +59,8 @@ pub enum Command {
     /// Start the courier and the label service and play the failure scenarios a
     /// client meets (the main job).
     Demo(demo::DemoArgs),
+    /// Print the integrator contract generated from an idempotency configuration.
+    Docs(docs::DocsArgs),
 }
 
 /// Runs a parsed command line and returns the exit code it chose.
@@ -67,6 +70,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Courier(args) => courier::run(args),
         Command::Serve(args) => serve::run(args),
         Command::Demo(args) => demo::run(args),
+        Command::Docs(args) => docs::run(args),
     }
 }
 

@@ -31,6 +31,9 @@ pub struct ServeArgs {
     /// without either, the documented demo tokens (`demo-token-acme`, `demo-token-globex`).
     #[arg(long)]
     pub tokens: Option<PathBuf>,
+    /// The idempotency configuration (TOML); default: the service's own `idemkit.toml`.
+    #[arg(long, env = "IDEMKIT_CONFIG")]
+    pub config: Option<PathBuf>,
 }
 
 /// With the `failpoints` feature, `IDEMKIT_CRASH_AT=<failpoint>` makes the process
@@ -70,7 +73,14 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         lease,
         tokens,
         courier_deadline: Duration::from_millis(args.courier_deadline_ms),
+        idempotency: match &args.config {
+            Some(path) => idemkit_tower::config::IdemkitConfig::from_toml(
+                &std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?,
+            )?,
+            None => idemkit_labels::docs::default_config(),
+        },
     };
+    let reap_threshold = config.idempotency.defaults.reap_threshold;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async move {
         let service = build(config).await?;
@@ -80,8 +90,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         Completer::new(service.keys.clone(), service.router.clone())
             .min_age(lease)
             .spawn(every);
-        Reaper::new(service.keys.clone(), idemkit_core::Policy::new().reap_threshold)
-            .spawn(Duration::from_secs(3600));
+        Reaper::new(service.keys.clone(), reap_threshold).spawn(Duration::from_secs(3600));
         let listener = tokio::net::TcpListener::bind(args.listen)
             .await
             .with_context(|| format!("binding {}", args.listen))?;

@@ -5,9 +5,11 @@
 //! - [`service`]: the shipping-label API (`idemkit serve`), which implements its
 //!   published contract with idemkit's phases (the courier call cannot be rolled
 //!   back) and calls the courier through idemkit's client;
+//! - [`docs`]: the integrator contract generated from the running configuration;
 //! - [`courier`]: the courier simulator (`idemkit courier`), a separate HTTP service
 //!   that honours `Idempotency-Key` itself and injects faults on request, so tests
 //!   count real external effects.
 
 pub mod courier;
+pub mod docs;
 pub mod service;

@@ -44,6 +44,6 @@ pub use record::{
 };
 pub use scope::{Account, Scope};
 pub use store::{
-    ClaimOutcome, ClaimRequest, KeyStore, Lease, Resolution, StoreError, StoreResult, TransactionalStore,
-    TxClaim,
+    ClaimOutcome, ClaimRequest, FORCE_RELEASED, KeyStore, Lease, ListFilter, Resolution, StoreError,
+    StoreResult, TransactionalStore, TxClaim,
 };

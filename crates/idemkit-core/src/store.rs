@@ -6,8 +6,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::{
-    FencingToken, Fingerprint, Millis, PhaseUpdate, ReapReport, Record, ReviewEntry, Scope, StoredRequest,
-    StoredResponse,
+    Account, FencingToken, Fingerprint, Millis, PhaseUpdate, ReapReport, Record, RecordState, ReviewEntry,
+    Scope, StoredRequest, StoredResponse,
 };
 
 /// Everything a claim needs.
@@ -155,6 +155,43 @@ impl Resolution {
     }
 }
 
+/// Which records [`KeyStore::list`] returns: those matching every filter that
+/// is set, newest claim first (ties by account, then key), at most `limit`.
+///
+/// Operator tooling (`idemkit keys list`) reads through it; request handling
+/// never does, so stores need no index beyond the ones they already keep.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListFilter {
+    /// Only records in this state (any state when `None`).
+    pub state: Option<RecordState>,
+    /// Only records of this account (every account when `None`).
+    pub account: Option<Account>,
+    /// At most this many records.
+    pub limit: usize,
+}
+
+impl Default for ListFilter {
+    /// Every record, at most 100.
+    fn default() -> Self {
+        Self {
+            state: None,
+            account: None,
+            limit: 100,
+        }
+    }
+}
+
+impl ListFilter {
+    /// Whether `record` passes the state and account filters (not the limit).
+    pub fn matches(&self, record: &Record) -> bool {
+        self.state.is_none_or(|s| record.state == s)
+            && self.account.as_ref().is_none_or(|a| record.scope.account == *a)
+    }
+}
+
+/// The last error [`KeyStore::force_release`] records on the released record.
+pub const FORCE_RELEASED: &str = "released by an operator";
+
 /// Result alias for store operations.
 pub type StoreResult<T, E = StoreError> = Result<T, E>;
 
@@ -232,6 +269,27 @@ pub trait KeyStore: Send + Sync + std::fmt::Debug + 'static {
     /// The review list, oldest first.
     async fn review(&self, _limit: usize) -> StoreResult<Vec<ReviewEntry>> {
         Err(StoreError::Unsupported("the review list"))
+    }
+
+    /// Records matching `filter`, newest claim first (see [`ListFilter`]). For
+    /// operators; request handling never lists.
+    async fn list(&self, _filter: &ListFilter) -> StoreResult<Vec<Record>> {
+        Err(StoreError::Unsupported("listing records"))
+    }
+
+    /// An operator's release of a record nobody holds: a parked record, or an
+    /// in-flight one whose lease has expired (its holder is gone), becomes
+    /// `released` as [`KeyStore::release`] leaves it: the row stays so
+    /// the next claim's fencing token is higher than any the record handed
+    /// out, and the next request with the key runs as a first attempt. Its last
+    /// error becomes [`FORCE_RELEASED`], so the tombstone says who released it.
+    /// Not fenced by a token; atomic with the state check instead.
+    ///
+    /// Returns `false`, changing nothing, for a record held by a live lease, a
+    /// completed or already released one, or no record at all. A holder paused
+    /// past its lease finds its token fenced afterwards.
+    async fn force_release(&self, _scope: &Scope) -> StoreResult<bool> {
+        Err(StoreError::Unsupported("operator release"))
     }
 
     /// Waits until the record of `scope` may have changed (completed or released)

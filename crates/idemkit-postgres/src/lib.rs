@@ -33,8 +33,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use idemkit_core::{
-    Account, ClaimOutcome, ClaimRequest, Clock, Decision, FencingToken, IdempotencyKey, KeyStore, Lease,
-    Millis, PhaseUpdate, ReapReport, Record, RecordHead, RecordRow, RecordState, Resolution, ReviewEntry,
+    Account, ClaimOutcome, ClaimRequest, Clock, Decision, FORCE_RELEASED, FencingToken, IdempotencyKey,
+    KeyStore, Lease, ListFilter, Millis, PhaseUpdate, ReapReport, Record, RecordHead, RecordRow, RecordState, Resolution, ReviewEntry,
     Scope, StoreError, StoreResult, StoredHeader, StoredRequest, StoredResponse, SystemClock,
     TransactionalStore, TxClaim, decide,
 };
@@ -70,6 +70,20 @@ const SELECT_ABANDONED: &str = "SELECT account, idem_key, fingerprint, state, cr
      req_body, resp_status, resp_headers, resp_body, last_error \
      FROM idemkit_keys WHERE state = 'in_flight' AND lease_expires_at <= $1 AND created_at <= $2 \
      ORDER BY created_at, account, idem_key LIMIT $3";
+
+/// Operator listing: records matching an optional state (`$1`) and account
+/// (`$2`), newest claim first.
+const SELECT_LIST: &str = "SELECT account, idem_key, fingerprint, state, created_at, completed_at, \
+     lease_expires_at, fencing_token, recovery_point, step_outputs, req_method, req_path, req_headers, \
+     req_body, resp_status, resp_headers, resp_body, last_error \
+     FROM idemkit_keys WHERE ($1::text IS NULL OR state = $1) AND ($2::text IS NULL OR account = $2) \
+     ORDER BY created_at DESC, account, idem_key LIMIT $3";
+
+/// An operator's release of a record nobody holds (parked, or in flight with
+/// its lease expired at `$3`, now): the same tombstone as a holder's release.
+const FORCE_RELEASE: &str = "UPDATE idemkit_keys SET state = 'released', lease_expires_at = 0, \
+     req_body = ''::bytea, last_error = $4 WHERE account = $1 AND idem_key = $2 \
+     AND (state = 'parked' OR (state = 'in_flight' AND lease_expires_at <= $3))";
 
 /// A phase's fenced progress write. A step output is set as a top-level key of
 /// the JSON object (`||` replaces a key, it does not merge nested objects); the
@@ -809,6 +823,37 @@ impl KeyStore for PgStore {
         .await
         .map_err(map_err)?;
         rows.iter().map(decode_review).collect()
+    }
+
+    async fn list(&self, filter: &ListFilter) -> StoreResult<Vec<Record>> {
+        let rows = sqlx::query(SELECT_LIST)
+            .bind(filter.state.map(|s| s.as_str()))
+            .bind(filter.account.as_ref().map(|a| a.as_str()))
+            .bind(i64::try_from(filter.limit).unwrap_or(i64::MAX))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(map_err)?;
+        rows.iter().map(|r| decode_at(r, 0)).collect()
+    }
+
+    async fn force_release(&self, scope: &Scope) -> StoreResult<bool> {
+        let now = self.clock.now().0;
+        // Wakes waiters like a holder's release: their next claim runs the request.
+        let sql = notifying(FORCE_RELEASE);
+        self.retrying(|| async {
+            let changed: i64 = sqlx::query(AssertSqlSafe(sql.clone()))
+                .bind(scope.account.as_str())
+                .bind(scope.key.as_str())
+                .bind(now)
+                .bind(FORCE_RELEASED)
+                .fetch_one(&self.pool)
+                .await
+                .map_err(Retry::from)?
+                .try_get(0)
+                .map_err(corrupt)?;
+            Ok(changed == 1)
+        })
+        .await
     }
 
     async fn wait_for_change(&self, scope: &Scope, timeout: Duration) -> StoreResult<()> {

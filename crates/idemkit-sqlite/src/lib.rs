@@ -31,8 +31,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use idemkit_core::{
-    Account, ClaimOutcome, ClaimRequest, Clock, Decision, FencingToken, Fingerprint, IdempotencyKey,
-    KeyStore, Lease, Millis, PhaseUpdate, ReapReport, Record, RecordHead, RecordRow, RecordState, Resolution,
+    Account, ClaimOutcome, ClaimRequest, Clock, Decision, FORCE_RELEASED, FencingToken, Fingerprint,
+    IdempotencyKey, KeyStore, Lease, ListFilter, Millis, PhaseUpdate, ReapReport, Record, RecordHead, RecordRow, RecordState, Resolution,
     ReviewEntry, Scope, StoreError, StoreResult, StoredHeader, StoredRequest, StoredResponse, SystemClock,
     TransactionalStore, TxClaim, decide,
 };
@@ -147,6 +147,14 @@ const SELECT_ABANDONED: &str = "SELECT account, idem_key, fingerprint, state, cr
      req_body, resp_status, resp_headers, resp_body, last_error \
      FROM idemkit_keys WHERE state = 'in_flight' AND lease_expires_at <= ?1 AND created_at <= ?2 \
      ORDER BY created_at, account, idem_key LIMIT ?3";
+
+/// Operator listing: records matching an optional state (`?1`) and account
+/// (`?2`), newest claim first.
+const SELECT_LIST: &str = "SELECT account, idem_key, fingerprint, state, created_at, completed_at, \
+     lease_expires_at, fencing_token, recovery_point, step_outputs, req_method, req_path, req_headers, \
+     req_body, resp_status, resp_headers, resp_body, last_error \
+     FROM idemkit_keys WHERE (?1 IS NULL OR state = ?1) AND (?2 IS NULL OR account = ?2) \
+     ORDER BY created_at DESC, account, idem_key LIMIT ?3";
 
 /// A [`KeyStore`] on SQLite.
 #[derive(Debug, Clone)]
@@ -681,6 +689,38 @@ impl KeyStore for SqliteStore {
         .await
         .map_err(map_err)?;
         rows.iter().map(decode_review).collect()
+    }
+
+    async fn list(&self, filter: &ListFilter) -> StoreResult<Vec<Record>> {
+        let rows = sqlx::query(SELECT_LIST)
+            .bind(filter.state.map(|s| s.as_str()))
+            .bind(filter.account.as_ref().map(|a| a.as_str()))
+            .bind(i64::try_from(filter.limit).unwrap_or(i64::MAX))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(map_err)?;
+        rows.iter().map(|r| decode_at(r, 0)).collect()
+    }
+
+    async fn force_release(&self, scope: &Scope) -> StoreResult<bool> {
+        let now = self.clock.now().0;
+        let mut tx = self.begin().await?;
+        // The same tombstone as `release`; the state check replaces the token check.
+        let changed = sqlx::query(
+            "UPDATE idemkit_keys SET state = 'released', lease_expires_at = 0, req_body = x'', \
+             last_error = ?4 WHERE account = ?1 AND idem_key = ?2 \
+             AND (state = 'parked' OR (state = 'in_flight' AND lease_expires_at <= ?3))",
+        )
+        .bind(scope.account.as_str())
+        .bind(scope.key.as_str())
+        .bind(now)
+        .bind(FORCE_RELEASED)
+        .execute(&mut *tx)
+        .await
+        .map_err(map_err)?
+        .rows_affected();
+        tx.commit().await.map_err(map_err)?;
+        Ok(changed == 1)
     }
 }
 

@@ -4,9 +4,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use idemkit_core::{
-    ClaimOutcome, ClaimRequest, Clock, Decision, FencingToken, KeyStore, Lease, Millis, PhaseUpdate,
-    ReapReport, Record, RecordHead, RecordState, ReviewEntry, Scope, StoreError, StoreResult, StoredResponse,
-    SystemClock, decide,
+    ClaimOutcome, ClaimRequest, Clock, Decision, FORCE_RELEASED, FencingToken, KeyStore, Lease, ListFilter,
+    Millis, PhaseUpdate, ReapReport, Record, RecordHead, RecordState, ReviewEntry, Scope, StoreError,
+    StoreResult, StoredResponse, SystemClock, decide,
 };
 
 /// An in-memory [`KeyStore`]: one mutex over a map. The claim decision runs under
@@ -273,5 +273,38 @@ impl KeyStore for MemoryStore {
         // Stable: entries claimed at the same instant keep the order they were reaped in.
         entries.sort_by_key(|e| e.created_at);
         Ok(entries.into_iter().take(limit).cloned().collect())
+    }
+
+    async fn list(&self, filter: &ListFilter) -> StoreResult<Vec<Record>> {
+        let map = self.lock();
+        let mut found: Vec<&Record> = map.values().filter(|r| filter.matches(r)).collect();
+        found.sort_by(|a, b| {
+            (b.created_at, a.scope.account.as_str(), a.scope.key.as_str()).cmp(&(
+                a.created_at,
+                b.scope.account.as_str(),
+                b.scope.key.as_str(),
+            ))
+        });
+        Ok(found.into_iter().take(filter.limit).cloned().collect())
+    }
+
+    async fn force_release(&self, scope: &Scope) -> StoreResult<bool> {
+        let now = self.clock.now();
+        let mut map = self.lock();
+        let Some(r) = map.get_mut(scope) else {
+            return Ok(false);
+        };
+        let unheld = match r.state {
+            RecordState::Parked => true,
+            RecordState::InFlight => r.lease_expires_at <= now,
+            _ => false,
+        };
+        if unheld {
+            r.state = RecordState::Released;
+            r.lease_expires_at = Millis(0);
+            r.request.body.clear();
+            r.last_error = Some(FORCE_RELEASED.to_owned());
+        }
+        Ok(unheld)
     }
 }

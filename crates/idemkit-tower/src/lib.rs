@@ -33,6 +33,7 @@
 //! Errors the layer (and [`Json`]) produce are RFC 9457 problem documents with a
 //! stable `code` and a `retryable` flag; see [`idemkit_core::ErrorCode`].
 
+pub mod config;
 mod extract;
 mod jobs;
 mod layer;

@@ -523,3 +523,40 @@ async fn idemkit_check_passes_every_gate_on_the_labels_service() {
         "{stdout}"
     );
 }
+
+/// The published contract is generated from the configuration the service runs
+/// with: change the configuration, and both the page and the behaviour change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn served_contract_matches_the_running_configuration() {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let config = std::env::temp_dir().join(format!("idemkit-config-{}-{nanos}.toml", std::process::id()));
+    std::fs::write(
+        &config,
+        "[defaults]\nreplay_window = \"2h\"\nreap_threshold = \"6h\"\nmismatch_status = 422\n\
+         [[routes]]\nmethod = \"POST\"\npath = \"/labels\"\nkey_field = \"/idempotencyKey\"\n",
+    )
+    .unwrap();
+    let labels = Labels::start_with(&[("IDEMKIT_CONFIG", config.to_str().unwrap())]);
+    let page = reqwest::get(format!("{}/docs/idempotency", labels.base))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(page.contains("replays for <strong>2 h</strong>"), "{page}");
+    assert!(
+        page.contains("lease of <strong>400ms</strong>"),
+        "the --lease-ms the service runs with"
+    );
+    assert!(page.contains("422"));
+    // Behaviour: a replay keeps its 201 (no replay status configured) and a
+    // mismatch answers 422.
+    let first = post(&labels.base, ACME, &body("cfg", "GB")).await;
+    let again = post(&labels.base, ACME, &body("cfg", "GB")).await;
+    assert_eq!((first.status, again.status, again.replayed), (201, 201, true));
+    assert_eq!(post(&labels.base, ACME, &body("cfg", "FR")).await.status, 422);
+    let _ = std::fs::remove_file(config);
+}

@@ -18,7 +18,7 @@ use axum::routing::{get, post};
 use http::StatusCode;
 use http::request::Parts;
 use idemkit_client::{ReqwestRetryError, RetryConfig, RetryMiddleware};
-use idemkit_core::{Account, ErrorCode, Policy};
+use idemkit_core::{Account, ErrorCode};
 use idemkit_postgres::{PgConfig, PgStore};
 use idemkit_sqlite::SqliteStore;
 use idemkit_tower::{
@@ -45,6 +45,9 @@ pub struct LabelsConfig {
     pub tokens: HashMap<String, String>,
     /// The overall deadline of the courier call, retries included.
     pub courier_deadline: Duration,
+    /// The idempotency policy (see `idemkit.toml`); its lease is replaced by
+    /// `lease` so the published contract describes what runs.
+    pub idempotency: idemkit_tower::config::IdemkitConfig,
 }
 
 impl LabelsConfig {
@@ -418,12 +421,14 @@ handlers!(create_pg, get_pg, track_pg, PgStore);
 fn idempotency(
     store: Arc<impl idemkit_core::KeyStore>,
     tokens: Tokens,
-    lease: Duration,
+    config: &idemkit_tower::config::IdemkitConfig,
 ) -> anyhow::Result<IdempotencyLayer> {
-    Ok(IdempotencyLayer::builder(store)
-        .policy(Policy::new().with_lease(lease).with_replay_status(200))
+    let route = config
+        .route("POST", "/labels")
+        .context("the configuration has no `POST /labels` route")?;
+    Ok(route
+        .configure(IdempotencyLayer::builder(store))?
         .resolver(tokens)
-        .key_json_field("/idempotencyKey")
         .validate_body(|_, body| CreateLabel::parse(body).map(|_| ()))
         .max_request_body(64 * 1024)
         .build()?)
@@ -446,6 +451,8 @@ impl std::fmt::Debug for Service {
 /// Opens the database, creates the tables and builds the routes.
 pub async fn build(config: LabelsConfig) -> anyhow::Result<Service> {
     let tokens = Tokens(Arc::new(config.tokens.clone()));
+    let idem = config.idempotency.clone().with_lease(config.lease)?;
+    let contract = crate::docs::render(&idem, &RetryConfig::new(), crate::docs::Format::Html);
     let courier = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
         .with(RetryMiddleware::new(
             RetryConfig::new().with_deadline(Some(config.courier_deadline)),
@@ -456,6 +463,10 @@ pub async fn build(config: LabelsConfig) -> anyhow::Result<Service> {
         .build()?;
     let common = Router::new()
         .route("/openapi.json", get(|| async { axum::Json(openapi()) }))
+        .route(
+            "/docs/idempotency",
+            get(move || async move { axum::response::Html(contract) }),
+        )
         .fallback(idemkit_tower::not_found)
         .method_not_allowed_fallback(idemkit_tower::method_not_allowed);
     if config.database.starts_with("postgres") {
@@ -471,7 +482,7 @@ pub async fn build(config: LabelsConfig) -> anyhow::Result<Service> {
             .await?,
         );
         sqlx::query(sql::TABLE_PG).execute(store.pool()).await?;
-        let layer = idempotency(store.clone(), tokens.clone(), config.lease)?;
+        let layer = idempotency(store.clone(), tokens.clone(), &idem)?;
         let app = App {
             store: store.clone(),
             tokens,
@@ -489,7 +500,7 @@ pub async fn build(config: LabelsConfig) -> anyhow::Result<Service> {
     } else {
         let store = Arc::new(SqliteStore::open(&config.database).await?);
         sqlx::query(sql::TABLE_SQLITE).execute(store.pool()).await?;
-        let layer = idempotency(store.clone(), tokens.clone(), config.lease)?;
+        let layer = idempotency(store.clone(), tokens.clone(), &idem)?;
         let app = App {
             store: store.clone(),
             tokens,

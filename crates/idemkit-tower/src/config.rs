@@ -1,0 +1,316 @@
+//! One configuration format (TOML) for the idempotency policy of every route, read
+//! by the library and by services, and the source the integrator contract is
+//! generated from, so published numbers are the running ones.
+//!
+//! ```
+//! use idemkit_tower::config::IdemkitConfig;
+//! let config = IdemkitConfig::from_toml(r#"
+//!     [defaults]
+//!     replay_window = "24h"
+//!     reap_threshold = "72h"
+//!     lease = "30s"
+//!
+//!     [[routes]]
+//!     method = "POST"
+//!     path = "/labels"
+//!     key_field = "/idempotencyKey"
+//!     replay_status = 200
+//!     longest_retry_chain = "1h"
+//! "#).unwrap();
+//! let route = config.route("POST", "/labels").unwrap();
+//! assert_eq!(route.policy().replay_status, Some(200));
+//! ```
+
+use std::time::Duration;
+
+use idemkit_core::{InFlightBehavior, MismatchStatus, Policy, PolicyError, ServerErrorPolicy};
+use serde::{Deserialize, Serialize};
+
+/// The whole configuration file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IdemkitConfig {
+    /// Policy every route starts from.
+    #[serde(default)]
+    pub defaults: RouteDefaults,
+    /// The routes.
+    #[serde(default)]
+    pub routes: Vec<RouteConfig>,
+}
+
+/// What a route does with a request still in flight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum InFlight {
+    /// `409 idempotency_request_in_progress` with `Retry-After`.
+    #[default]
+    Reject,
+    /// Wait up to `in_flight_wait`, then replay (or 409).
+    Wait,
+    /// `202` with a status URL.
+    Accepted,
+}
+
+/// What a route does with its handler's `5xx` answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum ServerErrors {
+    /// Not stored; the retry runs again (resuming from its recovery point).
+    #[default]
+    Retry,
+    /// Stored and replayed.
+    Replay,
+}
+
+/// Policy settings a route inherits unless it overrides them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RouteDefaults {
+    /// How long a completed key replays.
+    #[serde(with = "humantime_serde")]
+    pub replay_window: Duration,
+    /// How long records are kept for humans.
+    #[serde(with = "humantime_serde")]
+    pub reap_threshold: Duration,
+    /// Lease of a claim, extended by heartbeats.
+    #[serde(with = "humantime_serde")]
+    pub lease: Duration,
+    /// In-flight behaviour.
+    pub in_flight: InFlight,
+    /// How long `in_flight = "wait"` waits.
+    #[serde(with = "humantime_serde")]
+    pub in_flight_wait: Duration,
+    /// `5xx` policy.
+    pub server_errors: ServerErrors,
+    /// Status of a payload mismatch: 409 or 422.
+    pub mismatch_status: u16,
+    /// The key header.
+    pub key_header: String,
+    /// Largest response stored for replay, in bytes.
+    pub max_stored_body: usize,
+}
+
+impl Default for RouteDefaults {
+    fn default() -> Self {
+        let p = Policy::new();
+        Self {
+            replay_window: p.replay_window,
+            reap_threshold: p.reap_threshold,
+            lease: p.lease,
+            in_flight: InFlight::Reject,
+            in_flight_wait: Duration::from_secs(5),
+            server_errors: ServerErrors::Retry,
+            mismatch_status: 409,
+            key_header: "Idempotency-Key".into(),
+            max_stored_body: p.max_stored_body,
+        }
+    }
+}
+
+/// One route.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteConfig {
+    /// HTTP method.
+    pub method: String,
+    /// Path, as routed (`/labels`, `/orders/{id}/confirm`).
+    pub path: String,
+    /// `false` for a mutating route that takes no key and is documented as not
+    /// retry-safe.
+    #[serde(default = "yes")]
+    pub retry_safe: bool,
+    /// Read the key from this JSON body field (a JSON pointer) instead of the header.
+    #[serde(default)]
+    pub key_field: Option<String>,
+    /// Replays of a stored 2xx answer with this status.
+    #[serde(default)]
+    pub replay_status: Option<u16>,
+    /// The longest retry chain clients use here; the replay window must cover it.
+    #[serde(default, with = "humantime_serde")]
+    pub longest_retry_chain: Option<Duration>,
+    /// Overrides of the defaults.
+    #[serde(default, with = "humantime_serde")]
+    pub replay_window: Option<Duration>,
+    /// Overrides the lease.
+    #[serde(default, with = "humantime_serde")]
+    pub lease: Option<Duration>,
+    /// Overrides the `5xx` policy.
+    #[serde(default)]
+    pub server_errors: Option<ServerErrors>,
+    /// Overrides the in-flight behaviour.
+    #[serde(default)]
+    pub in_flight: Option<InFlight>,
+    /// A sentence for integrators about what this route does.
+    #[serde(default)]
+    pub description: Option<String>,
+    #[serde(skip)]
+    defaults: RouteDefaults,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// A configuration that cannot run.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigFileError {
+    /// Not valid TOML for this format.
+    #[error("invalid idemkit configuration: {0}")]
+    Parse(#[from] toml::de::Error),
+    /// A route's policy breaks the contract.
+    #[error("route {method} {path}: {source}")]
+    Policy {
+        /// Route method.
+        method: String,
+        /// Route path.
+        path: String,
+        /// Why.
+        source: PolicyError,
+    },
+    /// Any other inconsistency.
+    #[error("invalid idemkit configuration: {0}")]
+    Invalid(String),
+}
+
+impl RouteConfig {
+    /// The route's effective policy.
+    pub fn policy(&self) -> Policy {
+        let d = &self.defaults;
+        let mut p = Policy::new()
+            .with_replay_window(self.replay_window.unwrap_or(d.replay_window))
+            .with_reap_threshold(d.reap_threshold)
+            .with_lease(self.lease.unwrap_or(d.lease))
+            .with_max_stored_body(d.max_stored_body)
+            .with_mismatch_status(if d.mismatch_status == 422 {
+                MismatchStatus::UnprocessableContent
+            } else {
+                MismatchStatus::Conflict
+            })
+            .with_server_error_policy(match self.server_errors.unwrap_or(d.server_errors) {
+                ServerErrors::Retry => ServerErrorPolicy::Retry,
+                ServerErrors::Replay => ServerErrorPolicy::Replay,
+            })
+            .with_in_flight(match self.in_flight.unwrap_or(d.in_flight) {
+                InFlight::Reject => InFlightBehavior::Reject,
+                InFlight::Wait => InFlightBehavior::Wait(d.in_flight_wait),
+                InFlight::Accepted => InFlightBehavior::Accepted,
+            });
+        if let Some(s) = self.replay_status {
+            p = p.with_replay_status(s);
+        }
+        if let Some(c) = self.longest_retry_chain {
+            p = p.with_longest_retry_chain(c);
+        }
+        p
+    }
+
+    /// The key header of the route (when it does not read a body field).
+    pub fn key_header(&self) -> &str {
+        &self.defaults.key_header
+    }
+
+    /// Applies the route's policy and key source to a layer builder.
+    pub fn configure(
+        &self,
+        builder: crate::IdempotencyLayerBuilder,
+    ) -> Result<crate::IdempotencyLayerBuilder, ConfigFileError> {
+        let builder = builder.policy(self.policy());
+        Ok(match &self.key_field {
+            Some(field) => builder.key_json_field(field.clone()),
+            None => builder.key_header(
+                http::HeaderName::try_from(self.key_header())
+                    .map_err(|e| ConfigFileError::Invalid(format!("key_header: {e}")))?,
+            ),
+        })
+    }
+}
+
+impl IdemkitConfig {
+    /// Parses and validates a configuration; invalid combinations are refused with
+    /// a message naming the route and the rule.
+    pub fn from_toml(text: &str) -> Result<Self, ConfigFileError> {
+        let mut config: Self = toml::from_str(text)?;
+        config.finish()?;
+        Ok(config)
+    }
+
+    fn finish(&mut self) -> Result<(), ConfigFileError> {
+        if !matches!(self.defaults.mismatch_status, 409 | 422) {
+            return Err(ConfigFileError::Invalid(format!(
+                "mismatch_status must be 409 or 422, not {}",
+                self.defaults.mismatch_status
+            )));
+        }
+        for r in &mut self.routes {
+            r.defaults = self.defaults.clone();
+            r.method = r.method.to_ascii_uppercase();
+            if r.retry_safe {
+                r.policy().validate().map_err(|source| ConfigFileError::Policy {
+                    method: r.method.clone(),
+                    path: r.path.clone(),
+                    source,
+                })?;
+            }
+            if let Some(f) = &r.key_field
+                && !f.starts_with('/')
+            {
+                return Err(ConfigFileError::Invalid(format!(
+                    "route {} {}: key_field must be a JSON pointer",
+                    r.method, r.path
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The route with this method and path.
+    pub fn route(&self, method: &str, path: &str) -> Option<&RouteConfig> {
+        self.routes
+            .iter()
+            .find(|r| r.method.eq_ignore_ascii_case(method) && r.path == path)
+    }
+
+    /// Overrides the lease of every route (a service's `--lease-ms` flag), so the
+    /// configuration keeps describing what runs.
+    pub fn with_lease(mut self, lease: Duration) -> Result<Self, ConfigFileError> {
+        self.defaults.lease = lease;
+        for r in &mut self.routes {
+            r.lease = None;
+        }
+        self.finish()?;
+        Ok(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_the_library_defaults() {
+        let c = IdemkitConfig::from_toml("[[routes]]\nmethod = \"post\"\npath = \"/x\"\n").unwrap();
+        assert_eq!(c.route("POST", "/x").unwrap().policy(), Policy::new());
+    }
+
+    #[test]
+    fn invalid_combinations_are_refused_with_the_route_named() {
+        let err = IdemkitConfig::from_toml(
+            "[defaults]\nreplay_window = \"10m\"\n[[routes]]\nmethod = \"POST\"\npath = \"/x\"\nlongest_retry_chain = \"1h\"\n",
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("POST /x"), "{err}");
+        assert!(err.to_string().contains("retry chain"), "{err}");
+        assert!(
+            IdemkitConfig::from_toml(
+                "[defaults]\nlease = \"48h\"\n[[routes]]\nmethod = \"POST\"\npath = \"/x\"\n"
+            )
+            .is_err()
+        );
+        assert!(IdemkitConfig::from_toml("[defaults]\nmismatch_status = 418\n").is_err());
+        assert!(
+            IdemkitConfig::from_toml("[defaults]\nwat = 1\n").is_err(),
+            "unknown fields are refused"
+        );
+    }
+}
