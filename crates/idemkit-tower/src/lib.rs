@@ -37,6 +37,7 @@ pub mod config;
 mod extract;
 mod jobs;
 mod layer;
+pub mod metrics;
 mod outcome;
 mod phases;
 mod problem;
