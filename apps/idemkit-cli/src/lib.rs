@@ -30,6 +30,7 @@ pub mod check;
 pub mod courier;
 pub mod demo;
 pub mod docs;
+pub mod keys;
 pub mod serve;
 
 /// The command line.
@@ -61,6 +62,9 @@ pub enum Command {
     Demo(demo::DemoArgs),
     /// Print the integrator contract generated from an idempotency configuration.
     Docs(docs::DocsArgs),
+    /// Inspect and repair idempotency records: list, show, release, and run the
+    /// completer or the reaper once.
+    Keys(keys::KeysArgs),
 }
 
 /// Runs a parsed command line and returns the exit code it chose.
@@ -71,6 +75,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Serve(args) => serve::run(args),
         Command::Demo(args) => demo::run(args),
         Command::Docs(args) => docs::run(args),
+        Command::Keys(args) => keys::run(args),
     }
 }
 

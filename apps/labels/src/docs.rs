@@ -24,9 +24,9 @@ pub enum Format {
 /// Durations as integrators read them: whole hours or minutes when they are.
 fn human(d: Duration) -> String {
     let secs = d.as_secs();
-    if d.subsec_nanos() == 0 && secs > 0 && secs % 3600 == 0 {
+    if d.subsec_nanos() == 0 && secs > 0 && secs.is_multiple_of(3600) {
         format!("{} h", secs / 3600)
-    } else if d.subsec_nanos() == 0 && secs > 0 && secs % 60 == 0 {
+    } else if d.subsec_nanos() == 0 && secs > 0 && secs.is_multiple_of(60) {
         format!("{} min", secs / 60)
     } else {
         humantime::format_duration(d).to_string()

@@ -59,6 +59,25 @@ impl Outcome {
             Self::Answered(_) => "answered",
         }
     }
+
+    /// Why a retry was planned, as a bounded metric label: the transport
+    /// failure, or what the server answered.
+    pub(crate) fn reason(&self) -> &'static str {
+        match self {
+            Self::NotSent => "not_sent",
+            Self::MaybeExecuted { timed_out: true } => "timeout",
+            Self::MaybeExecuted { timed_out: false } => "maybe_executed",
+            Self::Answered(a) if a.problem_code.as_deref() == Some(CODE_IN_PROGRESS) => "in_progress",
+            Self::Answered(a) => match a.status.as_u16() {
+                429 => "throttled",
+                502 => "bad_gateway",
+                503 => "unavailable",
+                504 => "gateway_timeout",
+                500..=599 => "server_error",
+                _ => "other",
+            },
+        }
+    }
 }
 
 impl fmt::Display for Outcome {
@@ -361,6 +380,17 @@ mod tests {
         Outcome::Answered(
             Answer::new(StatusCode::from_u16(status).unwrap()).with_problem_code(code.map(str::to_owned)),
         )
+    }
+
+    #[test]
+    fn retry_reasons_are_a_small_fixed_set() {
+        assert_eq!(Outcome::NotSent.reason(), "not_sent");
+        assert_eq!(Outcome::MaybeExecuted { timed_out: true }.reason(), "timeout");
+        assert_eq!(answered(409, Some(CODE_IN_PROGRESS)).reason(), "in_progress");
+        assert_eq!(answered(429, None).reason(), "throttled");
+        assert_eq!(answered(503, None).reason(), "unavailable");
+        assert_eq!(answered(500, None).reason(), "server_error");
+        assert_eq!(answered(418, None).reason(), "other");
     }
 
     #[test]

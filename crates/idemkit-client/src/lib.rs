@@ -59,8 +59,10 @@
 //! - **Budget**: a [`TokenBucket`] shared by all calls of a client, replaceable through
 //!   the [`Budget`] trait.
 //! - **Observability**: each retry is a `tracing` event (attempt, outcome, next delay);
-//!   counters `idemkit_client_attempts_total`, `idemkit_client_retries_total` and
-//!   `idemkit_client_gave_up_total` go through `metrics`.
+//!   counters `idemkit_client_attempts_total{outcome, verdict}`,
+//!   `idemkit_client_retries_total{kind, reason}` and
+//!   `idemkit_client_gave_up_total{reason}` (`budget_exhausted` among the reasons) go
+//!   through `metrics`.
 //!
 //! Keys buy *effectively once* within the key scope and replay window of a server that
 //! honours them — not a guarantee against every duplicate.

@@ -522,7 +522,12 @@ impl Call {
         };
         self.withdrawal = Some(withdrawal);
         self.previous_sleep = computed;
-        metrics::counter!("idemkit_client_retries_total", "kind" => kind.label()).increment(1);
+        metrics::counter!(
+            "idemkit_client_retries_total",
+            "kind" => kind.label(),
+            "reason" => outcome.reason(),
+        )
+        .increment(1);
         tracing::info!(
             attempt = self.attempts,
             max_attempts = config.max_attempts,
@@ -530,7 +535,7 @@ impl Call {
             kind = kind.label(),
             next_delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
             retry_after_ms = retry_after.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
-            idempotency_key = self.auto_key.as_ref().map(IdempotencyKey::as_str),
+            auto_key = self.auto_key.is_some(),
             "retrying request"
         );
         Decision::Retry(delay)

@@ -34,9 +34,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use idemkit_core::{
     Account, ClaimOutcome, ClaimRequest, Clock, Decision, FORCE_RELEASED, FencingToken, IdempotencyKey,
-    KeyStore, Lease, ListFilter, Millis, PhaseUpdate, ReapReport, Record, RecordHead, RecordRow, RecordState, Resolution, ReviewEntry,
-    Scope, StoreError, StoreResult, StoredHeader, StoredRequest, StoredResponse, SystemClock,
-    TransactionalStore, TxClaim, decide,
+    KeyStore, Lease, ListFilter, Millis, PhaseUpdate, ReapReport, Record, RecordHead, RecordRow, RecordState,
+    Resolution, ReviewEntry, Scope, StoreError, StoreResult, StoredHeader, StoredRequest, StoredResponse,
+    SystemClock, TransactionalStore, TxClaim, decide,
 };
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions, PgRow};
 use sqlx::{AssertSqlSafe, PgConnection, PgPool, Postgres, Row};

@@ -32,9 +32,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use idemkit_core::{
     Account, ClaimOutcome, ClaimRequest, Clock, Decision, FORCE_RELEASED, FencingToken, Fingerprint,
-    IdempotencyKey, KeyStore, Lease, ListFilter, Millis, PhaseUpdate, ReapReport, Record, RecordHead, RecordRow, RecordState, Resolution,
-    ReviewEntry, Scope, StoreError, StoreResult, StoredHeader, StoredRequest, StoredResponse, SystemClock,
-    TransactionalStore, TxClaim, decide,
+    IdempotencyKey, KeyStore, Lease, ListFilter, Millis, PhaseUpdate, ReapReport, Record, RecordHead,
+    RecordRow, RecordState, Resolution, ReviewEntry, Scope, StoreError, StoreResult, StoredHeader,
+    StoredRequest, StoredResponse, SystemClock, TransactionalStore, TxClaim, decide,
 };
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow, SqliteSynchronous,

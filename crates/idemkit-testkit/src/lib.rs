@@ -156,7 +156,9 @@ macro_rules! lifecycle_conformance_tests {
             parked_record_is_never_claimed_again,
             abandoned_lists_expired_in_flight_records_oldest_first,
             reap_deletes_old_records_and_moves_unfinished_ones_to_review,
-            reaped_keys_can_be_claimed_anew
+            reaped_keys_can_be_claimed_anew,
+            list_filters_by_state_and_account_newest_first,
+            force_release_frees_only_records_nobody_holds
         );
     };
     ($factory:expr) => {
@@ -166,7 +168,9 @@ macro_rules! lifecycle_conformance_tests {
             parked_record_is_never_claimed_again,
             abandoned_lists_expired_in_flight_records_oldest_first,
             reap_deletes_old_records_and_moves_unfinished_ones_to_review,
-            reaped_keys_can_be_claimed_anew
+            reaped_keys_can_be_claimed_anew,
+            list_filters_by_state_and_account_newest_first,
+            force_release_frees_only_records_nobody_holds
         );
     };
     (@cases $factory:expr; $($case:ident),* $(,)?) => {

@@ -8,6 +8,8 @@ use http::{HeaderName, HeaderValue, Request};
 use idemkit_core::{KeyStore, ReapReport, Record, RecordState, Scope, StoreResult};
 use tower::{Service, ServiceExt};
 
+use crate::metrics::{self, op, timed};
+
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Marks a request the completer replays for a record's own (account, key); the
@@ -99,10 +101,13 @@ where
         Ok(req)
     }
 
-    /// One pass (the operator CLI's entry point).
+    /// One pass (the operator CLI's entry point). Sets the
+    /// [`metrics::ORPHANED_KEYS`] gauge to the records found and counts each
+    /// replay in [`metrics::COMPLETER_RESUMES`] by result.
     pub async fn run_once(&self) -> StoreResult<CompleterReport> {
         let cutoff = self.store.now().minus(self.min_age);
-        let records = self.store.abandoned(cutoff, self.batch).await?;
+        let records = timed(op::ABANDONED, self.store.abandoned(cutoff, self.batch)).await?;
+        ::metrics::gauge!(metrics::ORPHANED_KEYS).set(records.len() as f64);
         let mut report = CompleterReport {
             found: records.len(),
             ..CompleterReport::default()
@@ -115,14 +120,25 @@ where
                 },
                 Err(e) => format!("stored request is not replayable: {e}"),
             };
-            match self.store.get(&record.scope).await?.map(|r| r.state) {
-                Some(RecordState::Completed) => report.completed += 1,
-                Some(RecordState::Parked) => report.parked += 1,
+            let result = match timed(op::GET, self.store.get(&record.scope))
+                .await?
+                .map(|r| r.state)
+            {
+                Some(RecordState::Completed) => {
+                    report.completed += 1;
+                    "completed"
+                }
+                Some(RecordState::Parked) => {
+                    report.parked += 1;
+                    "parked"
+                }
                 _ => {
                     tracing::warn!(%answer, "idempotency completer: record still unfinished");
                     report.unfinished.push((record.scope, answer));
+                    "unfinished"
                 }
-            }
+            };
+            ::metrics::counter!(metrics::COMPLETER_RESUMES, "result" => result).increment(1);
         }
         if report.found > 0 {
             tracing::info!(
@@ -167,9 +183,12 @@ impl Reaper {
         Self { store, threshold }
     }
 
-    /// One pass (the operator CLI's entry point).
+    /// One pass (the operator CLI's entry point). Counts what it did in
+    /// [`metrics::REAPER_DELETED`] and [`metrics::REAPER_REVIEW`].
     pub async fn run_once(&self) -> StoreResult<ReapReport> {
-        let report = self.store.reap(self.store.now().minus(self.threshold)).await?;
+        let report = timed(op::REAP, self.store.reap(self.store.now().minus(self.threshold))).await?;
+        ::metrics::counter!(metrics::REAPER_DELETED).increment(report.deleted);
+        ::metrics::counter!(metrics::REAPER_REVIEW).increment(report.moved_to_review);
         if report.deleted + report.moved_to_review > 0 {
             tracing::info!(
                 deleted = report.deleted,

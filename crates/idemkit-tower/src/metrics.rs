@@ -120,21 +120,58 @@ pub mod op {
     pub const REAP: &str = "reap";
 }
 
-/// Registers help texts and units for every metric with the installed recorder.
+/// Registers help texts and units for every metric with the installed
+/// recorder, and starts the [`FENCED_WRITES`] alarm at zero for every write, so
+/// that its first increase is visible to `increase()` and alert rules.
 /// Optional: the metrics are emitted without it.
 pub fn describe() {
-    describe_counter!(REQUESTS, Unit::Count, "Requests to idempotency-guarded routes, by outcome.");
-    describe_gauge!(IN_FLIGHT, Unit::Count, "Requests holding an idempotency claim in this process.");
+    for write in [
+        op::COMPLETE,
+        op::RELEASE,
+        op::ABANDON,
+        op::BEGIN_FENCED,
+        op::ADVANCE,
+        op::COMMIT,
+        op::PARK,
+    ] {
+        counter!(FENCED_WRITES, "op" => write).increment(0);
+    }
+    describe_counter!(
+        REQUESTS,
+        Unit::Count,
+        "Requests to idempotency-guarded routes, by outcome."
+    );
+    describe_gauge!(
+        IN_FLIGHT,
+        Unit::Count,
+        "Requests holding an idempotency claim in this process."
+    );
     describe_counter!(
         FENCED_WRITES,
         Unit::Count,
         "Stale lease holders' writes refused (duplicate-side-effect alarm; expected 0)."
     );
-    describe_counter!(COMPLETER_RESUMES, Unit::Count, "Abandoned requests the completer replayed, by result.");
-    describe_gauge!(ORPHANED_KEYS, Unit::Count, "Abandoned records found by the last completer pass.");
+    describe_counter!(
+        COMPLETER_RESUMES,
+        Unit::Count,
+        "Abandoned requests the completer replayed, by result."
+    );
+    describe_gauge!(
+        ORPHANED_KEYS,
+        Unit::Count,
+        "Abandoned records found by the last completer pass."
+    );
     describe_counter!(REAPER_DELETED, Unit::Count, "Records the reaper deleted.");
-    describe_counter!(REAPER_REVIEW, Unit::Count, "Never-completed records the reaper moved to review.");
-    describe_histogram!(STORE_SECONDS, Unit::Seconds, "Idempotency key-store call latency, by operation.");
+    describe_counter!(
+        REAPER_REVIEW,
+        Unit::Count,
+        "Never-completed records the reaper moved to review."
+    );
+    describe_histogram!(
+        STORE_SECONDS,
+        Unit::Seconds,
+        "Idempotency key-store call latency, by operation."
+    );
 }
 
 pub(crate) fn request(outcome: &'static str) {
@@ -151,7 +188,10 @@ pub(crate) async fn timed<T>(
     histogram!(STORE_SECONDS, "op" => op).record(started.elapsed().as_secs_f64());
     if matches!(result, Err(StoreError::Fenced)) && op != op::HEARTBEAT {
         counter!(FENCED_WRITES, "op" => op).increment(1);
-        tracing::warn!(op, "idempotency: a stale lease holder's write was refused (fenced)");
+        tracing::warn!(
+            op,
+            "idempotency: a stale lease holder's write was refused (fenced)"
+        );
     }
     result
 }

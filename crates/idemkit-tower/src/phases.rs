@@ -23,7 +23,10 @@ use idemkit_core::{
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
+use tracing::Instrument;
+use tracing::field::Empty;
 
+use crate::metrics::{Settled, op, outcome, timed};
 use crate::{IdempotencyContext, Outcome, ProblemResponse};
 
 /// Why a phase did not produce its output.
@@ -50,6 +53,18 @@ pub enum PhaseError<E> {
 }
 
 impl<E> PhaseError<E> {
+    /// The `outcome` of an `idemkit.phase` span that ended with this error.
+    fn label(&self) -> &'static str {
+        match self {
+            Self::Work(_) => "failed",
+            Self::Call(_) => "call_failed",
+            Self::Parked(_) => "parked",
+            Self::Store(StoreError::Fenced) => "lease_lost",
+            Self::Store(_) => "store_error",
+            Self::Output(..) => "output_mismatch",
+        }
+    }
+
     /// Maps the handler's error type inside, keeping every other variant.
     pub fn map_work<F>(self, f: impl FnOnce(E) -> F) -> PhaseError<F> {
         match self {
@@ -70,11 +85,13 @@ impl<E: IntoResponse> IntoResponse for PhaseError<E> {
             Self::Work(e) | Self::Call(e) => e.into_response(),
             Self::Parked(reason) => (
                 Outcome::Settled,
+                axum::Extension(Settled(outcome::PARKED)),
                 ProblemResponse::new(ErrorCode::RequestParked, reason),
             )
                 .into_response(),
             Self::Store(StoreError::Fenced) => (
                 Outcome::Settled,
+                axum::Extension(Settled(outcome::LEASE_LOST)),
                 ProblemResponse::new(
                     ErrorCode::LeaseLost,
                     "this attempt's lease was taken over by a later attempt; retry to get its result",
@@ -188,7 +205,7 @@ impl<S: TransactionalStore> Phases<S> {
     /// Starts the phases of the request the layer claimed, or resumes them after
     /// a takeover (loading the recovery point and saved outputs).
     pub async fn begin(store: Arc<S>, ctx: &IdempotencyContext) -> Result<Self, StoreError> {
-        let record = store.get(&ctx.scope).await?;
+        let record = timed(op::GET, store.get(&ctx.scope)).await?;
         let (outputs, recovery_point) = match record {
             Some(r) if r.fencing_token == ctx.token => (r.step_outputs, r.recovery_point),
             _ => return Err(StoreError::Fenced),
@@ -234,10 +251,13 @@ impl<S: TransactionalStore> Phases<S> {
             recovery_point: recovery_point.clone(),
             step: Some((name.to_owned(), state.clone())),
         };
-        self.store
-            .advance_in_tx(&mut tx, &self.scope, self.token, &update)
-            .await?;
-        self.store.commit(tx).await?;
+        timed(
+            op::ADVANCE,
+            self.store
+                .advance_in_tx(&mut tx, &self.scope, self.token, &update),
+        )
+        .await?;
+        timed(op::COMMIT, self.store.commit(tx)).await?;
         self.outputs.insert(name.to_owned(), state);
         if advance {
             self.recovery_point = Some(recovery_point);
@@ -249,7 +269,24 @@ impl<S: TransactionalStore> Phases<S> {
     /// output is saved as step `name` with the recovery point in that same
     /// transaction. On resume a completed phase is skipped and its saved output
     /// returned. If `work` fails, its transaction rolls back.
+    ///
+    /// Traced as an `idemkit.phase` span (`step`, `kind = "phase"`, `outcome`).
     pub async fn phase<T, E>(
+        &mut self,
+        name: &str,
+        work: impl AsyncFnOnce(&mut S::Tx) -> Result<T, E>,
+    ) -> Result<T, PhaseError<E>>
+    where
+        T: Serialize + DeserializeOwned,
+    {
+        let span = phase_span(name, "phase");
+        let saved = self.has_saved(name);
+        let result = self.run_phase(name, work).instrument(span.clone()).await;
+        span.record("outcome", phase_outcome(saved, &result));
+        result
+    }
+
+    async fn run_phase<T, E>(
         &mut self,
         name: &str,
         work: impl AsyncFnOnce(&mut S::Tx) -> Result<T, E>,
@@ -260,7 +297,7 @@ impl<S: TransactionalStore> Phases<S> {
         if let Some(saved) = self.saved(name) {
             return saved;
         }
-        let mut tx = self.store.begin_fenced(&self.scope, self.token).await?;
+        let mut tx = self.begin_fenced().await?;
         let out = work(&mut tx).await.map_err(PhaseError::Work)?;
         let state =
             json!({ DONE: serde_json::to_value(&out).map_err(|e| PhaseError::Output(name.to_owned(), e))? });
@@ -274,7 +311,30 @@ impl<S: TransactionalStore> Phases<S> {
     /// without calling; a recorded intent without a result is re-issued with the
     /// same key if `downstream` honours keys, and otherwise the request is parked
     /// for review and the call is not made.
+    ///
+    /// Traced as an `idemkit.phase` span (`step`, `kind = "external"`, `outcome`,
+    /// and `reissued` when an earlier attempt's intent was found); the
+    /// downstream key is not recorded.
     pub async fn external<T, E>(
+        &mut self,
+        name: &str,
+        downstream: Downstream,
+        call: impl AsyncFnOnce(DownstreamKey) -> Result<T, CallError<E>>,
+    ) -> Result<T, PhaseError<E>>
+    where
+        T: Serialize + DeserializeOwned,
+    {
+        let span = phase_span(name, "external");
+        let saved = self.has_saved(name);
+        let result = self
+            .run_external(name, downstream, call)
+            .instrument(span.clone())
+            .await;
+        span.record("outcome", phase_outcome(saved, &result));
+        result
+    }
+
+    async fn run_external<T, E>(
         &mut self,
         name: &str,
         downstream: Downstream,
@@ -288,16 +348,19 @@ impl<S: TransactionalStore> Phases<S> {
         }
         let key = self.downstream_key(name);
         let pending = self.outputs.get(name).and_then(|v| v.get(INTENT)).is_some();
+        if pending {
+            tracing::Span::current().record("reissued", downstream == Downstream::HonoursKeys);
+        }
         if pending && downstream == Downstream::IgnoresKeys {
             let reason = format!(
                 "external step `{name}` was called by an earlier attempt with no recorded result, and its \
                  downstream does not honour idempotency keys: parked for review instead of calling again"
             );
-            self.store.park(&self.scope, self.token, &reason).await?;
+            timed(op::PARK, self.store.park(&self.scope, self.token, &reason)).await?;
             return Err(PhaseError::Parked(reason));
         }
         if !pending {
-            let tx = self.store.begin_fenced(&self.scope, self.token).await?;
+            let tx = self.begin_fenced().await?;
             self.commit_progress(tx, name, json!({ INTENT: key.as_str() }), false)
                 .await?;
             fail::fail_point!("idemkit::after_intent");
@@ -306,13 +369,13 @@ impl<S: TransactionalStore> Phases<S> {
             Ok(out) => {
                 fail::fail_point!("idemkit::after_call");
                 let state = json!({ DONE: serde_json::to_value(&out).map_err(|e| PhaseError::Output(name.to_owned(), e))? });
-                let tx = self.store.begin_fenced(&self.scope, self.token).await?;
+                let tx = self.begin_fenced().await?;
                 self.commit_progress(tx, name, state, true).await?;
                 Ok(out)
             }
             Err(CallError::NotExecuted(e)) => {
                 // Withdraw the intent: the call certainly did not happen.
-                let tx = self.store.begin_fenced(&self.scope, self.token).await?;
+                let tx = self.begin_fenced().await?;
                 self.commit_progress(tx, name, json!({ "withdrawn": true }), false)
                     .await?;
                 Err(PhaseError::Call(e))
@@ -325,12 +388,35 @@ impl<S: TransactionalStore> Phases<S> {
     /// response, which is stored in that same transaction, so the last business
     /// writes and the completion commit together (a request with N phases costs
     /// N + 1 commits). The returned response tells the layer it is already stored.
+    ///
+    /// Traced as an `idemkit.phase` span (`step`, `kind = "finish"`, `outcome`).
     pub async fn finish<E>(
         self,
         name: &str,
         work: impl AsyncFnOnce(&mut S::Tx) -> Result<Response, E>,
     ) -> Result<Response, PhaseError<E>> {
-        let mut tx = self.store.begin_fenced(&self.scope, self.token).await?;
+        let span = phase_span(name, "finish");
+        let result = self.run_finish(name, work).instrument(span.clone()).await;
+        let label = match &result {
+            Ok(r)
+                if r.extensions()
+                    .get::<Settled>()
+                    .is_some_and(|s| s.0 == outcome::ERROR) =>
+            {
+                "response_too_large"
+            }
+            other => phase_outcome(false, other),
+        };
+        span.record("outcome", label);
+        result
+    }
+
+    async fn run_finish<E>(
+        self,
+        name: &str,
+        work: impl AsyncFnOnce(&mut S::Tx) -> Result<Response, E>,
+    ) -> Result<Response, PhaseError<E>> {
+        let mut tx = self.begin_fenced().await?;
         let response = work(&mut tx).await.map_err(PhaseError::Work)?;
         let (parts, body) = response.into_parts();
         let cap = self.policy.max_stored_body;
@@ -339,6 +425,7 @@ impl<S: TransactionalStore> Phases<S> {
             Err(_) => {
                 return Ok((
                     Outcome::Settled,
+                    axum::Extension(Settled(outcome::ERROR)),
                     ProblemResponse::new(
                         ErrorCode::ResponseTooLarge,
                         format!("the response is larger than the {cap}-byte storage cap; the final phase was rolled back"),
@@ -364,15 +451,45 @@ impl<S: TransactionalStore> Phases<S> {
             recovery_point: name.to_owned(),
             step: None,
         };
-        self.store
-            .advance_in_tx(&mut tx, &self.scope, self.token, &update)
-            .await?;
-        self.store
-            .complete_in_tx(tx, &self.scope, self.token, &stored)
-            .await?;
+        timed(
+            op::ADVANCE,
+            self.store
+                .advance_in_tx(&mut tx, &self.scope, self.token, &update),
+        )
+        .await?;
+        timed(
+            op::COMPLETE,
+            self.store.complete_in_tx(tx, &self.scope, self.token, &stored),
+        )
+        .await?;
         fail::fail_point!("idemkit::after_complete");
         let mut response = Response::from_parts(parts, Body::from(body));
         response.extensions_mut().insert(Outcome::Settled);
+        response.extensions_mut().insert(Settled(outcome::EXECUTED));
         Ok(response)
+    }
+
+    async fn begin_fenced(&self) -> Result<S::Tx, StoreError> {
+        timed(op::BEGIN_FENCED, self.store.begin_fenced(&self.scope, self.token)).await
+    }
+
+    fn has_saved(&self, name: &str) -> bool {
+        self.outputs.get(name).and_then(|v| v.get(DONE)).is_some()
+    }
+}
+
+/// The span of one phase. `step` is the application's constant step name,
+/// never request data.
+fn phase_span(step: &str, kind: &'static str) -> tracing::Span {
+    tracing::info_span!("idemkit.phase", step, kind, outcome = Empty, reissued = Empty)
+}
+
+/// How a phase ended: `saved` (skipped on resume, its saved output returned),
+/// `done`, or the error's label.
+fn phase_outcome<T, E>(saved: bool, result: &Result<T, PhaseError<E>>) -> &'static str {
+    match result {
+        Ok(_) if saved => "saved",
+        Ok(_) => "done",
+        Err(e) => e.label(),
     }
 }

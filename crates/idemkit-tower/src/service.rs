@@ -19,9 +19,12 @@ use idemkit_core::{
 };
 use tokio::task::JoinHandle;
 use tower::Service;
+use tracing::Instrument;
+use tracing::field::Empty;
 
 use crate::extract::{IdempotencyContext, TxSlot};
 use crate::layer::{IDEMPOTENT_REPLAYED, KeySource, Shared};
+use crate::metrics::{self, InFlight, Settled, op, outcome, timed};
 use crate::{Outcome, ProblemResponse};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -103,6 +106,17 @@ enum Disposition {
     Leave,
 }
 
+impl Disposition {
+    const fn label(self) -> &'static str {
+        match self {
+            Self::Store => "store",
+            Self::Release => "release",
+            Self::Abandon => "abandon",
+            Self::Leave => "leave",
+        }
+    }
+}
+
 fn disposition(status: StatusCode, outcome: Option<Outcome>, policy: &Policy) -> Disposition {
     match outcome {
         Some(Outcome::Final) => return Disposition::Store,
@@ -125,6 +139,28 @@ fn disposition(status: StatusCode, outcome: Option<Outcome>, policy: &Policy) ->
     }
 }
 
+/// A request answered without running the handler, and how it counts.
+struct Refused {
+    response: Response,
+    outcome: &'static str,
+}
+
+impl Refused {
+    fn new(outcome: &'static str, response: impl IntoResponse) -> Self {
+        Self {
+            response: response.into_response(),
+            outcome,
+        }
+    }
+
+    fn store(e: &StoreError) -> Self {
+        Self::new(metrics::store_outcome(e), store_problem(e))
+    }
+}
+
+/// One request under the layer: counted once in [`metrics::REQUESTS`] and traced
+/// as an `idemkit.request` span. Spans and events carry a short digest of
+/// (account, key), never the key, the account or a body.
 async fn process<S, B>(shared: Arc<Shared>, inner: S, req: Request<Body>) -> Result<Response, S::Error>
 where
     S: Service<Request<Body>, Response = Response<B>> + Send + 'static,
@@ -132,15 +168,44 @@ where
     B: http_body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
+    let span = tracing::info_span!("idemkit.request", key_hash = Empty, outcome = Empty);
+    let (outcome, result) = handle(shared, inner, req).instrument(span.clone()).await;
+    span.record("outcome", outcome);
+    metrics::request(outcome);
+    result
+}
+
+async fn handle<S, B>(
+    shared: Arc<Shared>,
+    inner: S,
+    req: Request<Body>,
+) -> (&'static str, Result<Response, S::Error>)
+where
+    S: Service<Request<Body>, Response = Response<B>> + Send + 'static,
+    S::Future: Send + 'static,
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
     let (parts, body) = req.into_parts();
-    let prepared = match prepare(&shared, &parts, body).await {
+    let (claim, bytes) = match prepare(&shared, &parts, body).await {
         Ok(p) => p,
-        Err(problem) => return Ok(problem.into_response()),
+        Err(problem) => {
+            let outcome = match problem.problem.code {
+                ErrorCode::KeyMissing => outcome::KEY_MISSING,
+                ErrorCode::KeyInvalid => outcome::KEY_INVALID,
+                _ => outcome::REJECTED,
+            };
+            return (outcome, Ok(problem.into_response()));
+        }
     };
-    let (claim, bytes) = prepared;
-    let held = match acquire(&shared, &claim).await {
+    let span = tracing::Span::current();
+    if !span.is_disabled() {
+        // Hashed only when someone listens: requests without a subscriber pay nothing.
+        span.record("key_hash", metrics::key_hash(&claim.scope));
+    }
+    let held = match claim_key(&shared, &claim).await {
         Ok(held) => held,
-        Err(response) => return Ok(response),
+        Err(refused) => return (refused.outcome, Ok(refused.response)),
     };
     execute(&shared, inner, parts, bytes, claim, held).await
 }
@@ -269,8 +334,32 @@ fn key_from_json(bytes: &[u8], pointer: &str) -> Result<IdempotencyKey, ProblemR
     }
 }
 
+/// [`acquire`] in an `idemkit.claim` span recording its outcome and fencing token.
+async fn claim_key(shared: &Shared, claim: &ClaimRequest) -> Result<Held, Refused> {
+    let span = tracing::info_span!("idemkit.claim", outcome = Empty, token = Empty);
+    let result = acquire(shared, claim).instrument(span.clone()).await;
+    match &result {
+        Ok(held) => {
+            let lease = held.lease();
+            span.record("token", lease.token.0);
+            span.record(
+                "outcome",
+                if lease.resumed_from.is_some() {
+                    "resumed"
+                } else {
+                    "claimed"
+                },
+            );
+        }
+        Err(refused) => {
+            span.record("outcome", refused.outcome);
+        }
+    }
+    result
+}
+
 /// Claims the key, waiting for a live holder when the policy says so.
-async fn acquire(shared: &Shared, claim: &ClaimRequest) -> Result<Held, Response> {
+async fn acquire(shared: &Shared, claim: &ClaimRequest) -> Result<Held, Refused> {
     let wait_until = match shared.policy.in_flight {
         InFlightBehavior::Wait(d) => Some(tokio::time::Instant::now() + d),
         _ => None,
@@ -278,43 +367,53 @@ async fn acquire(shared: &Shared, claim: &ClaimRequest) -> Result<Held, Response
     let mut poll = Duration::from_millis(20);
     loop {
         let outcome = match &shared.tx_store {
-            Some(tx_store) => match tx_store.claim_in_tx(claim).await {
+            Some(tx_store) => match timed(op::CLAIM, tx_store.claim_in_tx(claim)).await {
                 Ok(TxClaim::Claimed { tx, lease }) => return Ok(Held::Tx(tx, lease)),
                 Ok(TxClaim::Other(o)) => o,
-                Err(e) => return Err(store_problem(&e).into_response()),
+                Err(e) => return Err(Refused::store(&e)),
             },
-            None => match shared.store.claim(claim).await {
+            None => match timed(op::CLAIM, shared.store.claim(claim)).await {
                 Ok(ClaimOutcome::Claimed(lease)) => return Ok(Held::Lease(lease)),
                 Ok(o) => o,
-                Err(e) => return Err(store_problem(&e).into_response()),
+                Err(e) => return Err(Refused::store(&e)),
             },
         };
         match outcome {
             ClaimOutcome::Replay(stored) => {
                 tracing::debug!(status = stored.status, "idempotency: replay");
-                return Err(replay_response(stored, &shared.policy));
+                return Err(Refused::new(
+                    outcome::REPLAYED,
+                    replay_response(stored, &shared.policy),
+                ));
             }
             ClaimOutcome::Mismatch => {
                 tracing::debug!("idempotency: key reused with a different request");
-                return Err(ProblemResponse::new(
-                    ErrorCode::KeyReused,
-                    "this idempotency key was already used with a different request (method, path or body); use a new key for a new request",
-                )
-                .with_status(shared.policy.mismatch_status.as_u16())
-                .into_response());
+                return Err(Refused::new(
+                    outcome::KEY_REUSED,
+                    ProblemResponse::new(
+                        ErrorCode::KeyReused,
+                        "this idempotency key was already used with a different request (method, path or body); use a new key for a new request",
+                    )
+                    .with_status(shared.policy.mismatch_status.as_u16()),
+                ));
             }
             ClaimOutcome::Parked => {
-                return Err(ProblemResponse::new(
-                    ErrorCode::RequestParked,
-                    "this request was parked for human review (an external call's outcome is unknown); \
-                     it will not run again",
-                )
-                .into_response());
+                return Err(Refused::new(
+                    outcome::PARKED,
+                    ProblemResponse::new(
+                        ErrorCode::RequestParked,
+                        "this request was parked for human review (an external call's outcome is unknown); \
+                         it will not run again",
+                    ),
+                ));
             }
             ClaimOutcome::InProgress { retry_after }
                 if shared.policy.in_flight == InFlightBehavior::Accepted =>
             {
-                return Err(crate::status::accepted(shared, &claim.scope, retry_after));
+                return Err(Refused::new(
+                    outcome::IN_PROGRESS,
+                    crate::status::accepted(shared, &claim.scope, retry_after),
+                ));
             }
             ClaimOutcome::InProgress { retry_after } => {
                 let now = tokio::time::Instant::now();
@@ -329,7 +428,7 @@ async fn acquire(shared: &Shared, claim: &ClaimRequest) -> Result<Held, Response
                             // timeout only bounds a lost notification.
                             let bound = (until - now).min(Duration::from_secs(1));
                             if let Err(e) = shared.store.wait_for_change(&claim.scope, bound).await {
-                                return Err(store_problem(&e).into_response());
+                                return Err(Refused::store(&e));
                             }
                         } else {
                             tokio::time::sleep(nap).await;
@@ -338,19 +437,22 @@ async fn acquire(shared: &Shared, claim: &ClaimRequest) -> Result<Held, Response
                     }
                     _ => {
                         tracing::debug!("idempotency: request in progress");
-                        return Err(ProblemResponse::new(
-                            ErrorCode::RequestInProgress,
-                            "a request with this idempotency key is still being processed; retry after the indicated delay",
-                        )
-                        .retry_after(retry_after)
-                        .into_response());
+                        return Err(Refused::new(
+                            outcome::IN_PROGRESS,
+                            ProblemResponse::new(
+                                ErrorCode::RequestInProgress,
+                                "a request with this idempotency key is still being processed; retry after the indicated delay",
+                            )
+                            .retry_after(retry_after),
+                        ));
                     }
                 }
             }
             _ => {
-                return Err(
-                    ProblemResponse::new(ErrorCode::Internal, "unknown claim outcome").into_response()
-                );
+                return Err(Refused::new(
+                    outcome::ERROR,
+                    ProblemResponse::new(ErrorCode::Internal, "unknown claim outcome"),
+                ));
             }
         }
     }
@@ -373,7 +475,7 @@ fn spawn_heartbeat(store: Arc<dyn KeyStore>, scope: Scope, lease: &Lease, length
         let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
         loop {
             tick.tick().await;
-            match store.heartbeat(&scope, token, length).await {
+            match timed(op::HEARTBEAT, store.heartbeat(&scope, token, length)).await {
                 Ok(_) => {}
                 Err(StoreError::Fenced) => {
                     tracing::warn!(
@@ -394,13 +496,14 @@ async fn execute<S, B>(
     bytes: Bytes,
     claim: ClaimRequest,
     held: Held,
-) -> Result<Response, S::Error>
+) -> (&'static str, Result<Response, S::Error>)
 where
     S: Service<Request<Body>, Response = Response<B>> + Send + 'static,
     S::Future: Send + 'static,
     B: http_body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
+    let _in_flight = InFlight::enter();
     let scope = claim.scope.clone();
     let lease = held.lease().clone();
     let mut req = Request::from_parts(parts, Body::from(bytes));
@@ -431,61 +534,101 @@ where
     fail::fail_point!("idemkit::after_claim");
     let result = inner.call(req).await;
     drop(heartbeat);
-    let response = match result {
-        Ok(r) => r,
-        Err(e) => {
-            // The handler failed without an answer: nothing to store.
-            settle_unstored(shared, slot, &scope, &lease, Disposition::Release).await;
-            return Err(e);
-        }
-    };
-
-    let outcome = response.extensions().get::<Outcome>().copied();
-    match disposition(response.status(), outcome, &shared.policy) {
-        Disposition::Store => Ok(store_response(shared, slot, &claim, &lease, response).await),
-        Disposition::Leave => Ok(response.map(Body::new)),
-        other => {
-            settle_unstored(shared, slot, &scope, &lease, other).await;
-            Ok(response.map(Body::new))
+    let span = tracing::info_span!(
+        "idemkit.complete",
+        token = lease.token.0,
+        status = Empty,
+        disposition = Empty,
+        outcome = Empty
+    );
+    let (counted, result) = async {
+        let response = match result {
+            Ok(r) => r,
+            Err(e) => {
+                // The handler failed without an answer: nothing to store.
+                tracing::Span::current().record("disposition", "release");
+                let counted = settle_unstored(shared, slot, &scope, &lease, Disposition::Release).await;
+                return (counted, Err(e));
+            }
+        };
+        let handler_outcome = response.extensions().get::<Outcome>().copied();
+        let how = disposition(response.status(), handler_outcome, &shared.policy);
+        let current = tracing::Span::current();
+        current.record("status", response.status().as_u16());
+        current.record("disposition", how.label());
+        match how {
+            Disposition::Store => {
+                let (counted, response) = store_response(shared, slot, &claim, &lease, response).await;
+                (counted, Ok(response))
+            }
+            Disposition::Leave => {
+                let counted = response
+                    .extensions()
+                    .get::<Settled>()
+                    .map_or(outcome::EXECUTED, |s| s.0);
+                (counted, Ok(response.map(Body::new)))
+            }
+            other => {
+                let counted = settle_unstored(shared, slot, &scope, &lease, other).await;
+                (counted, Ok(response.map(Body::new)))
+            }
         }
     }
+    .instrument(span.clone())
+    .await;
+    span.record("outcome", counted);
+    (counted, result)
 }
 
-/// Releases or abandons the key without storing a response. In single-step
-/// mode both are a rollback: the claim was never committed.
+/// Releases or abandons the key without storing a response, and says which
+/// (an [`outcome`]). In single-step mode both are a rollback: the claim was
+/// never committed.
 async fn settle_unstored(
     shared: &Shared,
     slot: Option<TxSlot>,
     scope: &Scope,
     lease: &Lease,
     how: Disposition,
-) {
+) -> &'static str {
     if let Some(slot) = slot {
         drop(slot.take());
-        return;
+        return outcome::RELEASED;
     }
-    let result = match how {
-        Disposition::Abandon => {
-            shared
-                .store
-                .abandon(scope, lease.token, "handler marked the outcome retryable")
-                .await
-        }
+    let store = shared.store.as_ref();
+    let (counted, result) = match how {
+        Disposition::Abandon => (
+            outcome::ABANDONED,
+            timed(
+                op::ABANDON,
+                store.abandon(scope, lease.token, "handler marked the outcome retryable"),
+            )
+            .await,
+        ),
         // A request that committed a phase keeps its progress: the next attempt
         // resumes from the recovery point instead of starting over.
-        _ => match shared.store.get(scope).await {
-            Ok(Some(r)) if r.recovery_point.is_some() => {
-                shared
-                    .store
-                    .abandon(scope, lease.token, "the handler failed after a phase committed")
-                    .await
-            }
-            _ => shared.store.release(scope, lease.token).await,
+        _ => match timed(op::GET, store.get(scope)).await {
+            Ok(Some(r)) if r.recovery_point.is_some() => (
+                outcome::ABANDONED,
+                timed(
+                    op::ABANDON,
+                    store.abandon(scope, lease.token, "the handler failed after a phase committed"),
+                )
+                .await,
+            ),
+            _ => (
+                outcome::RELEASED,
+                timed(op::RELEASE, store.release(scope, lease.token)).await,
+            ),
         },
     };
-    if let Err(e) = result {
-        // The lease still expires on its own; the next attempt takes over then.
-        tracing::warn!(error = %e, "idempotency: could not release the key");
+    match result {
+        Ok(()) => counted,
+        Err(StoreError::Fenced) => outcome::LEASE_LOST,
+        Err(e) => {
+            // The lease still expires on its own; the next attempt takes over then.
+            tracing::warn!(error = %e, "idempotency: could not release the key");
+            counted
+        }
     }
 }
 
@@ -495,7 +638,7 @@ async fn store_response<B>(
     claim: &ClaimRequest,
     lease: &Lease,
     response: Response<B>,
-) -> Response
+) -> (&'static str, Response)
 where
     B: http_body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
@@ -519,20 +662,20 @@ where
                 // Single-step: roll everything back; nothing happened.
                 Some(slot) => {
                     drop(slot.take());
-                    problem.into_response()
+                    (outcome::ERROR, problem.into_response())
                 }
                 // Generic: the handler's effects may have happened, so the failure is
                 // what the key now answers (too large), or the key is released (body error).
                 None if too_large => {
                     let stored = stored_problem(&problem);
                     match complete_with_retry(shared.store.as_ref(), scope, lease, &stored).await {
-                        Ok(()) => problem.into_response(),
-                        Err(e) => store_problem(&e).into_response(),
+                        Ok(()) => (outcome::ERROR, problem.into_response()),
+                        Err(e) => (metrics::store_outcome(&e), store_problem(&e).into_response()),
                     }
                 }
                 None => {
                     settle_unstored(shared, None, scope, lease, Disposition::Release).await;
-                    problem.into_response()
+                    (outcome::ERROR, problem.into_response())
                 }
             };
         }
@@ -553,38 +696,50 @@ where
     let committed = match slot {
         Some(slot) => match slot.take() {
             Some(tx) => match &shared.tx_store {
-                Some(tx_store) => tx_store.complete_in_tx(tx, scope, lease.token, &stored).await,
+                Some(tx_store) => {
+                    timed(
+                        op::COMPLETE,
+                        tx_store.complete_in_tx(tx, scope, lease.token, &stored),
+                    )
+                    .await
+                }
                 None => Err(StoreError::Corrupt(
                     "transaction without a transactional store".into(),
                 )),
             },
             None => {
-                return ProblemResponse::new(
-                    ErrorCode::Internal,
-                    "the handler kept the claim transaction past its return; rolled back",
-                )
-                .into_response();
+                return (
+                    outcome::ERROR,
+                    ProblemResponse::new(
+                        ErrorCode::Internal,
+                        "the handler kept the claim transaction past its return; rolled back",
+                    )
+                    .into_response(),
+                );
             }
         },
         None => complete_with_retry(shared.store.as_ref(), scope, lease, &stored).await,
     };
     match committed {
-        Ok(()) => Response::from_parts(parts, Body::from(body)),
+        Ok(()) => (outcome::EXECUTED, Response::from_parts(parts, Body::from(body))),
         Err(StoreError::Conflict) => {
             // Another request with this key committed first and this attempt's
             // writes were rolled back: answer what the key now answers.
             tracing::debug!("idempotency: single-step claim lost the race at commit");
-            match acquire(shared, claim).await {
-                Err(settled) => settled,
-                Ok(_) => ProblemResponse::new(
-                    ErrorCode::RequestInProgress,
-                    "a concurrent request with this idempotency key changed its state; retry",
-                )
-                .retry_after(Duration::from_secs(1))
-                .into_response(),
+            match claim_key(shared, claim).await {
+                Err(settled) => (settled.outcome, settled.response),
+                Ok(_) => (
+                    outcome::IN_PROGRESS,
+                    ProblemResponse::new(
+                        ErrorCode::RequestInProgress,
+                        "a concurrent request with this idempotency key changed its state; retry",
+                    )
+                    .retry_after(Duration::from_secs(1))
+                    .into_response(),
+                ),
             }
         }
-        Err(e) => store_problem(&e).into_response(),
+        Err(e) => (metrics::store_outcome(&e), store_problem(&e).into_response()),
     }
 }
 
@@ -598,7 +753,7 @@ async fn complete_with_retry(
 ) -> Result<(), StoreError> {
     let mut delay = Duration::from_millis(50);
     for attempt in 1.. {
-        match store.complete(scope, lease.token, stored).await {
+        match timed(op::COMPLETE, store.complete(scope, lease.token, stored)).await {
             Err(StoreError::Unavailable(e)) if attempt < 4 => {
                 tracing::warn!(error = %e, attempt, "idempotency: completion failed; retrying");
                 tokio::time::sleep(delay.mul_f64(rand::random_range(0.5..1.0))).await;

@@ -116,6 +116,7 @@ impl Labels {
         self.base = format!("http://{listen}");
     }
 
+    #[cfg_attr(not(feature = "failpoints"), allow(dead_code))]
     pub(crate) fn wait_line(&self, prefix: &str) {
         let (_, rx) = self.service.as_ref().unwrap();
         loop {
@@ -128,6 +129,7 @@ impl Labels {
         }
     }
 
+    #[cfg_attr(not(feature = "failpoints"), allow(dead_code))]
     pub(crate) fn kill9(&mut self) {
         if let Some((p, _)) = self.service.take() {
             let ok = Command::new("kill")

@@ -10,7 +10,9 @@ mod broken;
 mod cli;
 mod courier;
 mod fixtures;
+mod keys;
 mod labels;
+mod metrics;
 mod quickstart;
 
 /// What one `idemkit` run left behind.

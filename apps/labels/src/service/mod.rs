@@ -434,6 +434,59 @@ fn idempotency(
         .build()?)
 }
 
+/// The process's Prometheus recorder, once [`install_metrics`] has run.
+static PROMETHEUS: std::sync::Mutex<Option<metrics_exporter_prometheus::PrometheusHandle>> =
+    std::sync::Mutex::new(None);
+
+/// Bucket bounds of `idemkit_store_seconds`, 0.5 ms to 5 s.
+const STORE_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+];
+
+/// Installs the process-wide Prometheus recorder that `GET /metrics` renders
+/// (idemkit's server metrics, see `docs/metrics.md`, and the courier client's).
+/// Once per process: later calls return the same handle. The caller runs
+/// [`PrometheusHandle::run_upkeep`](metrics_exporter_prometheus::PrometheusHandle::run_upkeep)
+/// every few seconds. Without it, `GET /metrics` answers 404.
+pub fn install_metrics() -> anyhow::Result<metrics_exporter_prometheus::PrometheusHandle> {
+    let mut slot = PROMETHEUS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(handle) = &*slot {
+        return Ok(handle.clone());
+    }
+    let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .set_buckets_for_metric(
+            metrics_exporter_prometheus::Matcher::Full(idemkit_tower::metrics::STORE_SECONDS.into()),
+            STORE_BUCKETS,
+        )?
+        .install_recorder()
+        .context("installing the Prometheus recorder")?;
+    idemkit_tower::metrics::describe();
+    *slot = Some(handle.clone());
+    Ok(handle)
+}
+
+/// `GET /metrics`: the Prometheus text exposition.
+async fn metrics_endpoint() -> Response {
+    let handle = PROMETHEUS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone();
+    match handle {
+        Some(handle) => (
+            [(
+                http::header::CONTENT_TYPE,
+                "text/plain; version=0.0.4; charset=utf-8",
+            )],
+            handle.render(),
+        )
+            .into_response(),
+        None => ProblemResponse::new(ErrorCode::NotFound, "metrics are not enabled in this process")
+            .into_response(),
+    }
+}
+
 /// The running service's parts, for the binary and tests.
 pub struct Service {
     /// The HTTP routes.
@@ -463,6 +516,7 @@ pub async fn build(config: LabelsConfig) -> anyhow::Result<Service> {
         .build()?;
     let common = Router::new()
         .route("/openapi.json", get(|| async { axum::Json(openapi()) }))
+        .route("/metrics", get(metrics_endpoint))
         .route(
             "/docs/idempotency",
             get(move || async move { axum::response::Html(contract) }),

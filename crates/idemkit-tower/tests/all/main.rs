@@ -663,6 +663,7 @@ fn _tx_store_is_usable(s: Arc<SqliteStore>) -> Arc<dyn KeyStore> {
 }
 
 mod crash;
+mod metrics;
 
 /// In-flight = accepted: a duplicate of a running request gets `202` with a status
 /// URL; `GET` on it answers in progress, then the stored response.

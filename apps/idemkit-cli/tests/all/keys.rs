@@ -1,0 +1,729 @@
+//! `idemkit keys` against real SQLite and PostgreSQL stores: the database is
+//! prepared through the store API, then the real binary inspects and repairs it.
+//!
+//! PostgreSQL tests read `IDEMKIT_TEST_POSTGRES_URL`. Under `CI` a missing URL is
+//! a failure; elsewhere the tests say so and return. Each uses a fresh schema.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use idemkit_core::{ClaimOutcome, KeyStore, RecordState};
+use idemkit_postgres::{PgConfig, PgStore};
+use idemkit_sqlite::SqliteStore;
+use idemkit_testkit::lifecycle::phase;
+use idemkit_testkit::suite::{claim_req, must_claim, response, scope};
+use serde_json::{Value, json};
+
+use crate::Run;
+
+/// A key store the test prepared, and how the binary reaches it.
+struct Db {
+    store: Arc<dyn KeyStore>,
+    url: String,
+    /// PostgreSQL: the fresh schema (passed as `IDEMKIT_PG_SCHEMA`).
+    schema: Option<String>,
+    dir: Option<PathBuf>,
+}
+
+impl Drop for Db {
+    fn drop(&mut self) {
+        if let Some(dir) = &self.dir {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+fn unique(prefix: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!("{prefix}_{}_{nanos}", std::process::id())
+}
+
+fn postgres_url() -> Option<String> {
+    match std::env::var("IDEMKIT_TEST_POSTGRES_URL") {
+        Ok(url) if !url.is_empty() => Some(url),
+        _ if std::env::var_os("CI").is_some() => {
+            panic!("IDEMKIT_TEST_POSTGRES_URL is not set; under CI a missing database is a failure")
+        }
+        _ => {
+            eprintln!("IDEMKIT_TEST_POSTGRES_URL is not set: skipping PostgreSQL test");
+            None
+        }
+    }
+}
+
+impl Db {
+    fn temp_dir() -> PathBuf {
+        let dir = std::env::temp_dir().join(unique("idemkit-keys"));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    async fn sqlite() -> Self {
+        let dir = Self::temp_dir();
+        let path = dir.join("keys.db");
+        let store = SqliteStore::open(&path).await.expect("open SQLite");
+        Self {
+            store: Arc::new(store),
+            url: path.to_str().unwrap().to_owned(),
+            schema: None,
+            dir: Some(dir),
+        }
+    }
+
+    async fn postgres() -> Option<Self> {
+        let url = postgres_url()?;
+        let schema = unique("t_keys");
+        let store = PgStore::connect(
+            &url,
+            PgConfig {
+                schema: schema.clone(),
+                max_connections: 2,
+                ..PgConfig::default()
+            },
+        )
+        .await
+        .expect("connect to PostgreSQL");
+        Some(Self {
+            store: Arc::new(store),
+            url,
+            schema: Some(schema),
+            dir: Some(Self::temp_dir()),
+        })
+    }
+
+    /// Runs `idemkit keys <args> --database-url …` (and the schema on PostgreSQL).
+    async fn keys(&self, args: &[&str]) -> Run {
+        let mut all: Vec<String> = ["keys"].iter().chain(args).map(|s| s.to_string()).collect();
+        all.extend(["--database-url".to_owned(), self.url.clone()]);
+        if let Some(schema) = &self.schema {
+            all.extend(["--pg-schema".to_owned(), schema.clone()]);
+        }
+        run(all, self.env()).await
+    }
+
+    fn env(&self) -> Vec<(String, String)> {
+        self.schema
+            .iter()
+            .map(|s| ("IDEMKIT_PG_SCHEMA".to_owned(), s.clone()))
+            .collect()
+    }
+}
+
+/// Runs the real binary off the runtime's threads.
+async fn run(args: Vec<String>, env: Vec<(String, String)>) -> Run {
+    tokio::task::spawn_blocking(move || {
+        let out = Command::new(env!("CARGO_BIN_EXE_idemkit"))
+            .args(&args)
+            .envs(env)
+            .env_remove("RUST_LOG")
+            .output()
+            .expect("run idemkit");
+        Run {
+            code: out.status.code().expect("exit code"),
+            stdout: String::from_utf8(out.stdout).unwrap(),
+            stderr: String::from_utf8(out.stderr).unwrap(),
+        }
+    })
+    .await
+    .unwrap()
+}
+
+fn ok(run: &Run) -> &Run {
+    assert_eq!(run.code, 0, "{run:#?}");
+    run
+}
+
+/// The data rows of a table (after the header and its rule, before the blank line).
+fn rows(run: &Run) -> Vec<Vec<String>> {
+    let lines: Vec<&str> = run.stdout.lines().collect();
+    assert!(lines.len() >= 2 && lines[1].starts_with("---"), "{run:#?}");
+    lines[2..]
+        .iter()
+        .take_while(|l| !l.is_empty())
+        .map(|l| {
+            l.split("  ")
+                .filter(|c| !c.is_empty())
+                .map(|c| c.trim().to_owned())
+                .collect()
+        })
+        .collect()
+}
+
+fn keys_of(v: &Value, field: &str) -> Vec<String> {
+    v[field]
+        .as_array()
+        .unwrap_or_else(|| panic!("no {field}: {v}"))
+        .iter()
+        .map(|r| {
+            format!(
+                "{}/{}",
+                r["account"].as_str().unwrap(),
+                r["key"].as_str().unwrap()
+            )
+        })
+        .collect()
+}
+
+/// Five records, claimed a few milliseconds apart (oldest first): a completed
+/// one, a parked one with a recorded intent, one abandoned by a retryable
+/// outcome, one held by a live lease, and another parked one.
+async fn prepare(store: &dyn KeyStore) {
+    let gap = Duration::from_millis(15);
+    let done = scope("acct-a", "k-done");
+    let l = must_claim(store, &claim_req(&done, r#"{"sku":"done"}"#)).await;
+    store
+        .complete(&done, l.token, &response(201, r#"{"id":"order-1"}"#))
+        .await
+        .unwrap();
+    tokio::time::sleep(gap).await;
+
+    let parked = scope("acct-a", "k-parked");
+    let l = must_claim(store, &claim_req(&parked, r#"{"sku":"parked"}"#)).await;
+    store
+        .advance(
+            &parked,
+            l.token,
+            &phase("courier-intent", Some(("courier", json!({"intent": "dk-1"})))),
+        )
+        .await
+        .unwrap();
+    store
+        .park(&parked, l.token, "courier outcome unknown; it ignores keys")
+        .await
+        .unwrap();
+    tokio::time::sleep(gap).await;
+
+    let stuck = scope("acct-a", "k-stuck");
+    let l = must_claim(store, &claim_req(&stuck, r#"{"sku":"stuck"}"#)).await;
+    store
+        .advance(
+            &stuck,
+            l.token,
+            &phase("label", Some(("label", json!({"done": "lbl_1"})))),
+        )
+        .await
+        .unwrap();
+    store.abandon(&stuck, l.token, "courier timeout").await.unwrap();
+    tokio::time::sleep(gap).await;
+
+    let live = scope("acct-b", "k-live");
+    must_claim(store, &claim_req(&live, r#"{"sku":"live"}"#)).await;
+    tokio::time::sleep(gap).await;
+
+    let parked2 = scope("acct-b", "k-parked-2");
+    let l = must_claim(store, &claim_req(&parked2, r#"{"sku":"parked-2"}"#)).await;
+    store.park(&parked2, l.token, "needs a human").await.unwrap();
+}
+
+/// Every subcommand but `complete` on one prepared store.
+async fn exercise(db: Db) {
+    prepare(&*db.store).await;
+
+    // list: a table, newest first.
+    let all = db.keys(&["list"]).await;
+    let table = rows(ok(&all));
+    let listed: Vec<(&str, &str, &str)> = table
+        .iter()
+        .map(|r| (r[0].as_str(), r[1].as_str(), r[2].as_str()))
+        .collect();
+    assert_eq!(
+        listed,
+        [
+            ("acct-b", "k-parked-2", "parked"),
+            ("acct-b", "k-live", "in_flight"),
+            ("acct-a", "k-stuck", "in_flight"),
+            ("acct-a", "k-parked", "parked"),
+            ("acct-a", "k-done", "completed"),
+        ],
+        "{}",
+        all.stdout
+    );
+    assert!(all.stdout.starts_with("account"), "{}", all.stdout);
+    for column in [
+        "created",
+        "lease/completed",
+        "token",
+        "recovery point",
+        "last error",
+    ] {
+        assert!(
+            all.stdout.lines().next().unwrap().contains(column),
+            "{column}: {}",
+            all.stdout
+        );
+    }
+    let stuck_row = table.iter().find(|r| r[1] == "k-stuck").unwrap();
+    assert!(stuck_row[4].starts_with("expired "), "{stuck_row:?}");
+    assert!(stuck_row.contains(&"label".to_owned()), "{stuck_row:?}");
+    assert!(stuck_row.contains(&"courier timeout".to_owned()), "{stuck_row:?}");
+    let live_row = table.iter().find(|r| r[1] == "k-live").unwrap();
+    assert!(live_row[4].starts_with("held until 20"), "{live_row:?}");
+    let done_row = table.iter().find(|r| r[1] == "k-done").unwrap();
+    assert!(
+        done_row[3].ends_with('Z') && done_row[3].contains('T'),
+        "RFC 3339: {done_row:?}"
+    );
+    assert!(done_row[4].starts_with("completed 20"), "{done_row:?}");
+    assert!(all.stdout.contains("\n5 record(s)"), "{}", all.stdout);
+
+    // list --state parked: requests awaiting review.
+    let parked = db.keys(&["list", "--state", "parked"]).await;
+    let table = rows(ok(&parked));
+    assert_eq!(
+        table.iter().map(|r| r[1].as_str()).collect::<Vec<_>>(),
+        ["k-parked-2", "k-parked"],
+        "{}",
+        parked.stdout
+    );
+    let parked_row = table.iter().find(|r| r[1] == "k-parked").unwrap();
+    assert!(
+        parked_row.contains(&"courier-intent".to_owned()),
+        "{parked_row:?}"
+    );
+    assert!(
+        parked_row.contains(&"courier outcome unknown; it ignores keys".to_owned()),
+        "{parked_row:?}"
+    );
+    let parked_json = db.keys(&["list", "--state", "parked", "--json"]).await.report();
+    assert_eq!(
+        keys_of(&parked_json, "records"),
+        ["acct-b/k-parked-2", "acct-a/k-parked"]
+    );
+    let first = &parked_json["records"][1];
+    assert_eq!(first["state"], "parked");
+    assert_eq!(first["recovery_point"], "courier-intent");
+    assert_eq!(first["last_error"], "courier outcome unknown; it ignores keys");
+    assert_eq!(first["fencing_token"], 1);
+    assert_eq!(first["request"], json!({"method": "POST", "path": "/orders"}));
+    assert!(first["created_at"].as_str().unwrap().ends_with('Z'));
+
+    let filtered = db
+        .keys(&["list", "--account", "acct-b", "--state", "in_flight", "--json"])
+        .await
+        .report();
+    assert_eq!(keys_of(&filtered, "records"), ["acct-b/k-live"]);
+    assert_eq!(filtered["records"][0]["lease_live"], true);
+    let limited = db.keys(&["list", "--limit", "2", "--json"]).await.report();
+    assert_eq!(
+        keys_of(&limited, "records"),
+        ["acct-b/k-parked-2", "acct-b/k-live"]
+    );
+
+    // show: recovery point, step outputs, request and response.
+    let shown = db
+        .keys(&["show", "--account", "acct-a", "--key", "k-parked"])
+        .await;
+    let text = &ok(&shown).stdout;
+    for expected in [
+        "state           parked",
+        "recovery point  courier-intent",
+        "last error      courier outcome unknown; it ignores keys",
+        r#"courier: {"intent":"dk-1"}"#,
+        "request         POST /orders",
+        "content-type: application/json",
+        r#"body (16 bytes): {"sku":"parked"}"#,
+        "response        -",
+    ] {
+        assert!(text.contains(expected), "{expected:?} in\n{text}");
+    }
+    let done = db
+        .keys(&["show", "--account", "acct-a", "--key", "k-done", "--json"])
+        .await
+        .report();
+    let record = &done["record"];
+    assert_eq!(record["state"], "completed");
+    assert_eq!(record["response"]["status"], 201);
+    assert_eq!(record["response"]["body"], r#"{"id":"order-1"}"#);
+    assert_eq!(record["request"]["body"], r#"{"sku":"done"}"#);
+    assert_eq!(record["fingerprint"].as_str().unwrap().len(), 64);
+    let stuck = db
+        .keys(&["show", "--account", "acct-a", "--key", "k-stuck", "--json"])
+        .await
+        .report();
+    assert_eq!(
+        stuck["record"]["step_outputs"],
+        json!({"label": {"done": "lbl_1"}})
+    );
+    assert_eq!(stuck["record"]["lease_live"], false);
+    let missing = db.keys(&["show", "--account", "acct-a", "--key", "nope"]).await;
+    assert_eq!(missing.code, 1, "{missing:#?}");
+
+    // release: refused for live leases and completed records, done for parked ones.
+    let live = db
+        .keys(&["release", "--account", "acct-b", "--key", "k-live"])
+        .await;
+    assert_eq!(live.code, 1, "{live:#?}");
+    assert!(live.stdout.contains("live lease"), "{}", live.stdout);
+    let completed = db
+        .keys(&["release", "--account", "acct-a", "--key", "k-done", "--json"])
+        .await;
+    assert_eq!(completed.code, 1, "{completed:#?}");
+    assert_eq!(completed.report()["released"], false);
+    let released = db
+        .keys(&["release", "--account", "acct-a", "--key", "k-parked"])
+        .await;
+    assert!(ok(&released).stdout.contains("released"), "{}", released.stdout);
+    let rec = db.store.get(&scope("acct-a", "k-parked")).await.unwrap().unwrap();
+    assert_eq!(rec.state, RecordState::Released);
+    // The key is claimable again, as a first attempt with a higher token.
+    let parked_req = claim_req(&scope("acct-a", "k-parked"), r#"{"sku":"parked"}"#);
+    let again = match db.store.claim(&parked_req).await.unwrap() {
+        ClaimOutcome::Claimed(lease) => lease,
+        other => panic!("expected the released key to be claimable: {other:?}"),
+    };
+    assert_eq!((again.token.0, again.resumed_from), (2, None));
+    db.store
+        .complete(&parked_req.scope, again.token, &response(201, "second"))
+        .await
+        .unwrap();
+
+    // reap --older-than-hours 0: completed records go, unfinished ones move to review.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let reaped = db
+        .keys(&["reap", "--older-than-hours", "0", "--json"])
+        .await
+        .report();
+    assert_eq!(reaped["deleted"], 2, "{reaped}");
+    assert_eq!(reaped["moved_to_review"], 2, "{reaped}");
+    let left = db.keys(&["list", "--json"]).await.report();
+    assert_eq!(keys_of(&left, "records"), ["acct-b/k-live"], "live leases stay");
+    let again = ok(&db.keys(&["reap", "--older-than-hours", "0"]).await)
+        .stdout
+        .clone();
+    assert!(
+        again.contains("deleted 0") && again.contains("moved 0"),
+        "{again}"
+    );
+    let default = db.keys(&["reap", "--json"]).await.report();
+    assert_eq!(
+        (default["deleted"].as_u64(), default["moved_to_review"].as_u64()),
+        (Some(0), Some(0))
+    );
+
+    // review: the unfinished requests, oldest first.
+    let review = db.keys(&["review"]).await;
+    let table = rows(ok(&review));
+    assert_eq!(
+        table
+            .iter()
+            .map(|r| (r[1].as_str(), r[2].as_str()))
+            .collect::<Vec<_>>(),
+        [("k-stuck", "in_flight"), ("k-parked-2", "parked")],
+        "{}",
+        review.stdout
+    );
+    assert!(table[0].contains(&"POST /orders".to_owned()), "{:?}", table[0]);
+    assert!(table[0].contains(&"courier timeout".to_owned()), "{:?}", table[0]);
+    let review = db.keys(&["review", "--json"]).await.report();
+    assert_eq!(
+        keys_of(&review, "entries"),
+        ["acct-a/k-stuck", "acct-b/k-parked-2"]
+    );
+    assert_eq!(review["entries"][0]["recovery_point"], "label");
+    assert_eq!(
+        review["entries"][0]["step_outputs"],
+        json!({"label": {"done": "lbl_1"}})
+    );
+    assert_eq!(review["entries"][1]["last_error"], "needs a human");
+    assert_eq!(
+        keys_of(
+            &db.keys(&["review", "--limit", "1", "--json"]).await.report(),
+            "entries"
+        )
+        .len(),
+        1
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_on_sqlite() {
+    exercise(Db::sqlite().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_on_postgres() {
+    let Some(db) = Db::postgres().await else {
+        return;
+    };
+    exercise(db).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_refuses_a_missing_database_and_arguments() {
+    let missing = run(
+        vec![
+            "keys".into(),
+            "list".into(),
+            "--database-url".into(),
+            "/nonexistent/keys.db".into(),
+        ],
+        vec![],
+    )
+    .await;
+    assert_eq!(missing.code, 2, "{missing:#?}");
+    assert!(
+        missing.stderr.contains("no SQLite database"),
+        "{}",
+        missing.stderr
+    );
+    let no_url = run(vec!["keys".into(), "list".into()], vec![]).await;
+    assert_eq!(no_url.code, 2, "{no_url:#?}");
+    assert!(no_url.stderr.contains("--database-url"), "{}", no_url.stderr);
+    let redis = run(
+        vec![
+            "keys".into(),
+            "list".into(),
+            "--database-url".into(),
+            "redis://127.0.0.1:6379".into(),
+        ],
+        vec![],
+    )
+    .await;
+    assert_eq!(redis.code, 2, "{redis:#?}");
+    assert!(
+        redis.stderr.contains("Redis is not supported"),
+        "{}",
+        redis.stderr
+    );
+    let db = Db::sqlite().await;
+    let bad_state = db.keys(&["list", "--state", "stuck"]).await;
+    assert_eq!(bad_state.code, 2, "{bad_state:#?}");
+}
+
+/// `keys complete`: a label request killed after recording its courier intent
+/// is finished by one completer pass, with one shipment.
+#[cfg(feature = "failpoints")]
+mod complete {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Child, Stdio};
+
+    use super::*;
+
+    struct Proc(Child);
+
+    impl Drop for Proc {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
+    fn free_port() -> u16 {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+    }
+
+    /// Starts `idemkit <args>`; returns it and its stdout lines after the
+    /// `listening on` line.
+    fn spawn(args: &[&str], env: &[(String, String)]) -> (Proc, std::sync::mpsc::Receiver<String>) {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_idemkit"))
+            .args(args)
+            .envs(env.iter().cloned())
+            .env("RUST_LOG", "error")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn idemkit");
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        let first = rx.recv_timeout(Duration::from_secs(30)).expect("a first line");
+        assert!(first.contains("listening on"), "{args:?}: {first}");
+        (Proc(child), rx)
+    }
+
+    fn label(key: &str) -> Value {
+        json!({
+            "idempotencyKey": key,
+            "courier": "ups",
+            "shipFrom": {"name": "Warehouse", "line1": "1-2-3 Minato", "city": "Tokyo", "postalCode": "105-0001", "country": "JP"},
+            "shipTo": {"name": "Ada", "line1": "10 Downing St", "city": "London", "postalCode": "SW1A 2AA", "country": "GB"},
+            "parcel": {"weightGrams": 900, "lengthCm": 20, "widthCm": 10, "heightCm": 5}
+        })
+    }
+
+    async fn completes_an_abandoned_label(db: Db) {
+        let dir = db.dir.clone().unwrap();
+        let cport = free_port();
+        let (_courier, _) = spawn(
+            &[
+                "courier",
+                "--listen",
+                &format!("127.0.0.1:{cport}"),
+                "--database-url",
+                dir.join("courier.db").to_str().unwrap(),
+            ],
+            &[],
+        );
+        let courier = format!("http://127.0.0.1:{cport}");
+        let port = free_port();
+        let listen = format!("127.0.0.1:{port}");
+        let mut env = db.env();
+        env.push(("IDEMKIT_CRASH_AT".into(), "idemkit::after_intent".into()));
+        let (service, lines) = spawn(
+            &[
+                "serve",
+                "--listen",
+                &listen,
+                "--database-url",
+                &db.url,
+                "--courier-url",
+                &courier,
+                "--lease-ms",
+                "300",
+            ],
+            &env,
+        );
+        let attempt = tokio::spawn(async move {
+            reqwest::Client::new()
+                .post(format!("http://{listen}/labels"))
+                .bearer_auth("demo-token-acme")
+                .json(&label("kc-1"))
+                .timeout(Duration::from_secs(20))
+                .send()
+                .await
+        });
+        loop {
+            let line = lines
+                .recv_timeout(Duration::from_secs(20))
+                .expect("the crash point");
+            if line.starts_with("CRASHPOINT idemkit::after_intent") {
+                break;
+            }
+        }
+        let ok_kill = Command::new("kill")
+            .args(["-9", &service.0.id().to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok_kill);
+        drop(service);
+        assert!(
+            attempt.await.unwrap().is_err(),
+            "the killed attempt cannot answer"
+        );
+        // Let the dead holder's lease run out.
+        tokio::time::sleep(Duration::from_millis(600)).await;
+
+        let stuck = db
+            .keys(&["list", "--state", "in_flight", "--json"])
+            .await
+            .report();
+        assert_eq!(keys_of(&stuck, "records"), ["acme/kc-1"]);
+        assert_eq!(stuck["records"][0]["lease_live"], false);
+        assert_eq!(stuck["records"][0]["recovery_point"], "label", "{stuck}");
+        let before = db
+            .keys(&["show", "--account", "acme", "--key", "kc-1", "--json"])
+            .await
+            .report();
+        assert!(
+            before["record"]["step_outputs"]["courier"]["intent"].is_string(),
+            "the courier intent is recorded: {before}"
+        );
+        let stats = |courier: String| async move {
+            reqwest::get(format!("{courier}/_stats"))
+                .await
+                .unwrap()
+                .json::<Value>()
+                .await
+                .unwrap()
+        };
+        assert_eq!(stats(courier.clone()).await["shipments"], 0);
+
+        let pass = db
+            .keys(&["complete", "--courier-url", &courier, "--min-age-ms", "0"])
+            .await;
+        assert!(
+            ok(&pass)
+                .stdout
+                .contains("found 1, completed 1, parked 0, unfinished 0"),
+            "{pass:#?}"
+        );
+        let shown = db
+            .keys(&["show", "--account", "acme", "--key", "kc-1", "--json"])
+            .await
+            .report();
+        assert_eq!(shown["record"]["state"], "completed", "{shown}");
+        assert_eq!(shown["record"]["response"]["status"], 201, "{shown}");
+        let text = ok(&db.keys(&["show", "--account", "acme", "--key", "kc-1"]).await)
+            .stdout
+            .clone();
+        assert!(text.contains("state           completed"), "{text}");
+        assert!(text.contains("response        201"), "{text}");
+        assert_eq!(stats(courier.clone()).await["shipments"], 1, "one shipment");
+
+        // Nothing left: a second pass finds nothing.
+        let again = db
+            .keys(&[
+                "complete",
+                "--courier-url",
+                &courier,
+                "--min-age-ms",
+                "0",
+                "--json",
+            ])
+            .await;
+        assert_eq!(
+            ok(&again).report(),
+            json!({"found": 0, "completed": 0, "parked": 0, "unfinished": []})
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn keys_complete_on_sqlite() {
+        // The labels service creates its own tables; start from an empty file.
+        let dir = Db::temp_dir();
+        let path = dir.join("labels.db");
+        let store = SqliteStore::open(&path).await.unwrap();
+        let db = Db {
+            store: Arc::new(store),
+            url: path.to_str().unwrap().to_owned(),
+            schema: None,
+            dir: Some(dir),
+        };
+        completes_an_abandoned_label(db).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn keys_complete_on_postgres() {
+        let Some(db) = Db::postgres().await else {
+            return;
+        };
+        completes_an_abandoned_label(db).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn keys_complete_refuses_a_schema_the_service_would_not_use() {
+        let Some(db) = Db::postgres().await else {
+            return;
+        };
+        let out = run(
+            vec![
+                "keys".into(),
+                "complete".into(),
+                "--database-url".into(),
+                db.url.clone(),
+                "--pg-schema".into(),
+                db.schema.clone().unwrap(),
+            ],
+            vec![],
+        )
+        .await;
+        assert_eq!(out.code, 2, "{out:#?}");
+        assert!(out.stderr.contains("IDEMKIT_PG_SCHEMA"), "{}", out.stderr);
+    }
+}
