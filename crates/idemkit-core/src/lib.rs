@@ -40,7 +40,7 @@ pub use policy::{
 pub use problem::{ErrorCode, PROBLEM_CONTENT_TYPE, Problem};
 pub use record::{
     Decision, DownstreamKey, FencingToken, PhaseUpdate, ReapReport, Record, RecordHead, RecordRow,
-    RecordState, ReviewEntry, StoredHeader, StoredRequest, StoredResponse, decide,
+    RecordState, ReviewEntry, ReviewRow, StoredHeader, StoredRequest, StoredResponse, decide,
 };
 pub use scope::{Account, Scope};
 pub use store::{

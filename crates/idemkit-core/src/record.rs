@@ -423,6 +423,53 @@ pub struct ReviewEntry {
     pub request: StoredRequest,
 }
 
+/// A review-list row as SQL stores persist it, before validation (see
+/// [`RecordRow`]).
+#[derive(Debug, Clone, Default)]
+#[allow(missing_docs)] // one field per column of the `idemkit_review` table
+pub struct ReviewRow {
+    pub account: String,
+    pub key: String,
+    pub state: String,
+    pub created_at: i64,
+    pub reaped_at: i64,
+    pub recovery_point: Option<String>,
+    pub step_outputs: String,
+    pub last_error: Option<String>,
+    pub req_method: String,
+    pub req_path: String,
+    pub req_headers: String,
+    pub req_body: Vec<u8>,
+}
+
+impl TryFrom<ReviewRow> for ReviewEntry {
+    type Error = crate::StoreError;
+
+    fn try_from(r: ReviewRow) -> Result<Self, Self::Error> {
+        use crate::{Account, IdempotencyKey, StoreError};
+        let corrupt = |what: String| StoreError::Corrupt(what);
+        Ok(Self {
+            scope: Scope::new(
+                Account::new(r.account),
+                IdempotencyKey::parse(&r.key).map_err(|e| corrupt(format!("key: {e}")))?,
+            ),
+            state: RecordState::parse(&r.state).ok_or_else(|| corrupt(format!("state {}", r.state)))?,
+            created_at: Millis(r.created_at),
+            reaped_at: Millis(r.reaped_at),
+            recovery_point: r.recovery_point,
+            step_outputs: serde_json::from_str(&r.step_outputs)
+                .map_err(|e| corrupt(format!("step outputs: {e}")))?,
+            last_error: r.last_error,
+            request: StoredRequest {
+                method: r.req_method,
+                path: r.req_path,
+                headers: StoredHeader::decode_list(&r.req_headers)?,
+                body: r.req_body,
+            },
+        })
+    }
+}
+
 /// What one reaper pass did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ReapReport {

@@ -30,11 +30,12 @@ use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use idemkit_core::ReviewRow;
 use idemkit_core::{
-    Account, ClaimOutcome, ClaimRequest, Clock, Decision, FORCE_RELEASED, FencingToken, Fingerprint,
-    IdempotencyKey, KeyStore, Lease, ListFilter, Millis, PhaseUpdate, ReapReport, Record, RecordHead,
-    RecordRow, RecordState, Resolution, ReviewEntry, Scope, StoreError, StoreResult, StoredHeader,
-    StoredRequest, StoredResponse, SystemClock, TransactionalStore, TxClaim, decide,
+    ClaimOutcome, ClaimRequest, Clock, Decision, FORCE_RELEASED, FencingToken, Fingerprint, KeyStore, Lease,
+    ListFilter, Millis, PhaseUpdate, ReapReport, Record, RecordHead, RecordRow, Resolution, ReviewEntry,
+    Scope, StoreError, StoreResult, StoredHeader, StoredRequest, StoredResponse, SystemClock,
+    TransactionalStore, TxClaim, decide,
 };
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow, SqliteSynchronous,
@@ -867,28 +868,19 @@ fn decode_at(row: &SqliteRow, at: usize) -> StoreResult<Record> {
 /// Decodes a row of `idemkit_review` (columns in the order `review` selects).
 fn decode_review(row: &SqliteRow) -> StoreResult<ReviewEntry> {
     let g = |e: sqlx::Error| StoreError::Corrupt(e.to_string());
-    let key: String = row.try_get(1).map_err(g)?;
-    let state: String = row.try_get(2).map_err(g)?;
-    let outputs: String = row.try_get(6).map_err(g)?;
-    let headers: String = row.try_get(10).map_err(g)?;
-    Ok(ReviewEntry {
-        scope: Scope::new(
-            Account::new(row.try_get::<String, _>(0).map_err(g)?),
-            IdempotencyKey::parse(&key).map_err(|e| StoreError::Corrupt(format!("key: {e}")))?,
-        ),
-        state: RecordState::parse(&state).ok_or_else(|| StoreError::Corrupt(format!("state {state}")))?,
-        created_at: Millis(row.try_get(3).map_err(g)?),
-        reaped_at: Millis(row.try_get(4).map_err(g)?),
+    ReviewEntry::try_from(ReviewRow {
+        account: row.try_get(0).map_err(g)?,
+        key: row.try_get(1).map_err(g)?,
+        state: row.try_get(2).map_err(g)?,
+        created_at: row.try_get(3).map_err(g)?,
+        reaped_at: row.try_get(4).map_err(g)?,
         recovery_point: row.try_get(5).map_err(g)?,
-        step_outputs: serde_json::from_str(&outputs)
-            .map_err(|e| StoreError::Corrupt(format!("step outputs: {e}")))?,
+        step_outputs: row.try_get(6).map_err(g)?,
         last_error: row.try_get(7).map_err(g)?,
-        request: StoredRequest {
-            method: row.try_get(8).map_err(g)?,
-            path: row.try_get(9).map_err(g)?,
-            headers: StoredHeader::decode_list(&headers)?,
-            body: row.try_get(11).map_err(g)?,
-        },
+        req_method: row.try_get(8).map_err(g)?,
+        req_path: row.try_get(9).map_err(g)?,
+        req_headers: row.try_get(10).map_err(g)?,
+        req_body: row.try_get(11).map_err(g)?,
     })
 }
 
