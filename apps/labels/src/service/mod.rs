@@ -523,51 +523,41 @@ pub async fn build(config: LabelsConfig) -> anyhow::Result<Service> {
         )
         .fallback(idemkit_tower::not_found)
         .method_not_allowed_fallback(idemkit_tower::method_not_allowed);
+    // The same routes over either store; only the handler instances differ.
+    macro_rules! mount {
+        ($store:expr, $table:expr, $create:ident, $get:ident, $track:ident) => {{
+            let store = Arc::new($store);
+            sqlx::query($table).execute(store.pool()).await?;
+            let layer = idempotency(store.clone(), tokens.clone(), &idem)?;
+            let app = App {
+                store: store.clone(),
+                tokens,
+                courier_url: config.courier_url,
+                courier,
+                http,
+            };
+            let router = Router::new()
+                .route("/labels", post($create).layer(layer))
+                .route("/labels/{id}", get($get))
+                .route("/tracking/{id}", get($track))
+                .with_state(app)
+                .merge(common);
+            Ok(Service { router, keys: store })
+        }};
+    }
     if config.database.starts_with("postgres") {
         let schema = std::env::var("IDEMKIT_PG_SCHEMA").unwrap_or_else(|_| "labels".into());
-        let store = Arc::new(
-            PgStore::connect(
-                &config.database,
-                PgConfig {
-                    schema,
-                    ..PgConfig::default()
-                },
-            )
-            .await?,
-        );
-        sqlx::query(sql::TABLE_PG).execute(store.pool()).await?;
-        let layer = idempotency(store.clone(), tokens.clone(), &idem)?;
-        let app = App {
-            store: store.clone(),
-            tokens,
-            courier_url: config.courier_url,
-            courier,
-            http,
-        };
-        let router = Router::new()
-            .route("/labels", post(create_pg).layer(layer))
-            .route("/labels/{id}", get(get_pg))
-            .route("/tracking/{id}", get(track_pg))
-            .with_state(app)
-            .merge(common);
-        Ok(Service { router, keys: store })
+        let store = PgStore::connect(
+            &config.database,
+            PgConfig {
+                schema,
+                ..PgConfig::default()
+            },
+        )
+        .await?;
+        mount!(store, sql::TABLE_PG, create_pg, get_pg, track_pg)
     } else {
-        let store = Arc::new(SqliteStore::open(&config.database).await?);
-        sqlx::query(sql::TABLE_SQLITE).execute(store.pool()).await?;
-        let layer = idempotency(store.clone(), tokens.clone(), &idem)?;
-        let app = App {
-            store: store.clone(),
-            tokens,
-            courier_url: config.courier_url,
-            courier,
-            http,
-        };
-        let router = Router::new()
-            .route("/labels", post(create_sqlite).layer(layer))
-            .route("/labels/{id}", get(get_sqlite))
-            .route("/tracking/{id}", get(track_sqlite))
-            .with_state(app)
-            .merge(common);
-        Ok(Service { router, keys: store })
+        let store = SqliteStore::open(&config.database).await?;
+        mount!(store, sql::TABLE_SQLITE, create_sqlite, get_sqlite, track_sqlite)
     }
 }
