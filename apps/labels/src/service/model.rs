@@ -21,17 +21,23 @@ pub enum CourierName {
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct Address {
     /// Addressee.
+    #[schema(min_length = 1, max_length = 100)]
     pub name: String,
     /// First address line.
+    #[schema(min_length = 1, max_length = 200)]
     pub line1: String,
     /// Second address line.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(min_length = 1, max_length = 200)]
     pub line2: Option<String>,
     /// City.
+    #[schema(min_length = 1, max_length = 100)]
     pub city: String,
     /// Postal code.
+    #[schema(min_length = 1, max_length = 20)]
     pub postal_code: String,
-    /// ISO 3166-1 alpha-2 country code, upper case (e.g. `JP`).
+    /// ISO 3166-1 alpha-2 country code, upper case (e.g. `JP`); must be an assigned code.
+    #[schema(pattern = "^[A-Z]{2}$", example = "JP")]
     pub country: String,
 }
 
@@ -40,12 +46,16 @@ pub struct Address {
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct Parcel {
     /// Weight in grams, > 0.
+    #[schema(minimum = 1)]
     pub weight_grams: u64,
     /// Length in centimetres, > 0.
+    #[schema(exclusive_minimum = 0)]
     pub length_cm: f64,
     /// Width in centimetres, > 0.
+    #[schema(exclusive_minimum = 0)]
     pub width_cm: f64,
     /// Height in centimetres, > 0.
+    #[schema(exclusive_minimum = 0)]
     pub height_cm: f64,
 }
 
@@ -55,6 +65,12 @@ pub struct Parcel {
 pub struct CreateLabel {
     /// The idempotency key: 1–255 visible ASCII characters, scoped to your account.
     /// Reuse it on every retry of this label; a new label needs a new key.
+    #[schema(
+        min_length = 1,
+        max_length = 255,
+        pattern = "^[!-~]+$",
+        example = "label-order-4711"
+    )]
     pub idempotency_key: String,
     /// Which courier ships it.
     pub courier: CourierName,
