@@ -468,11 +468,42 @@ impl Drop for AbortOnDrop {
     }
 }
 
-fn spawn_heartbeat(store: Arc<dyn KeyStore>, scope: Scope, lease: &Lease, length: Duration) -> AbortOnDrop {
+/// Runs the handler; if it is still running after one heartbeat interval, a
+/// heartbeat task starts beating at once and keeps the lease alive until the
+/// handler ends. Most handlers finish well within a third of the lease and never
+/// pay for a spawned task; the task (not an inline future) is what keeps beating
+/// even if a handler blocks its executor thread.
+async fn with_heartbeat<F: std::future::Future>(
+    handler: F,
+    store: &Arc<dyn KeyStore>,
+    scope: &Scope,
+    lease: &Lease,
+    policy: &Policy,
+) -> F::Output {
+    // Policy validation keeps the lease positive; the floor only guards the timer.
+    let every = policy.heartbeat_interval().max(Duration::from_millis(1));
+    tokio::pin!(handler);
+    tokio::select! {
+        biased;
+        out = &mut handler => out,
+        () = tokio::time::sleep(every) => {
+            let _heartbeat = spawn_heartbeat(store.clone(), scope.clone(), lease, policy.lease, every);
+            handler.await
+        }
+    }
+}
+
+fn spawn_heartbeat(
+    store: Arc<dyn KeyStore>,
+    scope: Scope,
+    lease: &Lease,
+    length: Duration,
+    every: Duration,
+) -> AbortOnDrop {
     let token = lease.token;
-    let every = (length / 3).max(Duration::from_millis(10));
     AbortOnDrop(tokio::spawn(async move {
-        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        // The first beat is due now: the handler has already run one interval.
+        let mut tick = tokio::time::interval(every);
         loop {
             tick.tick().await;
             match timed(op::HEARTBEAT, store.heartbeat(&scope, token, length)).await {
@@ -513,27 +544,22 @@ where
         resumed_from: lease.resumed_from.clone(),
         policy: shared.policy.clone(),
     });
-    let (slot, heartbeat) = match held {
+    let slot = match held {
         Held::Tx(tx, _) => {
             let slot = TxSlot::default();
             slot.put(tx);
             req.extensions_mut().insert(slot.clone());
-            (Some(slot), None)
+            Some(slot)
         }
-        Held::Lease(_) => (
-            None,
-            Some(spawn_heartbeat(
-                shared.store.clone(),
-                scope.clone(),
-                &lease,
-                shared.policy.lease,
-            )),
-        ),
+        Held::Lease(_) => None,
     };
 
     fail::fail_point!("idemkit::after_claim");
-    let result = inner.call(req).await;
-    drop(heartbeat);
+    let result = match slot {
+        // Single-step claims are invisible until they commit: nothing to keep alive.
+        Some(_) => inner.call(req).await,
+        None => with_heartbeat(inner.call(req), &shared.store, &scope, &lease, &shared.policy).await,
+    };
     let span = tracing::info_span!(
         "idemkit.complete",
         token = lease.token.0,
