@@ -193,26 +193,26 @@ macro_rules! lifecycle_conformance_tests {
 /// point together with their business writes.
 ///
 /// `$factory` and `$probe` are as for [`transactional_conformance_tests!`]
-/// (including the `optional` form); `$commit` is an async fn taking the
-/// backend's transaction and committing it (a phase that does not complete),
-/// panicking on failure.
+/// (including the `optional` form). Phases that do not complete commit with
+/// [`TransactionalStore::commit`](idemkit_core::TransactionalStore::commit), the
+/// path the phases API takes.
 #[macro_export]
 macro_rules! transactional_lifecycle_tests {
-    (optional $factory:expr, $probe:expr, $commit:expr) => {
-        $crate::transactional_lifecycle_tests!(@cases (|clock| async move { ($factory)(clock).await }), $probe, $commit;
+    (optional $factory:expr, $probe:expr) => {
+        $crate::transactional_lifecycle_tests!(@cases (|clock| async move { ($factory)(clock).await }), $probe;
             advance_in_tx_commits_with_the_business_writes,
             dropped_phase_rolls_back_progress_with_business_writes,
             stale_token_cannot_advance_in_a_tx
         );
     };
-    ($factory:expr, $probe:expr, $commit:expr) => {
-        $crate::transactional_lifecycle_tests!(@cases (|clock| async move { Some(($factory)(clock).await) }), $probe, $commit;
+    ($factory:expr, $probe:expr) => {
+        $crate::transactional_lifecycle_tests!(@cases (|clock| async move { Some(($factory)(clock).await) }), $probe;
             advance_in_tx_commits_with_the_business_writes,
             dropped_phase_rolls_back_progress_with_business_writes,
             stale_token_cannot_advance_in_a_tx
         );
     };
-    (@cases $factory:expr, $probe:expr, $commit:expr; $($case:ident),* $(,)?) => {
+    (@cases $factory:expr, $probe:expr; $($case:ident),* $(,)?) => {
         $(
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn $case() {
@@ -222,7 +222,7 @@ macro_rules! transactional_lifecycle_tests {
                     return;
                 };
                 let probe = ($probe)(store.clone()).await;
-                $crate::lifecycle::$case(store, probe, $commit, clock).await;
+                $crate::lifecycle::$case(store, probe, clock).await;
             }
         )*
     };

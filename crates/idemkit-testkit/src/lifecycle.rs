@@ -10,7 +10,6 @@
 //! [`crate::lifecycle_conformance_tests!`] and
 //! [`crate::transactional_lifecycle_tests!`] to run them for a backend.
 
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -688,16 +687,13 @@ pub async fn force_release_frees_only_records_nobody_holds<S: KeyStore>(
 /// A phase transaction: business row and progress commit together when the
 /// transaction commits (a phase that does not complete), and again when the
 /// last phase completes.
-pub async fn advance_in_tx_commits_with_the_business_writes<S, P, C, F>(
+pub async fn advance_in_tx_commits_with_the_business_writes<S, P>(
     store: Arc<S>,
     probe: P,
-    commit: C,
     _clock: Arc<ManualClock>,
 ) where
     S: TransactionalStore,
     P: BusinessProbe<S>,
-    C: Fn(S::Tx) -> F,
-    F: Future<Output = ()>,
 {
     let s = scope("acct-l", "tx-phases");
     let req = claim_req(&s, "{}");
@@ -716,7 +712,7 @@ pub async fn advance_in_tx_commits_with_the_business_writes<S, P, C, F>(
         .expect("advance_in_tx");
     assert_eq!(probe.count("tx-phase-1").await, 0, "uncommitted");
     assert_eq!(record(&*store, &s).await.recovery_point, None, "uncommitted");
-    commit(tx).await;
+    store.commit(tx).await.expect("commit the phase");
     assert_eq!(probe.count("tx-phase-1").await, 1);
     let rec = record(&*store, &s).await;
     assert_eq!(rec.state, RecordState::InFlight);
@@ -753,16 +749,13 @@ pub async fn advance_in_tx_commits_with_the_business_writes<S, P, C, F>(
 /// A dropped phase transaction (crash, error) rolls back its progress with its
 /// business writes: the record stays at the previous recovery point, which is
 /// where a takeover resumes.
-pub async fn dropped_phase_rolls_back_progress_with_business_writes<S, P, C, F>(
+pub async fn dropped_phase_rolls_back_progress_with_business_writes<S, P>(
     store: Arc<S>,
     probe: P,
-    commit: C,
     clock: Arc<ManualClock>,
 ) where
     S: TransactionalStore,
     P: BusinessProbe<S>,
-    C: Fn(S::Tx) -> F,
-    F: Future<Output = ()>,
 {
     let s = scope("acct-l", "tx-drop-phase");
     let req = claim_req(&s, "{}");
@@ -773,7 +766,7 @@ pub async fn dropped_phase_rolls_back_progress_with_business_writes<S, P, C, F>(
         .advance_in_tx(&mut tx, &s, lease.token, &phase("one", Some(("one", json!(1)))))
         .await
         .unwrap();
-    commit(tx).await;
+    store.commit(tx).await.expect("commit the phase");
 
     let mut tx = store.begin_fenced(&s, lease.token).await.unwrap();
     probe.insert(&mut tx, "tx-drop-2").await;
@@ -798,16 +791,10 @@ pub async fn dropped_phase_rolls_back_progress_with_business_writes<S, P, C, F>(
 /// progress write is fenced by its own token (whatever token opened the
 /// transaction), its business writes roll back with the transaction, and the
 /// current holder's progress is intact.
-pub async fn stale_token_cannot_advance_in_a_tx<S, P, C, F>(
-    store: Arc<S>,
-    probe: P,
-    commit: C,
-    clock: Arc<ManualClock>,
-) where
+pub async fn stale_token_cannot_advance_in_a_tx<S, P>(store: Arc<S>, probe: P, clock: Arc<ManualClock>)
+where
     S: TransactionalStore,
     P: BusinessProbe<S>,
-    C: Fn(S::Tx) -> F,
-    F: Future<Output = ()>,
 {
     let s = scope("acct-l", "tx-stale-phase");
     let req = claim_req(&s, "{}");
@@ -838,7 +825,7 @@ pub async fn stale_token_cannot_advance_in_a_tx<S, P, C, F>(
         .advance_in_tx(&mut tx, &s, b.token, &phase("b-phase", Some(("b", json!("B")))))
         .await
         .expect("the current holder advances");
-    commit(tx).await;
+    store.commit(tx).await.expect("commit the phase");
     assert_eq!(probe.count("tx-stale-b").await, 1);
     assert_eq!(
         record(&*store, &s).await.recovery_point.as_deref(),

@@ -93,11 +93,6 @@ mod transactional {
     idemkit_testkit::transactional_conformance_tests!(optional fresh, probe);
 }
 
-/// Commits a phase transaction that does not complete the request.
-async fn commit(tx: PgTx) {
-    tx.commit().await.expect("commit the phase");
-}
-
 mod lifecycle {
     use super::*;
     idemkit_testkit::lifecycle_conformance_tests!(optional fresh);
@@ -105,7 +100,7 @@ mod lifecycle {
 
 mod transactional_lifecycle {
     use super::*;
-    idemkit_testkit::transactional_lifecycle_tests!(optional fresh, probe, commit);
+    idemkit_testkit::transactional_lifecycle_tests!(optional fresh, probe);
 }
 
 /// Parking wakes a waiter at once (its next claim answers `Parked`), as

@@ -68,11 +68,6 @@ mod transactional {
     idemkit_testkit::transactional_conformance_tests!(fresh, probe);
 }
 
-/// Commits a phase transaction that does not complete the request.
-async fn commit(tx: SqliteTx) {
-    tx.commit().await.expect("commit the phase");
-}
-
 mod lifecycle {
     use super::*;
     idemkit_testkit::lifecycle_conformance_tests!(fresh);
@@ -80,7 +75,7 @@ mod lifecycle {
 
 mod transactional_lifecycle {
     use super::*;
-    idemkit_testkit::transactional_lifecycle_tests!(fresh, probe, commit);
+    idemkit_testkit::transactional_lifecycle_tests!(fresh, probe);
 }
 
 /// Phases are for lease-mode holders: a transaction carrying a pending
