@@ -94,6 +94,7 @@ impl World {
         let db = self.dir.join("labels.db");
         self.service = Some(spawn(&[
             "serve",
+            "--demo-tokens",
             "--listen",
             &format!("127.0.0.1:{}", self.service_port),
             "--database-url",

@@ -1,5 +1,6 @@
 //! `idemkit serve`: the shipping-label reference service.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -27,10 +28,19 @@ pub struct ServeArgs {
     /// Deadline of the courier call, retries included, in milliseconds.
     #[arg(long, default_value_t = 10_000)]
     pub courier_deadline_ms: u64,
-    /// A file of `token=account` lines. Without it, `IDEMKIT_TOKENS="tok=account,…"`;
-    /// without either, the documented demo tokens (`demo-token-acme`, `demo-token-globex`).
-    #[arg(long)]
+    /// A file of `token=account` lines (or comma-separated entries; `#` starts a
+    /// comment line). Without it, `IDEMKIT_TOKENS="token=account,…"`. Each entry
+    /// splits at its last `=`, so tokens may end in base64 padding
+    /// (`dG9rZW4==acme` is token `dG9rZW4=` for account `acme`); accounts cannot
+    /// contain `=`. Without tokens the service refuses to start unless
+    /// `--demo-tokens` is given.
+    #[arg(long, value_name = "FILE")]
     pub tokens: Option<PathBuf>,
+    /// Accept the public demo tokens (`demo-token-acme` → `acme`,
+    /// `demo-token-globex` → `globex`). For demos and tests only: anyone who has
+    /// read the docs can use them. Not combinable with `--tokens` or `IDEMKIT_TOKENS`.
+    #[arg(long)]
+    pub demo_tokens: bool,
     /// The idempotency configuration (TOML); default: the service's own `idemkit.toml`.
     #[arg(long, env = "IDEMKIT_CONFIG")]
     pub config: Option<PathBuf>,
@@ -56,16 +66,40 @@ fn install_crash_point() {
     }
 }
 
+/// The bearer tokens the service accepts: `--tokens`, else `IDEMKIT_TOKENS`, else
+/// the demo tokens if `--demo-tokens` asks for them; with none of these, an error.
+fn tokens(args: &ServeArgs) -> anyhow::Result<HashMap<String, String>> {
+    let configured = match (&args.tokens, std::env::var("IDEMKIT_TOKENS")) {
+        (Some(path), _) => Some(
+            LabelsConfig::parse_tokens(
+                &std::fs::read_to_string(path)
+                    .with_context(|| format!("reading the token file {}", path.display()))?,
+            )
+            .with_context(|| format!("the token file {}", path.display()))?,
+        ),
+        (None, Ok(spec)) if !spec.trim().is_empty() => {
+            Some(LabelsConfig::parse_tokens(&spec).context("IDEMKIT_TOKENS")?)
+        }
+        _ => None,
+    };
+    match (configured, args.demo_tokens) {
+        (Some(tokens), false) => Ok(tokens),
+        (None, true) => Ok(LabelsConfig::demo_tokens()),
+        (Some(_), true) => anyhow::bail!(
+            "--demo-tokens cannot be combined with configured tokens (--tokens or IDEMKIT_TOKENS)"
+        ),
+        (None, false) => anyhow::bail!(
+            "no API tokens configured, refusing to start: pass --tokens <FILE> (lines of \
+             `token=account`) or set IDEMKIT_TOKENS=\"token=account,…\"; to accept the public \
+             demo tokens (demo-token-acme, demo-token-globex), pass --demo-tokens"
+        ),
+    }
+}
+
 /// Runs the service until interrupted.
 pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     install_crash_point();
-    let tokens = match (&args.tokens, std::env::var("IDEMKIT_TOKENS")) {
-        (Some(path), _) => LabelsConfig::parse_tokens(
-            &std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?,
-        )?,
-        (None, Ok(spec)) if !spec.trim().is_empty() => LabelsConfig::parse_tokens(&spec)?,
-        _ => LabelsConfig::demo_tokens(),
-    };
+    let tokens = tokens(&args)?;
     let lease = Duration::from_millis(args.lease_ms);
     let config = LabelsConfig {
         database: args.database_url.unwrap_or_else(|| "labels.db".into()),

@@ -577,6 +577,7 @@ mod complete {
         let (service, lines) = spawn(
             &[
                 "serve",
+                "--demo-tokens",
                 "--listen",
                 &listen,
                 "--database-url",

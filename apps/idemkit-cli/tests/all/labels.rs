@@ -29,6 +29,7 @@ fn spawn(args: &[&str], env: &[(&str, &str)]) -> (Proc, std::sync::mpsc::Receive
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_idemkit"));
     cmd.args(args)
         .env("RUST_LOG", "error")
+        .env_remove("IDEMKIT_TOKENS")
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit());
     for (k, v) in env {
@@ -94,25 +95,32 @@ impl Labels {
         labels
     }
 
+    /// The service's SQLite file (labels and key store).
+    pub(crate) fn db(&self) -> std::path::PathBuf {
+        self.dir.join("labels.db")
+    }
+
     pub(crate) fn start_service(&mut self, env: &[(&str, &str)]) {
         let db = self.dir.join("labels.db");
         let listen = format!("127.0.0.1:{}", self.port);
-        self.service = Some(spawn(
-            &[
-                "serve",
-                "--listen",
-                &listen,
-                "--database-url",
-                db.to_str().unwrap(),
-                "--courier-url",
-                &self.courier,
-                "--lease-ms",
-                "400",
-                "--courier-deadline-ms",
-                "1000",
-            ],
-            env,
-        ));
+        let mut args = vec![
+            "serve",
+            "--listen",
+            &listen,
+            "--database-url",
+            db.to_str().unwrap(),
+            "--courier-url",
+            &self.courier,
+            "--lease-ms",
+            "400",
+            "--courier-deadline-ms",
+            "1000",
+        ];
+        // The public demo tokens, unless the test configures its own.
+        if !env.iter().any(|(k, _)| *k == "IDEMKIT_TOKENS") {
+            args.push("--demo-tokens");
+        }
+        self.service = Some(spawn(&args, env));
         self.base = format!("http://{listen}");
     }
 
@@ -561,4 +569,132 @@ async fn served_contract_matches_the_running_configuration() {
     assert_eq!((first.status, again.status, again.replayed), (201, 201, true));
     assert_eq!(post(&labels.base, ACME, &body("cfg", "FR")).await.status, 422);
     let _ = std::fs::remove_file(config);
+}
+
+/// Rows in the service's `labels` table and in its key store.
+async fn rows(labels: &Labels) -> (i64, usize) {
+    let url = format!("sqlite://{}?mode=ro", labels.db().display());
+    let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
+    let (n,): (i64,) = sqlx::query_as("SELECT count(*) FROM labels")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    pool.close().await;
+    let db = labels.db().display().to_string();
+    let run = crate::idemkit(vec![
+        "keys".into(),
+        "list".into(),
+        "--database-url".into(),
+        db,
+        "--json".into(),
+    ])
+    .await;
+    assert_eq!(run.code, 0, "{run:#?}");
+    let records = run.report()["records"].as_array().unwrap().len();
+    (n, records)
+}
+
+/// SPEC §1: a body without its key is `400 idempotency_key_missing` (a problem
+/// document), answered before any lookup and with nothing written; a malformed
+/// key is `idempotency_key_invalid`, whatever else is wrong with the body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_or_malformed_body_key_is_refused_before_anything_is_written() {
+    let labels = Labels::start();
+    let mut missing = body("unused", "GB");
+    missing.as_object_mut().unwrap().remove("idempotencyKey");
+    let mut null = body("unused", "GB");
+    null["idempotencyKey"] = Value::Null;
+    let mut missing_and_invalid = missing.clone();
+    missing_and_invalid["shipTo"]["country"] = json!("XX");
+    for (what, req) in [
+        ("no key field", &missing),
+        ("a null key", &null),
+        ("no key and a bad country", &missing_and_invalid),
+        ("an empty object", &json!({})),
+    ] {
+        let saw = post(&labels.base, ACME, req).await;
+        assert_eq!(saw.status, 400, "{what}: {saw:?}");
+        assert_eq!(saw.content_type, "application/problem+json", "{what}: {saw:?}");
+        assert_eq!(saw.body["code"], "idempotency_key_missing", "{what}: {saw:?}");
+        assert_eq!(saw.body["status"], 400, "{what}: {saw:?}");
+    }
+    let mut numeric = body("unused", "GB");
+    numeric["idempotencyKey"] = json!(42);
+    for (what, req) in [
+        ("a numeric key", numeric),
+        ("a key with a space", body("has space", "GB")),
+        ("an empty key", body("", "GB")),
+        ("a 256-character key", body(&"k".repeat(256), "GB")),
+    ] {
+        let saw = post(&labels.base, ACME, &req).await;
+        assert_eq!(saw.status, 400, "{what}: {saw:?}");
+        assert_eq!(saw.body["code"], "idempotency_key_invalid", "{what}: {saw:?}");
+    }
+    assert_eq!(rows(&labels).await, (0, 0), "no label row and no key record");
+    assert_eq!(labels.stats().await["shipments"], 0, "no courier call");
+    // The service still works, and a valid body with a key is counted.
+    assert_eq!(post(&labels.base, ACME, &body("k-m", "GB")).await.status, 201);
+    assert_eq!(rows(&labels).await, (1, 1));
+}
+
+/// `idemkit serve` without tokens refuses to start, naming the ways to give them,
+/// and touches nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_without_tokens_refuses_to_start() {
+    let dir = std::env::temp_dir().join(format!("idemkit-notokens-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let db = dir.join("labels.db");
+    let listen = format!("127.0.0.1:{}", free_port());
+    let out = tokio::task::spawn_blocking({
+        let db = db.clone();
+        move || {
+            let mut child = Command::new(env!("CARGO_BIN_EXE_idemkit"))
+                .args([
+                    "serve",
+                    "--listen",
+                    &listen,
+                    "--database-url",
+                    db.to_str().unwrap(),
+                ])
+                .env_remove("IDEMKIT_TOKENS")
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            let started = std::time::Instant::now();
+            while child.try_wait().unwrap().is_none() {
+                if started.elapsed() > Duration::from_secs(20) {
+                    let _ = child.kill();
+                    panic!("`idemkit serve` without tokens is still running after 20 s");
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            child.wait_with_output().unwrap()
+        }
+    })
+    .await
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    for hint in ["no API tokens", "--tokens", "IDEMKIT_TOKENS", "--demo-tokens"] {
+        assert!(stderr.contains(hint), "{hint}: {stderr}");
+    }
+    assert!(!db.exists(), "nothing created before refusing");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Configured tokens replace the demo ones, and a token may end in base64
+/// padding: each entry splits at its last `=`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn configured_tokens_may_contain_equals_signs_and_replace_the_demo_ones() {
+    let labels = Labels::start_with(&[("IDEMKIT_TOKENS", "dG9rZW4==acme, YWJjZA===globex")]);
+    let a = post(&labels.base, "dG9rZW4=", &body("k-t", "GB")).await;
+    assert_eq!(a.status, 201, "{a:?}");
+    let b = post(&labels.base, "YWJjZA==", &body("k-t", "GB")).await;
+    assert_eq!(b.status, 201, "a second account: {b:?}");
+    assert_ne!(a.body["id"], b.body["id"]);
+    for refused in [ACME, "dG9rZW4", "dG9rZW4==acme"] {
+        let saw = post(&labels.base, refused, &body("k-t", "GB")).await;
+        assert_eq!(saw.status, 401, "{refused}: {saw:?}");
+    }
 }

@@ -18,7 +18,7 @@ use axum::routing::{get, post};
 use http::StatusCode;
 use http::request::Parts;
 use idemkit_client::{ReqwestRetryError, RetryConfig, RetryMiddleware};
-use idemkit_core::{Account, ErrorCode};
+use idemkit_core::{Account, ErrorCode, IdempotencyKey, KeyError};
 use idemkit_postgres::{PgConfig, PgStore};
 use idemkit_sqlite::SqliteStore;
 use idemkit_tower::{
@@ -29,7 +29,8 @@ use idemkit_tower::{
 pub use model::{Address, CourierName, CreateLabel, Label, LabelError, Parcel, Tracking, TrackingEvent};
 pub use openapi::openapi;
 
-/// Tokens the service accepts when none are configured (documented for demos).
+/// The public demo tokens: what `idemkit serve --demo-tokens` and `idemkit demo`
+/// accept. Never accepted unless asked for.
 pub const DEMO_TOKENS: &[(&str, &str)] = &[("demo-token-acme", "acme"), ("demo-token-globex", "globex")];
 
 /// How the service runs.
@@ -51,18 +52,35 @@ pub struct LabelsConfig {
 }
 
 impl LabelsConfig {
-    /// Parses `tok=account,tok2=account2`.
+    /// Parses a token list: entries `token=account`, separated by commas or
+    /// newlines; blank entries and lines starting with `#` are skipped, and
+    /// whitespace around a token or an account is trimmed.
+    ///
+    /// An entry splits at its **last** `=`: a token may contain `=` (base64
+    /// padding such as `dG9rZW4=`), an account may not. Neither may contain a
+    /// comma. An empty token or account, or a token listed twice, is an error;
+    /// so is a list with no entries at all.
     pub fn parse_tokens(spec: &str) -> anyhow::Result<HashMap<String, String>> {
-        spec.split([',', '\n'])
+        let mut tokens = HashMap::new();
+        for entry in spec
+            .split([',', '\n'])
             .map(str::trim)
             .filter(|s| !s.is_empty() && !s.starts_with('#'))
-            .map(|pair| {
-                let (tok, acct) = pair
-                    .split_once('=')
-                    .with_context(|| format!("`{pair}` is not token=account"))?;
-                Ok((tok.trim().to_owned(), acct.trim().to_owned()))
-            })
-            .collect()
+        {
+            let (tok, acct) = entry
+                .rsplit_once('=')
+                .map(|(t, a)| (t.trim(), a.trim()))
+                .filter(|(t, a)| !t.is_empty() && !a.is_empty())
+                .with_context(|| format!("`{}` is not token=account", redact(entry)))?;
+            if tokens.insert(tok.to_owned(), acct.to_owned()).is_some() {
+                anyhow::bail!("token `{}` is listed twice", redact(tok));
+            }
+        }
+        anyhow::ensure!(
+            !tokens.is_empty(),
+            "the token list has no `token=account` entries"
+        );
+        Ok(tokens)
     }
 
     /// The demo tokens.
@@ -71,6 +89,16 @@ impl LabelsConfig {
             .iter()
             .map(|(t, a)| ((*t).to_owned(), (*a).to_owned()))
             .collect()
+    }
+}
+
+/// A token as error messages show it: its first four characters only.
+fn redact(token: &str) -> String {
+    let shown: String = token.chars().take(4).collect();
+    if shown.len() < token.len() {
+        format!("{shown}…")
+    } else {
+        shown
     }
 }
 
@@ -429,10 +457,44 @@ fn idempotency(
     Ok(route
         .configure(IdempotencyLayer::builder(store))?
         .resolver(tokens)
-        .validate_body(|_, body| CreateLabel::parse(body).map(|_| ()))
+        .validate_body(|_, body| validate_create(body))
         .max_request_body(64 * 1024)
         .build()?)
 }
+
+/// The route's validation, run by the layer before it looks the key up: the key
+/// field first (missing or `null` is `idempotency_key_missing`, anything but a
+/// valid key string `idempotency_key_invalid`), then the rest of the label. A body
+/// that is not a JSON object is `validation_failed`. Nothing is claimed or
+/// written for any of these.
+fn validate_create(body: &[u8]) -> Result<(), ProblemResponse> {
+    if let Ok(serde_json::Value::Object(fields)) = serde_json::from_slice::<serde_json::Value>(body) {
+        match fields.get(KEY_FIELD) {
+            None | Some(serde_json::Value::Null) => {
+                let e = KeyError::Missing;
+                return Err(ProblemResponse::new(
+                    e.code(),
+                    format!("{e}: send it in the `{KEY_FIELD}` field"),
+                ));
+            }
+            Some(serde_json::Value::String(key)) => {
+                if let Err(e) = IdempotencyKey::parse(key) {
+                    return Err(ProblemResponse::new(e.code(), e.to_string()));
+                }
+            }
+            Some(_) => {
+                return Err(ProblemResponse::new(
+                    ErrorCode::KeyInvalid,
+                    format!("`{KEY_FIELD}` must be a string"),
+                ));
+            }
+        }
+    }
+    CreateLabel::parse(body).map(|_| ())
+}
+
+/// The body field that carries the idempotency key (`key_field` in `idemkit.toml`).
+const KEY_FIELD: &str = "idempotencyKey";
 
 /// The process's Prometheus recorder, once [`install_metrics`] has run.
 static PROMETHEUS: std::sync::Mutex<Option<metrics_exporter_prometheus::PrometheusHandle>> =
@@ -559,5 +621,49 @@ pub async fn build(config: LabelsConfig) -> anyhow::Result<Service> {
     } else {
         let store = SqliteStore::open(&config.database).await?;
         mount!(store, sql::TABLE_SQLITE, create_sqlite, get_sqlite, track_sqlite)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_split_at_the_last_equals_sign() {
+        let tokens =
+            LabelsConfig::parse_tokens("dG9rZW4==acme, YWJjZA===globex\n# a comment\nplain=initech\n")
+                .unwrap();
+        assert_eq!(tokens.len(), 3, "{tokens:?}");
+        assert_eq!(tokens["dG9rZW4="], "acme", "{tokens:?}");
+        assert_eq!(tokens["YWJjZA=="], "globex", "base64 padding stays in the token");
+        assert_eq!(tokens["plain"], "initech");
+    }
+
+    #[test]
+    fn bad_token_lists_are_refused() {
+        for bad in [
+            "no-equals-sign",
+            "=acme",
+            "tok=",
+            "tok=a,tok=b",
+            "",
+            " # only a comment\n",
+            "t=a,,u",
+        ] {
+            let parsed = LabelsConfig::parse_tokens(bad);
+            assert!(parsed.is_err(), "{bad:?} → {parsed:?}");
+        }
+    }
+
+    #[test]
+    fn errors_do_not_print_whole_tokens() {
+        let e = LabelsConfig::parse_tokens("s3cr3t-t0ken")
+            .unwrap_err()
+            .to_string();
+        assert!(!e.contains("s3cr3t-t0ken"), "{e}");
+        let e = LabelsConfig::parse_tokens("s3cr3t-t0ken=a,s3cr3t-t0ken=b")
+            .unwrap_err()
+            .to_string();
+        assert!(!e.contains("s3cr3t-t0ken"), "{e}");
     }
 }

@@ -30,8 +30,11 @@ struct Problem {
 /// Create a label.
 ///
 /// The body carries the idempotency key (`idempotencyKey`), scoped to your account.
-/// The body is validated before the key is looked up: an invalid body is `400`
-/// whatever state its key is in, and the key stays usable for the corrected body.
+/// The body is validated before the key is looked up, and nothing is stored for a
+/// refused body: no `idempotencyKey` (or `null`) is `400 idempotency_key_missing`,
+/// a key that is not 1–255 visible ASCII characters `400 idempotency_key_invalid`,
+/// and any other invalid body `400 validation_failed` whatever state its key is in
+/// (the key stays usable for the corrected body).
 /// The first request creates the label and books the courier (`201`). The same key
 /// and body again answer `200` with the identical label and `Idempotent-Replayed:
 /// true`; any other stored answer (a `502` rejection) replays with its own status.
