@@ -179,8 +179,9 @@ pub fn run(args: KeysArgs) -> anyhow::Result<ExitCode> {
         .worker_threads(2)
         .enable_all()
         .build()?;
-    let mut out = std::io::stdout().lock();
-    runtime.block_on(async {
+    // The exit code is the command's whatever happens to stdout (`| head`).
+    let mut out = crate::VerdictOutput::new(std::io::stdout().lock());
+    let code = runtime.block_on(async {
         match &args.command {
             KeysCommand::Complete(c) => complete(&mut out, &args, &url, c).await,
             command => {
@@ -195,7 +196,9 @@ pub fn run(args: KeysArgs) -> anyhow::Result<ExitCode> {
                 }
             }
         }
-    })
+    });
+    out.finish();
+    code
 }
 
 /// Opens the store behind `url` as the labels service does.

@@ -19,7 +19,9 @@
 //! Exit codes: a subcommand decides its own (for `check`: 0 every selected gate
 //! passed, 1 one failed, 2 one was inconclusive and none failed). Errors that stop a
 //! command from running at all (bad arguments, a refused host) exit 2 with a message
-//! on stderr; a closed stdout (`idemkit check … | head`) exits 0.
+//! on stderr. A closed stdout never changes a verdict: `idemkit check … | head` and
+//! `idemkit keys … | head` exit with the code the command decided, whatever
+//! happened to their output; the other commands exit 0 when their reader goes away.
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -98,5 +100,120 @@ fn is_broken_pipe(e: &anyhow::Error) -> bool {
         cause
             .downcast_ref::<std::io::Error>()
             .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+            // serde_json's error hides the `io::Error` from `source()`.
+            || cause
+                .downcast_ref::<serde_json::Error>()
+                .is_some_and(|json| json.io_error_kind() == Some(std::io::ErrorKind::BrokenPipe))
     })
+}
+
+/// Standard output for a command whose exit code is a verdict (`check`, `keys`).
+///
+/// The first failed write (a reader that went away: `idemkit check --json | head`)
+/// is remembered and that write and every later one are discarded as if written,
+/// so the command runs to its end and exits with the code it decided: a closed
+/// pipe can neither turn a failing verdict into 0 nor a pass into 2.
+/// [`VerdictOutput::finish`] reports a failure other than a broken pipe on stderr.
+#[derive(Debug)]
+pub(crate) struct VerdictOutput<W: Write> {
+    inner: W,
+    failed: Option<std::io::Error>,
+}
+
+impl<W: Write> VerdictOutput<W> {
+    pub(crate) fn new(inner: W) -> Self {
+        Self { inner, failed: None }
+    }
+
+    /// Flushes, and says on stderr if the output was cut short by anything but a
+    /// closed pipe (a full disk, a closed descriptor). The exit code is the caller's.
+    pub(crate) fn finish(mut self) {
+        let _ = self.flush();
+        if let Some(e) = self.failed
+            && e.kind() != std::io::ErrorKind::BrokenPipe
+        {
+            let _ = writeln!(std::io::stderr(), "warning: writing to stdout failed: {e}");
+        }
+    }
+
+    fn record(&mut self, e: std::io::Error) {
+        if self.failed.is_none() {
+            self.failed = Some(e);
+        }
+    }
+}
+
+impl<W: Write> Write for VerdictOutput<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.failed.is_some() {
+            return Ok(buf.len());
+        }
+        loop {
+            match self.inner.write(buf) {
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    self.record(e);
+                    return Ok(buf.len());
+                }
+                ok => return ok,
+            }
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        if self.failed.is_none()
+            && let Err(e) = self.inner.flush()
+        {
+            self.record(e);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A writer that takes `room` bytes, then fails like a closed pipe.
+    struct Closing {
+        room: usize,
+        taken: Vec<u8>,
+    }
+
+    impl Write for Closing {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            if self.room == 0 {
+                return Err(std::io::ErrorKind::BrokenPipe.into());
+            }
+            let n = buf.len().min(self.room);
+            self.room -= n;
+            self.taken.extend_from_slice(&buf[..n]);
+            Ok(n)
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            if self.room == 0 {
+                return Err(std::io::ErrorKind::BrokenPipe.into());
+            }
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_closed_pipe_swallows_the_rest_without_an_error() {
+        let mut out = VerdictOutput::new(Closing {
+            room: 5,
+            taken: Vec::new(),
+        });
+        writeln!(out, "hello world").unwrap();
+        serde_json::to_writer_pretty(&mut out, &serde_json::json!({"verdict": "fail"})).unwrap();
+        out.flush().unwrap();
+        assert_eq!(out.inner.taken, b"hello");
+        assert!(
+            out.failed
+                .as_ref()
+                .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
+        );
+        out.finish();
+    }
 }

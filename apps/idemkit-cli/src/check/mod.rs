@@ -156,12 +156,14 @@ pub fn run(args: CheckArgs) -> anyhow::Result<ExitCode> {
     let bar = progress::Bar::new(show_progress);
     let report = runtime.block_on(gates::run(&plan.config, &transport, &bar));
     bar.finish();
-    let mut out = std::io::stdout().lock();
+    // The exit code is the verdict's whatever happens to stdout (`| head`).
+    let mut out = crate::VerdictOutput::new(std::io::stdout().lock());
     if args.json {
         output::json(&mut out, &plan, &report)?;
     } else {
         output::table(&mut out, &plan, &report)?;
     }
+    out.finish();
     Ok(ExitCode::from(report.exit_code()))
 }
 

@@ -143,26 +143,56 @@ async fn usage_errors_and_help() {
     assert!(run.stdout.contains("--allow-host"));
 }
 
-/// A closed stdout (`idemkit check … | head -0`) is not an error: exit 0.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn broken_pipe_exits_zero() {
-    let fixture = Fixture::start(Design::Unscoped).await;
-    let args = check_args(&fixture.base, &["--gates", "isolation"]);
-    let status = tokio::task::spawn_blocking(move || {
+/// Runs the real binary with its stdout on a real pipe whose read end is closed
+/// before the command writes anything (`idemkit … | head -0`), and returns the
+/// exit code and stderr.
+pub(crate) async fn with_closed_stdout(
+    args: Vec<String>,
+    env: Vec<(String, String)>,
+) -> (Option<i32>, String) {
+    tokio::task::spawn_blocking(move || {
         let mut child = Command::new(env!("CARGO_BIN_EXE_idemkit"))
             .args(&args)
+            .envs(env)
+            .env_remove("RUST_LOG")
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(Stdio::piped())
             .spawn()
             .unwrap();
+        // The only read end: from here every write to stdout is EPIPE.
         drop(child.stdout.take());
-        child.wait().unwrap()
+        let out = child.wait_with_output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
     })
     .await
-    .unwrap();
-    assert_eq!(
-        status.code(),
-        Some(0),
-        "a failing check whose stdout is gone exits 0"
-    );
+    .unwrap()
+}
+
+/// A closed stdout (`idemkit check … | head`) never changes the exit code: it is
+/// the verdict's, in table and JSON output alike (a failing check must not pass
+/// as 0, a passing one must not fail as 2), and stderr does not complain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_stdout_keeps_the_verdicts_exit_code() {
+    for (design, verdict) in [(Design::Unscoped, 1), (Design::Correct, 0)] {
+        let fixture = Fixture::start(design).await;
+        for json in [false, true] {
+            let mut extra = vec!["--gates", "isolation"];
+            if json {
+                extra.push("--json");
+            }
+            let (code, stderr) = with_closed_stdout(check_args(&fixture.base, &extra), vec![]).await;
+            assert_eq!(
+                code,
+                Some(verdict),
+                "{design:?}, json {json}: the exit code is the verdict's; stderr: {stderr}"
+            );
+            assert!(
+                !stderr.contains("Broken pipe"),
+                "{design:?}, json {json}: {stderr}"
+            );
+        }
+    }
 }

@@ -96,14 +96,19 @@ impl Db {
         })
     }
 
-    /// Runs `idemkit keys <args> --database-url …` (and the schema on PostgreSQL).
-    async fn keys(&self, args: &[&str]) -> Run {
+    /// `keys <args> --database-url …` (and the schema on PostgreSQL).
+    fn args(&self, args: &[&str]) -> Vec<String> {
         let mut all: Vec<String> = ["keys"].iter().chain(args).map(|s| s.to_string()).collect();
         all.extend(["--database-url".to_owned(), self.url.clone()]);
         if let Some(schema) = &self.schema {
             all.extend(["--pg-schema".to_owned(), schema.clone()]);
         }
-        run(all, self.env()).await
+        all
+    }
+
+    /// Runs `idemkit keys <args> --database-url …` (and the schema on PostgreSQL).
+    async fn keys(&self, args: &[&str]) -> Run {
+        run(self.args(args), self.env()).await
     }
 
     fn env(&self) -> Vec<(String, String)> {
@@ -493,6 +498,30 @@ async fn keys_refuses_a_missing_database_and_arguments() {
     let db = Db::sqlite().await;
     let bad_state = db.keys(&["list", "--state", "stuck"]).await;
     assert_eq!(bad_state.code, 2, "{bad_state:#?}");
+}
+
+/// `idemkit keys … | head`: a closed stdout never changes the exit code, in
+/// tables and JSON alike (0 for a listing, 1 for `show` of a missing record).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_stdout_keeps_the_exit_code() {
+    let db = Db::sqlite().await;
+    prepare(&*db.store).await;
+    db.keys(&["reap", "--older-than-hours", "0"]).await;
+    for (args, want) in [
+        (&["review", "--json"][..], 0),
+        (&["review"][..], 0),
+        (&["list", "--json"][..], 0),
+        (&["list"][..], 0),
+        (
+            &["show", "--account", "acct-a", "--key", "k-none", "--json"][..],
+            1,
+        ),
+        (&["show", "--account", "acct-a", "--key", "k-none"][..], 1),
+    ] {
+        let (code, stderr) = crate::cli::with_closed_stdout(db.args(args), db.env()).await;
+        assert_eq!(code, Some(want), "{args:?}: {stderr}");
+        assert!(!stderr.contains("Broken pipe"), "{args:?}: {stderr}");
+    }
 }
 
 /// `keys complete`: a label request killed after recording its courier intent
