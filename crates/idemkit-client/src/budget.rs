@@ -25,6 +25,12 @@ pub trait Budget: Send + Sync + fmt::Debug {
     /// Records a successful attempt. `refund` is the withdrawal that paid for it when
     /// it was a retry, `None` when it succeeded on the first try.
     fn deposit(&self, refund: Option<Withdrawal>);
+
+    /// Tokens left, for dashboards; `None` (the default) for a budget that does not
+    /// count tokens.
+    fn remaining(&self) -> Option<u32> {
+        None
+    }
 }
 
 #[allow(dead_code)]
@@ -152,6 +158,10 @@ impl Budget for TokenBucket {
 
     fn deposit(&self, refund: Option<Withdrawal>) {
         self.add(refund.map_or(self.success_reward, |w| w.cost));
+    }
+
+    fn remaining(&self) -> Option<u32> {
+        Some(self.available())
     }
 }
 

@@ -26,7 +26,8 @@ pub enum Outcome {
     /// before the request was written. Always safe to retry.
     NotSent,
     /// The request may have been executed: a timeout or a reset after it was sent.
-    /// Safe to retry only with an idempotency key or an idempotent method.
+    /// Safe to retry only with an idempotency key or an idempotent method. (A `502` or
+    /// `504` answer is judged the same way: see [`Classifier`].)
     MaybeExecuted {
         /// Whether the attempt ended because its timeout elapsed.
         timed_out: bool,
@@ -158,7 +159,8 @@ impl fmt::Display for Answer {
 
 /// Parses `Retry-After` (delta-seconds or an HTTP date) into a delay from `now`.
 ///
-/// A date in the past is a zero delay; an unparseable value is ignored.
+/// A date in the past is a zero delay; a number too large for a `u64` is the longest
+/// delay; an unparseable value is ignored.
 ///
 /// ```
 /// use std::time::{Duration, SystemTime};
@@ -174,8 +176,9 @@ impl fmt::Display for Answer {
 #[must_use]
 pub fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
     let value = headers.get(header::RETRY_AFTER)?.to_str().ok()?.trim();
-    if let Ok(secs) = value.parse::<u64>() {
-        return Some(Duration::from_secs(secs));
+    if !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit()) {
+        // Too many digits for a u64 is still "a very long time", not "no hint".
+        return Some(Duration::from_secs(value.parse::<u64>().unwrap_or(u64::MAX)));
     }
     let date = httpdate::parse_http_date(value).ok()?;
     Some(date.duration_since(now).unwrap_or(Duration::ZERO))
@@ -288,26 +291,35 @@ pub enum Verdict {
     Fatal(FatalReason),
 }
 
-/// The retry allowlist (SPEC §8), separate from any policy.
+/// The retry allowlist, separate from any policy (the same table is in the
+/// [guide](crate::guide)).
+///
+/// A request is *protected* when it carries an idempotency key or its method is
+/// idempotent (GET, HEAD, OPTIONS, TRACE, PUT, DELETE).
 ///
 /// | outcome | verdict |
 /// |---|---|
 /// | not sent | transient |
-/// | maybe executed, request protected (key or idempotent method) | transient |
+/// | maybe executed (timeout or reset after sending), protected | transient |
 /// | maybe executed, unprotected | fatal |
 /// | 429, `409 idempotency_request_in_progress` | throttling |
-/// | 502, 503, 504 | transient |
+/// | 503 | transient |
+/// | 502, 504 (a gateway answered; the origin may still be running), protected | transient |
+/// | 502, 504, unprotected | fatal (*maybe executed*) |
 /// | 500 | transient only with [`Classifier::with_retry_500`] |
 /// | any other 4xx/5xx, incl. 401/403 and `409 idempotency_key_reused` | fatal |
 ///
 /// ```
 /// use http::StatusCode;
-/// use idemkit_client::{Classifier, Outcome, RetryKind, Verdict};
+/// use idemkit_client::{Classifier, FatalReason, Outcome, RetryKind, Verdict};
 ///
 /// let c = Classifier::new();
 /// assert_eq!(c.classify(&Outcome::status(StatusCode::SERVICE_UNAVAILABLE), false),
 ///            Verdict::Transient(RetryKind::Transient));
 /// assert!(matches!(c.classify(&Outcome::status(StatusCode::BAD_REQUEST), true), Verdict::Fatal(_)));
+/// // A gateway's 502 to a keyless POST: the write may have happened.
+/// assert_eq!(c.classify(&Outcome::status(StatusCode::BAD_GATEWAY), false),
+///            Verdict::Fatal(FatalReason::MaybeExecutedUnprotected));
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Classifier {
@@ -342,11 +354,11 @@ impl Classifier {
             Outcome::NotSent => Verdict::Transient(RetryKind::Transient),
             Outcome::MaybeExecuted { .. } if protected => Verdict::Transient(RetryKind::Transient),
             Outcome::MaybeExecuted { .. } => Verdict::Fatal(FatalReason::MaybeExecutedUnprotected),
-            Outcome::Answered(answer) => self.classify_answer(answer),
+            Outcome::Answered(answer) => self.classify_answer(answer, protected),
         }
     }
 
-    fn classify_answer(&self, answer: &Answer) -> Verdict {
+    fn classify_answer(&self, answer: &Answer, protected: bool) -> Verdict {
         let status = answer.status;
         if status.is_informational() || status.is_success() || status.is_redirection() {
             return Verdict::Success;
@@ -356,8 +368,14 @@ impl Classifier {
             StatusCode::CONFLICT if answer.problem_code.as_deref() == Some(CODE_IN_PROGRESS) => {
                 Verdict::Transient(RetryKind::Throttling)
             }
-            StatusCode::BAD_GATEWAY | StatusCode::SERVICE_UNAVAILABLE | StatusCode::GATEWAY_TIMEOUT => {
+            StatusCode::SERVICE_UNAVAILABLE => Verdict::Transient(RetryKind::Transient),
+            // A gateway answered; the origin may have run (or still be running) the
+            // request: "maybe executed".
+            StatusCode::BAD_GATEWAY | StatusCode::GATEWAY_TIMEOUT if protected => {
                 Verdict::Transient(RetryKind::Transient)
+            }
+            StatusCode::BAD_GATEWAY | StatusCode::GATEWAY_TIMEOUT => {
+                Verdict::Fatal(FatalReason::MaybeExecutedUnprotected)
             }
             StatusCode::INTERNAL_SERVER_ERROR if self.retry_500 => Verdict::Transient(RetryKind::Transient),
             _ => Verdict::Fatal(FatalReason::NotAllowlisted),
@@ -406,7 +424,15 @@ mod tests {
         assert_eq!(c.classify(&answered(409, Some(CODE_KEY_REUSED)), true), fatal);
         assert_eq!(c.classify(&answered(409, None), true), fatal);
         for s in [502, 503, 504] {
-            assert_eq!(c.classify(&answered(s, None), false), t);
+            assert_eq!(c.classify(&answered(s, None), true), t);
+        }
+        assert_eq!(c.classify(&answered(503, None), false), t);
+        for s in [502, 504] {
+            assert_eq!(
+                c.classify(&answered(s, None), false),
+                Verdict::Fatal(FatalReason::MaybeExecutedUnprotected),
+                "{s} to an unprotected request is maybe executed"
+            );
         }
         for s in [400, 401, 403, 404, 422, 500, 501] {
             assert_eq!(c.classify(&answered(s, None), true), fatal, "{s}");
@@ -432,6 +458,8 @@ mod tests {
         let past = httpdate::fmt_http_date(now - Duration::from_secs(4));
         h.insert(header::RETRY_AFTER, HeaderValue::from_str(&past).unwrap());
         assert_eq!(retry_after(&h, now), Some(Duration::ZERO));
+        h.insert(header::RETRY_AFTER, HeaderValue::from_static("99999999999999999999999"));
+        assert_eq!(retry_after(&h, now), Some(Duration::from_secs(u64::MAX)));
         h.insert(header::RETRY_AFTER, HeaderValue::from_static("soon"));
         assert_eq!(retry_after(&h, now), None);
     }

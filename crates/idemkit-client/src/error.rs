@@ -20,17 +20,29 @@ pub enum Last<R, E> {
     TimedOut(Duration),
 }
 
-/// A call that ended on a failure the retry layer would not or could not retry further.
+/// A call that ended on a failure the retry layer would not or could not retry further:
+/// retries exhausted, budget empty, deadline reached, a `Retry-After` too long, or a
+/// *maybe executed* request without protection.
 ///
-/// Carries why it stopped ([`Stop`]), how many attempts were made, the last outcome
-/// and the last response or transport error.
+/// Answers that are never retried (400, 401, 404, 500 unless opted in,
+/// `409 idempotency_key_reused`, …) are **not** errors: they come back as `Ok(response)`.
+///
+/// Everything about the last answer is one call away: [`status`](Self::status),
+/// [`headers`](Self::headers) and [`last_response`](Self::last_response) borrow it,
+/// [`into_response`](Self::into_response) hands it over (to read its body);
+/// [`stop_reason`](Self::stop_reason) says why retrying stopped and
+/// [`retry_after`](Self::retry_after) carries the server's hint. With reqwest, get the
+/// error out of a `reqwest_middleware::Error` with
+/// [`RetryErrorExt::into_retry_error`](crate::RetryErrorExt::into_retry_error).
 ///
 /// ```
 /// # use std::time::Duration;
 /// # use idemkit_client::{RetryError, Stop};
 /// fn wait_hint<R, E>(err: &RetryError<R, E>) -> Option<Duration> {
-///     match err.stop() {
-///         Stop::RetryAfterPastDeadline { retry_after } => Some(retry_after),
+///     match err.stop_reason() {
+///         Stop::RetryAfterPastDeadline { retry_after } | Stop::RetryAfterAboveCap { retry_after } => {
+///             Some(retry_after)
+///         }
 ///         _ => err.retry_after(),
 ///     }
 /// }
@@ -56,6 +68,12 @@ impl<R, E> RetryError<R, E> {
     }
 
     /// Why retrying stopped.
+    #[must_use]
+    pub fn stop_reason(&self) -> Stop {
+        self.stop
+    }
+
+    /// Why retrying stopped (same as [`stop_reason`](Self::stop_reason)).
     #[must_use]
     pub fn stop(&self) -> Stop {
         self.stop
@@ -85,7 +103,16 @@ impl<R, E> RetryError<R, E> {
         &self.last
     }
 
-    /// The last response, when the server answered.
+    /// The last response, when the server answered (e.g. the third 503).
+    #[must_use]
+    pub fn last_response(&self) -> Option<&R> {
+        match &self.last {
+            Last::Response(r) => Some(r),
+            _ => None,
+        }
+    }
+
+    /// The last response, by value (to read its body), when the server answered.
     #[must_use]
     pub fn into_response(self) -> Option<R> {
         match self.last {
@@ -98,6 +125,37 @@ impl<R, E> RetryError<R, E> {
     #[must_use]
     pub fn into_last(self) -> Last<R, E> {
         self.last
+    }
+}
+
+#[cfg(feature = "reqwest")]
+impl<E> RetryError<reqwest::Response, E> {
+    /// Status of the last answer; `None` when the last attempt got no answer (timeout,
+    /// transport error).
+    #[must_use]
+    pub fn status(&self) -> Option<http::StatusCode> {
+        self.last_response().map(reqwest::Response::status)
+    }
+
+    /// Headers of the last answer; `None` when the last attempt got no answer.
+    #[must_use]
+    pub fn headers(&self) -> Option<&http::HeaderMap> {
+        self.last_response().map(reqwest::Response::headers)
+    }
+}
+
+impl<B, E> RetryError<http::Response<B>, E> {
+    /// Status of the last answer; `None` when the last attempt got no answer (timeout,
+    /// transport error).
+    #[must_use]
+    pub fn status(&self) -> Option<http::StatusCode> {
+        self.last_response().map(http::Response::status)
+    }
+
+    /// Headers of the last answer; `None` when the last attempt got no answer.
+    #[must_use]
+    pub fn headers(&self) -> Option<&http::HeaderMap> {
+        self.last_response().map(http::Response::headers)
     }
 }
 

@@ -5,7 +5,9 @@ use std::fmt;
 use http::{HeaderName, HeaderValue};
 
 /// The default header that carries the key: `Idempotency-Key`.
-pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static(IDEMPOTENCY_KEY_STR);
+
+pub(crate) const IDEMPOTENCY_KEY_STR: &str = "idempotency-key";
 
 /// Longest key the idemkit contract accepts.
 const MAX_LEN: usize = 255;
@@ -133,18 +135,22 @@ pub struct InvalidKey {
     pub len: usize,
 }
 
-/// Whether the retry layer attaches a key to non-idempotent requests that have none.
+/// Whether the retry layer attaches a key to requests that have none.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum AutoKey {
-    /// Default: a non-idempotent request (POST, PATCH, …) without a key gets a UUID v4
-    /// generated once per logical call and sent on every attempt. This assumes the
-    /// server honours `Idempotency-Key` (idemkit servers do); against a server that
-    /// ignores it the key protects nothing, so use [`AutoKey::CallerOnly`] there.
+    /// Default: a POST, PATCH, PUT or DELETE (any method but GET, HEAD, OPTIONS and
+    /// TRACE; see [`gets_auto_key`](crate::gets_auto_key)) without a key gets a UUID v4
+    /// generated once per logical call and sent on every attempt. Those are the methods
+    /// an idemkit server guards by default, so a keyless PUT or DELETE is not refused
+    /// for lack of a key. This assumes the server honours `Idempotency-Key` (idemkit
+    /// servers do); against a server that ignores it the key protects nothing, so use
+    /// [`AutoKey::CallerOnly`] there.
     #[default]
     Generate,
-    /// Only keys the caller set protect a request. A non-idempotent request without a
-    /// key whose outcome is unknown (timeout or reset after sending) is not retried.
+    /// Only keys the caller set protect a request. A non-idempotent request (POST,
+    /// PATCH) without a key whose outcome is unknown — a timeout or reset after sending,
+    /// or a `502`/`504` from a gateway — is not retried.
     CallerOnly,
 }
 

@@ -39,30 +39,38 @@
 //! # }
 //! ```
 //!
-//! What the defaults do (SPEC §8; the guide is [`guide`]):
+//! Start with the [`guide`] (`docs/client.md`): results, settings, examples. In short:
 //!
+//! - **Results**: `Ok(response)` for a success *and* for an answer that is never
+//!   retried (400, 401, 404, 500 unless opted in, `409 idempotency_key_reused`, …);
+//!   `Err` ([`RetryError`]) when a retryable failure was not retried any further. It
+//!   carries the last answer ([`RetryError::status`], [`RetryError::headers`],
+//!   [`RetryError::into_response`]) and why retrying stopped ([`RetryError::stop_reason`]).
 //! - **Classification** ([`Classifier`]) is separate from **policy** ([`RetryPolicy`],
 //!   [`Call`]). Each attempt ends as *not sent*, *maybe executed* or *answered*
 //!   ([`Outcome`]). Retried: not-sent failures, 429, 502, 503, 504 and
 //!   `409 idempotency_request_in_progress`; 500 only when opted in. Never: other 4xx,
-//!   auth, `409 idempotency_key_reused`. A *maybe executed* failure is retried only
-//!   when the request carries an idempotency key or its method is idempotent.
-//! - **Keys**: a non-idempotent request without a key gets a UUID v4 once per logical
-//!   call, reused on every attempt ([`AutoKey`]); [`IdempotencyKey::derived`] builds
-//!   event-derived keys.
-//! - **Backoff**: full jitter (default) or decorrelated jitter ([`Backoff`]);
-//!   `Retry-After` is a floor; a wait that would end past the deadline stops at once
-//!   with a [`RetryError`] carrying the server's `Retry-After`.
-//! - **Caps**: 3 attempts in total and one 30 s deadline per call; each attempt's
-//!   timeout is `min(attempt timeout, remaining)` ([`AttemptTimeout`], optionally
-//!   adaptive).
+//!   auth, `409 idempotency_key_reused`. A *maybe executed* failure — a timeout or reset
+//!   after sending, or a gateway's 502/504 — is retried only when the request carries
+//!   an idempotency key or its method is idempotent.
+//! - **Keys**: a POST, PATCH, PUT or DELETE without a key gets a UUID v4 once per
+//!   logical call, reused on every attempt ([`AutoKey`]); [`IdempotencyKey::derived`]
+//!   builds event-derived keys.
+//! - **Backoff**: full jitter (default) or decorrelated jitter ([`Backoff`]).
+//!   `Retry-After` is a floor with the jittered backoff added above it, honoured up to
+//!   60 s ([`RetryConfig::with_retry_after_cap`]); a longer one, or one ending past the
+//!   deadline, stops at once with a [`RetryError`] carrying the server's answer and hint.
+//! - **Caps**: 3 attempts in total and one 30 s deadline per call
+//!   ([`RetryConfig::with_deadline`]); each attempt's timeout is
+//!   `min(attempt timeout, remaining)` ([`RetryConfig::with_attempt_timeout`], or
+//!   [`RetryConfig::with_adaptive_attempt_timeout`]).
 //! - **Budget**: a [`TokenBucket`] shared by all calls of a client, replaceable through
-//!   the [`Budget`] trait.
+//!   the [`Budget`] trait; [`RetryPolicy::budget_remaining`] reads it.
 //! - **Observability**: each retry is a `tracing` event (attempt, outcome, next delay);
 //!   counters `idemkit_client_attempts_total{outcome, verdict}`,
 //!   `idemkit_client_retries_total{kind, reason}` and
-//!   `idemkit_client_gave_up_total{reason}` (`budget_exhausted` among the reasons) go
-//!   through `metrics`.
+//!   `idemkit_client_gave_up_total{reason}` (`budget_exhausted` among the reasons) and
+//!   the gauge `idemkit_client_budget_tokens{client}` go through `metrics`.
 //!
 //! Keys buy *effectively once* within the key scope and replay window of a server that
 //! honours them — not a guarantee against every duplicate.
@@ -98,16 +106,17 @@ pub use error::{Last, RetryError};
 pub use key::{AutoKey, IDEMPOTENCY_KEY, IdempotencyKey, InvalidKey};
 pub use policy::{
     ATTEMPT_HEADER, AttemptPlan, Call, Decision, RetryConfig, RetryPolicy, Stop, TIMEOUT_HEADER,
-    is_idempotent,
+    gets_auto_key, is_idempotent,
 };
 pub use timeout::{AdaptiveTimeout, AttemptTimeout};
 
 #[cfg(feature = "reqwest")]
 #[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
-pub use crate::reqwest::{ReqwestRetryError, RetryMiddleware};
+pub use crate::reqwest::{ReqwestRetryError, RetryErrorExt, RetryMiddleware};
 #[cfg(feature = "tower")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
 pub use crate::tower::{ReplayBody, ResponseFuture, RetryBody, RetryLayer, RetryService, TowerRetryError};
 
+/// The guide, `docs/client.md`, included here so that its examples compile as doctests.
 #[doc = include_str!("../../../docs/client.md")]
 pub mod guide {}

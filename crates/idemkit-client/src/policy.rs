@@ -16,7 +16,8 @@ use rand::rngs::StdRng;
 use crate::backoff::{Backoff, Jitter};
 use crate::budget::{Budget, TokenBucket, Withdrawal};
 use crate::classify::{Classifier, FatalReason, Outcome, RetryKind, Verdict};
-use crate::key::{AutoKey, IDEMPOTENCY_KEY, IdempotencyKey};
+use crate::key::{AutoKey, IDEMPOTENCY_KEY_STR, IdempotencyKey};
+use crate::timeout::AdaptiveTimeout;
 use crate::timeout::{AttemptTimeout, LatencyWindow};
 
 /// Header carrying the 1-based attempt number, when enabled with
@@ -38,32 +39,54 @@ pub fn is_idempotent(method: &Method) -> bool {
     )
 }
 
-/// Retry settings. Every default is listed in `docs/client.md` and argued in
+/// Whether [`AutoKey::Generate`] gives a request with `method` a key when it has none:
+/// every method except the safe ones (GET, HEAD, OPTIONS, TRACE). That covers POST,
+/// PATCH, PUT and DELETE, the methods an idemkit server guards by default, so a
+/// keyless PUT or DELETE is not refused with `400 idempotency_key_missing`.
+#[must_use]
+pub fn gets_auto_key(method: &Method) -> bool {
+    !matches!(
+        *method,
+        Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE
+    )
+}
+
+/// Retry settings: a plain `Copy` value, buildable in a `const`. Every default is
+/// listed in `docs/client.md` (the [guide](crate::guide)) and argued in
 /// `docs/client-decisions.md`.
 ///
 /// ```
 /// use std::time::Duration;
-/// use idemkit_client::{Jitter, RetryConfig};
+/// use idemkit_client::{Jitter, RetryConfig, RetryPolicy};
 ///
 /// const CONFIG: RetryConfig = RetryConfig::new()
 ///     .with_max_attempts(4)
-///     .with_deadline(Some(Duration::from_secs(5)))
+///     .with_deadline(Duration::from_secs(5))
+///     .with_attempt_timeout(Duration::from_secs(2))
 ///     .with_jitter(Jitter::Decorrelated);
 /// assert_eq!(CONFIG.max_attempts(), 4);
+///
+/// // `Copy`: one value configures several policies (each with its own budget).
+/// let config = CONFIG.with_retry_after_cap(Duration::from_secs(10));
+/// let orders = RetryPolicy::new(config);
+/// let payments = RetryPolicy::new(config);
+/// # let _ = (orders, payments);
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RetryConfig {
     max_attempts: u32,
     deadline: Option<Duration>,
     attempt_timeout: AttemptTimeout,
     min_attempt_time: Duration,
+    retry_after_cap: Duration,
     backoff: Backoff,
     throttling_backoff: Backoff,
     classifier: Classifier,
     auto_key: AutoKey,
-    key_header: HeaderName,
+    key_header: &'static str,
     attempt_header: bool,
     timeout_header: bool,
+    name: &'static str,
 }
 
 impl RetryConfig {
@@ -71,8 +94,14 @@ impl RetryConfig {
     pub const DEFAULT_MAX_ATTEMPTS: u32 = 3;
     /// Default overall deadline of one logical call.
     pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(30);
+    /// Default timeout of one attempt.
+    pub const DEFAULT_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(10);
     /// Default shortest time an attempt is assumed to need.
     pub const DEFAULT_MIN_ATTEMPT_TIME: Duration = Duration::from_millis(50);
+    /// Default longest `Retry-After` the client waits for.
+    pub const DEFAULT_RETRY_AFTER_CAP: Duration = Duration::from_secs(60);
+    /// Default value of the `client` label on the budget gauge.
+    pub const DEFAULT_NAME: &'static str = "default";
 
     /// The defaults.
     #[must_use]
@@ -82,13 +111,15 @@ impl RetryConfig {
             deadline: Some(Self::DEFAULT_DEADLINE),
             attempt_timeout: AttemptTimeout::DEFAULT,
             min_attempt_time: Self::DEFAULT_MIN_ATTEMPT_TIME,
+            retry_after_cap: Self::DEFAULT_RETRY_AFTER_CAP,
             backoff: Backoff::TRANSIENT,
             throttling_backoff: Backoff::THROTTLING,
             classifier: Classifier::new(),
             auto_key: AutoKey::Generate,
-            key_header: IDEMPOTENCY_KEY,
+            key_header: IDEMPOTENCY_KEY_STR,
             attempt_header: false,
             timeout_header: false,
+            name: Self::DEFAULT_NAME,
         }
     }
 
@@ -99,18 +130,36 @@ impl RetryConfig {
         self
     }
 
-    /// The overall deadline of one logical call, set once when it starts; `None` for
-    /// no deadline (the attempt cap and attempt timeout still bound it).
+    /// The overall deadline of one logical call (default 30 s), set once when it
+    /// starts: every attempt and every sleep between attempts fit inside it.
     #[must_use]
-    pub const fn with_deadline(mut self, deadline: Option<Duration>) -> Self {
-        self.deadline = deadline;
+    pub const fn with_deadline(mut self, deadline: Duration) -> Self {
+        self.deadline = Some(deadline);
         self
     }
 
-    /// How long one attempt may take.
+    /// No overall deadline: the attempt cap, the attempt timeout and the
+    /// `Retry-After` cap still bound a call.
     #[must_use]
-    pub const fn with_attempt_timeout(mut self, timeout: AttemptTimeout) -> Self {
-        self.attempt_timeout = timeout;
+    pub const fn without_deadline(mut self) -> Self {
+        self.deadline = None;
+        self
+    }
+
+    /// How long one attempt may take (default 10 s). Each attempt gets
+    /// `min(this, time left before the deadline)`.
+    #[must_use]
+    pub const fn with_attempt_timeout(mut self, timeout: Duration) -> Self {
+        self.attempt_timeout = AttemptTimeout::Fixed(timeout);
+        self
+    }
+
+    /// Derives the attempt timeout from measured latency instead of a fixed value
+    /// (`multiplier × p99` of recent successful attempts, within bounds): see
+    /// [`AdaptiveTimeout`].
+    #[must_use]
+    pub const fn with_adaptive_attempt_timeout(mut self, adaptive: AdaptiveTimeout) -> Self {
+        self.attempt_timeout = AttemptTimeout::Adaptive(adaptive);
         self
     }
 
@@ -120,6 +169,15 @@ impl RetryConfig {
     #[must_use]
     pub const fn with_min_attempt_time(mut self, min: Duration) -> Self {
         self.min_attempt_time = min;
+        self
+    }
+
+    /// The longest `Retry-After` the client honours (default 60 s). A server asking for
+    /// more ends the retries at once: the call returns a [`RetryError`](crate::RetryError)
+    /// with [`Stop::RetryAfterAboveCap`], the server's answer and its hint.
+    #[must_use]
+    pub const fn with_retry_after_cap(mut self, cap: Duration) -> Self {
+        self.retry_after_cap = cap;
         self
     }
 
@@ -152,16 +210,25 @@ impl RetryConfig {
         self
     }
 
-    /// Whether non-idempotent requests without a key get one automatically.
+    /// Whether requests without a key get one automatically (default
+    /// [`AutoKey::Generate`]: POST, PATCH, PUT, DELETE and other unsafe methods).
     #[must_use]
     pub const fn with_auto_key(mut self, auto_key: AutoKey) -> Self {
         self.auto_key = auto_key;
         self
     }
 
-    /// The header carrying the key (default `Idempotency-Key`).
+    /// The header carrying the key (default `idempotency-key`), as a lowercase header
+    /// name.
+    ///
+    /// # Panics
+    ///
+    /// When `header` is not a valid lowercase header name (at compile time in a
+    /// `const`).
     #[must_use]
-    pub fn with_key_header(mut self, header: HeaderName) -> Self {
+    pub const fn with_key_header(mut self, header: &'static str) -> Self {
+        // Validates the name (panics on an invalid or uppercase one).
+        std::mem::forget(HeaderName::from_static(header));
         self.key_header = header;
         self
     }
@@ -180,22 +247,43 @@ impl RetryConfig {
         self
     }
 
+    /// Names the client in metrics: the `client` label of the
+    /// `idemkit_client_budget_tokens` gauge (default `"default"`). Give each policy
+    /// with its own budget its own name.
+    #[must_use]
+    pub const fn with_name(mut self, name: &'static str) -> Self {
+        self.name = name;
+        self
+    }
+
     /// Attempt cap.
     #[must_use]
     pub const fn max_attempts(&self) -> u32 {
         self.max_attempts
     }
 
-    /// Overall deadline.
+    /// Overall deadline, `None` when there is none.
     #[must_use]
     pub const fn deadline(&self) -> Option<Duration> {
         self.deadline
     }
 
-    /// Attempt timeout setting.
+    /// Attempt timeout setting (fixed or adaptive).
     #[must_use]
     pub const fn attempt_timeout(&self) -> AttemptTimeout {
         self.attempt_timeout
+    }
+
+    /// The shortest time an attempt is assumed to need.
+    #[must_use]
+    pub const fn min_attempt_time(&self) -> Duration {
+        self.min_attempt_time
+    }
+
+    /// The longest `Retry-After` honoured.
+    #[must_use]
+    pub const fn retry_after_cap(&self) -> Duration {
+        self.retry_after_cap
     }
 
     /// Backoff after transient failures.
@@ -224,8 +312,14 @@ impl RetryConfig {
 
     /// The key header.
     #[must_use]
-    pub fn key_header(&self) -> &HeaderName {
-        &self.key_header
+    pub fn key_header(&self) -> HeaderName {
+        HeaderName::from_static(self.key_header)
+    }
+
+    /// The name used as the `client` metric label.
+    #[must_use]
+    pub const fn name(&self) -> &'static str {
+        self.name
     }
 }
 
@@ -288,13 +382,23 @@ impl RetryPolicy {
     }
 
     fn build(config: RetryConfig, budget: Arc<dyn Budget>, seed: Option<u64>) -> Self {
-        Self {
+        let policy = Self {
             inner: Arc::new(Inner {
                 config,
                 budget,
                 latency: LatencyWindow::default(),
                 seeder: seed.map(|s| Mutex::new(StdRng::seed_from_u64(s))),
             }),
+        };
+        policy.report_budget();
+        policy
+    }
+
+    /// Publishes the budget's tokens on the `idemkit_client_budget_tokens{client}` gauge.
+    fn report_budget(&self) {
+        if let Some(tokens) = self.inner.budget.remaining() {
+            metrics::gauge!("idemkit_client_budget_tokens", "client" => self.inner.config.name)
+                .set(f64::from(tokens));
         }
     }
 
@@ -304,7 +408,7 @@ impl RetryPolicy {
     #[must_use]
     pub fn with_budget(self, budget: Arc<dyn Budget>) -> Self {
         let seed = self.seed_hint();
-        Self::build(self.inner.config.clone(), budget, seed)
+        Self::build(self.inner.config, budget, seed)
     }
 
     /// A new policy whose jitter comes from a generator seeded with `seed`
@@ -312,7 +416,7 @@ impl RetryPolicy {
     #[must_use]
     pub fn with_seed(self, seed: u64) -> Self {
         Self::build(
-            self.inner.config.clone(),
+            self.inner.config,
             Arc::clone(&self.inner.budget),
             Some(seed),
         )
@@ -338,6 +442,21 @@ impl RetryPolicy {
         &self.inner.budget
     }
 
+    /// Tokens left in the shared retry budget (`None` for a budget without tokens, such
+    /// as [`Unlimited`](crate::Unlimited)). The same number is published as the gauge
+    /// `idemkit_client_budget_tokens{client}` through `metrics`.
+    ///
+    /// ```
+    /// use idemkit_client::{RetryConfig, RetryPolicy};
+    ///
+    /// let policy = RetryPolicy::new(RetryConfig::new());
+    /// assert_eq!(policy.budget_remaining(), Some(500));
+    /// ```
+    #[must_use]
+    pub fn budget_remaining(&self) -> Option<u32> {
+        self.inner.budget.remaining()
+    }
+
     /// The attempt timeout the policy would use now (adaptive timeouts move with the
     /// measured latency).
     #[must_use]
@@ -348,15 +467,15 @@ impl RetryPolicy {
     /// Starts one logical call.
     ///
     /// `headers` are the request's headers (to find a caller-set key); `replayable`
-    /// says whether the request can be sent again (its body can be cloned). A
-    /// non-idempotent request without a key gets its automatic key here, once.
+    /// says whether the request can be sent again (its body can be cloned). A POST,
+    /// PATCH, PUT or DELETE without a key gets its automatic key here, once.
     #[must_use]
     pub fn start(&self, method: &Method, headers: &HeaderMap, replayable: bool) -> Call {
         let config = &self.inner.config;
-        let has_key = headers.contains_key(&config.key_header);
+        let has_key = headers.contains_key(config.key_header);
         let idempotent = is_idempotent(method);
-        let auto_key =
-            (!has_key && !idempotent && config.auto_key == AutoKey::Generate).then(IdempotencyKey::random);
+        let auto_key = (!has_key && gets_auto_key(method) && config.auto_key == AutoKey::Generate)
+            .then(IdempotencyKey::random);
         let rng = match &self.inner.seeder {
             Some(seeder) => StdRng::from_rng(&mut *seeder.lock().unwrap_or_else(|p| p.into_inner())),
             None => StdRng::from_rng(&mut rand::rng()),
@@ -456,7 +575,7 @@ impl Call {
             key: self
                 .auto_key
                 .as_ref()
-                .map(|k| (config.key_header.clone(), k.header_value())),
+                .map(|k| (config.key_header(), k.header_value())),
             attempt_header: config.attempt_header,
             timeout_header: config.timeout_header,
         }
@@ -478,6 +597,7 @@ impl Call {
         match verdict {
             Verdict::Success => {
                 inner.budget.deposit(self.withdrawal.take());
+                self.policy.report_budget();
                 inner.latency.record(self.last_attempt);
                 Decision::Return
             }
@@ -502,24 +622,40 @@ impl Call {
         };
         let computed = backoff.sample(self.attempts - 1, self.previous_sleep, &mut self.rng);
         let retry_after = outcome.retry_after();
-        let delay = computed.max(retry_after.unwrap_or(Duration::ZERO));
+        if let Some(ra) = retry_after
+            && ra > config.retry_after_cap
+        {
+            return self.give_up(Stop::RetryAfterAboveCap { retry_after: ra }, outcome);
+        }
+        // `Retry-After` is a floor; the jittered backoff is added above it so that
+        // clients told the same value do not come back at the same instant.
+        let floor = retry_after.unwrap_or(Duration::ZERO);
+        let mut delay = floor.saturating_add(computed);
         if let Some(deadline) = config.deadline {
             // Never sleep into an attempt that could not finish before the deadline.
             let remaining = deadline.saturating_sub(elapsed);
             let needed = config.min_attempt_time.max(self.last_attempt);
-            if delay.saturating_add(needed) > remaining {
-                let stop = match retry_after {
-                    Some(ra) if ra.saturating_add(needed) > remaining => {
-                        Stop::RetryAfterPastDeadline { retry_after: ra }
+            let room = remaining.saturating_sub(needed);
+            if needed > remaining || delay > room {
+                let least = backoff.floor(self.attempts - 1, self.previous_sleep);
+                match retry_after {
+                    Some(ra) if needed > remaining || ra > room => {
+                        return self.give_up(Stop::RetryAfterPastDeadline { retry_after: ra }, outcome);
                     }
-                    _ => Stop::DeadlineExceeded,
-                };
-                return self.give_up(stop, outcome);
+                    // The floor fits but floor + jitter does not: draw the jitter from
+                    // what is left, so waiting clients still spread out.
+                    Some(ra) if ra.saturating_add(least) <= room => {
+                        delay = ra + jitter_between(least, room - ra, &mut self.rng);
+                    }
+                    _ => return self.give_up(Stop::DeadlineExceeded, outcome),
+                }
             }
         }
         let Some(withdrawal) = inner.budget.withdraw(kind) else {
+            self.policy.report_budget();
             return self.give_up(Stop::BudgetExhausted, outcome);
         };
+        self.policy.report_budget();
         self.withdrawal = Some(withdrawal);
         self.previous_sleep = computed;
         metrics::counter!(
@@ -551,6 +687,14 @@ impl Call {
         );
         Decision::Stop(stop)
     }
+}
+
+/// A uniform draw from `[low, high]` (`low <= high`).
+fn jitter_between(low: Duration, high: Duration, rng: &mut StdRng) -> Duration {
+    use rand::Rng;
+    let nanos = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+    let (low, high) = (nanos(low), nanos(high));
+    Duration::from_nanos(if high <= low { low } else { rng.random_range(low..=high) })
 }
 
 fn verdict_label(verdict: Verdict) -> &'static str {
@@ -589,6 +733,12 @@ pub enum Stop {
         /// The server's requested wait.
         retry_after: Duration,
     },
+    /// The server's `Retry-After` is longer than the client waits for
+    /// ([`RetryConfig::with_retry_after_cap`], default 60 s).
+    RetryAfterAboveCap {
+        /// The server's requested wait.
+        retry_after: Duration,
+    },
     /// The request body cannot be cloned, so the request was sent once.
     NotReplayable,
     /// The failure is never retried.
@@ -602,6 +752,7 @@ impl Stop {
             Self::BudgetExhausted => "budget_exhausted",
             Self::DeadlineExceeded => "deadline_exceeded",
             Self::RetryAfterPastDeadline { .. } => "retry_after_past_deadline",
+            Self::RetryAfterAboveCap { .. } => "retry_after_above_cap",
             Self::NotReplayable => "not_replayable",
             Self::NotRetryable(_) => "not_retryable",
         }
@@ -619,6 +770,11 @@ impl fmt::Display for Stop {
             Self::RetryAfterPastDeadline { retry_after } => write!(
                 f,
                 "server asked to retry after {}s, past the deadline",
+                retry_after.as_secs_f64()
+            ),
+            Self::RetryAfterAboveCap { retry_after } => write!(
+                f,
+                "server asked to retry after {}s, longer than the client waits",
                 retry_after.as_secs_f64()
             ),
             Self::NotReplayable => f.write_str("request body cannot be cloned; sent once"),
@@ -686,6 +842,7 @@ impl AttemptPlan {
 mod tests {
     use super::*;
     use crate::budget::Unlimited;
+    use crate::key::IDEMPOTENCY_KEY;
     use crate::classify::Answer;
     use http::StatusCode;
 
@@ -708,11 +865,22 @@ mod tests {
                 .idempotency_key()
                 .is_some()
         );
-        assert!(
-            p.start(&Method::PUT, &HeaderMap::new(), true)
-                .idempotency_key()
-                .is_none()
-        );
+        for method in [Method::PUT, Method::DELETE] {
+            assert!(
+                p.start(&method, &HeaderMap::new(), true)
+                    .idempotency_key()
+                    .is_some(),
+                "{method} is guarded by the server: it gets a key"
+            );
+        }
+        for method in [Method::GET, Method::HEAD, Method::OPTIONS, Method::TRACE] {
+            assert!(
+                p.start(&method, &HeaderMap::new(), true)
+                    .idempotency_key()
+                    .is_none(),
+                "{method}"
+            );
+        }
         let mut h = HeaderMap::new();
         h.insert(IDEMPOTENCY_KEY, HeaderValue::from_static("mine"));
         let call = p.start(&Method::POST, &h, true);
@@ -728,7 +896,7 @@ mod tests {
             RetryConfig::new()
                 .with_attempt_header(true)
                 .with_timeout_header(true)
-                .with_deadline(Some(Duration::from_secs(2))),
+                .with_deadline(Duration::from_secs(2)),
         );
         let mut call = p.start(&Method::POST, &HeaderMap::new(), true);
         let mut keys = Vec::new();
@@ -750,7 +918,7 @@ mod tests {
     #[test]
     fn retry_after_is_a_floor_and_never_crosses_the_deadline() {
         let p =
-            RetryPolicy::new(RetryConfig::new().with_deadline(Some(Duration::from_secs(10)))).with_seed(3);
+            RetryPolicy::new(RetryConfig::new().with_deadline(Duration::from_secs(10))).with_seed(3);
         let mut call = p.start(&Method::GET, &HeaderMap::new(), true);
         call.before_attempt(Duration::ZERO);
         let answer =
@@ -840,4 +1008,170 @@ mod tests {
         assert_eq!(call.attempts(), 3);
         assert_eq!(decisions, [Decision::Stop(Stop::AttemptsExhausted)]);
     }
+    /// First-retry delays of `n` calls answered 429 with `Retry-After: ra` at `elapsed`.
+    fn first_delays(config: RetryConfig, ra: Duration, elapsed: Duration, n: usize) -> Vec<Duration> {
+        let p = RetryPolicy::new(config).with_budget(Arc::new(Unlimited)).with_seed(11);
+        let answer = Answer::new(StatusCode::TOO_MANY_REQUESTS).with_retry_after(Some(ra));
+        (0..n)
+            .map(|_| {
+                let mut call = p.start(&Method::GET, &HeaderMap::new(), true);
+                // A 1 ms attempt ending at `elapsed`.
+                call.before_attempt(elapsed.saturating_sub(MS));
+                match call.after_attempt(elapsed, &Outcome::Answered(answer.clone())) {
+                    Decision::Retry(d) => d,
+                    other => panic!("{other:?}"),
+                }
+            })
+            .collect()
+    }
+
+    /// Counts of `delays` in `bins` equal bins over `[low, high]`.
+    fn histogram(delays: &[Duration], low: Duration, high: Duration, bins: usize) -> Vec<usize> {
+        let width = (high - low).as_secs_f64() / bins as f64;
+        let mut counts = vec![0; bins];
+        for d in delays {
+            assert!(*d >= low && *d <= high, "{d:?} outside [{low:?}, {high:?}]");
+            let i = ((*d - low).as_secs_f64() / width) as usize;
+            counts[i.min(bins - 1)] += 1;
+        }
+        counts
+    }
+
+    #[test]
+    fn jitter_is_spread_uniformly_above_the_retry_after_floor() {
+        // Throttling backoff: full jitter, base 1 s, so the first retry sleeps
+        // Retry-After + uniform(0, 1 s).
+        const N: usize = 20_000;
+        let ra = Duration::from_secs(2);
+        let delays = first_delays(RetryConfig::new(), ra, MS, N);
+        let at_floor = delays.iter().filter(|d| **d == ra).count();
+        assert!(at_floor <= 2, "{at_floor} clients would retry at the same instant");
+        let counts = histogram(&delays, ra, ra + Duration::from_secs(1), 10);
+        for c in &counts {
+            // Expected 2000 per bin, sd about 42: 10 % is ~5 sd.
+            assert!((1_800..=2_200).contains(c), "not uniform: {counts:?}");
+        }
+    }
+
+    #[test]
+    fn near_the_deadline_the_jitter_above_the_floor_is_drawn_from_what_is_left() {
+        // Deadline 10 s, at 6.5 s with Retry-After 3 s: 0.5 s of room above the floor
+        // minus the 50 ms an attempt needs -> sleep in [3 s, 3.45 s], still spread.
+        const N: usize = 10_000;
+        let config = RetryConfig::new().with_deadline(Duration::from_secs(10));
+        let ra = Duration::from_secs(3);
+        let delays = first_delays(config, ra, Duration::from_millis(6_500), N);
+        let high = Duration::from_millis(3_450);
+        let counts = histogram(&delays, ra, high, 9);
+        for c in &counts {
+            assert!((N / 9 * 8 / 10..=N / 9 * 12 / 10).contains(c), "{counts:?}");
+        }
+        // With no room above the floor at all it still waits at least the floor.
+        let exact = first_delays(
+            config,
+            ra,
+            Duration::from_millis(10_000 - 3_000 - 50 - 1),
+            100,
+        );
+        assert!(exact.iter().all(|d| *d >= ra && *d <= ra + MS), "{exact:?}");
+    }
+
+    #[test]
+    fn retry_after_above_the_cap_stops_even_without_a_deadline() {
+        let p = RetryPolicy::new(
+            RetryConfig::new()
+                .without_deadline()
+                .with_retry_after_cap(Duration::from_secs(5)),
+        );
+        for (ra, retried) in [(5, true), (6, false), (999_999_999, false)] {
+            let mut call = p.start(&Method::GET, &HeaderMap::new(), true);
+            call.before_attempt(Duration::ZERO);
+            let answer = Answer::new(StatusCode::SERVICE_UNAVAILABLE)
+                .with_retry_after(Some(Duration::from_secs(ra)));
+            let decision = call.after_attempt(MS, &Outcome::Answered(answer));
+            if retried {
+                assert!(matches!(decision, Decision::Retry(d) if d >= Duration::from_secs(ra)));
+            } else {
+                assert_eq!(
+                    decision,
+                    Decision::Stop(Stop::RetryAfterAboveCap {
+                        retry_after: Duration::from_secs(ra)
+                    })
+                );
+            }
+        }
+        assert_eq!(
+            RetryConfig::new().retry_after_cap(),
+            Duration::from_secs(60),
+            "default cap"
+        );
+    }
+
+    #[test]
+    fn budget_remaining_is_readable_and_published_as_a_gauge() {
+        use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        let gauge = || {
+            snapshotter
+                .snapshot()
+                .into_vec()
+                .into_iter()
+                .find_map(|(key, _, _, value)| {
+                    let key = key.key();
+                    let labelled = key
+                        .labels()
+                        .any(|l| l.key() == "client" && l.value() == "orders");
+                    match value {
+                        DebugValue::Gauge(v) if key.name() == "idemkit_client_budget_tokens" && labelled => {
+                            Some(v.into_inner())
+                        }
+                        _ => None,
+                    }
+                })
+        };
+        metrics::with_local_recorder(&recorder, || {
+            let p = RetryPolicy::new(RetryConfig::new().with_name("orders"))
+                .with_budget(Arc::new(TokenBucket::new().with_capacity(30)));
+            assert_eq!(p.budget_remaining(), Some(30));
+            assert_eq!(gauge(), Some(30.0), "published when the policy is built");
+            let mut call = p.start(&Method::GET, &HeaderMap::new(), true);
+            call.before_attempt(Duration::ZERO);
+            assert!(matches!(call.after_attempt(MS, &status(503)), Decision::Retry(_)));
+            assert_eq!(p.budget_remaining(), Some(16));
+            assert_eq!(gauge(), Some(16.0));
+            call.before_attempt(Duration::from_secs(1));
+            assert_eq!(call.after_attempt(Duration::from_secs(1), &status(200)), Decision::Return);
+            assert_eq!(p.budget_remaining(), Some(30));
+            assert_eq!(gauge(), Some(30.0), "refund published");
+        });
+        let unlimited = RetryPolicy::default().with_budget(Arc::new(Unlimited));
+        assert_eq!(unlimited.budget_remaining(), None);
+    }
+
+    #[test]
+    fn config_is_copy_and_const() {
+        const BASE: RetryConfig = RetryConfig::new()
+            .with_deadline(Duration::from_secs(5))
+            .with_attempt_timeout(Duration::from_secs(1))
+            .with_key_header("x-request-key");
+        let config = BASE;
+        let (a, b) = (RetryPolicy::new(config), RetryPolicy::new(config));
+        assert_eq!(a.config(), b.config());
+        assert_eq!(config.deadline(), Some(Duration::from_secs(5)));
+        assert_eq!(config.without_deadline().deadline(), None);
+        assert_eq!(config.attempt_timeout(), AttemptTimeout::Fixed(Duration::from_secs(1)));
+        assert!(matches!(
+            config
+                .with_adaptive_attempt_timeout(AdaptiveTimeout::new())
+                .attempt_timeout(),
+            AttemptTimeout::Adaptive(_)
+        ));
+        let mut call = a.start(&Method::POST, &HeaderMap::new(), true);
+        let mut h = HeaderMap::new();
+        call.before_attempt(Duration::ZERO).apply(&mut h);
+        assert!(h.contains_key("x-request-key") && !h.contains_key(IDEMPOTENCY_KEY));
+    }
 }
+

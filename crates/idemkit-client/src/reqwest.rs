@@ -15,16 +15,78 @@ const PROBLEM_LIMIT: usize = 64 * 1024;
 
 /// The error a retried reqwest call ends with, inside
 /// [`reqwest_middleware::Error::Middleware`]. Get it back with
-/// `err.downcast_ref::<ReqwestRetryError>()` on the `anyhow` error.
+/// [`RetryErrorExt::into_retry_error`] (by value, to read the last body) or
+/// [`RetryErrorExt::retry_error`] (by reference).
 pub type ReqwestRetryError = RetryError<Response, reqwest_middleware::Error>;
+
+/// Gets the [`ReqwestRetryError`] out of a `reqwest_middleware::Error`.
+///
+/// reqwest's own helpers (`status()`, `is_status()`, …) know nothing about it: after
+/// retries are exhausted on 503s they answer `None`/`false`. Ask the retry error
+/// instead.
+///
+/// ```no_run
+/// use idemkit_client::{RetryErrorExt, RetryMiddleware};
+///
+/// # async fn run() -> Result<(), reqwest_middleware::Error> {
+/// let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+///     .with(RetryMiddleware::default())
+///     .build();
+/// match client.get("http://inventory.internal/items/7").send().await {
+///     Ok(response) => println!("answered {}", response.status()),
+///     Err(err) => match err.into_retry_error() {
+///         Ok(gave_up) => {
+///             println!("gave up: {} (status {:?})", gave_up.stop_reason(), gave_up.status());
+///             if let Some(last) = gave_up.into_response() {
+///                 println!("last body: {}", last.text().await?);
+///             }
+///         }
+///         Err(other) => return Err(other), // e.g. an invalid URL: never attempted
+///     },
+/// }
+/// # Ok(())
+/// # }
+/// ```
+pub trait RetryErrorExt: Sized + sealed::Sealed {
+    /// The retry error, by reference, when this error is one.
+    fn retry_error(&self) -> Option<&ReqwestRetryError>;
+
+    /// The retry error, by value, when this error is one; the error itself otherwise.
+    ///
+    /// # Errors
+    ///
+    /// `Err(self)` when the error did not come from [`RetryMiddleware`].
+    fn into_retry_error(self) -> Result<ReqwestRetryError, Self>;
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for reqwest_middleware::Error {}
+}
+
+impl RetryErrorExt for reqwest_middleware::Error {
+    fn retry_error(&self) -> Option<&ReqwestRetryError> {
+        match self {
+            Self::Middleware(e) => e.downcast_ref::<ReqwestRetryError>(),
+            Self::Reqwest(_) => None,
+        }
+    }
+
+    fn into_retry_error(self) -> Result<ReqwestRetryError, Self> {
+        match self {
+            Self::Middleware(e) => e.downcast::<ReqwestRetryError>().map_err(Self::Middleware),
+            other @ Self::Reqwest(_) => Err(other),
+        }
+    }
+}
 
 /// A `reqwest-middleware` middleware that retries with a [`RetryPolicy`].
 ///
 /// Returns `Ok(response)` for successes and for answers that are never retried (400,
 /// 401, `409 idempotency_key_reused`, …). When a retryable failure is not retried any
 /// further it returns [`reqwest_middleware::Error::Middleware`] holding a
-/// [`ReqwestRetryError`], which keeps the last response (readable with
-/// `into_response`) or transport error and says why it stopped.
+/// [`ReqwestRetryError`] (get it with [`RetryErrorExt::into_retry_error`]), which keeps
+/// the last response or transport error and says why it stopped.
 ///
 /// Requests whose body cannot be cloned (streams) are sent once. The attempt timeout
 /// covers the time to the response headers; reading the body afterwards is the

@@ -37,7 +37,7 @@ async fn run_once(seed: u64, jitter: Jitter) {
     };
     let config = RetryConfig::new()
         .with_max_attempts(1_000)
-        .with_deadline(Some(DEADLINE))
+        .with_deadline(DEADLINE)
         .with_backoff(Backoff::TRANSIENT.with_cap(Duration::from_millis(500)))
         .with_jitter(jitter);
     let policy = RetryPolicy::new(config)

@@ -5,6 +5,7 @@
 mod deadline;
 mod properties;
 mod reqwest_faults;
+mod safety;
 mod server;
 mod tower_layer;
 

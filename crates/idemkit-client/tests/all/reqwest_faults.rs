@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use http::StatusCode;
 use idemkit_client::{
-    ATTEMPT_HEADER, AttemptTimeout, AutoKey, CODE_IN_PROGRESS, CODE_KEY_REUSED, FatalReason, IDEMPOTENCY_KEY,
+    ATTEMPT_HEADER, AutoKey, CODE_IN_PROGRESS, CODE_KEY_REUSED, FatalReason, IDEMPOTENCY_KEY,
     IdempotencyKey, Outcome, RetryPolicy, Stop, TIMEOUT_HEADER, TokenBucket,
 };
 
@@ -63,7 +63,7 @@ async fn slow_response_past_the_attempt_timeout_is_retried_for_get() {
         "/slow",
         [Fault::Delay(Duration::from_secs(3)), Fault::Status(200)],
     );
-    let config = fast().with_attempt_timeout(AttemptTimeout::Fixed(Duration::from_millis(200)));
+    let config = fast().with_attempt_timeout(Duration::from_millis(200));
     let started = Instant::now();
     let response = client(config).get(server.url("/slow")).send().await.unwrap();
     assert_eq!(response.status(), StatusCode::OK);
@@ -77,7 +77,7 @@ async fn slow_response_past_the_attempt_timeout_is_retried_for_get() {
 #[tokio::test]
 async fn post_after_a_read_timeout_is_retried_only_with_its_auto_key() {
     let server = FaultServer::start().await;
-    let timeout = AttemptTimeout::Fixed(Duration::from_millis(200));
+    let timeout = Duration::from_millis(200);
     // Auto key attached: retried, and the server saw one key on every attempt.
     server.script("/pay", [Fault::Delay(Duration::from_secs(2)), Fault::Status(201)]);
     let response = client(fast().with_attempt_timeout(timeout))
@@ -181,7 +181,7 @@ async fn retry_after_past_the_deadline_stops_at_once_with_the_servers_value() {
     ] {
         server.always(path, fault);
         let started = Instant::now();
-        let err = client(fast().with_deadline(Some(Duration::from_secs(2))))
+        let err = client(fast().with_deadline(Duration::from_secs(2)))
             .get(server.url(path))
             .send()
             .await
@@ -326,7 +326,7 @@ async fn attempt_and_timeout_headers_when_enabled() {
     let config = fast()
         .with_attempt_header(true)
         .with_timeout_header(true)
-        .with_deadline(Some(Duration::from_secs(5)));
+        .with_deadline(Duration::from_secs(5));
     let response = client(config).get(server.url("/h")).send().await.unwrap();
     assert_eq!(response.status(), StatusCode::OK);
     let attempts = server.header_values("/h", ATTEMPT_HEADER.as_str());
@@ -355,7 +355,7 @@ async fn a_real_two_second_deadline_against_a_503_server() {
             Duration::from_millis(20),
             Duration::from_millis(400),
         ))
-        .with_deadline(Some(Duration::from_secs(2)));
+        .with_deadline(Duration::from_secs(2));
     let http =
         client_with(RetryPolicy::new(config).with_budget(std::sync::Arc::new(idemkit_client::Unlimited)));
     let started = Instant::now();

@@ -44,6 +44,8 @@ pub(crate) struct Received {
     pub(crate) method: Method,
     pub(crate) path: String,
     pub(crate) headers: HeaderMap,
+    /// When the server received it.
+    pub(crate) at: std::time::Instant,
 }
 
 #[derive(Default)]
@@ -131,6 +133,7 @@ async fn handle(
         method: request.method().clone(),
         path: path.clone(),
         headers: request.headers().clone(),
+        at: std::time::Instant::now(),
     });
     let fault = shared
         .scripts
