@@ -458,7 +458,10 @@ mod tests {
         let past = httpdate::fmt_http_date(now - Duration::from_secs(4));
         h.insert(header::RETRY_AFTER, HeaderValue::from_str(&past).unwrap());
         assert_eq!(retry_after(&h, now), Some(Duration::ZERO));
-        h.insert(header::RETRY_AFTER, HeaderValue::from_static("99999999999999999999999"));
+        h.insert(
+            header::RETRY_AFTER,
+            HeaderValue::from_static("99999999999999999999999"),
+        );
         assert_eq!(retry_after(&h, now), Some(Duration::from_secs(u64::MAX)));
         h.insert(header::RETRY_AFTER, HeaderValue::from_static("soon"));
         assert_eq!(retry_after(&h, now), None);

@@ -118,5 +118,8 @@ pub use crate::reqwest::{ReqwestRetryError, RetryErrorExt, RetryMiddleware};
 pub use crate::tower::{ReplayBody, ResponseFuture, RetryBody, RetryLayer, RetryService, TowerRetryError};
 
 /// The guide, `docs/client.md`, included here so that its examples compile as doctests.
-#[doc = include_str!("../../../docs/client.md")]
+#[cfg_attr(
+    all(feature = "reqwest", feature = "tower"),
+    doc = include_str!("../../../docs/client.md")
+)]
 pub mod guide {}

@@ -415,11 +415,7 @@ impl RetryPolicy {
     /// (deterministic runs, tests). The result does not share state with `self`.
     #[must_use]
     pub fn with_seed(self, seed: u64) -> Self {
-        Self::build(
-            self.inner.config,
-            Arc::clone(&self.inner.budget),
-            Some(seed),
-        )
+        Self::build(self.inner.config, Arc::clone(&self.inner.budget), Some(seed))
     }
 
     fn seed_hint(&self) -> Option<u64> {
@@ -694,7 +690,11 @@ fn jitter_between(low: Duration, high: Duration, rng: &mut StdRng) -> Duration {
     use rand::Rng;
     let nanos = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
     let (low, high) = (nanos(low), nanos(high));
-    Duration::from_nanos(if high <= low { low } else { rng.random_range(low..=high) })
+    Duration::from_nanos(if high <= low {
+        low
+    } else {
+        rng.random_range(low..=high)
+    })
 }
 
 fn verdict_label(verdict: Verdict) -> &'static str {
@@ -842,8 +842,8 @@ impl AttemptPlan {
 mod tests {
     use super::*;
     use crate::budget::Unlimited;
-    use crate::key::IDEMPOTENCY_KEY;
     use crate::classify::Answer;
+    use crate::key::IDEMPOTENCY_KEY;
     use http::StatusCode;
 
     const MS: Duration = Duration::from_millis(1);
@@ -917,8 +917,7 @@ mod tests {
 
     #[test]
     fn retry_after_is_a_floor_and_never_crosses_the_deadline() {
-        let p =
-            RetryPolicy::new(RetryConfig::new().with_deadline(Duration::from_secs(10))).with_seed(3);
+        let p = RetryPolicy::new(RetryConfig::new().with_deadline(Duration::from_secs(10))).with_seed(3);
         let mut call = p.start(&Method::GET, &HeaderMap::new(), true);
         call.before_attempt(Duration::ZERO);
         let answer =
@@ -1010,7 +1009,9 @@ mod tests {
     }
     /// First-retry delays of `n` calls answered 429 with `Retry-After: ra` at `elapsed`.
     fn first_delays(config: RetryConfig, ra: Duration, elapsed: Duration, n: usize) -> Vec<Duration> {
-        let p = RetryPolicy::new(config).with_budget(Arc::new(Unlimited)).with_seed(11);
+        let p = RetryPolicy::new(config)
+            .with_budget(Arc::new(Unlimited))
+            .with_seed(11);
         let answer = Answer::new(StatusCode::TOO_MANY_REQUESTS).with_retry_after(Some(ra));
         (0..n)
             .map(|_| {
@@ -1045,7 +1046,10 @@ mod tests {
         let ra = Duration::from_secs(2);
         let delays = first_delays(RetryConfig::new(), ra, MS, N);
         let at_floor = delays.iter().filter(|d| **d == ra).count();
-        assert!(at_floor <= 2, "{at_floor} clients would retry at the same instant");
+        assert!(
+            at_floor <= 2,
+            "{at_floor} clients would retry at the same instant"
+        );
         let counts = histogram(&delays, ra, ra + Duration::from_secs(1), 10);
         for c in &counts {
             // Expected 2000 per bin, sd about 42: 10 % is ~5 sd.
@@ -1067,12 +1071,7 @@ mod tests {
             assert!((N / 9 * 8 / 10..=N / 9 * 12 / 10).contains(c), "{counts:?}");
         }
         // With no room above the floor at all it still waits at least the floor.
-        let exact = first_delays(
-            config,
-            ra,
-            Duration::from_millis(10_000 - 3_000 - 50 - 1),
-            100,
-        );
+        let exact = first_delays(config, ra, Duration::from_millis(10_000 - 3_000 - 50 - 1), 100);
         assert!(exact.iter().all(|d| *d >= ra && *d <= ra + MS), "{exact:?}");
     }
 
@@ -1086,8 +1085,8 @@ mod tests {
         for (ra, retried) in [(5, true), (6, false), (999_999_999, false)] {
             let mut call = p.start(&Method::GET, &HeaderMap::new(), true);
             call.before_attempt(Duration::ZERO);
-            let answer = Answer::new(StatusCode::SERVICE_UNAVAILABLE)
-                .with_retry_after(Some(Duration::from_secs(ra)));
+            let answer =
+                Answer::new(StatusCode::SERVICE_UNAVAILABLE).with_retry_after(Some(Duration::from_secs(ra)));
             let decision = call.after_attempt(MS, &Outcome::Answered(answer));
             if retried {
                 assert!(matches!(decision, Decision::Retry(d) if d >= Duration::from_secs(ra)));
@@ -1120,9 +1119,7 @@ mod tests {
                 .into_iter()
                 .find_map(|(key, _, _, value)| {
                     let key = key.key();
-                    let labelled = key
-                        .labels()
-                        .any(|l| l.key() == "client" && l.value() == "orders");
+                    let labelled = key.labels().any(|l| l.key() == "client" && l.value() == "orders");
                     match value {
                         DebugValue::Gauge(v) if key.name() == "idemkit_client_budget_tokens" && labelled => {
                             Some(v.into_inner())
@@ -1142,7 +1139,10 @@ mod tests {
             assert_eq!(p.budget_remaining(), Some(16));
             assert_eq!(gauge(), Some(16.0));
             call.before_attempt(Duration::from_secs(1));
-            assert_eq!(call.after_attempt(Duration::from_secs(1), &status(200)), Decision::Return);
+            assert_eq!(
+                call.after_attempt(Duration::from_secs(1), &status(200)),
+                Decision::Return
+            );
             assert_eq!(p.budget_remaining(), Some(30));
             assert_eq!(gauge(), Some(30.0), "refund published");
         });
@@ -1161,7 +1161,10 @@ mod tests {
         assert_eq!(a.config(), b.config());
         assert_eq!(config.deadline(), Some(Duration::from_secs(5)));
         assert_eq!(config.without_deadline().deadline(), None);
-        assert_eq!(config.attempt_timeout(), AttemptTimeout::Fixed(Duration::from_secs(1)));
+        assert_eq!(
+            config.attempt_timeout(),
+            AttemptTimeout::Fixed(Duration::from_secs(1))
+        );
         assert!(matches!(
             config
                 .with_adaptive_attempt_timeout(AdaptiveTimeout::new())
@@ -1174,4 +1177,3 @@ mod tests {
         assert!(h.contains_key("x-request-key") && !h.contains_key(IDEMPOTENCY_KEY));
     }
 }
-

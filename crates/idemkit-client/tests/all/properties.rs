@@ -6,8 +6,7 @@ use std::time::Duration;
 
 use http::{HeaderMap, Method, StatusCode};
 use idemkit_client::{
-    Answer, Backoff, CODE_IN_PROGRESS, Decision, Jitter, Outcome, RetryConfig, RetryPolicy,
-    Unlimited,
+    Answer, Backoff, CODE_IN_PROGRESS, Decision, Jitter, Outcome, RetryConfig, RetryPolicy, Unlimited,
 };
 use proptest::prelude::*;
 

@@ -4,8 +4,8 @@ use std::time::{Duration, Instant};
 
 use http::StatusCode;
 use idemkit_client::{
-    ATTEMPT_HEADER, AutoKey, CODE_IN_PROGRESS, CODE_KEY_REUSED, FatalReason, IDEMPOTENCY_KEY,
-    IdempotencyKey, Outcome, RetryPolicy, Stop, TIMEOUT_HEADER, TokenBucket,
+    ATTEMPT_HEADER, AutoKey, CODE_IN_PROGRESS, CODE_KEY_REUSED, FatalReason, IDEMPOTENCY_KEY, IdempotencyKey,
+    Outcome, RetryPolicy, Stop, TIMEOUT_HEADER, TokenBucket,
 };
 
 use crate::server::{Fault, FaultServer};

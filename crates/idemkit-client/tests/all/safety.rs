@@ -52,9 +52,19 @@ async fn gateway_502_and_504_are_retried_when_the_request_is_protected() {
     // A caller's key, an automatic key, or an idempotent method each protect it.
     let caller_key = IdempotencyKey::derived("order-confirm", 7);
     let cases: [(&str, Method, RetryConfig, bool); 3] = [
-        ("/keyed", Method::POST, fast().with_auto_key(AutoKey::CallerOnly), true),
+        (
+            "/keyed",
+            Method::POST,
+            fast().with_auto_key(AutoKey::CallerOnly),
+            true,
+        ),
         ("/auto", Method::POST, fast(), false),
-        ("/get", Method::GET, fast().with_auto_key(AutoKey::CallerOnly), false),
+        (
+            "/get",
+            Method::GET,
+            fast().with_auto_key(AutoKey::CallerOnly),
+            false,
+        ),
     ];
     for (path, method, config, with_key) in cases {
         server.script(path, [Fault::Status(502), Fault::Status(504), Fault::Status(200)]);
@@ -102,9 +112,7 @@ async fn a_huge_retry_after_ends_the_retries_at_once_even_without_a_deadline() {
     let started = Instant::now();
     let err = within(
         Duration::from_secs(5),
-        client(fast().without_deadline())
-            .get(server.url("/huge"))
-            .send(),
+        client(fast().without_deadline()).get(server.url("/huge")).send(),
     )
     .await
     .unwrap_err();
@@ -173,16 +181,30 @@ async fn clients_told_the_same_retry_after_spread_out_above_it() {
         })
         .collect();
     waits.sort();
-    assert!(waits[0] >= Duration::from_millis(990), "Retry-After is a floor: {waits:?}");
+    assert!(
+        waits[0] >= Duration::from_millis(990),
+        "Retry-After is a floor: {waits:?}"
+    );
     assert!(waits[CLIENTS - 1] <= Duration::from_millis(2_200), "{waits:?}");
     // Sleeping exactly the floor would put every retry within a few ms of 1 s.
     let spread = waits[CLIENTS - 1] - waits[0];
-    assert!(spread >= Duration::from_millis(400), "retries not spread: {waits:?}");
+    eprintln!(
+        "retry waits after Retry-After: 1: min {:?}, max {:?}, spread {spread:?}",
+        waits[0],
+        waits[CLIENTS - 1]
+    );
+    assert!(
+        spread >= Duration::from_millis(400),
+        "retries not spread: {waits:?}"
+    );
     let after_floor = waits
         .iter()
         .filter(|w| **w >= Duration::from_millis(1_100))
         .count();
-    assert!(after_floor >= CLIENTS / 2, "most retries land above the floor: {waits:?}");
+    assert!(
+        after_floor >= CLIENTS / 2,
+        "most retries land above the floor: {waits:?}"
+    );
 }
 
 /// A client with its own policy (and unseeded jitter, as in production).
