@@ -1,7 +1,10 @@
-//! Request fingerprints: SHA-256 over method, route path and canonical body (SPEC §2).
+//! Request fingerprints: SHA-256 over method, route path, query string and the
+//! canonical body (SPEC §2).
 
+use std::collections::BTreeMap;
 use std::fmt;
 
+use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
 
 /// A request fingerprint. Same key with a different fingerprint is a client bug
@@ -41,10 +44,18 @@ impl fmt::Debug for Fingerprint {
 
 /// Computes fingerprints for one route.
 ///
-/// JSON bodies are canonicalised with RFC 8785 (JCS), so key order and
-/// insignificant whitespace do not change the fingerprint; configured JSON
-/// pointers (e.g. a `/idempotencyKey` field, or a client timestamp) are removed
-/// first. Bodies that are not JSON are hashed as bytes.
+/// The fingerprint is SHA-256 over the method, the route path, the query string
+/// and the body. JSON bodies (objects and arrays) are canonicalised first: the
+/// document is parsed (by `serde_json`) and hashed as a tree, so member order,
+/// insignificant whitespace and string-escape spellings (`"\u0061"` is `"a"`) do
+/// not change the fingerprint. **Numbers keep every digit**: a number is hashed
+/// as the text the client sent, so `9007199254740993` and `9007199254740992`
+/// (one double apart: RFC 8785 would write both as `9007199254740992`), or `1`
+/// and `1.0` (an integer and a float to most parsers), are different requests.
+/// Two spellings of one number only ever cost a `409 idempotency_key_reused`,
+/// never a replay of a different request. Configured JSON pointers (e.g. a
+/// `/idempotencyKey` field, or a client timestamp) are left out. Bodies that are
+/// not JSON are hashed as bytes.
 ///
 /// ```
 /// use idemkit_core::Fingerprinter;
@@ -53,6 +64,11 @@ impl fmt::Debug for Fingerprint {
 /// let b = fp.compute("POST", "/orders", b"{ \"quantity\": 1, \"sku\": \"A\" }");
 /// assert_eq!(a, b);
 /// assert_ne!(a, fp.compute("POST", "/orders", br#"{"sku":"A","quantity":2}"#));
+/// // The query string is part of the request.
+/// assert_ne!(
+///     fp.compute("POST", "/refunds?amount=5", b""),
+///     fp.compute("POST", "/refunds?amount=500", b"")
+/// );
 /// ```
 #[derive(Clone, Debug, Default)]
 pub struct Fingerprinter {
@@ -85,59 +101,102 @@ impl Fingerprinter {
         &self.excluded
     }
 
-    /// Fingerprints a request. `path` is the route path (no query string).
-    pub fn compute(&self, method: &str, path: &str, body: &[u8]) -> Fingerprint {
+    /// Fingerprints a request. `target` is the route path with its query string,
+    /// if any (`/refunds?amount=5`): the query is part of the request. An empty
+    /// query (`/refunds?`) is the same as none; parameters are not reordered, so
+    /// `?a=1&b=2` and `?b=2&a=1` are different requests.
+    pub fn compute(&self, method: &str, target: &str, body: &[u8]) -> Fingerprint {
+        let (path, query) = target.split_once('?').unwrap_or((target, ""));
         let mut h = Sha256::new();
-        // Length-prefixed fields, so no choice of method/path/body can collide
-        // with another by moving bytes across a boundary.
-        for part in [method.as_bytes(), path.as_bytes()] {
-            h.update((part.len() as u64).to_be_bytes());
-            h.update(part);
+        // Length-prefixed fields, so no choice of method/path/query/body can
+        // collide with another by moving bytes across a boundary.
+        for part in [method.as_bytes(), path.as_bytes(), query.as_bytes()] {
+            put(&mut h, b'f', part);
         }
-        match self.canonical_json(body) {
-            Some(canonical) => {
-                h.update(b"json");
-                h.update(&canonical);
-            }
-            None => {
-                h.update(b"blob");
-                h.update(body);
-            }
+        let mut json = Sha256::new();
+        if self.canonical_json(body, &mut json).is_some() {
+            h.update(b"json");
+            h.update(json.finalize());
+        } else {
+            h.update(b"blob");
+            h.update(body);
         }
         Fingerprint(h.finalize().into())
     }
 
-    fn canonical_json(&self, body: &[u8]) -> Option<Vec<u8>> {
-        let first = body.iter().find(|b| !b.is_ascii_whitespace())?;
-        if !matches!(first, b'{' | b'[') {
+    /// Hashes the canonical form of a JSON object or array body into `h`;
+    /// `None` when the body is not one.
+    fn canonical_json(&self, body: &[u8], h: &mut Sha256) -> Option<()> {
+        let text = std::str::from_utf8(body).ok()?.trim_matches(JSON_WS);
+        if !matches!(text.as_bytes().first(), Some(b'{' | b'[')) {
             return None;
         }
-        let mut value: serde_json::Value = serde_json::from_slice(body).ok()?;
-        for pointer in &self.excluded {
-            remove_pointer(&mut value, pointer);
+        let raw: &RawValue = serde_json::from_str(text).ok()?;
+        let mut pointer = String::new();
+        self.walk(raw, &mut pointer, h).ok()
+    }
+
+    /// Hashes one value as a prefix-free sequence of tokens (`{`, `}`, `[`, `]`,
+    /// and tagged, length-prefixed member names, strings and scalars), which is
+    /// injective: two documents hash the same input only if they are the same tree.
+    fn walk(&self, raw: &RawValue, pointer: &mut String, h: &mut Sha256) -> Result<(), serde_json::Error> {
+        let text = raw.get().trim_matches(JSON_WS);
+        match text.as_bytes().first() {
+            Some(b'{') => {
+                // Member names are decoded (escapes resolved) and sorted; a
+                // repeated name keeps its last value, as `serde_json::Value` does.
+                let members: BTreeMap<String, &RawValue> = serde_json::from_str(text)?;
+                h.update(b"{");
+                for (name, value) in &members {
+                    let at = pointer.len();
+                    pointer.push('/');
+                    pointer.push_str(&name.replace('~', "~0").replace('/', "~1"));
+                    if !self.is_excluded(pointer) {
+                        put(h, b'k', name.as_bytes());
+                        self.walk(value, pointer, h)?;
+                    }
+                    pointer.truncate(at);
+                }
+                h.update(b"}");
+            }
+            Some(b'[') => {
+                let items: Vec<&RawValue> = serde_json::from_str(text)?;
+                h.update(b"[");
+                for (i, item) in items.iter().enumerate() {
+                    let at = pointer.len();
+                    pointer.push('/');
+                    pointer.push_str(&i.to_string());
+                    if !self.is_excluded(pointer) {
+                        self.walk(item, pointer, h)?;
+                    }
+                    pointer.truncate(at);
+                }
+                h.update(b"]");
+            }
+            Some(b'"') => {
+                let s: String = serde_json::from_str(text)?;
+                put(h, b's', s.as_bytes());
+            }
+            // Numbers, `true`, `false` and `null`, already validated by the parse:
+            // their text is the value, every digit kept.
+            _ => put(h, b'n', text.as_bytes()),
         }
-        serde_json_canonicalizer::to_vec(&value).ok()
+        Ok(())
+    }
+
+    fn is_excluded(&self, pointer: &str) -> bool {
+        !self.excluded.is_empty() && self.excluded.iter().any(|e| e == pointer)
     }
 }
 
-fn remove_pointer(value: &mut serde_json::Value, pointer: &str) {
-    let Some((parent, last)) = pointer.rsplit_once('/') else {
-        return;
-    };
-    let last = last.replace("~1", "/").replace("~0", "~");
-    match value.pointer_mut(parent) {
-        Some(serde_json::Value::Object(map)) => {
-            map.remove(&last);
-        }
-        Some(serde_json::Value::Array(items)) => {
-            if let Ok(i) = last.parse::<usize>()
-                && i < items.len()
-            {
-                items.remove(i);
-            }
-        }
-        _ => {}
-    }
+/// JSON's insignificant whitespace (RFC 8259 §2).
+const JSON_WS: &[char] = &[' ', '\t', '\n', '\r'];
+
+/// One tagged, length-prefixed token.
+fn put(h: &mut Sha256, tag: u8, bytes: &[u8]) {
+    h.update([tag]);
+    h.update((bytes.len() as u64).to_be_bytes());
+    h.update(bytes);
 }
 
 #[cfg(test)]
@@ -145,6 +204,7 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
     use serde_json::{Value, json};
+    use std::collections::BTreeMap;
 
     #[test]
     fn method_and_path_matter() {
@@ -160,8 +220,8 @@ mod tests {
     fn json_is_canonicalised_bytes_are_not() {
         let fp = Fingerprinter::new();
         assert_eq!(
-            fp.compute("POST", "/", br#"{"a":1,"b":[1,2]}"#),
-            fp.compute("POST", "/", b"\n{ \"b\" : [1, 2], \"a\": 1.0 }\n")
+            fp.compute("POST", "/", br#"{"a":1,"b":[1,2],"c":"x"}"#),
+            fp.compute("POST", "/", b"\n{ \"c\": \"\\u0078\", \"b\" : [1, 2], \"a\": 1 }\n")
         );
         assert_ne!(fp.compute("POST", "/", b"a b"), fp.compute("POST", "/", b"a  b"));
         // Invalid JSON is hashed as bytes rather than failing.
@@ -170,6 +230,33 @@ mod tests {
             fp.compute("POST", "/", b"{ bad")
         );
         assert_eq!(fp.compute("POST", "/", b"{bad"), fp.compute("POST", "/", b"{bad"));
+    }
+
+    #[test]
+    fn numbers_keep_every_digit() {
+        let fp = Fingerprinter::new();
+        let f = |body: &str| fp.compute("POST", "/", body.as_bytes());
+        // One double apart: RFC 8785 (and `serde_json_canonicalizer`) writes both as 9007199254740992.
+        assert_ne!(f(r#"{"amount":9007199254740993}"#), f(r#"{"amount":9007199254740992}"#));
+        assert_ne!(f(r#"{"amount":1}"#), f(r#"{"amount":1.0}"#));
+        assert_ne!(f(r#"[0.1]"#), f(r#"[0.10000000000000001]"#));
+        assert_ne!(f(r#"[1e400]"#), f(r#"[2e400]"#));
+        // Nor is a number ever its string spelling.
+        assert_ne!(f(r#"{"a":1}"#), f(r#"{"a":"1"}"#));
+    }
+
+    #[test]
+    fn the_query_string_is_part_of_the_request() {
+        let fp = Fingerprinter::new();
+        assert_ne!(
+            fp.compute("POST", "/refunds?amount=5", b"{}"),
+            fp.compute("POST", "/refunds?amount=500", b"{}")
+        );
+        assert_ne!(fp.compute("POST", "/refunds?amount=5", b"{}"), fp.compute("POST", "/refunds", b"{}"));
+        assert_eq!(fp.compute("POST", "/refunds?", b"{}"), fp.compute("POST", "/refunds", b"{}"));
+        // The boundary between path and query cannot be moved.
+        assert_ne!(fp.compute("POST", "/a?b", b""), fp.compute("POST", "/a?b", b"x"));
+        assert_ne!(fp.compute("POST", "/ab?", b""), fp.compute("POST", "/a?b", b""));
     }
 
     #[test]
@@ -242,19 +329,103 @@ mod tests {
         }
 
         #[test]
-        fn canonical_form_is_a_fixed_point(v in arb_json()) {
-            let once = serde_json_canonicalizer::to_vec(&v).unwrap();
-            let reparsed: Value = serde_json::from_slice(&once).unwrap();
-            prop_assert_eq!(serde_json_canonicalizer::to_vec(&reparsed).unwrap(), once);
-        }
-
-        #[test]
         fn different_values_differ(a in arb_json(), b in arb_json()) {
             prop_assume!(a != b);
             let fp = Fingerprinter::new();
             prop_assert_ne!(
                 fp.compute("POST", "/p", json!({"v": a}).to_string().as_bytes()),
                 fp.compute("POST", "/p", json!({"v": b}).to_string().as_bytes())
+            );
+        }
+    }
+
+    /// A JSON document as a tree whose numbers are their exact text: two trees
+    /// are equal exactly when `serde_json` with arbitrary-precision numbers
+    /// parses their renderings to equal values.
+    #[derive(Debug, Clone, PartialEq)]
+    enum Doc {
+        Num(String),
+        Str(String),
+        Bool(bool),
+        Null,
+        Arr(Vec<Doc>),
+        Obj(BTreeMap<String, Doc>),
+    }
+
+    fn arb_doc() -> impl Strategy<Value = Doc> {
+        let leaf = prop_oneof![
+            "-?(0|[1-9][0-9]{0,24})(\\.[0-9]{1,20})?([eE][+-]?[0-9]{1,3})?".prop_map(Doc::Num),
+            "[a-z\"\\\\/\u{e9}\u{1F600}\u{1} ]{0,6}".prop_map(Doc::Str),
+            any::<bool>().prop_map(Doc::Bool),
+            Just(Doc::Null),
+        ];
+        leaf.prop_recursive(4, 32, 5, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..4).prop_map(Doc::Arr),
+                proptest::collection::btree_map("[a-z~/]{1,3}", inner, 0..4).prop_map(Doc::Obj),
+            ]
+        })
+    }
+
+    /// Writes a string with every character escaped as `\uXXXX` when `escape`.
+    fn render_str(s: &str, escape: bool) -> String {
+        if !escape {
+            return Value::String(s.to_owned()).to_string();
+        }
+        let mut out = String::from("\"");
+        for unit in s.encode_utf16() {
+            out.push_str(&format!("\\u{unit:04x}"));
+        }
+        out.push('"');
+        out
+    }
+
+    /// Renders a document; `alt` reverses member order, pads with whitespace
+    /// and spells every string with escapes.
+    fn render(d: &Doc, alt: bool) -> String {
+        let ws = if alt { " \n\t" } else { "" };
+        match d {
+            Doc::Num(n) => n.clone(),
+            Doc::Str(s) => render_str(s, alt),
+            Doc::Bool(b) => b.to_string(),
+            Doc::Null => "null".into(),
+            Doc::Arr(items) => {
+                let parts: Vec<String> = items.iter().map(|i| render(i, alt)).collect();
+                format!("[{ws}{}{ws}]", parts.join(&format!("{ws},{ws}")))
+            }
+            Doc::Obj(m) => {
+                let mut parts: Vec<String> = m
+                    .iter()
+                    .map(|(k, v)| format!("{}{ws}:{ws}{}", render_str(k, alt), render(v, alt)))
+                    .collect();
+                if alt {
+                    parts.reverse();
+                }
+                format!("{{{ws}{}{ws}}}", parts.join(","))
+            }
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn arbitrary_precision_documents_collide_only_when_equal(a in arb_doc(), b in arb_doc()) {
+            let fp = Fingerprinter::new();
+            let f = |d: &Doc, alt: bool| fp.compute("POST", "/p", format!("[{}]", render(d, alt)).as_bytes());
+            // Spelling (escapes, order, whitespace) never matters ...
+            prop_assert_eq!(f(&a, false), f(&a, true));
+            // ... and different documents never share a fingerprint.
+            prop_assert_eq!(a == b, f(&a, false) == f(&b, true));
+        }
+
+        #[test]
+        fn a_changed_digit_changes_the_fingerprint(n in "[1-9][0-9]{15,30}", at in 0usize..15) {
+            let mut other: Vec<u8> = n.clone().into_bytes();
+            other[at] = if other[at] == b'9' { b'1' } else { other[at] + 1 };
+            let other = String::from_utf8(other).unwrap();
+            let fp = Fingerprinter::new();
+            prop_assert_ne!(
+                fp.compute("POST", "/p", format!("{{\"n\":{n}}}").as_bytes()),
+                fp.compute("POST", "/p", format!("{{\"n\":{other}}}").as_bytes())
             );
         }
     }

@@ -40,10 +40,10 @@ pub use policy::{
 pub use problem::{ErrorCode, PROBLEM_CONTENT_TYPE, Problem};
 pub use record::{
     Decision, DownstreamKey, FencingToken, PhaseUpdate, ReapReport, Record, RecordHead, RecordRow,
-    RecordState, ReviewEntry, ReviewRow, StoredHeader, StoredRequest, StoredResponse, decide,
+    RecordState, ReviewEntry, ReviewRow, StoredHeader, StoredRequest, StoredResponse, decide, decide_resume,
 };
 pub use scope::{Account, Scope};
 pub use store::{
-    ClaimOutcome, ClaimRequest, FORCE_RELEASED, KeyStore, Lease, ListFilter, Resolution, StoreError,
-    StoreResult, TransactionalStore, TxClaim,
+    ClaimOutcome, ClaimRequest, FORCE_RELEASED, KeyStore, Lease, ListFilter, MOVED_TO_REVIEW, RELEASE_REFUSED,
+    Resolution, StoreError, StoreResult, TransactionalStore, TxClaim,
 };

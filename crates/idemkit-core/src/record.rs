@@ -211,6 +211,8 @@ pub struct RecordHead {
     pub completed_at: Option<Millis>,
     /// When the current lease ends.
     pub lease_expires_at: Millis,
+    /// The current fencing token.
+    pub fencing_token: FencingToken,
 }
 
 impl From<&Record> for RecordHead {
@@ -221,6 +223,7 @@ impl From<&Record> for RecordHead {
             created_at: r.created_at,
             completed_at: r.completed_at,
             lease_expires_at: r.lease_expires_at,
+            fencing_token: r.fencing_token,
         }
     }
 }
@@ -236,7 +239,8 @@ pub enum Decision {
     /// a new request on it with the next token and a clean slate.
     Reuse,
     /// In flight with an expired lease and the same fingerprint: take over with
-    /// the next token, keeping the recovery point.
+    /// the next token, keeping the recovery point, the step outputs and the
+    /// request's generation (`created_at`), however old the record is.
     Takeover,
     /// Completed within the window with the same fingerprint: replay.
     Replay,
@@ -249,6 +253,28 @@ pub enum Decision {
         /// Time left on the holder's lease.
         retry_after: Duration,
     },
+    /// A resume (the completer's claim, see [`decide_resume`]) found the record
+    /// no longer in the abandoned state it saw: answer without running anything.
+    Stale,
+}
+
+/// Decides the completer's resume of the abandoned record it saw with token
+/// `seen`: it may only take over exactly that record state. A record that was
+/// completed, parked, released, reaped, taken over or reused in between is
+/// answered from its new state (replay, parked, in progress) or is
+/// [`Decision::Stale`], never run as a fresh request.
+pub fn decide_resume(
+    existing: Option<&RecordHead>,
+    seen: FencingToken,
+    fingerprint: &Fingerprint,
+    now: Millis,
+    replay_window: Duration,
+) -> Decision {
+    match decide(existing, fingerprint, now, replay_window) {
+        Decision::Takeover if existing.is_some_and(|r| r.fencing_token == seen) => Decision::Takeover,
+        Decision::Insert | Decision::Reuse | Decision::Takeover => Decision::Stale,
+        settled => settled,
+    }
 }
 
 /// Decides a claim. See [`Decision`].
@@ -284,10 +310,10 @@ pub fn decide(
                         retry_after: now.until(r.lease_expires_at),
                     }
                 }
-            } else if r.created_at.plus(replay_window) <= now {
-                // Abandoned longer than a replay window: nobody may still be retrying it.
-                Decision::Reuse
             } else if r.fingerprint != *fingerprint {
+                // The replay window applies to completed records only: an unfinished
+                // request keeps its recovery point, intents and outputs however old
+                // it is, and is never restarted as a new request.
                 Decision::Mismatch
             } else {
                 Decision::Takeover
@@ -314,6 +340,7 @@ mod tests {
             created_at: Millis(created),
             completed_at: completed.map(Millis),
             lease_expires_at: Millis(lease),
+            fencing_token: FencingToken(1),
         }
     }
 
@@ -340,9 +367,18 @@ mod tests {
         let dead = head(RecordState::InFlight, a, 9_500, None, 9_800);
         assert_eq!(decide(Some(&dead), &a, now, w), Decision::Takeover);
         assert_eq!(decide(Some(&dead), &b, now, w), Decision::Mismatch);
-        assert_eq!(decide(Some(&dead), &b, Millis(10_500), w), Decision::Reuse);
+        // Unfinished work is never restarted by the replay window, however old.
+        assert_eq!(decide(Some(&dead), &a, Millis(99_999_999), w), Decision::Takeover);
+        assert_eq!(decide(Some(&dead), &b, Millis(99_999_999), w), Decision::Mismatch);
+        // A resume takes over only the exact state it saw.
+        let seen = FencingToken(1);
+        assert_eq!(decide_resume(Some(&dead), seen, &a, now, w), Decision::Takeover);
+        assert_eq!(decide_resume(Some(&dead), FencingToken(2), &a, now, w), Decision::Stale);
+        assert_eq!(decide_resume(None, seen, &a, now, w), Decision::Stale);
+        assert_eq!(decide_resume(Some(&done), seen, &a, now, w), Decision::Replay);
         let released = head(RecordState::Released, a, 9_500, None, 9_800);
         assert_eq!(decide(Some(&released), &b, now, w), Decision::Reuse);
+        assert_eq!(decide_resume(Some(&released), seen, &a, now, w), Decision::Stale);
         // Parked records never run again, not even after the window: a human decides.
         let parked = head(RecordState::Parked, a, 9_500, None, 9_800);
         assert_eq!(decide(Some(&parked), &a, Millis(99_999_999), w), Decision::Parked);
@@ -362,27 +398,36 @@ pub struct PhaseUpdate {
 
 /// The idempotency key an external call carries downstream, derived from ours so
 /// that every attempt of one request sends the same key for the same step:
-/// hex SHA-256 over (account, key, step), cut to 32 characters (128 bits) so it fits
-/// the length limits downstream APIs impose.
+/// hex SHA-256 over (account, key, generation, step), cut to 32 characters
+/// (128 bits) so it fits the length limits downstream APIs impose.
+///
+/// The *generation* identifies one request under the key: the instant its first
+/// claim began (`Record::created_at`), which takeovers keep and a reuse of the
+/// key after its replay window renews. So a resumed attempt re-sends the same
+/// downstream key, and a new request under a reused key never collides with the
+/// old one's downstream record.
 ///
 /// ```
-/// use idemkit_core::{Account, DownstreamKey, IdempotencyKey, Scope};
+/// use idemkit_core::{Account, DownstreamKey, IdempotencyKey, Millis, Scope};
 /// let scope = Scope::new(Account::new("acct"), IdempotencyKey::parse("k1").unwrap());
-/// let a = DownstreamKey::derive(&scope, "courier");
-/// assert_eq!(a, DownstreamKey::derive(&scope, "courier"));
-/// assert_ne!(a, DownstreamKey::derive(&scope, "email"));
+/// let a = DownstreamKey::derive(&scope, Millis(1), "courier");
+/// assert_eq!(a, DownstreamKey::derive(&scope, Millis(1), "courier"));
+/// assert_ne!(a, DownstreamKey::derive(&scope, Millis(1), "email"));
+/// assert_ne!(a, DownstreamKey::derive(&scope, Millis(2), "courier"));
 /// assert_eq!(a.as_str().len(), 32);
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct DownstreamKey(String);
 
 impl DownstreamKey {
-    /// Derives the key for `step` of the request at `scope`.
-    pub fn derive(scope: &Scope, step: &str) -> Self {
+    /// Derives the key for `step` of the request at `scope` whose generation
+    /// (first claim) is `generation`.
+    pub fn derive(scope: &Scope, generation: Millis, step: &str) -> Self {
         use sha2::{Digest, Sha256};
         let mut h = Sha256::new();
-        h.update(b"idemkit-downstream-v1");
-        for part in [scope.account.as_str(), scope.key.as_str(), step] {
+        h.update(b"idemkit-downstream-v2");
+        let generation = generation.0.to_string();
+        for part in [scope.account.as_str(), scope.key.as_str(), generation.as_str(), step] {
             h.update((part.len() as u64).to_be_bytes());
             h.update(part.as_bytes());
         }

@@ -27,6 +27,21 @@ pub struct ClaimRequest {
     /// holder's uncommitted claim (PostgreSQL blocks on it) before answering
     /// in progress. Zero: do not wait (the store uses its shortest lock wait).
     pub lock_wait: Duration,
+    /// Set by the completer: the fencing token of the abandoned record it saw.
+    /// The claim then succeeds only as a takeover of exactly that record state
+    /// (see [`crate::decide_resume`]); anything else is answered without running.
+    pub resume: Option<FencingToken>,
+}
+
+impl ClaimRequest {
+    /// The decision this claim makes on `existing` at `now`: [`crate::decide`],
+    /// or [`crate::decide_resume`] for a resume.
+    pub fn decide(&self, existing: Option<&crate::RecordHead>, now: Millis) -> crate::Decision {
+        match self.resume {
+            Some(seen) => crate::decide_resume(existing, seen, &self.fingerprint, now, self.replay_window),
+            None => crate::decide(existing, &self.fingerprint, now, self.replay_window),
+        }
+    }
 }
 
 /// A successful claim: the caller now holds the key.
@@ -57,6 +72,10 @@ pub enum ClaimOutcome {
     },
     /// The request was parked for human review; it will not run again.
     Parked,
+    /// A resume ([`ClaimRequest::resume`]) found the record no longer in the
+    /// abandoned state it saw (released, reaped, reused or taken over since):
+    /// nothing ran.
+    Stale,
 }
 
 /// Backend failures, normalised to kinds so the layer answers the same way
@@ -109,6 +128,7 @@ impl crate::Decision {
             Decision::Mismatch => Some(ClaimOutcome::Mismatch),
             Decision::InProgress { retry_after } => Some(ClaimOutcome::InProgress { retry_after }),
             Decision::Parked => Some(ClaimOutcome::Parked),
+            Decision::Stale => Some(ClaimOutcome::Stale),
             Decision::Insert | Decision::Reuse | Decision::Takeover => None,
         })
     }
@@ -128,20 +148,10 @@ pub enum Resolution {
 }
 
 impl Resolution {
-    /// Decides a claim on `existing` (see [`crate::decide`]).
-    pub fn of(
-        existing: &Record,
-        fingerprint: &crate::Fingerprint,
-        now: Millis,
-        replay_window: Duration,
-    ) -> StoreResult<Self> {
+    /// Decides `req` on `existing` (see [`ClaimRequest::decide`]).
+    pub fn of(existing: &Record, req: &ClaimRequest, now: Millis) -> StoreResult<Self> {
         use crate::Decision;
-        match crate::decide(
-            Some(&crate::RecordHead::from(existing)),
-            fingerprint,
-            now,
-            replay_window,
-        ) {
+        match req.decide(Some(&crate::RecordHead::from(existing)), now) {
             Decision::Takeover => Ok(Self::Move { takeover: true }),
             Decision::Reuse => Ok(Self::Move { takeover: false }),
             Decision::Insert => Err(StoreError::Corrupt(
@@ -192,6 +202,14 @@ impl ListFilter {
 /// The last error [`KeyStore::force_release`] records on the released record.
 pub const FORCE_RELEASED: &str = "released by an operator";
 
+/// The last error [`KeyStore::release`] records when it kept a record with
+/// recorded progress instead of releasing it.
+pub const RELEASE_REFUSED: &str = "not released: a phase or an external-call intent was recorded; \
+     kept resumable at its recovery point";
+
+/// The last error of a record the reaper moved to the review list.
+pub const MOVED_TO_REVIEW: &str = "never completed: moved to the review list by the reaper";
+
 /// Result alias for store operations.
 pub type StoreResult<T, E = StoreError> = Result<T, E>;
 
@@ -221,10 +239,18 @@ pub trait KeyStore: Send + Sync + std::fmt::Debug + 'static {
     /// Releases the key: the record becomes absent in effect and the next request
     /// with the key runs as a first attempt (validation errors, retryable failures
     /// before any phase committed).
+    ///
+    /// Conditional in the store, atomically with the fence: a record that has
+    /// recorded progress (a recovery point or a step output, such as an
+    /// external-call intent) is never released; it is abandoned instead (lease
+    /// ended, progress kept, last error [`RELEASE_REFUSED`]), so a caller that
+    /// could not tell whether progress was made can never wipe it.
     async fn release(&self, scope: &Scope, token: FencingToken) -> StoreResult<()>;
 
     /// Ends the lease at once while keeping the record resumable (a retryable
-    /// outcome after progress was made), recording why.
+    /// outcome after progress was made), recording why. The record gets a new
+    /// fencing token, so a write of the old holder still on its way (a
+    /// heartbeat) cannot revive the lease.
     async fn abandon(&self, scope: &Scope, token: FencingToken, error: &str) -> StoreResult<()>;
 
     /// Reads a record.
@@ -248,7 +274,8 @@ pub trait KeyStore: Send + Sync + std::fmt::Debug + 'static {
     }
 
     /// Parks the request for human review (fenced): its lease ends, it never runs
-    /// again, and retries are answered `idempotency_request_parked`.
+    /// again, and retries are answered `idempotency_request_parked`. Like
+    /// [`KeyStore::abandon`], it moves the record to a new fencing token.
     async fn park(&self, _scope: &Scope, _token: FencingToken, _reason: &str) -> StoreResult<()> {
         Err(StoreError::Unsupported("parking"))
     }
@@ -259,9 +286,17 @@ pub trait KeyStore: Send + Sync + std::fmt::Debug + 'static {
         Err(StoreError::Unsupported("listing abandoned records"))
     }
 
-    /// Deletes completed and released records older than `before`, and moves
+    /// Deletes completed and released records older than `before`, and lists
     /// records that never completed (in flight with an expired lease, or parked)
-    /// and were claimed before `before` to the review list.
+    /// and were claimed before `before` in the review list.
+    ///
+    /// What fences is kept: a record listed for review stays in the key table,
+    /// parked (last error [`MOVED_TO_REVIEW`]), so its key is never claimed
+    /// again as a new request (an unfinished request may have reached a
+    /// downstream that ignores keys); and fencing tokens never repeat for a key
+    /// whose record was deleted (stores hand out tokens above every deleted
+    /// one). Callers must never pass a `before` later than now minus the replay
+    /// window: [`crate::Policy`] validation and the layer's reaper enforce that.
     async fn reap(&self, _before: Millis) -> StoreResult<ReapReport> {
         Err(StoreError::Unsupported("reaping"))
     }

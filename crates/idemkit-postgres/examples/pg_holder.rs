@@ -41,6 +41,7 @@ async fn main() {
         lease: Duration::from_millis(lease_ms.parse().unwrap()),
         replay_window: Duration::from_secs(3600),
         lock_wait: Duration::ZERO,
+        resume: None,
     };
     let ClaimOutcome::Claimed(lease) = store.claim(&req).await.unwrap() else {
         eprintln!("not claimed");

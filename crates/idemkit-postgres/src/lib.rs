@@ -28,15 +28,16 @@
 use std::future::Future;
 use std::ops::{Deref, DerefMut};
 use std::str::FromStr;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use idemkit_core::ReviewRow;
 use idemkit_core::{
     ClaimOutcome, ClaimRequest, Clock, Decision, FORCE_RELEASED, FencingToken, KeyStore, Lease, ListFilter,
-    Millis, PhaseUpdate, ReapReport, Record, RecordHead, RecordRow, Resolution, ReviewEntry, Scope,
-    StoreError, StoreResult, StoredHeader, StoredResponse, SystemClock, TransactionalStore, TxClaim, decide,
+    MOVED_TO_REVIEW, Millis, PhaseUpdate, RELEASE_REFUSED, ReapReport, Record, RecordHead, RecordRow,
+    Resolution, ReviewEntry, Scope, StoreError, StoreResult, StoredHeader, StoredResponse, SystemClock,
+    TransactionalStore, TxClaim,
 };
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions, PgRow};
 use sqlx::{AssertSqlSafe, PgConnection, PgPool, Postgres, Row};
@@ -59,17 +60,35 @@ fn notifying(update: &str) -> String {
     )
 }
 
+/// The store's clock in SQL: the database's `clock_timestamp()` in Unix
+/// milliseconds, unless a test clock is bound at `$n` (see [`PgStore::with_test_clock`]).
+/// Every lease is judged by it, so an instance whose own clock is skewed can
+/// never take over a live lease (SPEC §3).
+fn now_sql(n: usize) -> String {
+    format!("COALESCE(${n}::bigint, (extract(epoch from clock_timestamp()) * 1000)::bigint)")
+}
+
+/// A fresh fencing token from the store-wide sequence (see the migration).
+const NEXT_TOKEN: &str = "nextval('idemkit_fencing_seq')";
+
+const RECORD_COLUMNS: &str = "account, idem_key, fingerprint, state, created_at, completed_at, \
+     lease_expires_at, fencing_token, recovery_point, step_outputs, req_method, req_path, req_headers, \
+     req_body, resp_status, resp_headers, resp_body, last_error";
+
 const SELECT_RECORD: &str = "SELECT account, idem_key, fingerprint, state, created_at, completed_at, \
      lease_expires_at, fencing_token, recovery_point, step_outputs, req_method, req_path, req_headers, \
      req_body, resp_status, resp_headers, resp_body, last_error \
      FROM idemkit_keys WHERE account = $1 AND idem_key = $2";
 
-/// The completer's work list: in-flight records whose lease has expired.
-const SELECT_ABANDONED: &str = "SELECT account, idem_key, fingerprint, state, created_at, completed_at, \
-     lease_expires_at, fencing_token, recovery_point, step_outputs, req_method, req_path, req_headers, \
-     req_body, resp_status, resp_headers, resp_body, last_error \
-     FROM idemkit_keys WHERE state = 'in_flight' AND lease_expires_at <= $1 AND created_at <= $2 \
-     ORDER BY created_at, account, idem_key LIMIT $3";
+/// The completer's work list: in-flight records whose lease has expired (by the
+/// store's clock, test clock at `$1`).
+static SELECT_ABANDONED: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT {RECORD_COLUMNS} FROM idemkit_keys WHERE state = 'in_flight' AND lease_expires_at <= {} \
+         AND created_at <= $2 ORDER BY created_at, account, idem_key LIMIT $3",
+        now_sql(1)
+    )
+});
 
 /// Operator listing: records matching an optional state (`$1`) and account
 /// (`$2`), newest claim first.
@@ -80,10 +99,16 @@ const SELECT_LIST: &str = "SELECT account, idem_key, fingerprint, state, created
      ORDER BY created_at DESC, account, idem_key LIMIT $3";
 
 /// An operator's release of a record nobody holds (parked, or in flight with
-/// its lease expired at `$3`, now): the same tombstone as a holder's release.
-const FORCE_RELEASE: &str = "UPDATE idemkit_keys SET state = 'released', lease_expires_at = 0, \
-     req_body = ''::bytea, last_error = $4 WHERE account = $1 AND idem_key = $2 \
-     AND (state = 'parked' OR (state = 'in_flight' AND lease_expires_at <= $3))";
+/// its lease expired by the store's clock, test clock at `$3`): the same
+/// tombstone as a holder's release, on a fresh token.
+static FORCE_RELEASE: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "UPDATE idemkit_keys SET fencing_token = {NEXT_TOKEN}, state = 'released', lease_expires_at = 0, \
+         req_body = ''::bytea, last_error = $4 WHERE account = $1 AND idem_key = $2 \
+         AND (state = 'parked' OR (state = 'in_flight' AND lease_expires_at <= {}))",
+        now_sql(3)
+    )
+});
 
 /// A phase's fenced progress write. A step output is set as a top-level key of
 /// the JSON object (`||` replaces a key, it does not merge nested objects); the
@@ -95,24 +120,37 @@ const ADVANCE: &str = "UPDATE idemkit_keys SET recovery_point = $4, \
      WHERE account = $1 AND idem_key = $2 AND fencing_token = $3 AND state = 'in_flight'";
 
 /// One reaper pass in one statement (so one transaction). Records that never
-/// completed and were claimed before `$1` (in flight with a lease expired at
-/// `$2`, now, or parked) move to `idemkit_review`; completed records finished
-/// before `$1` and released ones claimed before it are deleted. Live leases
-/// never match. `completed_at >= created_at`, so the `created_at` bound only
-/// lets the index narrow the scan.
-const REAP: &str = "WITH moved AS (DELETE FROM idemkit_keys WHERE created_at < $1 \
-     AND (state = 'parked' OR (state = 'in_flight' AND lease_expires_at <= $2)) \
-     RETURNING account, idem_key, state, created_at, recovery_point, step_outputs, last_error, \
-     req_method, req_path, req_headers, req_body), \
-     reviewed AS (INSERT INTO idemkit_review (account, idem_key, state, created_at, reaped_at, \
-     recovery_point, step_outputs, last_error, req_method, req_path, req_headers, req_body) \
-     SELECT account, idem_key, state, created_at, $2, recovery_point, step_outputs, last_error, \
-     req_method, req_path, req_headers, req_body FROM moved ORDER BY created_at, account, idem_key \
-     RETURNING 1), \
-     deleted AS (DELETE FROM idemkit_keys WHERE created_at < $1 \
-     AND ((state = 'completed' AND COALESCE(completed_at, created_at) < $1) OR state = 'released') \
-     RETURNING 1) \
-     SELECT (SELECT count(*) FROM reviewed), (SELECT count(*) FROM deleted)";
+/// completed and were claimed before `$1` (in flight with a lease expired by the
+/// store's clock, test clock at `$2`, or parked) are listed in `idemkit_review`
+/// once and stay in the key table, parked on a fresh token (last error `$3`), so
+/// their key is never claimed again as a new request; completed records finished
+/// before `$1` and released ones claimed before it are deleted (tokens come from
+/// a sequence, so a deleted key's tokens never repeat). Live leases never match.
+/// `completed_at >= created_at`, so the `created_at` bound only lets the index
+/// narrow the scan.
+static REAP: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "WITH now AS (SELECT {now} AS ms), \
+         listed AS (UPDATE idemkit_keys k SET fencing_token = {NEXT_TOKEN}, state = 'parked', \
+         lease_expires_at = LEAST(k.lease_expires_at, (SELECT ms FROM now)), last_error = $3 \
+         FROM now WHERE k.created_at < $1 \
+         AND (k.state = 'parked' OR (k.state = 'in_flight' AND k.lease_expires_at <= now.ms)) \
+         AND NOT EXISTS (SELECT 1 FROM idemkit_review r WHERE r.account = k.account \
+         AND r.idem_key = k.idem_key AND r.created_at = k.created_at) \
+         RETURNING k.account, k.idem_key, k.created_at), \
+         reviewed AS (INSERT INTO idemkit_review (account, idem_key, state, created_at, reaped_at, \
+         recovery_point, step_outputs, last_error, req_method, req_path, req_headers, req_body) \
+         SELECT o.account, o.idem_key, o.state, o.created_at, (SELECT ms FROM now), o.recovery_point, \
+         o.step_outputs, o.last_error, o.req_method, o.req_path, o.req_headers, o.req_body \
+         FROM idemkit_keys o JOIN listed l ON l.account = o.account AND l.idem_key = o.idem_key \
+         ORDER BY o.created_at, o.account, o.idem_key RETURNING 1), \
+         deleted AS (DELETE FROM idemkit_keys WHERE created_at < $1 \
+         AND ((state = 'completed' AND COALESCE(completed_at, created_at) < $1) OR state = 'released') \
+         RETURNING 1) \
+         SELECT (SELECT count(*) FROM reviewed), (SELECT count(*) FROM deleted)",
+        now = now_sql(2)
+    )
+});
 
 /// Settings of a [`PgStore`].
 #[derive(Debug, Clone)]
@@ -152,7 +190,11 @@ impl Default for PgConfig {
 #[derive(Clone)]
 pub struct PgStore {
     pool: PgPool,
+    /// The application's clock: only [`KeyStore::now`] (coarse cutoffs for the
+    /// completer and the reaper) reads it.
     clock: Arc<dyn Clock>,
+    /// Replaces the database's clock in every statement (tests only).
+    test_clock: Option<Arc<dyn Clock>>,
     config: Arc<PgConfig>,
     changes: broadcast::Sender<(String, String)>,
     _listener: Arc<AbortOnDrop>,
@@ -209,6 +251,17 @@ impl std::fmt::Debug for PgTx {
     }
 }
 
+/// Refuses a schema name that is not a plain identifier: it is formatted into SQL.
+fn check_schema(schema: &str) -> StoreResult<()> {
+    if valid_schema(schema) {
+        Ok(())
+    } else {
+        Err(StoreError::Backend(
+            format!("schema `{schema}` must match [a-z_][a-z0-9_]{{0,62}}").into(),
+        ))
+    }
+}
+
 fn valid_schema(s: &str) -> bool {
     let mut chars = s.chars();
     matches!(chars.next(), Some(c) if c.is_ascii_lowercase() || c == '_')
@@ -219,11 +272,7 @@ fn valid_schema(s: &str) -> bool {
 impl PgStore {
     /// Connects, creates the schema if needed and runs the migrations.
     pub async fn connect(url: &str, config: PgConfig) -> StoreResult<Self> {
-        if !valid_schema(&config.schema) {
-            return Err(StoreError::Backend(
-                format!("schema `{}` must match [a-z_][a-z0-9_]{{0,62}}", config.schema).into(),
-            ));
-        }
+        check_schema(&config.schema)?;
         let options = PgConnectOptions::from_str(url)
             .map_err(|e| StoreError::Backend(Box::new(e)))?
             .options([
@@ -245,6 +294,7 @@ impl PgStore {
     /// Uses an existing pool whose connections already have `search_path` set
     /// to `<schema>, …` (as [`PgStore::connect`] does).
     pub async fn from_pool(pool: PgPool, config: PgConfig) -> StoreResult<Self> {
+        check_schema(&config.schema)?;
         {
             // Concurrent `CREATE SCHEMA IF NOT EXISTS` can race in PostgreSQL;
             // serialise it across instances with an advisory lock.
@@ -271,16 +321,34 @@ impl PgStore {
         Ok(Self {
             pool,
             clock: Arc::new(SystemClock),
+            test_clock: None,
             config: Arc::new(config),
             changes,
             _listener: Arc::new(listener),
         })
     }
 
-    /// Replaces the clock (tests move time with it).
+    /// Replaces the application clock, which only [`KeyStore::now`] reads (the
+    /// completer's and the reaper's coarse cutoffs). Leases, windows and every
+    /// stored time are judged by the database's clock whatever this clock says,
+    /// so instances whose clocks disagree still agree on who holds a key.
     pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = clock;
         self
+    }
+
+    /// Replaces the database's clock, for every decision of this handle, with
+    /// `clock` (and the application clock too). For tests that move time by
+    /// hand; never in production, where instances must share one clock.
+    pub fn with_test_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock.clone();
+        self.test_clock = Some(clock);
+        self
+    }
+
+    /// The test clock's time, bound where SQL reads the store's clock.
+    fn test_now(&self) -> Option<i64> {
+        self.test_clock.as_ref().map(|c| c.now().0)
     }
 
     /// The pool, for the application's own queries.
@@ -321,16 +389,49 @@ impl PgStore {
 
     async fn read_decision(&self, req: &ClaimRequest) -> StoreResult<(Option<Record>, Decision)> {
         let mut conn = self.pool.acquire().await.map_err(map_err)?;
-        let existing = fetch_record(&mut conn, &req.scope, false)
+        let (now, existing) = self
+            .fetch_with_now(&mut conn, &req.scope, false)
             .await
             .map_err(Retry::into_store)?;
-        let decision = decide(
-            existing.as_ref().map(RecordHead::from).as_ref(),
-            &req.fingerprint,
-            self.clock.now(),
-            req.replay_window,
-        );
+        let decision = req.decide(existing.as_ref().map(RecordHead::from).as_ref(), now);
         Ok((existing, decision))
+    }
+
+    /// Reads the record and the store's clock in one statement; with `lock`, the
+    /// row (which must exist) is locked `FOR UPDATE`.
+    async fn fetch_with_now(
+        &self,
+        conn: &mut PgConnection,
+        scope: &Scope,
+        lock: bool,
+    ) -> Result<(Millis, Option<Record>), Retry> {
+        static PLAIN: LazyLock<String> = LazyLock::new(|| {
+            format!(
+                "SELECT {}, k.* FROM (SELECT 1) AS one LEFT JOIN ({SELECT_RECORD}) AS k ON true",
+                now_sql(3)
+            )
+        });
+        static LOCKED: LazyLock<String> =
+            LazyLock::new(|| format!("SELECT {}, {RECORD_COLUMNS} FROM idemkit_keys \
+                WHERE account = $1 AND idem_key = $2 FOR UPDATE", now_sql(3)));
+        let sql = if lock { &*LOCKED } else { &*PLAIN };
+        let row = sqlx::query(AssertSqlSafe(sql.as_str()))
+            .bind(scope.account.as_str())
+            .bind(scope.key.as_str())
+            .bind(self.test_now())
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(Retry::from)?;
+        let Some(row) = row else {
+            return Ok((self.clock.now(), None));
+        };
+        let now = Millis(row.try_get(0).map_err(corrupt)?);
+        let existing = if row.try_get::<Option<String>, _>(1).map_err(corrupt)?.is_some() {
+            Some(decode_at(&row, 1)?)
+        } else {
+            None
+        };
+        Ok((now, existing))
     }
 
     /// Claims inside an open transaction (whose `lock_timeout` bounds the wait on
@@ -340,70 +441,61 @@ impl PgStore {
         conn: &mut PgConnection,
         req: &ClaimRequest,
     ) -> Result<Result<Lease, ClaimOutcome>, Retry> {
-        let now = self.clock.now();
-        let expires = now.plus(req.lease);
-        let headers = StoredHeader::encode_list(&req.request.headers)?;
-        // The `set_config` runs only when the row was inserted: it lifts the claim's
-        // short lock_timeout for the handler's own statements, at no extra round trip.
-        let inserted = sqlx::query(
-            "WITH ins AS (INSERT INTO idemkit_keys (account, idem_key, fingerprint, state, created_at, \
-             lease_expires_at, fencing_token, req_method, req_path, req_headers, req_body) \
-             VALUES ($1, $2, $3, 'in_flight', $4, $5, 1, $6, $7, $8, $9) \
-             ON CONFLICT (account, idem_key) DO NOTHING RETURNING fencing_token) \
-             SELECT fencing_token, set_config('lock_timeout', '0', true) FROM ins",
-        )
-        .bind(req.scope.account.as_str())
-        .bind(req.scope.key.as_str())
-        .bind(&req.fingerprint.as_bytes()[..])
-        .bind(now.0)
-        .bind(expires.0)
-        .bind(&req.request.method)
-        .bind(&req.request.path)
-        .bind(&headers)
-        .bind(&req.request.body)
-        .fetch_optional(&mut *conn)
-        .await
-        .map_err(Retry::from)?;
-        if let Some(row) = inserted {
-            let token: i64 = row.try_get(0).map_err(corrupt)?;
-            return Ok(Ok(Lease {
-                token: FencingToken(token),
-                expires_at: expires,
-                resumed_from: None,
-            }));
+        static INSERT: LazyLock<String> = LazyLock::new(|| {
+            // The `set_config` runs only when the row was inserted: it lifts the
+            // claim's short lock_timeout for the handler's own statements, at no
+            // extra round trip.
+            format!(
+                "WITH now AS (SELECT {} AS ms), \
+                 ins AS (INSERT INTO idemkit_keys (account, idem_key, fingerprint, state, created_at, \
+                 lease_expires_at, fencing_token, req_method, req_path, req_headers, req_body) \
+                 SELECT $1, $2, $3, 'in_flight', ms, ms + $5, {NEXT_TOKEN}, $6, $7, $8, $9 FROM now \
+                 ON CONFLICT (account, idem_key) DO NOTHING RETURNING fencing_token, lease_expires_at) \
+                 SELECT fencing_token, lease_expires_at, set_config('lock_timeout', '0', true) FROM ins",
+                now_sql(4)
+            )
+        });
+        if req.resume.is_none() {
+            let headers = StoredHeader::encode_list(&req.request.headers)?;
+            let inserted = sqlx::query(AssertSqlSafe(INSERT.as_str()))
+                .bind(req.scope.account.as_str())
+                .bind(req.scope.key.as_str())
+                .bind(&req.fingerprint.as_bytes()[..])
+                .bind(self.test_now())
+                .bind(lease_ms(req.lease))
+                .bind(&req.request.method)
+                .bind(&req.request.path)
+                .bind(&headers)
+                .bind(&req.request.body)
+                .fetch_optional(&mut *conn)
+                .await
+                .map_err(Retry::from)?;
+            if let Some(row) = inserted {
+                return Ok(Ok(Lease {
+                    token: FencingToken(row.try_get(0).map_err(corrupt)?),
+                    expires_at: Millis(row.try_get(1).map_err(corrupt)?),
+                    resumed_from: None,
+                }));
+            }
         }
-
         // The row exists (committed, possibly just now by the holder we waited for).
-        let existing = fetch_record(&mut *conn, &req.scope, true)
-            .await?
-            .ok_or_else(|| Retry::Transient(sqlx::Error::RowNotFound))?;
-        let now = self.clock.now();
-        let next = FencingToken(existing.fencing_token.0 + 1);
-        let takeover = match Resolution::of(&existing, &req.fingerprint, now, req.replay_window)? {
+        let (now, existing) = self.fetch_with_now(&mut *conn, &req.scope, true).await?;
+        let Some(existing) = existing else {
+            // A resume of a record that is gone.
+            return Ok(Err(ClaimOutcome::Stale));
+        };
+        let takeover = match Resolution::of(&existing, req, now)? {
             Resolution::Move { takeover } => takeover,
             Resolution::Settled(outcome) => return Ok(Err(outcome)),
         };
         // Row locked FOR UPDATE above: this compare-and-swap cannot miss.
-        if !self
-            .move_claim(
-                &mut *conn,
-                req,
-                existing.fencing_token,
-                next,
-                expires,
-                takeover,
-                &headers,
-            )
+        match self
+            .move_claim(&mut *conn, req, &existing, now, takeover, true)
             .await?
         {
-            return Err(Retry::Fatal(StoreError::Corrupt("locked row changed".into())));
+            Some(lease) => Ok(Ok(lease)),
+            None => Err(Retry::Fatal(StoreError::Corrupt("locked row changed".into()))),
         }
-        let resumed_from = if takeover { existing.recovery_point } else { None };
-        Ok(Ok(Lease {
-            token: next,
-            expires_at: expires,
-            resumed_from,
-        }))
     }
 
     /// Begins a transaction whose `lock_timeout` bounds the wait on a concurrent
@@ -422,126 +514,143 @@ impl PgStore {
     }
 
     /// The lease-mode claim: one autocommitted statement inserts the in-flight
-    /// row or returns the existing one, so a claim is one round trip and one
-    /// commit (a request costs phases + 1 commits). Takeover and window reuse
-    /// add a compare-and-swap on the fencing token.
+    /// row or returns the existing one (with the store's clock), so a claim is
+    /// one round trip and one commit (a request costs phases + 1 commits).
+    /// Takeover and window reuse add a compare-and-swap on the record as read.
     async fn claim_autocommit(&self, req: &ClaimRequest) -> Result<ClaimOutcome, Retry> {
-        let now = self.clock.now();
-        let expires = now.plus(req.lease);
+        static CLAIM: LazyLock<String> = LazyLock::new(|| {
+            format!(
+                "WITH now AS (SELECT {} AS ms), \
+                 ins AS (INSERT INTO idemkit_keys (account, idem_key, fingerprint, state, created_at, \
+                 lease_expires_at, fencing_token, req_method, req_path, req_headers, req_body) \
+                 SELECT $1, $2, $3, 'in_flight', ms, ms + $5, {NEXT_TOKEN}, $6, $7, $8, $9 FROM now \
+                 WHERE NOT $10 \
+                 ON CONFLICT (account, idem_key) DO NOTHING RETURNING fencing_token, lease_expires_at) \
+                 SELECT (SELECT fencing_token FROM ins), (SELECT lease_expires_at FROM ins), \
+                 (SELECT ms FROM now), k.* FROM (SELECT 1) AS one \
+                 LEFT JOIN ({SELECT_RECORD}) AS k ON NOT EXISTS (SELECT 1 FROM ins)",
+                now_sql(4)
+            )
+        });
         let headers = StoredHeader::encode_list(&req.request.headers)?;
-        let row = sqlx::query(AssertSqlSafe(format!(
-            "WITH ins AS (INSERT INTO idemkit_keys (account, idem_key, fingerprint, state, created_at, \
-             lease_expires_at, fencing_token, req_method, req_path, req_headers, req_body) \
-             VALUES ($1, $2, $3, 'in_flight', $4, $5, 1, $6, $7, $8, $9) \
-             ON CONFLICT (account, idem_key) DO NOTHING RETURNING fencing_token) \
-             SELECT (SELECT fencing_token FROM ins), k.* FROM (SELECT 1) AS one \
-             LEFT JOIN ({SELECT_RECORD}) AS k ON NOT EXISTS (SELECT 1 FROM ins)"
-        )))
-        .bind(req.scope.account.as_str())
-        .bind(req.scope.key.as_str())
-        .bind(&req.fingerprint.as_bytes()[..])
-        .bind(now.0)
-        .bind(expires.0)
-        .bind(&req.request.method)
-        .bind(&req.request.path)
-        .bind(&headers)
-        .bind(&req.request.body)
-        .fetch_one(&self.pool)
-        .await
-        .map_err(Retry::from)?;
+        let row = sqlx::query(AssertSqlSafe(CLAIM.as_str()))
+            .bind(req.scope.account.as_str())
+            .bind(req.scope.key.as_str())
+            .bind(&req.fingerprint.as_bytes()[..])
+            .bind(self.test_now())
+            .bind(lease_ms(req.lease))
+            .bind(&req.request.method)
+            .bind(&req.request.path)
+            .bind(&headers)
+            .bind(&req.request.body)
+            // A resume never inserts: a record that is gone is stale.
+            .bind(req.resume.is_some())
+            .fetch_one(&self.pool)
+            .await
+            .map_err(Retry::from)?;
         if let Some(token) = row.try_get::<Option<i64>, _>(0).map_err(corrupt)? {
             return Ok(ClaimOutcome::Claimed(Lease {
                 token: FencingToken(token),
-                expires_at: expires,
+                expires_at: Millis(row.try_get::<Option<i64>, _>(1).map_err(corrupt)?.unwrap_or(0)),
                 resumed_from: None,
             }));
         }
-        let existing = if row.try_get::<Option<String>, _>(1).map_err(corrupt)?.is_some() {
-            decode_at(&row, 1)?
+        let mut now = Millis(row.try_get(2).map_err(corrupt)?);
+        let existing = if row.try_get::<Option<String>, _>(3).map_err(corrupt)?.is_some() {
+            decode_at(&row, 3)?
         } else {
             // The conflicting row was committed after this statement's snapshot
-            // (we waited for its inserter): read it afresh.
+            // (we waited for its inserter), or a resumed record is gone: read afresh.
             let mut conn = self.pool.acquire().await.map_err(Retry::from)?;
-            fetch_record(&mut conn, &req.scope, false)
-                .await?
-                .ok_or(Retry::Transient(sqlx::Error::RowNotFound))?
+            let (fresh_now, fresh) = self.fetch_with_now(&mut conn, &req.scope, false).await?;
+            now = fresh_now;
+            match fresh {
+                Some(r) => r,
+                None if req.resume.is_some() => return Ok(ClaimOutcome::Stale),
+                None => return Err(Retry::Transient(sqlx::Error::RowNotFound)),
+            }
         };
-        let takeover = match Resolution::of(&existing, &req.fingerprint, now, req.replay_window)? {
+        let takeover = match Resolution::of(&existing, req, now)? {
             Resolution::Move { takeover } => takeover,
             Resolution::Settled(outcome) => return Ok(outcome),
         };
-        let next = FencingToken(existing.fencing_token.0 + 1);
-        let moved = self
-            .move_claim(
-                &self.pool,
-                req,
-                existing.fencing_token,
-                next,
-                expires,
-                takeover,
-                &headers,
-            )
-            .await?;
-        if !moved {
-            // Another attempt moved the record first: decide again on its new state.
-            return Err(Retry::Transient(sqlx::Error::RowNotFound));
+        fail::fail_point!("idemkit_postgres::claim::before_move");
+        match self
+            .move_claim(&self.pool, req, &existing, now, takeover, false)
+            .await?
+        {
+            Some(lease) => Ok(ClaimOutcome::Claimed(lease)),
+            // The record changed since it was read (completed by a lapsed holder,
+            // heartbeaten, moved by another attempt): decide again on its new state.
+            None => Err(Retry::Transient(sqlx::Error::RowNotFound)),
         }
-        let resumed_from = if takeover { existing.recovery_point } else { None };
-        Ok(ClaimOutcome::Claimed(Lease {
-            token: next,
-            expires_at: expires,
-            resumed_from,
-        }))
     }
 
-    /// Compare-and-swap of a record to a new holder: takeover keeps its progress,
-    /// window reuse starts clean. `false` when the token was no longer `seen`.
-    #[allow(clippy::too_many_arguments)]
+    /// Compare-and-swap of a record to a new holder, on a fresh token: takeover
+    /// keeps its progress and generation, window reuse starts clean. It succeeds
+    /// only if the record is still exactly as `seen` (token, state and lease): a
+    /// record that completed, was heartbeaten, parked, released or moved in
+    /// between is never reopened (SPEC §3). `None` when it changed. With
+    /// `lift_lock_timeout`, the single-step claim's short `lock_timeout` is lifted
+    /// for the handler's own statements in the same round trip.
     async fn move_claim<'c, E>(
         &self,
         executor: E,
         req: &ClaimRequest,
-        seen: FencingToken,
-        next: FencingToken,
-        expires: Millis,
+        seen: &Record,
+        now: Millis,
         takeover: bool,
-        headers: &str,
-    ) -> Result<bool, Retry>
+        lift_lock_timeout: bool,
+    ) -> Result<Option<Lease>, Retry>
     where
         E: sqlx::Executor<'c, Database = Postgres>,
     {
-        let moved = sqlx::query(
-            "UPDATE idemkit_keys SET fencing_token = $3, lease_expires_at = $4, state = 'in_flight', \
-             fingerprint = CASE WHEN $5 THEN fingerprint ELSE $6 END, \
-             created_at = CASE WHEN $5 THEN created_at ELSE $7 END, completed_at = NULL, \
-             recovery_point = CASE WHEN $5 THEN recovery_point END, \
-             step_outputs = CASE WHEN $5 THEN step_outputs ELSE '{}' END, \
-             req_method = $8, req_path = $9, req_headers = $10, req_body = $11, \
-             resp_status = NULL, resp_headers = NULL, resp_body = NULL, \
-             last_error = CASE WHEN $5 THEN last_error END \
-             WHERE account = $1 AND idem_key = $2 AND fencing_token = $12",
-        )
-        .bind(req.scope.account.as_str())
-        .bind(req.scope.key.as_str())
-        .bind(next.0)
-        .bind(expires.0)
-        .bind(takeover)
-        .bind(&req.fingerprint.as_bytes()[..])
-        .bind(self.clock.now().0)
-        .bind(&req.request.method)
-        .bind(&req.request.path)
-        .bind(headers)
-        .bind(&req.request.body)
-        .bind(seen.0)
-        .execute(executor)
-        .await
-        .map_err(Retry::from)?;
-        Ok(moved.rows_affected() == 1)
+        static MOVE: LazyLock<String> = LazyLock::new(|| {
+            format!(
+                "UPDATE idemkit_keys SET fencing_token = {NEXT_TOKEN}, lease_expires_at = $3, \
+                 state = 'in_flight', \
+                 fingerprint = CASE WHEN $4 THEN fingerprint ELSE $5 END, \
+                 created_at = CASE WHEN $4 THEN created_at ELSE $6 END, completed_at = NULL, \
+                 recovery_point = CASE WHEN $4 THEN recovery_point END, \
+                 step_outputs = CASE WHEN $4 THEN step_outputs ELSE '{{}}' END, \
+                 req_method = $7, req_path = $8, req_headers = $9, req_body = $10, \
+                 resp_status = NULL, resp_headers = NULL, resp_body = NULL, \
+                 last_error = CASE WHEN $4 THEN last_error END \
+                 WHERE account = $1 AND idem_key = $2 AND fencing_token = $11 AND state = $12 \
+                 AND lease_expires_at = $13 \
+                 RETURNING fencing_token, CASE WHEN $14 THEN set_config('lock_timeout', '0', true) END"
+            )
+        });
+        let expires = now.plus(req.lease);
+        let moved = sqlx::query(AssertSqlSafe(MOVE.as_str()))
+            .bind(req.scope.account.as_str())
+            .bind(req.scope.key.as_str())
+            .bind(expires.0)
+            .bind(takeover)
+            .bind(&req.fingerprint.as_bytes()[..])
+            .bind(now.0)
+            .bind(&req.request.method)
+            .bind(&req.request.path)
+            .bind(StoredHeader::encode_list(&req.request.headers)?)
+            .bind(&req.request.body)
+            .bind(seen.fencing_token.0)
+            .bind(seen.state.as_str())
+            .bind(seen.lease_expires_at.0)
+            .bind(lift_lock_timeout)
+            .fetch_optional(executor)
+            .await
+            .map_err(Retry::from)?;
+        let Some(row) = moved else { return Ok(None) };
+        Ok(Some(Lease {
+            token: FencingToken(row.try_get(0).map_err(corrupt)?),
+            expires_at: expires,
+            resumed_from: if takeover { seen.recovery_point.clone() } else { None },
+        }))
     }
 
     async fn fenced(
         &self,
-        sql: &'static str,
+        sql: &str,
         notify: bool,
         scope: &Scope,
         token: FencingToken,
@@ -586,19 +695,21 @@ impl PgStore {
         response: &StoredResponse,
         notify: bool,
     ) -> Result<(), Retry> {
-        const COMPLETE: &str = "UPDATE idemkit_keys SET state = 'completed', completed_at = $4, resp_status = $5, \
-             resp_headers = $6, resp_body = $7, last_error = NULL \
-             WHERE account = $1 AND idem_key = $2 AND fencing_token = $3 AND state = 'in_flight'";
-        let sql = if notify {
-            notifying(COMPLETE)
-        } else {
-            COMPLETE.to_owned()
-        };
-        let q = sqlx::query(AssertSqlSafe(sql))
+        static COMPLETE: LazyLock<String> = LazyLock::new(|| {
+            format!(
+                "UPDATE idemkit_keys SET state = 'completed', completed_at = {}, resp_status = $5, \
+                 resp_headers = $6, resp_body = $7, last_error = NULL \
+                 WHERE account = $1 AND idem_key = $2 AND fencing_token = $3 AND state = 'in_flight'",
+                now_sql(4)
+            )
+        });
+        static COMPLETE_NOTIFYING: LazyLock<String> = LazyLock::new(|| notifying(&COMPLETE));
+        let sql = if notify { &*COMPLETE_NOTIFYING } else { &*COMPLETE };
+        let q = sqlx::query(AssertSqlSafe(sql.as_str()))
             .bind(scope.account.as_str())
             .bind(scope.key.as_str())
             .bind(token.0)
-            .bind(self.clock.now().0)
+            .bind(self.test_now())
             .bind(i32::from(response.status))
             .bind(StoredHeader::encode_list(&response.headers)?)
             .bind(&response.body);
@@ -683,17 +794,30 @@ impl KeyStore for PgStore {
     }
 
     async fn heartbeat(&self, scope: &Scope, token: FencingToken, lease: Duration) -> StoreResult<Millis> {
-        let expires = self.clock.now().plus(lease);
-        self.fenced(
-            "UPDATE idemkit_keys SET lease_expires_at = $4 \
-             WHERE account = $1 AND idem_key = $2 AND fencing_token = $3 AND state = 'in_flight'",
-            false,
-            scope,
-            token,
-            move |q| q.bind(expires.0),
-        )
-        .await?;
-        Ok(expires)
+        static HEARTBEAT: LazyLock<String> = LazyLock::new(|| {
+            format!(
+                "UPDATE idemkit_keys SET lease_expires_at = {} + $5 \
+                 WHERE account = $1 AND idem_key = $2 AND fencing_token = $3 AND state = 'in_flight' \
+                 RETURNING lease_expires_at",
+                now_sql(4)
+            )
+        });
+        self.retrying(|| async {
+            let row = sqlx::query(AssertSqlSafe(HEARTBEAT.as_str()))
+                .bind(scope.account.as_str())
+                .bind(scope.key.as_str())
+                .bind(token.0)
+                .bind(self.test_now())
+                .bind(lease_ms(lease))
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(Retry::from)?;
+            match row {
+                Some(row) => Ok(Millis(row.try_get(0).map_err(corrupt)?)),
+                None => Err(Retry::Fatal(StoreError::Fenced)),
+            }
+        })
+        .await
     }
 
     async fn complete(
@@ -712,28 +836,36 @@ impl KeyStore for PgStore {
     async fn release(&self, scope: &Scope, token: FencingToken) -> StoreResult<()> {
         // The row stays (state `released`, behaving as absent) so the next
         // claim's token is higher than any this record ever handed out.
-        self.fenced(
-            "UPDATE idemkit_keys SET state = 'released', lease_expires_at = 0, req_body = ''::bytea \
-             WHERE account = $1 AND idem_key = $2 AND fencing_token = $3 AND state = 'in_flight'",
-            true,
-            scope,
-            token,
-            |q| q,
-        )
-        .await
+        // A record with recorded progress is abandoned instead (see the trait).
+        static RELEASE: LazyLock<String> = LazyLock::new(|| {
+            const CLEAN: &str = "recovery_point IS NULL AND step_outputs = '{}'";
+            format!(
+                "UPDATE idemkit_keys SET fencing_token = {NEXT_TOKEN}, \
+                 state = CASE WHEN {CLEAN} THEN 'released' ELSE state END, \
+                 lease_expires_at = CASE WHEN {CLEAN} THEN 0 ELSE {now} END, \
+                 req_body = CASE WHEN {CLEAN} THEN ''::bytea ELSE req_body END, \
+                 last_error = CASE WHEN {CLEAN} THEN last_error ELSE $5 END \
+                 WHERE account = $1 AND idem_key = $2 AND fencing_token = $3 AND state = 'in_flight'",
+                now = now_sql(4)
+            )
+        });
+        let now = self.test_now();
+        self.fenced(&RELEASE, true, scope, token, move |q| q.bind(now).bind(RELEASE_REFUSED))
+            .await
     }
 
     async fn abandon(&self, scope: &Scope, token: FencingToken, error: &str) -> StoreResult<()> {
-        let now = self.clock.now().0;
-        self.fenced(
-            "UPDATE idemkit_keys SET lease_expires_at = $4, last_error = $5 \
-             WHERE account = $1 AND idem_key = $2 AND fencing_token = $3 AND state = 'in_flight'",
-            true,
-            scope,
-            token,
-            move |q| q.bind(now).bind(error.to_owned()),
-        )
-        .await
+        // A fresh token: a heartbeat of this holder still on its way is refused.
+        static ABANDON: LazyLock<String> = LazyLock::new(|| {
+            format!(
+                "UPDATE idemkit_keys SET fencing_token = {NEXT_TOKEN}, lease_expires_at = {}, last_error = $5 \
+                 WHERE account = $1 AND idem_key = $2 AND fencing_token = $3 AND state = 'in_flight'",
+                now_sql(4)
+            )
+        });
+        let now = self.test_now();
+        self.fenced(&ABANDON, true, scope, token, move |q| q.bind(now).bind(error.to_owned()))
+            .await
     }
 
     async fn get(&self, scope: &Scope) -> StoreResult<Option<Record>> {
@@ -768,22 +900,23 @@ impl KeyStore for PgStore {
     }
 
     async fn park(&self, scope: &Scope, token: FencingToken, reason: &str) -> StoreResult<()> {
-        let now = self.clock.now().0;
         // Wakes waiters like release and abandon: their next claim answers `Parked`.
-        self.fenced(
-            "UPDATE idemkit_keys SET state = 'parked', lease_expires_at = $4, last_error = $5 \
-             WHERE account = $1 AND idem_key = $2 AND fencing_token = $3 AND state = 'in_flight'",
-            true,
-            scope,
-            token,
-            move |q| q.bind(now).bind(reason.to_owned()),
-        )
-        .await
+        static PARK: LazyLock<String> = LazyLock::new(|| {
+            format!(
+                "UPDATE idemkit_keys SET fencing_token = {NEXT_TOKEN}, state = 'parked', \
+                 lease_expires_at = {}, last_error = $5 \
+                 WHERE account = $1 AND idem_key = $2 AND fencing_token = $3 AND state = 'in_flight'",
+                now_sql(4)
+            )
+        });
+        let now = self.test_now();
+        self.fenced(&PARK, true, scope, token, move |q| q.bind(now).bind(reason.to_owned()))
+            .await
     }
 
     async fn abandoned(&self, claimed_before: Millis, limit: usize) -> StoreResult<Vec<Record>> {
-        let rows = sqlx::query(SELECT_ABANDONED)
-            .bind(self.clock.now().0)
+        let rows = sqlx::query(AssertSqlSafe(SELECT_ABANDONED.as_str()))
+            .bind(self.test_now())
             .bind(claimed_before.0)
             .bind(i64::try_from(limit).unwrap_or(i64::MAX))
             .fetch_all(&self.pool)
@@ -793,11 +926,12 @@ impl KeyStore for PgStore {
     }
 
     async fn reap(&self, before: Millis) -> StoreResult<ReapReport> {
-        let now = self.clock.now().0;
+        let now = self.test_now();
         self.retrying(|| async {
-            let row = sqlx::query(REAP)
+            let row = sqlx::query(AssertSqlSafe(REAP.as_str()))
                 .bind(before.0)
                 .bind(now)
+                .bind(MOVED_TO_REVIEW)
                 .fetch_one(&self.pool)
                 .await
                 .map_err(Retry::from)?;
@@ -837,9 +971,9 @@ impl KeyStore for PgStore {
     }
 
     async fn force_release(&self, scope: &Scope) -> StoreResult<bool> {
-        let now = self.clock.now().0;
+        let now = self.test_now();
         // Wakes waiters like a holder's release: their next claim runs the request.
-        let sql = notifying(FORCE_RELEASE);
+        let sql = notifying(&FORCE_RELEASE);
         self.retrying(|| async {
             let changed: i64 = sqlx::query(AssertSqlSafe(sql.clone()))
                 .bind(scope.account.as_str())
@@ -860,7 +994,7 @@ impl KeyStore for PgStore {
         // Subscribe first, then flag the record, so a completion that lands in
         // between is either seen by the caller's next claim or notified to us.
         let mut rx = self.changes.subscribe();
-        sqlx::query(
+        let flagged = sqlx::query(
             "UPDATE idemkit_keys SET has_waiters = true \
              WHERE account = $1 AND idem_key = $2 AND state = 'in_flight' AND NOT has_waiters",
         )
@@ -868,7 +1002,24 @@ impl KeyStore for PgStore {
         .bind(scope.key.as_str())
         .execute(&self.pool)
         .await
-        .map_err(map_err)?;
+        .map_err(map_err)?
+        .rows_affected();
+        if flagged == 0 {
+            // Either another waiter flagged it (a notification will come), or the
+            // record left `in_flight` before our flag (between the caller's claim
+            // and now): that change sent no notification, so look once more.
+            let in_flight: Option<bool> = sqlx::query_scalar(
+                "SELECT state = 'in_flight' FROM idemkit_keys WHERE account = $1 AND idem_key = $2",
+            )
+            .bind(scope.account.as_str())
+            .bind(scope.key.as_str())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(map_err)?;
+            if in_flight != Some(true) {
+                return Ok(());
+            }
+        }
         let want = (scope.account.as_str(), scope.key.as_str());
         let wait = async {
             loop {
@@ -1073,6 +1224,11 @@ fn decode_review(row: &PgRow) -> StoreResult<ReviewEntry> {
         req_headers: row.try_get(10).map_err(g)?,
         req_body: row.try_get(11).map_err(g)?,
     })
+}
+
+/// A lease length in milliseconds, as SQL adds it to the store's clock.
+fn lease_ms(lease: Duration) -> i64 {
+    i64::try_from(lease.as_millis()).unwrap_or(i64::MAX)
 }
 
 fn corrupt(e: sqlx::Error) -> StoreError {

@@ -42,7 +42,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use idemkit_core::{
-    ClaimOutcome, ClaimRequest, Clock, FencingToken, Fingerprint, KeyStore, Lease, Millis, Record,
+    ClaimOutcome, ClaimRequest, Clock, FencingToken, Fingerprint, KeyStore, Lease, Millis, RELEASE_REFUSED, Record,
     RecordState, Scope, StoreError, StoreResult, StoredHeader, StoredRequest, StoredResponse, SystemClock,
 };
 use redis::{Cmd, Value};
@@ -64,6 +64,7 @@ pub struct RedisStore {
     next: Arc<AtomicUsize>,
     config: Arc<RedisConfig>,
     clock: Arc<dyn Clock>,
+    test_clock: Option<Arc<dyn Clock>>,
     notifier: Option<Arc<Notifier>>,
     publish: &'static str,
     ids: Arc<WriteIds>,
@@ -150,17 +151,37 @@ impl RedisStore {
             next: Arc::default(),
             config: Arc::new(config),
             clock: Arc::new(SystemClock),
+            test_clock: None,
             notifier,
             publish,
             ids: Arc::new(WriteIds::new()),
         })
     }
 
-    /// Replaces the clock (tests move time with it). Every time the scripts
-    /// compare comes from this clock, never from the server's `TIME`.
+    /// Replaces the application clock, which only [`KeyStore::now`] reads
+    /// (coarse cutoffs). The scripts judge leases and windows by the server's
+    /// `TIME` whatever this clock says, so instances whose clocks disagree still
+    /// agree on who holds a key.
     pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = clock;
         self
+    }
+
+    /// Replaces the server's clock, in every script this handle runs, with
+    /// `clock` (and the application clock too). For tests that move time by
+    /// hand; never in production, where instances must share one clock.
+    pub fn with_test_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock.clone();
+        self.test_clock = Some(clock);
+        self
+    }
+
+    /// The "now" argument of the scripts: the test clock's time, or empty for
+    /// the server's `TIME`.
+    fn now_arg(&self) -> String {
+        self.test_clock
+            .as_ref()
+            .map_or_else(String::new, |c| c.now().0.to_string())
     }
 
     /// The configuration in use.
@@ -284,9 +305,10 @@ impl RedisStore {
 
     /// The claim, with the attempt id that makes its re-delivery harmless.
     async fn claim_as(&self, req: &ClaimRequest, attempt: &str) -> StoreResult<ClaimOutcome> {
-        let now = self.clock.now();
-        let expires = now.plus(req.lease);
+        let now = self.now_arg();
+        let expires = self.clock.now().plus(req.lease);
         let keep = self.config.reap_after.max(req.replay_window);
+        let resume = req.resume.map_or_else(String::new, |t| t.0.to_string());
         let key = self.record_key(&req.scope);
         let headers = to_json(&req.request.headers)?;
         let touch = if self.config.wait_replicas.is_some() {
@@ -299,8 +321,8 @@ impl RedisStore {
                 &SCRIPTS.claim,
                 &[&key],
                 &|c| {
-                    c.arg(now.0)
-                        .arg(expires.0)
+                    c.arg(&now)
+                        .arg(ms(req.lease))
                         .arg(ms(req.replay_window))
                         .arg(ms(keep))
                         .arg(&req.fingerprint.as_bytes()[..])
@@ -309,7 +331,8 @@ impl RedisStore {
                         .arg(&headers)
                         .arg(&req.request.body)
                         .arg(touch)
-                        .arg(attempt);
+                        .arg(attempt)
+                        .arg(&resume);
                 },
                 self.config.wait_replicas,
             )
@@ -323,13 +346,14 @@ impl RedisStore {
                 // not wait out the lease. Best effort and without `WAIT` (the
                 // replicas are what is missing); the lease expires anyway.
                 let publish = self.publish;
+                let now = self.now_arg();
                 let _ = self
                     .fenced_with(
                         &SCRIPTS.release,
                         &req.scope,
                         lease.token,
                         &|c| {
-                            c.arg(publish);
+                            c.arg(publish).arg(&now).arg(RELEASE_REFUSED);
                         },
                         None,
                         &self.ids.next(),
@@ -353,9 +377,12 @@ impl KeyStore for RedisStore {
     }
 
     async fn heartbeat(&self, scope: &Scope, token: FencingToken, lease: Duration) -> StoreResult<Millis> {
+        // The script sets the expiry by the server's clock; this is the same
+        // instant by this instance's clock.
         let expires = self.clock.now().plus(lease);
+        let now = self.now_arg();
         self.fenced(&SCRIPTS.heartbeat, scope, token, &|c| {
-            c.arg(expires.0).arg(ms(lease));
+            c.arg(&now).arg(ms(lease));
         })
         .await?;
         Ok(expires)
@@ -367,10 +394,10 @@ impl KeyStore for RedisStore {
         token: FencingToken,
         response: &StoredResponse,
     ) -> StoreResult<()> {
-        let now = self.clock.now();
+        let now = self.now_arg();
         let headers = to_json(&response.headers)?;
         self.fenced(&SCRIPTS.complete, scope, token, &|c| {
-            c.arg(now.0)
+            c.arg(&now)
                 .arg(response.status)
                 .arg(&headers)
                 .arg(&response.body)
@@ -380,16 +407,17 @@ impl KeyStore for RedisStore {
     }
 
     async fn release(&self, scope: &Scope, token: FencingToken) -> StoreResult<()> {
+        let now = self.now_arg();
         self.fenced(&SCRIPTS.release, scope, token, &|c| {
-            c.arg(self.publish);
+            c.arg(self.publish).arg(&now).arg(RELEASE_REFUSED);
         })
         .await
     }
 
     async fn abandon(&self, scope: &Scope, token: FencingToken, error: &str) -> StoreResult<()> {
-        let now = self.clock.now();
+        let now = self.now_arg();
         self.fenced(&SCRIPTS.abandon, scope, token, &|c| {
-            c.arg(now.0).arg(error).arg(self.publish);
+            c.arg(&now).arg(error).arg(self.publish);
         })
         .await
     }
@@ -529,6 +557,7 @@ fn decode_claim(reply: Value, expires: Millis) -> StoreResult<ClaimOutcome> {
             }))
         }
         3 => Ok(ClaimOutcome::Mismatch),
+        5 => Ok(ClaimOutcome::Stale),
         4 => {
             let left = items.next().as_ref().and_then(int_of).ok_or_else(bad)?;
             Ok(ClaimOutcome::InProgress {

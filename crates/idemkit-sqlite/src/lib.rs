@@ -33,14 +33,14 @@ use async_trait::async_trait;
 use idemkit_core::ReviewRow;
 use idemkit_core::{
     ClaimOutcome, ClaimRequest, Clock, Decision, FORCE_RELEASED, FencingToken, Fingerprint, KeyStore, Lease,
-    ListFilter, Millis, PhaseUpdate, ReapReport, Record, RecordHead, RecordRow, Resolution, ReviewEntry,
-    Scope, StoreError, StoreResult, StoredHeader, StoredRequest, StoredResponse, SystemClock,
-    TransactionalStore, TxClaim, decide,
+    ListFilter, MOVED_TO_REVIEW, Millis, PhaseUpdate, RELEASE_REFUSED, ReapReport, Record, RecordHead,
+    RecordRow, Resolution, ReviewEntry, Scope, StoreError, StoreResult, StoredHeader, StoredRequest,
+    StoredResponse, SystemClock, TransactionalStore, TxClaim,
 };
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow, SqliteSynchronous,
 };
-use sqlx::{Row, Sqlite, SqliteConnection, SqlitePool};
+use sqlx::{AssertSqlSafe, Row, Sqlite, SqliteConnection, SqlitePool};
 use tokio::sync::{Mutex, OwnedMutexGuard};
 
 /// A write transaction on the store's database, as handed to single-step
@@ -66,8 +66,10 @@ pub struct SqliteTx {
 /// way: the primary key makes the loser's INSERT (or compare-and-swap) fail.
 struct PendingClaim {
     _marker: PendingMarker,
-    /// `None`: no row existed, INSERT. `Some(t)`: replace the row whose token is `t`.
-    replaces: Option<FencingToken>,
+    /// `None`: no row existed, INSERT. `Some(head)`: replace the row exactly as it
+    /// was read (token, state and lease), so a record that changed in between
+    /// (completed by a lapsed holder, heartbeaten, parked) is never overwritten.
+    replaces: Option<RecordHead>,
     token: FencingToken,
     keep_progress: bool,
     fingerprint: Fingerprint,
@@ -274,8 +276,8 @@ impl SqliteStore {
         let inserted = sqlx::query(
             "INSERT INTO idemkit_keys (account, idem_key, fingerprint, state, created_at, lease_expires_at, \
              fencing_token, req_method, req_path, req_headers, req_body) \
-             VALUES (?1, ?2, ?3, 'in_flight', ?4, ?5, 1, ?6, ?7, ?8, ?9) \
-             ON CONFLICT (account, idem_key) DO NOTHING RETURNING fencing_token",
+             VALUES (?1, ?2, ?3, 'in_flight', ?4, ?5, (SELECT floor + 1 FROM idemkit_token_floor), \
+             ?6, ?7, ?8, ?9) ON CONFLICT (account, idem_key) DO NOTHING RETURNING fencing_token",
         )
         .bind(req.scope.account.as_str())
         .bind(req.scope.key.as_str())
@@ -301,7 +303,7 @@ impl SqliteStore {
         let existing = fetch_record(&mut *conn, &req.scope).await?.ok_or_else(|| {
             StoreError::Corrupt("insert conflicted but no row was found under the write lock".into())
         })?;
-        let takeover = match Resolution::of(&existing, &req.fingerprint, now, req.replay_window)? {
+        let takeover = match Resolution::of(&existing, req, now)? {
             Resolution::Move { takeover } => takeover,
             Resolution::Settled(outcome) => return Ok(Err(outcome)),
         };
@@ -349,12 +351,7 @@ impl SqliteStore {
     async fn read_decision(&self, req: &ClaimRequest) -> StoreResult<(Option<Record>, Decision)> {
         let mut conn = self.pool.acquire().await.map_err(map_err)?;
         let existing = fetch_record(&mut conn, &req.scope).await?;
-        let decision = decide(
-            existing.as_ref().map(RecordHead::from).as_ref(),
-            &req.fingerprint,
-            self.clock.now(),
-            req.replay_window,
-        );
+        let decision = req.decide(existing.as_ref().map(RecordHead::from).as_ref(), self.clock.now());
         Ok((existing, decision))
     }
 
@@ -401,7 +398,8 @@ impl SqliteStore {
                 "INSERT INTO idemkit_keys (account, idem_key, fingerprint, state, created_at, completed_at, \
                  lease_expires_at, fencing_token, req_method, req_path, req_headers, req_body, resp_status, \
                  resp_headers, resp_body) \
-                 VALUES (?1, ?2, ?3, 'completed', ?4, ?5, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13) \
+                 VALUES (?1, ?2, ?3, 'completed', ?4, ?5, ?5, \
+                 MAX(?6, (SELECT floor + 1 FROM idemkit_token_floor)), ?7, ?8, ?9, ?10, ?11, ?12, ?13) \
                  ON CONFLICT (account, idem_key) DO NOTHING"
             }
             Some(_) => {
@@ -411,7 +409,8 @@ impl SqliteStore {
                  req_body = ?10, resp_status = ?11, resp_headers = ?12, resp_body = ?13, last_error = NULL, \
                  recovery_point = CASE WHEN ?15 THEN recovery_point END, \
                  step_outputs = CASE WHEN ?15 THEN step_outputs ELSE '{}' END \
-                 WHERE account = ?1 AND idem_key = ?2 AND fencing_token = ?14"
+                 WHERE account = ?1 AND idem_key = ?2 AND fencing_token = ?14 AND state = ?16 \
+                 AND lease_expires_at = ?17"
             }
         };
         let done = sqlx::query(sql)
@@ -428,8 +427,10 @@ impl SqliteStore {
             .bind(i64::from(response.status))
             .bind(StoredHeader::encode_list(&response.headers)?)
             .bind(&response.body)
-            .bind(p.replaces.map_or(0, |t| t.0))
+            .bind(p.replaces.map_or(0, |h| h.fencing_token.0))
             .bind(p.keep_progress)
+            .bind(p.replaces.map_or("", |h| h.state.as_str()))
+            .bind(p.replaces.map_or(0, |h| h.lease_expires_at.0))
             .execute(&mut *conn)
             .await
             .map_err(map_err)?;
@@ -555,13 +556,19 @@ impl KeyStore for SqliteStore {
         let mut tx = self.begin().await?;
         // The row stays (state `released`, behaving as absent) so the next claim's
         // token is higher than any this record ever handed out.
+        // A record with recorded progress is abandoned instead (see the trait).
+        let now = self.clock.now().0;
         self.fenced_update(
             &mut tx,
-            "UPDATE idemkit_keys SET state = 'released', lease_expires_at = 0, req_body = x'' \
+            "UPDATE idemkit_keys SET fencing_token = fencing_token + 1, \
+             state = CASE WHEN recovery_point IS NULL AND step_outputs = '{}' THEN 'released' ELSE state END, \
+             lease_expires_at = CASE WHEN recovery_point IS NULL AND step_outputs = '{}' THEN 0 ELSE ?4 END, \
+             req_body = CASE WHEN recovery_point IS NULL AND step_outputs = '{}' THEN x'' ELSE req_body END, \
+             last_error = CASE WHEN recovery_point IS NULL AND step_outputs = '{}' THEN last_error ELSE ?5 END \
              WHERE account = ?1 AND idem_key = ?2 AND fencing_token = ?3 AND state = 'in_flight'",
             scope,
             token,
-            |q| q,
+            move |q| q.bind(now).bind(RELEASE_REFUSED),
         )
         .await?;
         tx.commit().await.map_err(map_err)
@@ -573,7 +580,7 @@ impl KeyStore for SqliteStore {
         let mut tx = self.begin().await?;
         self.fenced_update(
             &mut tx,
-            "UPDATE idemkit_keys SET lease_expires_at = ?4, last_error = ?5 \
+            "UPDATE idemkit_keys SET fencing_token = fencing_token + 1, lease_expires_at = ?4, last_error = ?5 \
              WHERE account = ?1 AND idem_key = ?2 AND fencing_token = ?3 AND state = 'in_flight'",
             scope,
             token,
@@ -604,7 +611,8 @@ impl KeyStore for SqliteStore {
         let mut tx = self.begin().await?;
         self.fenced_update(
             &mut tx,
-            "UPDATE idemkit_keys SET state = 'parked', lease_expires_at = ?4, last_error = ?5 \
+            "UPDATE idemkit_keys SET fencing_token = fencing_token + 1, state = 'parked', \
+             lease_expires_at = ?4, last_error = ?5 \
              WHERE account = ?1 AND idem_key = ?2 AND fencing_token = ?3 AND state = 'in_flight'",
             scope,
             token,
@@ -631,47 +639,64 @@ impl KeyStore for SqliteStore {
         // review table, never in both or neither.
         let mut tx = self.begin().await?;
         // Never completed and claimed before `?1`: in flight with a lease expired
-        // at `?2` (now), or parked. Live leases never match.
-        let moved = sqlx::query(
+        // at `?2` (now), or parked; live leases never match. Each is listed once
+        // (a review entry of the same claim means it was listed already), and the
+        // record stays, parked, so it keeps fencing and is never claimed again as
+        // a new request.
+        const UNFINISHED: &str = "created_at < ?1 \
+             AND (state = 'parked' OR (state = 'in_flight' AND lease_expires_at <= ?2)) \
+             AND NOT EXISTS (SELECT 1 FROM idemkit_review r WHERE r.account = idemkit_keys.account \
+             AND r.idem_key = idemkit_keys.idem_key AND r.created_at = idemkit_keys.created_at)";
+        let moved = sqlx::query(AssertSqlSafe(format!(
             "INSERT INTO idemkit_review (account, idem_key, state, created_at, reaped_at, recovery_point, \
              step_outputs, last_error, req_method, req_path, req_headers, req_body) \
              SELECT account, idem_key, state, created_at, ?2, recovery_point, step_outputs, last_error, \
-             req_method, req_path, req_headers, req_body FROM idemkit_keys WHERE created_at < ?1 \
-             AND (state = 'parked' OR (state = 'in_flight' AND lease_expires_at <= ?2)) \
-             ORDER BY created_at, account, idem_key",
-        )
+             req_method, req_path, req_headers, req_body FROM idemkit_keys WHERE {UNFINISHED} \
+             ORDER BY created_at, account, idem_key"
+        )))
         .bind(before.0)
         .bind(now)
         .execute(&mut *tx)
         .await
         .map_err(map_err)?
         .rows_affected();
-        let removed = sqlx::query(
-            "DELETE FROM idemkit_keys WHERE created_at < ?1 \
-             AND (state = 'parked' OR (state = 'in_flight' AND lease_expires_at <= ?2))",
+        let parked = sqlx::query(
+            "UPDATE idemkit_keys SET fencing_token = fencing_token + 1, state = 'parked', \
+             lease_expires_at = MIN(lease_expires_at, ?2), last_error = ?3 \
+             WHERE created_at < ?1 AND (state = 'parked' OR (state = 'in_flight' AND lease_expires_at <= ?2)) \
+             AND (last_error IS NULL OR last_error <> ?3)",
         )
         .bind(before.0)
         .bind(now)
+        .bind(MOVED_TO_REVIEW)
         .execute(&mut *tx)
         .await
         .map_err(map_err)?
         .rows_affected();
-        if removed != moved {
+        if parked != moved {
             return Err(StoreError::Corrupt(format!(
-                "reaper moved {moved} records to review but deleted {removed}"
+                "reaper listed {moved} records for review but parked {parked}"
             )));
         }
         // completed_at >= created_at, so the created_at bound only lets the
-        // created_at index narrow the scan.
-        let deleted = sqlx::query(
-            "DELETE FROM idemkit_keys WHERE created_at < ?1 AND \
-             ((state = 'completed' AND COALESCE(completed_at, created_at) < ?1) OR state = 'released')",
-        )
+        // created_at index narrow the scan. The floor is raised first, in the same
+        // transaction, so no later claim of a deleted key reuses one of its tokens.
+        const EXPIRED: &str = "created_at < ?1 AND \
+             ((state = 'completed' AND COALESCE(completed_at, created_at) < ?1) OR state = 'released')";
+        sqlx::query(AssertSqlSafe(format!(
+            "UPDATE idemkit_token_floor SET floor = MAX(floor, \
+             COALESCE((SELECT MAX(fencing_token) FROM idemkit_keys WHERE {EXPIRED}), 0))"
+        )))
         .bind(before.0)
         .execute(&mut *tx)
         .await
-        .map_err(map_err)?
-        .rows_affected();
+        .map_err(map_err)?;
+        let deleted = sqlx::query(AssertSqlSafe(format!("DELETE FROM idemkit_keys WHERE {EXPIRED}")))
+            .bind(before.0)
+            .execute(&mut *tx)
+            .await
+            .map_err(map_err)?
+            .rows_affected();
         tx.commit().await.map_err(map_err)?;
         Ok(ReapReport {
             deleted,
@@ -708,8 +733,8 @@ impl KeyStore for SqliteStore {
         let mut tx = self.begin().await?;
         // The same tombstone as `release`; the state check replaces the token check.
         let changed = sqlx::query(
-            "UPDATE idemkit_keys SET state = 'released', lease_expires_at = 0, req_body = x'', \
-             last_error = ?4 WHERE account = ?1 AND idem_key = ?2 \
+            "UPDATE idemkit_keys SET fencing_token = fencing_token + 1, state = 'released', \
+             lease_expires_at = 0, req_body = x'', last_error = ?4 WHERE account = ?1 AND idem_key = ?2 \
              AND (state = 'parked' OR (state = 'in_flight' AND lease_expires_at <= ?3))",
         )
         .bind(scope.account.as_str())
@@ -740,8 +765,9 @@ impl TransactionalStore for SqliteStore {
                 retry_after: Duration::from_secs(1),
             }));
         };
-        let replaces = existing.as_ref().map(|r| r.fencing_token);
-        let token = FencingToken(replaces.map_or(1, |t| t.0 + 1));
+        let replaces = existing.as_ref().map(RecordHead::from);
+        // An insert's token is raised to the reaper's floor when it is written.
+        let token = FencingToken(replaces.map_or(1, |h| h.fencing_token.0 + 1));
         let resumed_from = match decision {
             Decision::Takeover => existing.and_then(|r| r.recovery_point),
             _ => None,

@@ -14,7 +14,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idemkit_core::{
-    Account, ClaimOutcome, FORCE_RELEASED, FencingToken, KeyStore, Lease, ListFilter, Millis, PhaseUpdate,
+    Account, ClaimOutcome, FORCE_RELEASED, FencingToken, KeyStore, Lease, ListFilter, MOVED_TO_REVIEW, Millis,
+    PhaseUpdate,
     ReapReport, Record, RecordState, Scope, StoreError, TransactionalStore,
 };
 use serde_json::json;
@@ -225,6 +226,8 @@ pub async fn parked_record_is_never_claimed_again<S: KeyStore>(store: Arc<S>, cl
     assert_fenced(store.heartbeat(&s, a.token, LEASE).await, "heartbeat after park");
     assert_fenced(store.abandon(&s, a.token, "x").await, "abandon after park");
     assert_fenced(store.release(&s, a.token).await, "release after park");
+    let parked = record(&*store, &s).await.fencing_token;
+    assert!(parked > a.token, "parking moves the record to a new token");
 
     clock.advance(LEASE * 2);
     assert_eq!(store.claim(&req).await.unwrap(), ClaimOutcome::Parked);
@@ -232,7 +235,7 @@ pub async fn parked_record_is_never_claimed_again<S: KeyStore>(store: Arc<S>, cl
     assert_eq!(store.claim(&req).await.unwrap(), ClaimOutcome::Parked);
     let rec = record(&*store, &s).await;
     assert_eq!(rec.state, RecordState::Parked);
-    assert_eq!(rec.fencing_token, a.token, "nobody claimed it since");
+    assert_eq!(rec.fencing_token, parked, "nobody claimed it since");
     // Not the completer's business: a human decides.
     assert!(store.abandoned(store.now(), 100).await.unwrap().is_empty());
 }
@@ -388,8 +391,22 @@ pub async fn reap_deletes_old_records_and_moves_unfinished_ones_to_review<S: Key
             moved_to_review: 2
         }
     );
-    for gone in [&done_old, &released_old, &stuck_old, &parked_old] {
+    for gone in [&done_old, &released_old] {
         assert!(store.get(gone).await.unwrap().is_none(), "{gone:?} reaped");
+    }
+    // What never completed is listed for review and stays, parked on a new
+    // token: it keeps fencing, and its key never runs again as a new request.
+    for listed in [&stuck_old, &parked_old] {
+        let rec = record(&*store, listed).await;
+        assert_eq!(rec.state, RecordState::Parked, "{listed:?}");
+        assert_eq!(rec.last_error.as_deref(), Some(MOVED_TO_REVIEW));
+        assert_eq!(
+            store
+                .claim(&claim_req(listed, &format!(r#"{{"key":"{}"}}"#, listed.key.as_str())))
+                .await
+                .unwrap(),
+            ClaimOutcome::Parked
+        );
     }
     for kept in [
         &live_old,
@@ -435,24 +452,30 @@ pub async fn reap_deletes_old_records_and_moves_unfinished_ones_to_review<S: Key
     assert_eq!(store.review(10).await.unwrap(), review);
 }
 
-/// After the reaper deleted a record (completed, or moved to review), its key
-/// is free: the next claim starts a new request from scratch.
+/// After the reaper deleted a completed record its key is free: the next claim
+/// starts a new request from scratch, on a token above every token the deleted
+/// record handed out (a holder paused since then can never write to it). A
+/// record listed for review is not deleted: its key answers parked.
 pub async fn reaped_keys_can_be_claimed_anew<S: KeyStore>(store: Arc<S>, clock: Arc<ManualClock>) {
     let done = scope("acct-l", "again-done");
     let done_req = claim_req(&done, "{}");
+    let first = must_claim(&*store, &done_req).await;
+    // A takeover leaves a stale holder of the first token behind.
+    clock.advance(LEASE * 2);
     let l = must_claim(&*store, &done_req).await;
+    assert!(l.token > first.token);
     store
         .complete(&done, l.token, &response(201, "old"))
         .await
         .unwrap();
     let parked = scope("acct-l", "again-parked");
     let parked_req = claim_req(&parked, "{}");
-    let l = must_claim(&*store, &parked_req).await;
+    let p = must_claim(&*store, &parked_req).await;
     store
-        .advance(&parked, l.token, &phase("p", Some(("p", json!(1)))))
+        .advance(&parked, p.token, &phase("p", Some(("p", json!(1)))))
         .await
         .unwrap();
-    store.park(&parked, l.token, "review").await.unwrap();
+    store.park(&parked, p.token, "review").await.unwrap();
 
     clock.advance(REAP + Duration::from_secs(1));
     let report = store.reap(store.now()).await.unwrap();
@@ -463,23 +486,35 @@ pub async fn reaped_keys_can_be_claimed_anew<S: KeyStore>(store: Arc<S>, clock: 
             moved_to_review: 1
         }
     );
-    for (s, req) in [(&done, &done_req), (&parked, &parked_req)] {
-        let lease = must_claim(&*store, req).await;
-        assert_eq!(lease.resumed_from, None);
-        let rec = record(&*store, s).await;
-        assert_eq!(rec.state, RecordState::InFlight);
-        assert_eq!(rec.recovery_point, None);
-        assert!(rec.step_outputs.is_empty());
-        assert_eq!(rec.last_error, None);
-        store
-            .complete(s, lease.token, &response(201, "new"))
-            .await
-            .unwrap();
-        assert_eq!(
-            store.claim(req).await.unwrap(),
-            ClaimOutcome::Replay(response(201, "new"))
-        );
+    assert_eq!(store.claim(&parked_req).await.unwrap(), ClaimOutcome::Parked);
+    assert!(store.get(&done).await.unwrap().is_none());
+
+    let lease = must_claim(&*store, &done_req).await;
+    assert_eq!(lease.resumed_from, None);
+    assert!(
+        lease.token > l.token && lease.token > first.token,
+        "tokens never repeat for a reaped key: {lease:?} after {first:?} and {l:?}"
+    );
+    let rec = record(&*store, &done).await;
+    assert_eq!(rec.state, RecordState::InFlight);
+    assert_eq!(rec.recovery_point, None);
+    assert!(rec.step_outputs.is_empty());
+    assert_eq!(rec.last_error, None);
+    // The holders of the deleted record's tokens are fenced out of the new one.
+    for stale in [first.token, l.token] {
+        assert!(matches!(
+            store.complete(&done, stale, &response(201, "stale")).await,
+            Err(StoreError::Fenced)
+        ));
     }
+    store
+        .complete(&done, lease.token, &response(201, "new"))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.claim(&done_req).await.unwrap(),
+        ClaimOutcome::Replay(response(201, "new"))
+    );
 }
 
 /// `list` returns whole records matching the state and account filters,
@@ -643,7 +678,7 @@ pub async fn force_release_frees_only_records_nobody_holds<S: KeyStore>(
     assert!(store.force_release(&parked).await.unwrap());
     let rec = record(&*store, &parked).await;
     assert_eq!(rec.state, RecordState::Released);
-    assert_eq!(rec.fencing_token, l.token, "the row stays with its token");
+    assert!(rec.fencing_token > l.token, "the row stays, on a new token");
     assert_eq!(rec.last_error.as_deref(), Some(FORCE_RELEASED));
     assert!(!store.force_release(&parked).await.unwrap(), "once");
     let again = must_claim(&*store, &parked_req).await;
@@ -677,7 +712,7 @@ pub async fn force_release_frees_only_records_nobody_holds<S: KeyStore>(
         "nor advance",
     );
     let next = must_claim(&*store, &claim_req(&crashed, r#"{"key":"fr-crashed"}"#)).await;
-    assert_eq!(next.token, FencingToken(old.token.0 + 1));
+    assert!(next.token > old.token, "tokens keep rising across an operator release");
     assert_eq!(next.resumed_from, None);
 
     // The live lease outlived the others untouched, and now it has expired too.

@@ -5,8 +5,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use idemkit_core::{
     ClaimOutcome, ClaimRequest, Clock, Decision, FORCE_RELEASED, FencingToken, KeyStore, Lease, ListFilter,
-    Millis, PhaseUpdate, ReapReport, Record, RecordHead, RecordState, ReviewEntry, Scope, StoreError,
-    StoreResult, StoredResponse, SystemClock, decide,
+    MOVED_TO_REVIEW, Millis, PhaseUpdate, RELEASE_REFUSED, ReapReport, Record, RecordHead, RecordState,
+    ReviewEntry, Scope, StoreError, StoreResult, StoredResponse, SystemClock,
 };
 
 /// An in-memory [`KeyStore`]: one mutex over a map. The claim decision runs under
@@ -22,6 +22,16 @@ pub struct MemoryStore {
 struct Records {
     keys: HashMap<Scope, Record>,
     review: Vec<ReviewEntry>,
+    /// The last fencing token handed out, store-wide: tokens never repeat, even
+    /// for a key whose record the reaper deleted.
+    last_token: i64,
+}
+
+impl Records {
+    fn next_token(&mut self) -> FencingToken {
+        self.last_token += 1;
+        FencingToken(self.last_token)
+    }
 }
 
 impl std::ops::Deref for Records {
@@ -69,10 +79,28 @@ impl MemoryStore {
         token: FencingToken,
         f: impl FnOnce(&mut Record, Millis) -> T,
     ) -> StoreResult<T> {
+        self.with_held_bumping(scope, token, false, f)
+    }
+
+    /// Like `with_held`; with `bump`, the record also gets a new fencing token,
+    /// so a write of the old holder already on its way (a heartbeat) is refused.
+    fn with_held_bumping<T>(
+        &self,
+        scope: &Scope,
+        token: FencingToken,
+        bump: bool,
+        f: impl FnOnce(&mut Record, Millis) -> T,
+    ) -> StoreResult<T> {
         let now = self.clock.now();
-        let mut map = self.lock();
-        match map.get_mut(scope) {
-            Some(r) if r.fencing_token == token && r.state == RecordState::InFlight => Ok(f(r, now)),
+        let mut guard = self.lock();
+        let next = if bump { Some(guard.next_token()) } else { None };
+        match guard.keys.get_mut(scope) {
+            Some(r) if r.fencing_token == token && r.state == RecordState::InFlight => {
+                if let Some(next) = next {
+                    r.fencing_token = next;
+                }
+                Ok(f(r, now))
+            }
             _ => Err(StoreError::Fenced),
         }
     }
@@ -84,14 +112,12 @@ impl KeyStore for MemoryStore {
         let now = self.clock.now();
         let expires_at = now.plus(req.lease);
         let mut map = self.lock();
-        let existing = map.get(&req.scope);
-        let decision = decide(
-            existing.map(RecordHead::from).as_ref(),
-            &req.fingerprint,
-            now,
-            req.replay_window,
-        );
-        let next = FencingToken(existing.map_or(0, |r| r.fencing_token.0) + 1);
+        let decision = req.decide(map.keys.get(&req.scope).map(RecordHead::from).as_ref(), now);
+        let next = match decision {
+            Decision::Insert | Decision::Reuse | Decision::Takeover => map.next_token(),
+            _ => FencingToken(0),
+        };
+        let existing = map.keys.get(&req.scope);
         let fresh = || Record {
             scope: req.scope.clone(),
             fingerprint: req.fingerprint,
@@ -135,6 +161,7 @@ impl KeyStore for MemoryStore {
             Decision::Mismatch => ClaimOutcome::Mismatch,
             Decision::InProgress { retry_after } => ClaimOutcome::InProgress { retry_after },
             Decision::Parked => ClaimOutcome::Parked,
+            Decision::Stale => ClaimOutcome::Stale,
         })
     }
 
@@ -160,15 +187,21 @@ impl KeyStore for MemoryStore {
     }
 
     async fn release(&self, scope: &Scope, token: FencingToken) -> StoreResult<()> {
-        self.with_held(scope, token, |r, _| {
-            r.state = RecordState::Released;
-            r.lease_expires_at = Millis(0);
-            r.request.body.clear();
+        self.with_held_bumping(scope, token, true, |r, now| {
+            if r.recovery_point.is_some() || !r.step_outputs.is_empty() {
+                // Progress was recorded: keep it (see `KeyStore::release`).
+                r.lease_expires_at = now;
+                r.last_error = Some(RELEASE_REFUSED.to_owned());
+            } else {
+                r.state = RecordState::Released;
+                r.lease_expires_at = Millis(0);
+                r.request.body.clear();
+            }
         })
     }
 
     async fn abandon(&self, scope: &Scope, token: FencingToken, error: &str) -> StoreResult<()> {
-        self.with_held(scope, token, |r, now| {
+        self.with_held_bumping(scope, token, true, |r, now| {
             r.lease_expires_at = now;
             r.last_error = Some(error.to_owned());
         })
@@ -192,7 +225,7 @@ impl KeyStore for MemoryStore {
     }
 
     async fn park(&self, scope: &Scope, token: FencingToken, reason: &str) -> StoreResult<()> {
-        self.with_held(scope, token, |r, now| {
+        self.with_held_bumping(scope, token, true, |r, now| {
             r.state = RecordState::Parked;
             r.lease_expires_at = now;
             r.last_error = Some(reason.to_owned());
@@ -223,7 +256,11 @@ impl KeyStore for MemoryStore {
     async fn reap(&self, before: Millis) -> StoreResult<ReapReport> {
         let now = self.clock.now();
         let mut guard = self.lock();
-        let Records { keys, review } = &mut *guard;
+        let Records {
+            keys,
+            review,
+            last_token,
+        } = &mut *guard;
         let mut report = ReapReport::default();
         let mut moved = Vec::new();
         keys.retain(|_, r| {
@@ -233,17 +270,29 @@ impl KeyStore for MemoryStore {
                 _ => false,
             };
             if unfinished && r.created_at < before {
-                moved.push(ReviewEntry {
-                    scope: r.scope.clone(),
-                    state: r.state,
-                    created_at: r.created_at,
-                    reaped_at: now,
-                    recovery_point: r.recovery_point.take(),
-                    step_outputs: std::mem::take(&mut r.step_outputs),
-                    last_error: r.last_error.take(),
-                    request: std::mem::take(&mut r.request),
-                });
-                return false;
+                let listed = review
+                    .iter()
+                    .any(|e| e.scope == r.scope && e.created_at == r.created_at);
+                if !listed {
+                    moved.push(ReviewEntry {
+                        scope: r.scope.clone(),
+                        state: r.state,
+                        created_at: r.created_at,
+                        reaped_at: now,
+                        recovery_point: r.recovery_point.clone(),
+                        step_outputs: r.step_outputs.clone(),
+                        last_error: r.last_error.clone(),
+                        request: r.request.clone(),
+                    });
+                    // The record stays, parked, so it keeps fencing and is never
+                    // claimed again as a new request (see `KeyStore::reap`).
+                    *last_token += 1;
+                    r.fencing_token = FencingToken(*last_token);
+                    r.state = RecordState::Parked;
+                    r.lease_expires_at = r.lease_expires_at.min(now);
+                    r.last_error = Some(MOVED_TO_REVIEW.to_owned());
+                }
+                return true;
             }
             let expired = match r.state {
                 RecordState::Completed => r.completed_at.unwrap_or(r.created_at) < before,
@@ -291,7 +340,8 @@ impl KeyStore for MemoryStore {
     async fn force_release(&self, scope: &Scope) -> StoreResult<bool> {
         let now = self.clock.now();
         let mut map = self.lock();
-        let Some(r) = map.get_mut(scope) else {
+        let next = map.next_token();
+        let Some(r) = map.keys.get_mut(scope) else {
             return Ok(false);
         };
         let unheld = match r.state {
@@ -300,6 +350,7 @@ impl KeyStore for MemoryStore {
             _ => false,
         };
         if unheld {
+            r.fencing_token = next;
             r.state = RecordState::Released;
             r.lease_expires_at = Millis(0);
             r.request.body.clear();

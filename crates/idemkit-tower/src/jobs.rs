@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use axum::body::Body;
 use http::{HeaderName, HeaderValue, Request};
-use idemkit_core::{KeyStore, ReapReport, Record, RecordState, Scope, StoreResult};
+use idemkit_core::{FencingToken, KeyStore, Policy, ReapReport, Record, RecordState, Scope, StoreResult};
 use tower::{Service, ServiceExt};
 
 use crate::metrics::{self, op, timed};
@@ -18,6 +18,9 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 #[derive(Debug, Clone)]
 pub(crate) struct Resume {
     pub(crate) scope: Scope,
+    /// The token of the abandoned record the completer saw: the layer's claim
+    /// takes over exactly that record state or runs nothing.
+    pub(crate) token: FencingToken,
 }
 
 /// What one completer pass did.
@@ -97,6 +100,7 @@ where
         let mut req = req.body(Body::from(record.request.body.clone()))?;
         req.extensions_mut().insert(Resume {
             scope: record.scope.clone(),
+            token: record.fencing_token,
         });
         Ok(req)
     }
@@ -177,10 +181,46 @@ pub struct Reaper {
     threshold: Duration,
 }
 
+/// A reap threshold shorter than the replay window: completed records would be
+/// deleted while a retry may still expect their replay, and run the write again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "a reap threshold of {threshold:?} is shorter than the replay window of {replay_window:?}: \
+     completed records would be deleted while retries still expect their replay"
+)]
+pub struct ReapThresholdTooShort {
+    /// The threshold asked for.
+    pub threshold: Duration,
+    /// The replay window it must not undercut.
+    pub replay_window: Duration,
+}
+
 impl Reaper {
-    /// A reaper for records older than `threshold` (the policy's reap threshold).
-    pub fn new(store: Arc<dyn KeyStore>, threshold: Duration) -> Self {
-        Self { store, threshold }
+    /// A reaper for records older than the policy's reap threshold (which policy
+    /// validation keeps at or above its replay window).
+    pub fn new(store: Arc<dyn KeyStore>, policy: &Policy) -> Self {
+        Self {
+            store,
+            threshold: policy.reap_threshold.max(policy.replay_window),
+        }
+    }
+
+    /// A reaper for records older than `threshold`, refused when it is shorter
+    /// than `replay_window` (the longest replay window of the routes the store
+    /// serves): reaping a completed record inside its window would let a retry
+    /// run the write again.
+    pub fn with_threshold(
+        store: Arc<dyn KeyStore>,
+        threshold: Duration,
+        replay_window: Duration,
+    ) -> Result<Self, ReapThresholdTooShort> {
+        if threshold < replay_window {
+            return Err(ReapThresholdTooShort {
+                threshold,
+                replay_window,
+            });
+        }
+        Ok(Self { store, threshold })
     }
 
     /// One pass (the operator CLI's entry point). Counts what it did in

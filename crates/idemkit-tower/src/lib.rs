@@ -46,7 +46,7 @@ mod service;
 mod status;
 
 pub use extract::{IdempotencyContext, Tx};
-pub use jobs::{Completer, CompleterReport, Reaper};
+pub use jobs::{Completer, CompleterReport, ReapThresholdTooShort, Reaper};
 pub use layer::{
     ConfigError, DEFAULT_STATUS_PATH, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, IdempotencyLayer,
     IdempotencyLayerBuilder, KeySource,

@@ -90,6 +90,9 @@ pub mod outcome {
     pub const REJECTED: &str = "rejected";
     /// The store failed, or the response could not be stored (too large, body error).
     pub const ERROR: &str = "error";
+    /// The completer's resume found the record no longer abandoned as it saw it
+    /// (completed, released, reaped or taken over since): nothing ran.
+    pub const STALE: &str = "stale";
 }
 
 /// Values of the `op` label of [`STORE_SECONDS`] and [`FENCED_WRITES`].

@@ -17,7 +17,7 @@ use axum::body::Body;
 use axum::response::{IntoResponse, Response};
 use http_body_util::BodyExt;
 use idemkit_core::{
-    DownstreamKey, ErrorCode, FencingToken, PhaseUpdate, Policy, Scope, StoreError, StoredHeader,
+    DownstreamKey, ErrorCode, FencingToken, Millis, PhaseUpdate, Policy, Scope, StoreError, StoredHeader,
     StoredResponse, TransactionalStore,
 };
 use serde::Serialize;
@@ -185,6 +185,8 @@ pub struct Phases<S: TransactionalStore> {
     policy: Arc<Policy>,
     outputs: BTreeMap<String, Value>,
     recovery_point: Option<String>,
+    /// The request's generation (its first claim), part of downstream keys.
+    generation: Millis,
 }
 
 impl<S: TransactionalStore> std::fmt::Debug for Phases<S> {
@@ -206,8 +208,8 @@ impl<S: TransactionalStore> Phases<S> {
     /// a takeover (loading the recovery point and saved outputs).
     pub async fn begin(store: Arc<S>, ctx: &IdempotencyContext) -> Result<Self, StoreError> {
         let record = timed(op::GET, store.get(&ctx.scope)).await?;
-        let (outputs, recovery_point) = match record {
-            Some(r) if r.fencing_token == ctx.token => (r.step_outputs, r.recovery_point),
+        let (outputs, recovery_point, generation) = match record {
+            Some(r) if r.fencing_token == ctx.token => (r.step_outputs, r.recovery_point, r.created_at),
             _ => return Err(StoreError::Fenced),
         };
         Ok(Self {
@@ -217,6 +219,7 @@ impl<S: TransactionalStore> Phases<S> {
             policy: ctx.policy.clone(),
             outputs,
             recovery_point,
+            generation,
         })
     }
 
@@ -225,9 +228,11 @@ impl<S: TransactionalStore> Phases<S> {
         self.recovery_point.as_deref()
     }
 
-    /// The idempotency key this request sends downstream for `step`.
+    /// The idempotency key this request sends downstream for `step`: the same
+    /// on every attempt of this request (takeovers keep its generation), and a
+    /// new one when the key is reused after its replay window.
     pub fn downstream_key(&self, step: &str) -> DownstreamKey {
-        DownstreamKey::derive(&self.scope, step)
+        DownstreamKey::derive(&self.scope, self.generation, step)
     }
 
     fn saved<T: DeserializeOwned, E>(&self, name: &str) -> Option<Result<T, PhaseError<E>>> {
@@ -423,13 +428,34 @@ impl<S: TransactionalStore> Phases<S> {
         let body = match http_body_util::Limited::new(body, cap).collect().await {
             Ok(c) => c.to_bytes(),
             Err(_) => {
+                // The final phase rolls back, but earlier phases and external calls
+                // may have had effects: the failure is what the key now answers (as
+                // in single-step mode), never a record left in flight to be taken
+                // over and fail the same way forever.
+                drop(tx);
+                let problem = ProblemResponse::new(
+                    ErrorCode::ResponseTooLarge,
+                    format!(
+                        "the response is larger than the {cap}-byte storage cap; the final phase was rolled back"
+                    ),
+                );
+                let stored = StoredResponse {
+                    status: problem.problem.status,
+                    headers: vec![StoredHeader {
+                        name: "content-type".into(),
+                        value: idemkit_core::PROBLEM_CONTENT_TYPE.as_bytes().to_vec(),
+                    }],
+                    body: problem.problem.to_json(),
+                };
+                timed(
+                    op::COMPLETE,
+                    self.store.complete(&self.scope, self.token, &stored),
+                )
+                .await?;
                 return Ok((
                     Outcome::Settled,
                     axum::Extension(Settled(outcome::ERROR)),
-                    ProblemResponse::new(
-                        ErrorCode::ResponseTooLarge,
-                        format!("the response is larger than the {cap}-byte storage cap; the final phase was rolled back"),
-                    ),
+                    problem,
                 )
                     .into_response());
             }

@@ -15,7 +15,8 @@ use http::{HeaderName, HeaderValue, Request, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use idemkit_core::{
     ClaimOutcome, ClaimRequest, ErrorCode, IdempotencyKey, InFlightBehavior, KeyError, KeyStore, Lease,
-    Policy, Scope, ServerErrorPolicy, StoreError, StoredHeader, StoredRequest, StoredResponse, TxClaim,
+    FencingToken, Policy, Scope, ServerErrorPolicy, StoreError, StoredHeader, StoredRequest, StoredResponse,
+    TxClaim,
 };
 use tokio::task::JoinHandle;
 use tower::Service;
@@ -165,6 +166,7 @@ async fn process<S, B>(shared: Arc<Shared>, inner: S, req: Request<Body>) -> Res
 where
     S: Service<Request<Body>, Response = Response<B>> + Send + 'static,
     S::Future: Send + 'static,
+    S::Error: Send + 'static,
     B: http_body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
@@ -183,6 +185,7 @@ async fn handle<S, B>(
 where
     S: Service<Request<Body>, Response = Response<B>> + Send + 'static,
     S::Future: Send + 'static,
+    S::Error: Send + 'static,
     B: http_body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
@@ -207,7 +210,38 @@ where
         Ok(held) => held,
         Err(refused) => return (refused.outcome, Ok(refused.response)),
     };
-    execute(&shared, inner, parts, bytes, claim, held).await
+    if matches!(held, Held::Tx(..)) {
+        // Single-step: if the client goes away the connection's future is
+        // dropped, the transaction rolls back and the key is free again.
+        return execute(&shared, inner, parts, bytes, claim, held).await;
+    }
+    // Lease mode: the claim is committed, so the work goes on to completion
+    // detached from the connection (SPEC §3). A client that hangs up mid-request
+    // (exactly when clients retry) leaves neither a half-run handler nor a key
+    // stuck until its lease expires: its retry waits for, or replays, the result.
+    let scope = claim.scope.clone();
+    let lease = held.lease().clone();
+    let task = {
+        let shared = shared.clone();
+        tokio::spawn(
+            async move { execute(&shared, inner, parts, bytes, claim, held).await }
+                .instrument(tracing::Span::current()),
+        )
+    };
+    match task.await {
+        Ok(done) => done,
+        Err(e) => {
+            // The handler panicked (or the runtime is shutting down): nothing to
+            // store; hand the key back, or keep recorded progress resumable.
+            tracing::error!(error = %e, "idempotency: the handler task failed");
+            let counted = settle_unstored(&shared, None, &scope, &lease, Disposition::Release).await;
+            let problem = ProblemResponse::new(ErrorCode::Internal, "the handler failed");
+            (
+                if counted == outcome::LEASE_LOST { counted } else { outcome::ERROR },
+                Ok(problem.into_response()),
+            )
+        }
+    }
 }
 
 /// Resolves the account, reads the key and the body, and fingerprints.
@@ -220,7 +254,13 @@ async fn prepare(
     // (account, key); clients cannot set request extensions.
     if let Some(resume) = parts.extensions.get::<crate::jobs::Resume>() {
         let bytes = read_body(body, shared.max_request_body).await?;
-        return Ok(claim_request(shared, parts, resume.scope.clone(), bytes));
+        return Ok(claim_request(
+            shared,
+            parts,
+            resume.scope.clone(),
+            bytes,
+            Some(resume.token),
+        ));
     }
     let account = shared.resolver.resolve(parts)?;
     // A header key is checked before the body is read: a bad key costs nothing.
@@ -244,19 +284,27 @@ async fn prepare(
         (_, KeySource::JsonField(pointer)) => key_from_json(&bytes, pointer)?,
         _ => unreachable!("header keys were checked above"),
     };
-    Ok(claim_request(shared, parts, Scope::new(account, key), bytes))
+    Ok(claim_request(shared, parts, Scope::new(account, key), bytes, None))
 }
 
-fn claim_request(shared: &Shared, parts: &Parts, scope: Scope, bytes: Bytes) -> (ClaimRequest, Bytes) {
+fn claim_request(
+    shared: &Shared,
+    parts: &Parts,
+    scope: Scope,
+    bytes: Bytes,
+    resume: Option<FencingToken>,
+) -> (ClaimRequest, Bytes) {
+    // The query string is part of the request (SPEC §2).
+    let target = parts
+        .uri
+        .path_and_query()
+        .map_or_else(|| parts.uri.path(), |p| p.as_str());
     let fingerprint = shared
         .fingerprinter
-        .compute(parts.method.as_str(), parts.uri.path(), &bytes);
+        .compute(parts.method.as_str(), target, &bytes);
     let request = StoredRequest {
         method: parts.method.to_string(),
-        path: parts
-            .uri
-            .path_and_query()
-            .map_or_else(|| parts.uri.path().to_owned(), |p| p.to_string()),
+        path: target.to_owned(),
         headers: STORED_REQUEST_HEADERS
             .iter()
             .filter_map(|name| {
@@ -278,6 +326,7 @@ fn claim_request(shared: &Shared, parts: &Parts, scope: Scope, bytes: Bytes) -> 
             InFlightBehavior::Wait(d) => d,
             _ => Duration::ZERO,
         },
+        resume,
     };
     (claim, bytes)
 }
@@ -405,6 +454,17 @@ async fn acquire(shared: &Shared, claim: &ClaimRequest) -> Result<Held, Refused>
                         "this request was parked for human review (an external call's outcome is unknown); \
                          it will not run again",
                     ),
+                ));
+            }
+            ClaimOutcome::Stale => {
+                // Only the completer resumes; the record moved on since it listed it.
+                return Err(Refused::new(
+                    outcome::STALE,
+                    ProblemResponse::new(
+                        ErrorCode::RequestInProgress,
+                        "the abandoned attempt this resume was for is no longer abandoned; nothing ran",
+                    )
+                    .retry_after(Duration::from_secs(1)),
                 ));
             }
             ClaimOutcome::InProgress { retry_after }
@@ -630,21 +690,36 @@ async fn settle_unstored(
             )
             .await,
         ),
-        // A request that committed a phase keeps its progress: the next attempt
-        // resumes from the recovery point instead of starting over.
+        // A request that recorded progress (a phase, an external-call intent)
+        // keeps it: the next attempt resumes from the recovery point instead of
+        // starting over. When the read fails (the store flapping) progress may
+        // exist, so the record is abandoned, never released; and the store's
+        // release itself refuses to wipe recorded progress.
         _ => match timed(op::GET, store.get(scope)).await {
-            Ok(Some(r)) if r.recovery_point.is_some() => (
-                outcome::ABANDONED,
-                timed(
-                    op::ABANDON,
-                    store.abandon(scope, lease.token, "the handler failed after a phase committed"),
-                )
-                .await,
-            ),
-            _ => (
+            Ok(Some(r)) if r.recovery_point.is_none() && r.step_outputs.is_empty() => (
                 outcome::RELEASED,
                 timed(op::RELEASE, store.release(scope, lease.token)).await,
             ),
+            Ok(Some(_)) => (
+                outcome::ABANDONED,
+                timed(
+                    op::ABANDON,
+                    store.abandon(scope, lease.token, "the handler failed after recording progress"),
+                )
+                .await,
+            ),
+            Ok(None) => (outcome::LEASE_LOST, Err(StoreError::Fenced)),
+            Err(e) => {
+                tracing::warn!(error = %e, "idempotency: could not read the record to settle it; abandoning");
+                (
+                    outcome::ABANDONED,
+                    timed(
+                        op::ABANDON,
+                        store.abandon(scope, lease.token, "the handler failed and the record could not be read"),
+                    )
+                    .await,
+                )
+            }
         },
     };
     match result {

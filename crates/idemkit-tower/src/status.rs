@@ -64,7 +64,13 @@ async fn status(State(shared): State<Arc<Shared>>, Path(key): Path<String>, part
     let now = shared.store.now();
     match shared.store.get(&scope).await {
         Ok(Some(r)) => match (r.state, r.response) {
-            (RecordState::Completed, Some(stored)) => replay_response(stored, &shared.policy),
+            // Past the replay window a completed record no longer replays (the
+            // key is a new request then), and neither does its status URL.
+            (RecordState::Completed, Some(stored))
+                if r.completed_at.unwrap_or(r.created_at).plus(shared.policy.replay_window) > now =>
+            {
+                replay_response(stored, &shared.policy)
+            }
             (RecordState::InFlight, _) => {
                 in_progress(None, now.until(r.lease_expires_at).max(Duration::from_secs(1)))
             }

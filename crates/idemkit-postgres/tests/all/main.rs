@@ -44,7 +44,7 @@ pub(crate) async fn store_in_fresh_schema(clock: Option<Arc<ManualClock>>) -> Op
         .await
         .expect("connect to PostgreSQL");
     if let Some(clock) = clock {
-        store = store.with_clock(clock);
+        store = store.with_test_clock(clock);
     }
     Some(Arc::new(store))
 }
@@ -217,8 +217,9 @@ async fn waiters_are_woken_by_notifications() {
         "woken after {woke:?}, not by the notification"
     );
 
-    // Nothing changes: the wait ends at its bound.
+    // Nothing changes (a live holder works on): the wait ends at its bound.
     let quiet = scope("a", "quiet");
+    must_claim(&*store, &claim_req(&quiet, "{}")).await;
     let started = std::time::Instant::now();
     store
         .wait_for_change(&quiet, Duration::from_millis(300))

@@ -22,7 +22,7 @@ async fn cluster_store(urls: &[String], tag: &str, clock: Arc<ManualClock>) -> A
     let store = RedisStore::connect(RedisConfig::cluster(urls.to_vec()).with_prefix(unique_prefix(tag)))
         .await
         .expect("connect to the cluster");
-    Arc::new(store.with_clock(clock))
+    Arc::new(store.with_test_clock(clock))
 }
 
 /// Runs suite cases concurrently, each on a fresh store and clock.

@@ -49,7 +49,7 @@ pub(crate) async fn fresh_single(clock: Arc<ManualClock>) -> Option<Arc<RedisSto
     let store = RedisStore::connect(single_config("conformance"))
         .await
         .expect("connect to redis");
-    Some(Arc::new(store.with_clock(clock)))
+    Some(Arc::new(store.with_test_clock(clock)))
 }
 
 /// Whether a binary is on the PATH (`redis-server`, `redis-cli`).

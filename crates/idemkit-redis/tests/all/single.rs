@@ -15,7 +15,7 @@ async fn store(tag: &str) -> Option<(RedisStore, Arc<ManualClock>)> {
     redis_url()?;
     let clock = Arc::new(ManualClock::new());
     let store = RedisStore::connect(single_config(tag)).await.expect("connect");
-    Some((store.with_clock(clock.clone()), clock))
+    Some((store.with_test_clock(clock.clone()), clock))
 }
 
 async fn pttl(store: &RedisStore, key: &str) -> i64 {
@@ -103,9 +103,21 @@ async fn phases_are_fenced_kept_across_takeover_and_cleared_on_reuse() {
     assert_eq!(rec.recovery_point.as_deref(), Some("label-bought"));
     assert_eq!(rec.step_outputs.get("buy_label"), Some(&label));
 
+    // A release cannot wipe recorded progress: the record is abandoned instead.
     store.release(&s, b.token).await.unwrap();
+    let rec = store.get(&s).await.unwrap().unwrap();
+    assert_eq!(rec.state, RecordState::InFlight);
+    assert_eq!(rec.recovery_point.as_deref(), Some("label-bought"));
+    let b2 = must_claim(&store, &req).await;
+    assert_eq!(b2.resumed_from.as_deref(), Some("label-bought"), "taken over at once");
+    store
+        .complete(&s, b2.token, &response(201, "done"))
+        .await
+        .unwrap();
+    // Reused after its replay window: a clean slate.
+    clock.advance(WINDOW + Duration::from_secs(1));
     let c = must_claim(&store, &claim_req(&s, r#"{"sku":"B"}"#)).await;
-    assert!(c.token > b.token);
+    assert!(c.token > b2.token);
     let rec = store.get(&s).await.unwrap().unwrap();
     assert_eq!(rec.recovery_point, None);
     assert!(rec.step_outputs.is_empty());

@@ -748,13 +748,14 @@ async fn reaper_deletes_old_records_and_keeps_unfinished_ones_for_review() {
     let fresh = scope("a", "fresh");
     must_claim(&*store, &claim_req(&fresh, "{}")).await;
 
-    let report = Reaper::new(store.clone(), Duration::from_secs(72 * 3600))
+    let report = Reaper::new(store.clone(), &idemkit_core::Policy::new())
         .run_once()
         .await
         .unwrap();
     assert_eq!((report.deleted, report.moved_to_review), (1, 1));
     assert!(store.get(&done).await.unwrap().is_none());
-    assert!(store.get(&stuck).await.unwrap().is_none());
+    let listed = store.get(&stuck).await.unwrap().expect("listed records stay");
+    assert_eq!(listed.state, idemkit_core::RecordState::Parked, "and never run again");
     assert!(
         store.get(&fresh).await.unwrap().is_some(),
         "recent records are kept"

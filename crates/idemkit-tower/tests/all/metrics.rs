@@ -269,7 +269,7 @@ fn completer_and_reaper_report_what_they_did() {
         let lease = must_claim(&*store, &claim_req(&stuck, "{}")).await;
         store.abandon(&stuck, lease.token, "gone").await.unwrap();
         clock.advance(Duration::from_secs(73 * 3600));
-        let report = Reaper::new(store.clone(), Duration::from_secs(72 * 3600))
+        let report = Reaper::new(store.clone(), &idemkit_core::Policy::new())
             .run_once()
             .await
             .unwrap();
