@@ -263,7 +263,7 @@ async fn play(world: &mut World) -> anyhow::Result<Vec<Row>> {
         .with(RetryMiddleware::new(
             RetryConfig::new()
                 .with_max_attempts(12)
-                .with_deadline(Some(Duration::from_secs(20))),
+                .with_deadline(Duration::from_secs(20)),
         ))
         .build();
     let client = Client {

@@ -31,8 +31,11 @@ use idemkit_sqlite::SqliteStore;
 use idemkit_tower::{Completer, Reaper};
 use serde_json::{Value, json};
 
-/// The schema the labels service keeps its keys in unless `IDEMKIT_PG_SCHEMA` says otherwise.
-const LABELS_SCHEMA: &str = "labels";
+/// The PostgreSQL schema `idemkit keys` reads unless told otherwise: the
+/// library's default (`PgConfig::default().schema`).
+fn default_schema() -> String {
+    PgConfig::default().schema
+}
 
 /// How much of a body the human output shows.
 const BODY_PREVIEW: usize = 512;
@@ -47,9 +50,11 @@ pub struct KeysArgs {
     /// service's `--database-url`).
     #[arg(long, global = true, value_name = "URL")]
     pub database_url: Option<String>,
-    /// PostgreSQL schema of the key store (the labels service uses `labels`
-    /// unless `IDEMKIT_PG_SCHEMA` is set).
-    #[arg(long, global = true, env = "IDEMKIT_PG_SCHEMA", default_value = LABELS_SCHEMA)]
+    /// PostgreSQL schema of the key store; default the library's, `idemkit` (the
+    /// labels service keeps its keys in `labels` unless `IDEMKIT_PG_SCHEMA` is set).
+    /// The schema must already hold a key store: `keys` never creates one, and its
+    /// read commands (list, show, review) never migrate one.
+    #[arg(long, global = true, env = "IDEMKIT_PG_SCHEMA", default_value_t = default_schema())]
     pub pg_schema: String,
     /// Machine-readable output (JSON) instead of tables.
     #[arg(long, global = true)]
@@ -155,9 +160,15 @@ pub struct CompleteArgs {
 #[derive(Debug, Args)]
 pub struct ReapArgs {
     /// Reap records claimed (completed records: finished) more than this many
-    /// hours ago; default the policy's reap threshold (72 h).
+    /// hours ago; default the policy's reap threshold (72 h). Refused when
+    /// shorter than the replay window: a completed record reaped inside its
+    /// window would let a retry run the write again.
     #[arg(long)]
     pub older_than_hours: Option<u64>,
+    /// The longest replay window of the routes this store serves, in hours
+    /// (default the policy's, 24 h). The threshold may not be shorter.
+    #[arg(long)]
+    pub replay_window_hours: Option<u64>,
 }
 
 /// Arguments of `idemkit keys review`.
@@ -185,7 +196,11 @@ pub fn run(args: KeysArgs) -> anyhow::Result<ExitCode> {
         match &args.command {
             KeysCommand::Complete(c) => complete(&mut out, &args, &url, c).await,
             command => {
-                let store = open(&url, &args.pg_schema).await?;
+                let access = match command {
+                    KeysCommand::List(_) | KeysCommand::Show(_) | KeysCommand::Review(_) => Access::Read,
+                    _ => Access::Write,
+                };
+                let store = open(&url, &args.pg_schema, access).await?;
                 match command {
                     KeysCommand::List(l) => list(&mut out, &args, &*store, l).await,
                     KeysCommand::Show(s) => show(&mut out, &args, &*store, s).await,
@@ -201,18 +216,24 @@ pub fn run(args: KeysArgs) -> anyhow::Result<ExitCode> {
     code
 }
 
-/// Opens the store behind `url` as the labels service does.
-async fn open(url: &str, schema: &str) -> anyhow::Result<Arc<dyn KeyStore>> {
-    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        let config = PgConfig {
-            schema: schema.to_owned(),
-            max_connections: 2,
-            ..PgConfig::default()
-        };
-        let store = PgStore::connect(url, config)
-            .await
-            .with_context(|| format!("opening the PostgreSQL key store (schema `{schema}`)"))?;
-        Ok(Arc::new(store))
+/// What a subcommand does to the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Access {
+    /// `list`, `show`, `review`: no DDL, no migration, no write.
+    Read,
+    /// `release`, `reap`, `complete`: may bring an existing store's schema up to date.
+    Write,
+}
+
+fn is_postgres(url: &str) -> bool {
+    url.starts_with("postgres://") || url.starts_with("postgresql://")
+}
+
+/// Opens the store behind `url`. An operator tool never invents an empty store:
+/// a missing SQLite file or a PostgreSQL schema without a key store is an error.
+async fn open(url: &str, schema: &str, access: Access) -> anyhow::Result<Arc<dyn KeyStore>> {
+    if is_postgres(url) {
+        Ok(Arc::new(open_pg(url, schema, access).await?))
     } else if url.starts_with("redis://") || url.starts_with("rediss://") {
         anyhow::bail!("`idemkit keys` works on SQLite and PostgreSQL key stores; Redis is not supported yet")
     } else {
@@ -225,6 +246,90 @@ async fn open(url: &str, schema: &str) -> anyhow::Result<Arc<dyn KeyStore>> {
             .with_context(|| format!("opening the SQLite key store at `{url}`"))?;
         Ok(Arc::new(store))
     }
+}
+
+/// Opens an existing PostgreSQL key store in `schema`, after checking that the
+/// schema holds one (a clear error naming the schemas that do, otherwise) and,
+/// for [`Access::Read`], that it needs no migration.
+async fn open_pg(url: &str, schema: &str, access: Access) -> anyhow::Result<PgStore> {
+    let valid = schema.len() <= 63
+        && schema.starts_with(|c: char| c.is_ascii_lowercase() || c == '_')
+        && schema
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+    anyhow::ensure!(valid, "schema `{schema}` must match [a-z_][a-z0-9_]{{0,62}}");
+    let catalog = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(Duration::from_secs(10))
+        .connect(url)
+        .await
+        .context("connecting to PostgreSQL")?;
+    let found: Vec<String> = sqlx::query_scalar(
+        "SELECT n.nspname::text FROM pg_catalog.pg_class c \
+         JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
+         WHERE c.relname = 'idemkit_keys' AND c.relkind IN ('r', 'p') ORDER BY 1",
+    )
+    .fetch_all(&catalog)
+    .await
+    .context("looking for idemkit key stores")?;
+    if !found.iter().any(|s| s == schema) {
+        catalog.close().await;
+        let hint = match found.as_slice() {
+            [] => "this database has no idemkit key store in any schema".to_owned(),
+            [one] => format!("the key store of this database is in schema `{one}`: pass --pg-schema {one}"),
+            many => format!(
+                "key stores of this database are in schemas {}: pass --pg-schema with one of them",
+                many.iter()
+                    .map(|s| format!("`{s}`"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        };
+        anyhow::bail!("no idemkit key store in schema `{schema}` (nothing was created); {hint}");
+    }
+    if access == Access::Read {
+        let applied: Vec<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT version FROM {schema}._sqlx_migrations WHERE success"
+        )))
+        .fetch_all(&catalog)
+        .await
+        .with_context(|| format!("reading the migrations of the key store in schema `{schema}`"))?;
+        let missing: Vec<String> = idemkit_postgres::MIGRATOR
+            .iter()
+            .filter(|m| !m.migration_type.is_down_migration() && !applied.contains(&m.version))
+            .map(|m| format!("{} {}", m.version, m.description))
+            .collect();
+        if !missing.is_empty() {
+            catalog.close().await;
+            anyhow::bail!(
+                "the key store in schema `{schema}` lacks migration(s) {}; read commands never \
+                 migrate: upgrade it first (start the service on it, or run a write command such \
+                 as `idemkit keys reap`)",
+                missing.join(", ")
+            );
+        }
+    }
+    catalog.close().await;
+    let config = PgConfig {
+        schema: schema.to_owned(),
+        max_connections: 2,
+        ..PgConfig::default()
+    };
+    let store = match access {
+        Access::Read => open_pg_without_migrating(url, config).await,
+        Access::Write => PgStore::connect(url, config).await,
+    };
+    store.with_context(|| format!("opening the PostgreSQL key store (schema `{schema}`)"))
+}
+
+/// Opens a PostgreSQL key store without DDL or migrations.
+///
+/// `PgStore` has no such constructor yet: `connect` runs `CREATE SCHEMA IF NOT
+/// EXISTS` and the migrator. [`open_pg`] calls this only for a schema it found
+/// holding a store with every migration applied, where both are no-ops. Once
+/// `PgStore` offers an open that skips them, this body is that one call.
+async fn open_pg_without_migrating(url: &str, config: PgConfig) -> idemkit_core::StoreResult<PgStore> {
+    PgStore::connect(url, config).await
 }
 
 fn account_arg(s: &str) -> Account {
@@ -608,16 +713,10 @@ async fn complete(
     url: &str,
     c: &CompleteArgs,
 ) -> anyhow::Result<ExitCode> {
-    if url.starts_with("postgres") {
-        // The labels service reads its schema from the environment, and so does
-        // the service built here; a different `--pg-schema` would complete nothing.
-        let service_schema = std::env::var("IDEMKIT_PG_SCHEMA").unwrap_or_else(|_| LABELS_SCHEMA.into());
-        anyhow::ensure!(
-            args.pg_schema == service_schema,
-            "the labels service keeps its keys in schema `{service_schema}` (IDEMKIT_PG_SCHEMA); \
-             set IDEMKIT_PG_SCHEMA={} instead of --pg-schema",
-            args.pg_schema
-        );
+    if is_postgres(url) {
+        // The pass builds the labels service on the store named by --pg-schema;
+        // like every `keys` command it never creates one.
+        drop(open_pg(url, &args.pg_schema, Access::Write).await?);
     } else if !url.starts_with("sqlite:") && !std::path::Path::new(url).exists() {
         anyhow::bail!("no SQLite database at `{url}`");
     }
@@ -635,6 +734,7 @@ async fn complete(
         tokens: Default::default(),
         courier_deadline: Duration::from_millis(c.courier_deadline_ms),
         idempotency,
+        pg_schema: Some(args.pg_schema.clone()),
     };
     let service = build(config).await.context("building the labels service")?;
     let report = Completer::new(service.keys.clone(), service.router.clone())
@@ -696,8 +796,11 @@ async fn reap(
     let threshold = r.older_than_hours.map_or(Policy::new().reap_threshold, |h| {
         Duration::from_secs(h.saturating_mul(3600))
     });
+    let replay_window = r.replay_window_hours.map_or(Policy::new().replay_window, |h| {
+        Duration::from_secs(h.saturating_mul(3600))
+    });
     let before = store.now().minus(threshold);
-    let report = Reaper::new(store, threshold)
+    let report = Reaper::with_threshold(store, threshold, replay_window)?
         .run_once()
         .await
         .context("running the reaper")?;

@@ -113,8 +113,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
             )?,
             None => idemkit_labels::docs::default_config(),
         },
+        pg_schema: None,
     };
     let reap_threshold = config.idempotency.defaults.reap_threshold;
+    let replay_window = config.idempotency.defaults.replay_window;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async move {
         // One recorder per process, rendered at `GET /metrics` (docs/metrics.md).
@@ -133,7 +135,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         Completer::new(service.keys.clone(), service.router.clone())
             .min_age(lease)
             .spawn(every);
-        Reaper::new(service.keys.clone(), reap_threshold).spawn(Duration::from_secs(3600));
+        Reaper::with_threshold(service.keys.clone(), reap_threshold, replay_window)?
+            .spawn(Duration::from_secs(3600));
         let listener = tokio::net::TcpListener::bind(args.listen)
             .await
             .with_context(|| format!("binding {}", args.listen))?;

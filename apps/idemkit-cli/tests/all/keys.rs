@@ -124,6 +124,7 @@ async fn run(args: Vec<String>, env: Vec<(String, String)>) -> Run {
     tokio::task::spawn_blocking(move || {
         let out = Command::new(env!("CARGO_BIN_EXE_idemkit"))
             .args(&args)
+            .env_remove("IDEMKIT_PG_SCHEMA")
             .envs(env)
             .env_remove("RUST_LOG")
             .output()
@@ -303,7 +304,8 @@ async fn exercise(db: Db) {
     assert_eq!(first["state"], "parked");
     assert_eq!(first["recovery_point"], "courier-intent");
     assert_eq!(first["last_error"], "courier outcome unknown; it ignores keys");
-    assert_eq!(first["fencing_token"], 1);
+    // Parking takes a fresh token (a stale takeover cannot undo it): above the claim's.
+    assert!(first["fencing_token"].as_u64().unwrap() > 1, "{first}");
     assert_eq!(first["request"], json!({"method": "POST", "path": "/orders"}));
     assert!(first["created_at"].as_str().unwrap().ends_with('Z'));
 
@@ -381,7 +383,8 @@ async fn exercise(db: Db) {
         ClaimOutcome::Claimed(lease) => lease,
         other => panic!("expected the released key to be claimable: {other:?}"),
     };
-    assert_eq!((again.token.0, again.resumed_from), (2, None));
+    assert!(again.token > rec.fencing_token, "{again:?} after {rec:?}");
+    assert_eq!(again.resumed_from, None);
     db.store
         .complete(&parked_req.scope, again.token, &response(201, "second"))
         .await
@@ -390,16 +393,41 @@ async fn exercise(db: Db) {
     // reap --older-than-hours 0: completed records go, unfinished ones move to review.
     tokio::time::sleep(Duration::from_millis(20)).await;
     let reaped = db
-        .keys(&["reap", "--older-than-hours", "0", "--json"])
+        .keys(&[
+            "reap",
+            "--older-than-hours",
+            "0",
+            "--replay-window-hours",
+            "0",
+            "--json",
+        ])
         .await
         .report();
     assert_eq!(reaped["deleted"], 2, "{reaped}");
     assert_eq!(reaped["moved_to_review"], 2, "{reaped}");
+    // What fences stays: the live lease, and the two moved to review as parked
+    // records (never claimable again as new requests).
     let left = db.keys(&["list", "--json"]).await.report();
-    assert_eq!(keys_of(&left, "records"), ["acct-b/k-live"], "live leases stay");
-    let again = ok(&db.keys(&["reap", "--older-than-hours", "0"]).await)
-        .stdout
-        .clone();
+    let mut kept = keys_of(&left, "records");
+    kept.sort();
+    assert_eq!(
+        kept,
+        ["acct-a/k-stuck", "acct-b/k-live", "acct-b/k-parked-2"],
+        "{left}"
+    );
+    for r in left["records"].as_array().unwrap() {
+        if r["key"] == "k-live" {
+            assert_eq!(r["state"], "in_flight", "live leases stay: {r}");
+        } else {
+            assert_eq!(r["state"], "parked", "{r}");
+            assert_eq!(r["last_error"], idemkit_core::MOVED_TO_REVIEW, "{r}");
+        }
+    }
+    let again = ok(&db
+        .keys(&["reap", "--older-than-hours", "0", "--replay-window-hours", "0"])
+        .await)
+    .stdout
+    .clone();
     assert!(
         again.contains("deleted 0") && again.contains("moved 0"),
         "{again}"
@@ -506,7 +534,8 @@ async fn keys_refuses_a_missing_database_and_arguments() {
 async fn a_closed_stdout_keeps_the_exit_code() {
     let db = Db::sqlite().await;
     prepare(&*db.store).await;
-    db.keys(&["reap", "--older-than-hours", "0"]).await;
+    db.keys(&["reap", "--older-than-hours", "0", "--replay-window-hours", "0"])
+        .await;
     for (args, want) in [
         (&["review", "--json"][..], 0),
         (&["review"][..], 0),
@@ -736,11 +765,14 @@ mod complete {
         completes_an_abandoned_label(db).await;
     }
 
+    /// `keys complete` works on the schema `--pg-schema` names, and like every
+    /// `keys` command refuses one without a key store instead of creating it.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn keys_complete_refuses_a_schema_the_service_would_not_use() {
+    async fn keys_complete_refuses_a_schema_without_a_key_store() {
         let Some(db) = Db::postgres().await else {
             return;
         };
+        let missing = unique("t_nostore");
         let out = run(
             vec![
                 "keys".into(),
@@ -748,12 +780,175 @@ mod complete {
                 "--database-url".into(),
                 db.url.clone(),
                 "--pg-schema".into(),
-                db.schema.clone().unwrap(),
+                missing.clone(),
             ],
             vec![],
         )
         .await;
         assert_eq!(out.code, 2, "{out:#?}");
-        assert!(out.stderr.contains("IDEMKIT_PG_SCHEMA"), "{}", out.stderr);
+        assert!(
+            out.stderr
+                .contains(&format!("no idemkit key store in schema `{missing}`")),
+            "{}",
+            out.stderr
+        );
+        let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
+        assert!(!super::schema_exists(&pool, &missing).await, "nothing created");
+        pool.close().await;
     }
+}
+
+async fn schema_exists(pool: &sqlx::PgPool, name: &str) -> bool {
+    sqlx::query_scalar::<_, bool>("SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)")
+        .bind(name)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+/// `url` with its database replaced by `name`.
+fn with_database(url: &str, name: &str) -> String {
+    let (base, query) = url
+        .split_once('?')
+        .map_or((url, String::new()), |(b, q)| (b, format!("?{q}")));
+    let (server, _) = base.rsplit_once('/').expect("a database in the URL");
+    format!("{server}/{name}{query}")
+}
+
+/// On PostgreSQL, a schema without a key store is a clear error naming the
+/// schemas that have one, and nothing is created; read commands (list, show,
+/// review) refuse a store that needs a migration instead of running it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_on_postgres_never_create_a_store_and_reads_never_migrate() {
+    let Some(db) = Db::postgres().await else {
+        return;
+    };
+    prepare(&*db.store).await;
+    let schema = db.schema.clone().unwrap();
+    let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
+
+    let missing = unique("t_nostore");
+    let show = ["show", "--account", "acct-a", "--key", "k-done"];
+    let release = ["release", "--account", "acct-a", "--key", "k-parked"];
+    for command in [&["list"][..], &["review"], &show, &["reap"], &release] {
+        let mut args: Vec<String> = ["keys"].iter().chain(command).map(|s| s.to_string()).collect();
+        args.extend([
+            "--database-url".into(),
+            db.url.clone(),
+            "--pg-schema".into(),
+            missing.clone(),
+        ]);
+        let out = run(args, vec![]).await;
+        assert_eq!(out.code, 2, "{command:?}: {out:#?}");
+        assert!(
+            out.stderr
+                .contains(&format!("no idemkit key store in schema `{missing}`")),
+            "{command:?}: {}",
+            out.stderr
+        );
+        assert!(
+            out.stderr.contains(&format!("`{schema}`")),
+            "{command:?}: the schemas found are named: {}",
+            out.stderr
+        );
+        assert!(
+            !schema_exists(&pool, &missing).await,
+            "{command:?} created the schema"
+        );
+    }
+
+    // Undo the record of the last migration: a read must refuse, not re-run it.
+    let last = idemkit_postgres::MIGRATOR
+        .iter()
+        .map(|m| m.version)
+        .max()
+        .unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DELETE FROM {schema}._sqlx_migrations WHERE version = $1"
+    )))
+    .bind(last)
+    .execute(&pool)
+    .await
+    .unwrap();
+    for command in [&["list"][..], &["review"], &show] {
+        let out = db.keys(command).await;
+        assert_eq!(out.code, 2, "{command:?}: {out:#?}");
+        assert!(
+            out.stderr.contains("lacks migration") && out.stderr.contains("never migrate"),
+            "{command:?}: {}",
+            out.stderr
+        );
+        let recorded: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT count(*) FROM {schema}._sqlx_migrations WHERE version = $1"
+        )))
+        .bind(last)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        assert_eq!(recorded, 0, "{command:?} ran the migration");
+    }
+    pool.close().await;
+}
+
+/// Without `--pg-schema` or `IDEMKIT_PG_SCHEMA`, `keys` reads the library's
+/// default schema, `idemkit` (on a database of its own, so no other test's
+/// store is in the way).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_reads_the_library_default_schema_on_postgres() {
+    let Some(url) = postgres_url() else {
+        return;
+    };
+    let admin = sqlx::PgPool::connect(&url).await.unwrap();
+    let name = unique("idemkit_keys_default");
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+        .execute(&admin)
+        .await
+        .unwrap();
+    let db_url = with_database(&url, &name);
+    let list = || {
+        run(
+            vec![
+                "keys".into(),
+                "list".into(),
+                "--database-url".into(),
+                db_url.clone(),
+                "--json".into(),
+            ],
+            vec![],
+        )
+    };
+
+    let empty = list().await;
+    assert_eq!(empty.code, 2, "{empty:#?}");
+    assert!(
+        empty.stderr.contains("schema `idemkit`")
+            && empty.stderr.contains("no idemkit key store in any schema"),
+        "{}",
+        empty.stderr
+    );
+    let pool = sqlx::PgPool::connect(&db_url).await.unwrap();
+    assert!(
+        !schema_exists(&pool, "idemkit").await,
+        "a read created the schema"
+    );
+    pool.close().await;
+
+    let store = PgStore::connect(&db_url, PgConfig::default()).await.unwrap();
+    let done = scope("acct-a", "k-default");
+    let l = must_claim(&store, &claim_req(&done, r#"{"sku":"x"}"#)).await;
+    store
+        .complete(&done, l.token, &response(201, "{}"))
+        .await
+        .unwrap();
+    let found = list().await;
+    assert_eq!(found.code, 0, "{found:#?}");
+    assert_eq!(keys_of(&found.report(), "records"), ["acct-a/k-default"]);
+    // The store's listener holds a connection until the store is dropped; FORCE
+    // ends whatever is left.
+    drop(store);
+    sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE {name} WITH (FORCE)")))
+        .execute(&admin)
+        .await
+        .unwrap();
+    admin.close().await;
 }

@@ -49,7 +49,14 @@ pub struct LabelsConfig {
     /// The idempotency policy (see `idemkit.toml`); its lease is replaced by
     /// `lease` so the published contract describes what runs.
     pub idempotency: idemkit_tower::config::IdemkitConfig,
+    /// On PostgreSQL, the schema of the key store and the labels table; `None`:
+    /// `IDEMKIT_PG_SCHEMA`, else [`DEFAULT_PG_SCHEMA`].
+    pub pg_schema: Option<String>,
 }
+
+/// The service's PostgreSQL schema unless `IDEMKIT_PG_SCHEMA` or
+/// [`LabelsConfig::pg_schema`] names another.
+pub const DEFAULT_PG_SCHEMA: &str = "labels";
 
 impl LabelsConfig {
     /// Parses a token list: entries `token=account`, separated by commas or
@@ -570,7 +577,7 @@ pub async fn build(config: LabelsConfig) -> anyhow::Result<Service> {
     let contract = crate::docs::render(&idem, &RetryConfig::new(), crate::docs::Format::Html);
     let courier = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
         .with(RetryMiddleware::new(
-            RetryConfig::new().with_deadline(Some(config.courier_deadline)),
+            RetryConfig::new().with_deadline(config.courier_deadline),
         ))
         .build();
     let http = reqwest::Client::builder()
@@ -608,7 +615,11 @@ pub async fn build(config: LabelsConfig) -> anyhow::Result<Service> {
         }};
     }
     if config.database.starts_with("postgres") {
-        let schema = std::env::var("IDEMKIT_PG_SCHEMA").unwrap_or_else(|_| "labels".into());
+        let schema = config
+            .pg_schema
+            .clone()
+            .or_else(|| std::env::var("IDEMKIT_PG_SCHEMA").ok())
+            .unwrap_or_else(|| DEFAULT_PG_SCHEMA.into());
         let store = PgStore::connect(
             &config.database,
             PgConfig {
