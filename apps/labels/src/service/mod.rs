@@ -532,8 +532,67 @@ pub fn install_metrics() -> anyhow::Result<metrics_exporter_prometheus::Promethe
         .install_recorder()
         .context("installing the Prometheus recorder")?;
     idemkit_tower::metrics::describe();
+    start_at_zero();
     *slot = Some(handle.clone());
     Ok(handle)
+}
+
+/// Every `outcome` of `idemkit_requests_total`.
+const REQUEST_OUTCOMES: &[&str] = {
+    use idemkit_tower::metrics::outcome::*;
+    &[
+        EXECUTED,
+        REPLAYED,
+        IN_PROGRESS,
+        KEY_REUSED,
+        KEY_MISSING,
+        KEY_INVALID,
+        RELEASED,
+        ABANDONED,
+        PARKED,
+        LEASE_LOST,
+        STORE_UNAVAILABLE,
+        REJECTED,
+        ERROR,
+        STALE,
+    ]
+};
+
+/// Every `result` of `idemkit_completer_resumes_total`.
+const COMPLETER_RESULTS: &[&str] = &["completed", "parked", "unfinished"];
+
+/// Every `reason` of the courier client's `idemkit_client_gave_up_total`.
+const CLIENT_GAVE_UP_REASONS: &[&str] = &[
+    "attempts_exhausted",
+    "budget_exhausted",
+    "deadline_exceeded",
+    "retry_after_past_deadline",
+    "retry_after_above_cap",
+    "not_replayable",
+    "not_retryable",
+];
+
+/// Registers every counter the alert rules (`docs/alerts/idemkit-rules.yml`) read,
+/// and the gauges, at zero: a series that first appears at 1 shows no `increase()`,
+/// so without this the first park, the first store outage or the first exhausted
+/// budget would never fire an alert. (`describe` does it for the fenced-write alarm.)
+fn start_at_zero() {
+    use idemkit_tower::metrics::{
+        COMPLETER_RESUMES, IN_FLIGHT, ORPHANED_KEYS, REAPER_DELETED, REAPER_REVIEW, REQUESTS,
+    };
+    for outcome in REQUEST_OUTCOMES {
+        metrics::counter!(REQUESTS, "outcome" => *outcome).increment(0);
+    }
+    for result in COMPLETER_RESULTS {
+        metrics::counter!(COMPLETER_RESUMES, "result" => *result).increment(0);
+    }
+    metrics::counter!(REAPER_DELETED).increment(0);
+    metrics::counter!(REAPER_REVIEW).increment(0);
+    for reason in CLIENT_GAVE_UP_REASONS {
+        metrics::counter!("idemkit_client_gave_up_total", "reason" => *reason).increment(0);
+    }
+    metrics::gauge!(IN_FLIGHT).increment(0.0);
+    metrics::gauge!(ORPHANED_KEYS).increment(0.0);
 }
 
 /// `GET /metrics`: the Prometheus text exposition.
