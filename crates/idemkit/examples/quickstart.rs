@@ -23,7 +23,8 @@
 //! `postgres://…`), else `IDEMKIT_DB` (a SQLite file path, default
 //! `idemkit-quickstart.db`); `IDEMKIT_PG_SCHEMA` (PostgreSQL schema, default
 //! `idemkit`); `IDEMKIT_KEYSTORE` (`redis://…` or `redis+cluster://…`: keys in
-//! Redis, in lease mode, while orders stay in the SQLite file; `IDEMKIT_REDIS_PREFIX`
+//! Redis, in lease mode, while orders stay in the SQLite file; refused with a
+//! PostgreSQL `DATABASE_URL`, whose keys live in PostgreSQL; `IDEMKIT_REDIS_PREFIX`
 //! namespaces its keys, default `idemkit`); `IDEMKIT_LEASE_MS` (lease length, default 30000);
 //! `IDEMKIT_HANDLER_DELAY_MS` (makes each order take that long inside its
 //! transaction, to see duplicates of a running request answered
@@ -230,6 +231,16 @@ async fn open(lease: Duration) -> anyhow::Result<(Db, MethodRouter<Db>, String)>
     let url = std::env::var("DATABASE_URL").ok();
     Ok(match url.as_deref() {
         Some(url) if url.starts_with("postgres:") || url.starts_with("postgresql:") => {
+            // Keys in Redis need the orders in the SQLite file; on PostgreSQL the
+            // keys live in the orders' own transactions. Running with PostgreSQL
+            // keys while the operator asked for Redis would be a silent surprise.
+            if let Some(keystore) = std::env::var("IDEMKIT_KEYSTORE").ok().filter(|k| !k.is_empty()) {
+                anyhow::bail!(
+                    "IDEMKIT_KEYSTORE={keystore} cannot be combined with a PostgreSQL DATABASE_URL: \
+                     with PostgreSQL the keys are kept in PostgreSQL, in each order's transaction; \
+                     unset IDEMKIT_KEYSTORE, or unset DATABASE_URL to keep orders in SQLite and keys in Redis"
+                );
+            }
             let schema = std::env::var("IDEMKIT_PG_SCHEMA").unwrap_or_else(|_| "idemkit".into());
             let config = PgConfig {
                 schema: schema.clone(),

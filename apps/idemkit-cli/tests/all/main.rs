@@ -14,6 +14,7 @@ mod keys;
 mod labels;
 mod metrics;
 mod quickstart;
+mod readme;
 
 /// What one `idemkit` run left behind.
 #[derive(Debug)]

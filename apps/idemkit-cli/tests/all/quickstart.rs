@@ -219,3 +219,53 @@ async fn quickstart_on_postgres_refuses_duplicates_of_a_running_request() {
         "{evidence}"
     );
 }
+
+/// `IDEMKIT_KEYSTORE` (keys in Redis) with a PostgreSQL `DATABASE_URL` is refused
+/// with a clear error instead of silently keeping the keys in PostgreSQL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quickstart_refuses_a_redis_keystore_with_postgres() {
+    let bin = tokio::task::spawn_blocking(|| idemkit_testkit::example_bin("quickstart"))
+        .await
+        .unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let database = std::env::var("IDEMKIT_TEST_POSTGRES_URL")
+        .ok()
+        .filter(|u| !u.is_empty())
+        .unwrap_or_else(|| "postgres://nobody@127.0.0.1:1/none".into());
+    let out = tokio::task::spawn_blocking(move || {
+        let mut child = Command::new(bin)
+            // A reachable database when there is one, so that ignoring the
+            // combination would start a server (and time out here).
+            .env("DATABASE_URL", database)
+            .env("IDEMKIT_KEYSTORE", "redis://127.0.0.1:6379")
+            .env("IDEMKIT_PG_SCHEMA", "quickstart_refused")
+            .env("PORT", port.to_string())
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let started = std::time::Instant::now();
+        while child.try_wait().unwrap().is_none() {
+            if started.elapsed() > Duration::from_secs(20) {
+                let _ = child.kill();
+                panic!("the quickstart kept running with IDEMKIT_KEYSTORE and a PostgreSQL DATABASE_URL");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        child.wait_with_output().unwrap()
+    })
+    .await
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("IDEMKIT_KEYSTORE")
+            && stderr.contains("cannot be combined with a PostgreSQL DATABASE_URL"),
+        "{stderr}"
+    );
+}
