@@ -1,3 +1,5 @@
+//! An orders API whose `POST /orders` is idempotent (the README's example).
+
 use std::sync::Arc;
 
 use axum::{Router, routing::post};
