@@ -221,7 +221,11 @@ mod tests {
         let fp = Fingerprinter::new();
         assert_eq!(
             fp.compute("POST", "/", br#"{"a":1,"b":[1,2],"c":"x"}"#),
-            fp.compute("POST", "/", b"\n{ \"c\": \"\\u0078\", \"b\" : [1, 2], \"a\": 1 }\n")
+            fp.compute(
+                "POST",
+                "/",
+                b"\n{ \"c\": \"\\u0078\", \"b\" : [1, 2], \"a\": 1 }\n"
+            )
         );
         assert_ne!(fp.compute("POST", "/", b"a b"), fp.compute("POST", "/", b"a  b"));
         // Invalid JSON is hashed as bytes rather than failing.
@@ -237,7 +241,10 @@ mod tests {
         let fp = Fingerprinter::new();
         let f = |body: &str| fp.compute("POST", "/", body.as_bytes());
         // One double apart: RFC 8785 (and `serde_json_canonicalizer`) writes both as 9007199254740992.
-        assert_ne!(f(r#"{"amount":9007199254740993}"#), f(r#"{"amount":9007199254740992}"#));
+        assert_ne!(
+            f(r#"{"amount":9007199254740993}"#),
+            f(r#"{"amount":9007199254740992}"#)
+        );
         assert_ne!(f(r#"{"amount":1}"#), f(r#"{"amount":1.0}"#));
         assert_ne!(f(r#"[0.1]"#), f(r#"[0.10000000000000001]"#));
         assert_ne!(f(r#"[1e400]"#), f(r#"[2e400]"#));
@@ -252,8 +259,14 @@ mod tests {
             fp.compute("POST", "/refunds?amount=5", b"{}"),
             fp.compute("POST", "/refunds?amount=500", b"{}")
         );
-        assert_ne!(fp.compute("POST", "/refunds?amount=5", b"{}"), fp.compute("POST", "/refunds", b"{}"));
-        assert_eq!(fp.compute("POST", "/refunds?", b"{}"), fp.compute("POST", "/refunds", b"{}"));
+        assert_ne!(
+            fp.compute("POST", "/refunds?amount=5", b"{}"),
+            fp.compute("POST", "/refunds", b"{}")
+        );
+        assert_eq!(
+            fp.compute("POST", "/refunds?", b"{}"),
+            fp.compute("POST", "/refunds", b"{}")
+        );
         // The boundary between path and query cannot be moved.
         assert_ne!(fp.compute("POST", "/a?b", b""), fp.compute("POST", "/a?b", b"x"));
         assert_ne!(fp.compute("POST", "/ab?", b""), fp.compute("POST", "/a?b", b""));

@@ -44,6 +44,6 @@ pub use record::{
 };
 pub use scope::{Account, Scope};
 pub use store::{
-    ClaimOutcome, ClaimRequest, FORCE_RELEASED, KeyStore, Lease, ListFilter, MOVED_TO_REVIEW, RELEASE_REFUSED,
-    Resolution, StoreError, StoreResult, TransactionalStore, TxClaim,
+    ClaimOutcome, ClaimRequest, FORCE_RELEASED, KeyStore, Lease, ListFilter, MOVED_TO_REVIEW,
+    RELEASE_REFUSED, Resolution, StoreError, StoreResult, TransactionalStore, TxClaim,
 };

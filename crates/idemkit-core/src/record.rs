@@ -373,7 +373,10 @@ mod tests {
         // A resume takes over only the exact state it saw.
         let seen = FencingToken(1);
         assert_eq!(decide_resume(Some(&dead), seen, &a, now, w), Decision::Takeover);
-        assert_eq!(decide_resume(Some(&dead), FencingToken(2), &a, now, w), Decision::Stale);
+        assert_eq!(
+            decide_resume(Some(&dead), FencingToken(2), &a, now, w),
+            Decision::Stale
+        );
         assert_eq!(decide_resume(None, seen, &a, now, w), Decision::Stale);
         assert_eq!(decide_resume(Some(&done), seen, &a, now, w), Decision::Replay);
         let released = head(RecordState::Released, a, 9_500, None, 9_800);
@@ -427,7 +430,12 @@ impl DownstreamKey {
         let mut h = Sha256::new();
         h.update(b"idemkit-downstream-v2");
         let generation = generation.0.to_string();
-        for part in [scope.account.as_str(), scope.key.as_str(), generation.as_str(), step] {
+        for part in [
+            scope.account.as_str(),
+            scope.key.as_str(),
+            generation.as_str(),
+            step,
+        ] {
             h.update((part.len() as u64).to_be_bytes());
             h.update(part.as_bytes());
         }

@@ -312,13 +312,19 @@ pub trait KeyStore: Send + Sync + std::fmt::Debug + 'static {
         Err(StoreError::Unsupported("listing records"))
     }
 
-    /// An operator's release of a record nobody holds: a parked record, or an
-    /// in-flight one whose lease has expired (its holder is gone), becomes
-    /// `released` as [`KeyStore::release`] leaves it: the row stays so
-    /// the next claim's fencing token is higher than any the record handed
-    /// out, and the next request with the key runs as a first attempt. Its last
-    /// error becomes [`FORCE_RELEASED`], so the tombstone says who released it.
-    /// Not fenced by a token; atomic with the state check instead.
+    /// An operator's release of a record nobody holds (a parked record, or an
+    /// in-flight one whose lease has expired: its holder is gone), on a new
+    /// fencing token, with last error [`FORCE_RELEASED`] so the record says who
+    /// released it. Not fenced by a token; atomic with the state check instead.
+    ///
+    /// - Without recorded progress the record becomes `released` as
+    ///   [`KeyStore::release`] leaves it: the row stays so later tokens are
+    ///   higher, and the next request with the key runs as a first attempt.
+    /// - With recorded progress (a recovery point, a step output, an external
+    ///   call's intent) it becomes resumable instead (in flight, lease ended):
+    ///   the progress survives the release, so a rerun skips committed phases and
+    ///   parks again at an unfinished call to a downstream that ignores keys,
+    ///   rather than calling it a second time.
     ///
     /// Returns `false`, changing nothing, for a record held by a live lease, a
     /// completed or already released one, or no record at all. A holder paused

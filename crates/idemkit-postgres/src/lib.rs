@@ -99,14 +99,19 @@ const SELECT_LIST: &str = "SELECT account, idem_key, fingerprint, state, created
      ORDER BY created_at DESC, account, idem_key LIMIT $3";
 
 /// An operator's release of a record nobody holds (parked, or in flight with
-/// its lease expired by the store's clock, test clock at `$3`): the same
-/// tombstone as a holder's release, on a fresh token.
+/// its lease expired by the store's clock, test clock at `$3`), on a fresh
+/// token: the same tombstone as a holder's release, or resumable when progress
+/// was recorded (see [`KeyStore::force_release`]).
 static FORCE_RELEASE: LazyLock<String> = LazyLock::new(|| {
     format!(
-        "UPDATE idemkit_keys SET fencing_token = {NEXT_TOKEN}, state = 'released', lease_expires_at = 0, \
-         req_body = ''::bytea, last_error = $4 WHERE account = $1 AND idem_key = $2 \
-         AND (state = 'parked' OR (state = 'in_flight' AND lease_expires_at <= {}))",
-        now_sql(3)
+        "UPDATE idemkit_keys SET fencing_token = {NEXT_TOKEN}, last_error = $4, \
+         state = CASE WHEN {clean} THEN 'released' ELSE 'in_flight' END, \
+         lease_expires_at = CASE WHEN {clean} THEN 0 ELSE LEAST(lease_expires_at, {now}) END, \
+         req_body = CASE WHEN {clean} THEN ''::bytea ELSE req_body END \
+         WHERE account = $1 AND idem_key = $2 \
+         AND (state = 'parked' OR (state = 'in_flight' AND lease_expires_at <= {now}))",
+        clean = "recovery_point IS NULL AND step_outputs = '{}'",
+        now = now_sql(3)
     )
 });
 
@@ -411,9 +416,13 @@ impl PgStore {
                 now_sql(3)
             )
         });
-        static LOCKED: LazyLock<String> =
-            LazyLock::new(|| format!("SELECT {}, {RECORD_COLUMNS} FROM idemkit_keys \
-                WHERE account = $1 AND idem_key = $2 FOR UPDATE", now_sql(3)));
+        static LOCKED: LazyLock<String> = LazyLock::new(|| {
+            format!(
+                "SELECT {}, {RECORD_COLUMNS} FROM idemkit_keys \
+                WHERE account = $1 AND idem_key = $2 FOR UPDATE",
+                now_sql(3)
+            )
+        });
         let sql = if lock { &*LOCKED } else { &*PLAIN };
         let row = sqlx::query(AssertSqlSafe(sql.as_str()))
             .bind(scope.account.as_str())
@@ -618,7 +627,8 @@ impl PgStore {
                  last_error = CASE WHEN $4 THEN last_error END \
                  WHERE account = $1 AND idem_key = $2 AND fencing_token = $11 AND state = $12 \
                  AND lease_expires_at = $13 \
-                 RETURNING fencing_token, CASE WHEN $14 THEN set_config('lock_timeout', '0', true) END"
+                 RETURNING fencing_token, recovery_point, \
+                 CASE WHEN $14 THEN set_config('lock_timeout', '0', true) END"
             )
         });
         let expires = now.plus(req.lease);
@@ -644,7 +654,12 @@ impl PgStore {
         Ok(Some(Lease {
             token: FencingToken(row.try_get(0).map_err(corrupt)?),
             expires_at: expires,
-            resumed_from: if takeover { seen.recovery_point.clone() } else { None },
+            // As written: a lapsed holder may have recorded progress since the read.
+            resumed_from: if takeover {
+                row.try_get(1).map_err(corrupt)?
+            } else {
+                None
+            },
         }))
     }
 
@@ -850,8 +865,10 @@ impl KeyStore for PgStore {
             )
         });
         let now = self.test_now();
-        self.fenced(&RELEASE, true, scope, token, move |q| q.bind(now).bind(RELEASE_REFUSED))
-            .await
+        self.fenced(&RELEASE, true, scope, token, move |q| {
+            q.bind(now).bind(RELEASE_REFUSED)
+        })
+        .await
     }
 
     async fn abandon(&self, scope: &Scope, token: FencingToken, error: &str) -> StoreResult<()> {
@@ -864,8 +881,10 @@ impl KeyStore for PgStore {
             )
         });
         let now = self.test_now();
-        self.fenced(&ABANDON, true, scope, token, move |q| q.bind(now).bind(error.to_owned()))
-            .await
+        self.fenced(&ABANDON, true, scope, token, move |q| {
+            q.bind(now).bind(error.to_owned())
+        })
+        .await
     }
 
     async fn get(&self, scope: &Scope) -> StoreResult<Option<Record>> {
@@ -910,8 +929,10 @@ impl KeyStore for PgStore {
             )
         });
         let now = self.test_now();
-        self.fenced(&PARK, true, scope, token, move |q| q.bind(now).bind(reason.to_owned()))
-            .await
+        self.fenced(&PARK, true, scope, token, move |q| {
+            q.bind(now).bind(reason.to_owned())
+        })
+        .await
     }
 
     async fn abandoned(&self, claimed_before: Millis, limit: usize) -> StoreResult<Vec<Record>> {

@@ -42,8 +42,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use idemkit_core::{
-    ClaimOutcome, ClaimRequest, Clock, FencingToken, Fingerprint, KeyStore, Lease, Millis, RELEASE_REFUSED, Record,
-    RecordState, Scope, StoreError, StoreResult, StoredHeader, StoredRequest, StoredResponse, SystemClock,
+    ClaimOutcome, ClaimRequest, Clock, FencingToken, Fingerprint, KeyStore, Lease, Millis, PhaseUpdate,
+    RELEASE_REFUSED, Record, RecordState, Scope, StoreError, StoreResult, StoredHeader, StoredRequest,
+    StoredResponse, SystemClock,
 };
 use redis::{Cmd, Value};
 
@@ -444,6 +445,13 @@ impl KeyStore for RedisStore {
 
     fn notifies_changes(&self) -> bool {
         self.notifier.is_some()
+    }
+
+    /// One fenced script (see [`RedisStore::record_phase`]).
+    async fn advance(&self, scope: &Scope, token: FencingToken, update: &PhaseUpdate) -> StoreResult<()> {
+        let step = update.step.as_ref().map(|(name, value)| (name.as_str(), value));
+        self.record_phase(scope, token, &update.recovery_point, step)
+            .await
     }
 
     async fn wait_for_change(&self, scope: &Scope, timeout: Duration) -> StoreResult<()> {

@@ -731,10 +731,15 @@ impl KeyStore for SqliteStore {
     async fn force_release(&self, scope: &Scope) -> StoreResult<bool> {
         let now = self.clock.now().0;
         let mut tx = self.begin().await?;
-        // The same tombstone as `release`; the state check replaces the token check.
+        // The same tombstone as `release` (or, with recorded progress, resumable:
+        // see the trait); the state check replaces the token check.
         let changed = sqlx::query(
-            "UPDATE idemkit_keys SET fencing_token = fencing_token + 1, state = 'released', \
-             lease_expires_at = 0, req_body = x'', last_error = ?4 WHERE account = ?1 AND idem_key = ?2 \
+            "UPDATE idemkit_keys SET fencing_token = fencing_token + 1, last_error = ?4, \
+             state = CASE WHEN recovery_point IS NULL AND step_outputs = '{}' THEN 'released' ELSE 'in_flight' END, \
+             lease_expires_at = CASE WHEN recovery_point IS NULL AND step_outputs = '{}' THEN 0 \
+             ELSE MIN(lease_expires_at, ?3) END, \
+             req_body = CASE WHEN recovery_point IS NULL AND step_outputs = '{}' THEN x'' ELSE req_body END \
+             WHERE account = ?1 AND idem_key = ?2 \
              AND (state = 'parked' OR (state = 'in_flight' AND lease_expires_at <= ?3))",
         )
         .bind(scope.account.as_str())

@@ -14,9 +14,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idemkit_core::{
-    Account, ClaimOutcome, FORCE_RELEASED, FencingToken, KeyStore, Lease, ListFilter, MOVED_TO_REVIEW, Millis,
-    PhaseUpdate,
-    ReapReport, Record, RecordState, Scope, StoreError, TransactionalStore,
+    Account, ClaimOutcome, FORCE_RELEASED, FencingToken, KeyStore, Lease, ListFilter, MOVED_TO_REVIEW,
+    Millis, PhaseUpdate, ReapReport, Record, RecordState, Scope, StoreError, TransactionalStore,
 };
 use serde_json::json;
 
@@ -402,7 +401,10 @@ pub async fn reap_deletes_old_records_and_moves_unfinished_ones_to_review<S: Key
         assert_eq!(rec.last_error.as_deref(), Some(MOVED_TO_REVIEW));
         assert_eq!(
             store
-                .claim(&claim_req(listed, &format!(r#"{{"key":"{}"}}"#, listed.key.as_str())))
+                .claim(&claim_req(
+                    listed,
+                    &format!(r#"{{"key":"{}"}}"#, listed.key.as_str())
+                ))
                 .await
                 .unwrap(),
             ClaimOutcome::Parked
@@ -712,7 +714,10 @@ pub async fn force_release_frees_only_records_nobody_holds<S: KeyStore>(
         "nor advance",
     );
     let next = must_claim(&*store, &claim_req(&crashed, r#"{"key":"fr-crashed"}"#)).await;
-    assert!(next.token > old.token, "tokens keep rising across an operator release");
+    assert!(
+        next.token > old.token,
+        "tokens keep rising across an operator release"
+    );
     assert_eq!(next.resumed_from, None);
 
     // The live lease outlived the others untouched, and now it has expired too.

@@ -67,6 +67,12 @@ impl MemoryStore {
         }
     }
 
+    /// Deletes a record outright (mutant stores use it to model broken reapers
+    /// and restarts).
+    pub(crate) fn remove(&self, scope: &Scope) {
+        self.lock().keys.remove(scope);
+    }
+
     fn lock(&self) -> MutexGuard<'_, Records> {
         // A panic while holding the lock leaves consistent data (every write is a
         // single assignment), so poisoning is ignored.
@@ -351,10 +357,18 @@ impl KeyStore for MemoryStore {
         };
         if unheld {
             r.fencing_token = next;
-            r.state = RecordState::Released;
-            r.lease_expires_at = Millis(0);
-            r.request.body.clear();
             r.last_error = Some(FORCE_RELEASED.to_owned());
+            if r.recovery_point.is_some() || !r.step_outputs.is_empty() {
+                // Recorded progress (an intent above all) survives: the record
+                // becomes resumable, and a rerun parks again at an unfinished call
+                // to a downstream that ignores keys.
+                r.state = RecordState::InFlight;
+                r.lease_expires_at = r.lease_expires_at.min(now);
+            } else {
+                r.state = RecordState::Released;
+                r.lease_expires_at = Millis(0);
+                r.request.body.clear();
+            }
         }
         Ok(unheld)
     }

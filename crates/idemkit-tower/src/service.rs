@@ -14,9 +14,9 @@ use http::request::Parts;
 use http::{HeaderName, HeaderValue, Request, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use idemkit_core::{
-    ClaimOutcome, ClaimRequest, ErrorCode, IdempotencyKey, InFlightBehavior, KeyError, KeyStore, Lease,
-    FencingToken, Policy, Scope, ServerErrorPolicy, StoreError, StoredHeader, StoredRequest, StoredResponse,
-    TxClaim,
+    ClaimOutcome, ClaimRequest, ErrorCode, FencingToken, IdempotencyKey, InFlightBehavior, KeyError,
+    KeyStore, Lease, Policy, Scope, ServerErrorPolicy, StoreError, StoredHeader, StoredRequest,
+    StoredResponse, TxClaim,
 };
 use tokio::task::JoinHandle;
 use tower::Service;
@@ -237,7 +237,11 @@ where
             let counted = settle_unstored(&shared, None, &scope, &lease, Disposition::Release).await;
             let problem = ProblemResponse::new(ErrorCode::Internal, "the handler failed");
             (
-                if counted == outcome::LEASE_LOST { counted } else { outcome::ERROR },
+                if counted == outcome::LEASE_LOST {
+                    counted
+                } else {
+                    outcome::ERROR
+                },
                 Ok(problem.into_response()),
             )
         }
@@ -284,7 +288,13 @@ async fn prepare(
         (_, KeySource::JsonField(pointer)) => key_from_json(&bytes, pointer)?,
         _ => unreachable!("header keys were checked above"),
     };
-    Ok(claim_request(shared, parts, Scope::new(account, key), bytes, None))
+    Ok(claim_request(
+        shared,
+        parts,
+        Scope::new(account, key),
+        bytes,
+        None,
+    ))
 }
 
 fn claim_request(
@@ -715,7 +725,11 @@ async fn settle_unstored(
                     outcome::ABANDONED,
                     timed(
                         op::ABANDON,
-                        store.abandon(scope, lease.token, "the handler failed and the record could not be read"),
+                        store.abandon(
+                            scope,
+                            lease.token,
+                            "the handler failed and the record could not be read",
+                        ),
                     )
                     .await,
                 )

@@ -67,7 +67,10 @@ async fn status(State(shared): State<Arc<Shared>>, Path(key): Path<String>, part
             // Past the replay window a completed record no longer replays (the
             // key is a new request then), and neither does its status URL.
             (RecordState::Completed, Some(stored))
-                if r.completed_at.unwrap_or(r.created_at).plus(shared.policy.replay_window) > now =>
+                if r.completed_at
+                    .unwrap_or(r.created_at)
+                    .plus(shared.policy.replay_window)
+                    > now =>
             {
                 replay_response(stored, &shared.policy)
             }

@@ -266,3 +266,40 @@ async fn single_step_duplicate_is_rejected_quickly_while_winner_runs() {
         other => panic!("expected replay, got {other:?}"),
     }
 }
+
+mod race {
+    use std::sync::Arc;
+
+    use idemkit_core::KeyStore;
+    use idemkit_postgres::PgStore;
+    use idemkit_testkit::ManualClock;
+    use idemkit_testkit::race::{RaceTarget, SKEW, SkewedClock};
+    use tokio::sync::OnceCell;
+
+    /// One schema for the whole suite (each schedule has its own key). The
+    /// holder's handle and the retrier's share the store's clock (the
+    /// schedule's test clock, standing in for the database's); the retrier's
+    /// application clock runs [`SKEW`] ahead, which must not matter. The claim
+    /// may pause between its read and its compare-and-swap.
+    async fn target(clock: Arc<ManualClock>) -> Option<RaceTarget> {
+        static BASE: OnceCell<Option<PgStore>> = OnceCell::const_new();
+        let base = BASE
+            .get_or_init(|| async { super::store_in_fresh_schema(None).await.map(|s| (*s).clone()) })
+            .await
+            .as_ref()?;
+        let store: Arc<dyn KeyStore> = Arc::new(base.clone().with_test_clock(clock.clone()));
+        let skewed = SkewedClock {
+            base: clock.clone(),
+            ahead: SKEW,
+        };
+        let second: Arc<dyn KeyStore> =
+            Arc::new(base.clone().with_test_clock(clock).with_clock(Arc::new(skewed)));
+        Some(RaceTarget {
+            store,
+            second,
+            yield_points: &["idemkit_postgres::claim::before_move"],
+        })
+    }
+
+    idemkit_testkit::race_tests!(target, 300);
+}

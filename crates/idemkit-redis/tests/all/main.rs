@@ -10,6 +10,7 @@ mod cluster;
 mod common;
 mod fencing;
 mod harness;
+mod race;
 mod single;
 
 mod conformance {

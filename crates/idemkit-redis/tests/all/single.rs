@@ -109,7 +109,11 @@ async fn phases_are_fenced_kept_across_takeover_and_cleared_on_reuse() {
     assert_eq!(rec.state, RecordState::InFlight);
     assert_eq!(rec.recovery_point.as_deref(), Some("label-bought"));
     let b2 = must_claim(&store, &req).await;
-    assert_eq!(b2.resumed_from.as_deref(), Some("label-bought"), "taken over at once");
+    assert_eq!(
+        b2.resumed_from.as_deref(),
+        Some("label-bought"),
+        "taken over at once"
+    );
     store
         .complete(&s, b2.token, &response(201, "done"))
         .await

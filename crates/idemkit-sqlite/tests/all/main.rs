@@ -256,3 +256,34 @@ async fn two_processes_racing_one_key_commit_once() {
     }
     assert_eq!(orders.count("race").await, 1, "B's business write rolled back");
 }
+
+mod race {
+    use std::sync::Arc;
+
+    use idemkit_core::KeyStore;
+    use idemkit_sqlite::SqliteStore;
+    use idemkit_testkit::ManualClock;
+    use idemkit_testkit::race::RaceTarget;
+    use tokio::sync::OnceCell;
+
+    /// One database file for the whole suite (each schedule has its own key);
+    /// each schedule's handle reads time from that schedule's clock.
+    async fn target(clock: Arc<ManualClock>) -> Option<RaceTarget> {
+        static BASE: OnceCell<SqliteStore> = OnceCell::const_new();
+        let base = BASE
+            .get_or_init(|| async {
+                let dir = std::env::temp_dir().join(format!("idemkit-sqlite-race-{}", super::uuid_like()));
+                std::fs::create_dir_all(&dir).unwrap();
+                SqliteStore::open(dir.join("keys.db")).await.expect("open sqlite")
+            })
+            .await;
+        let store: Arc<dyn KeyStore> = Arc::new(base.clone().with_clock(clock));
+        Some(RaceTarget {
+            second: store.clone(),
+            store,
+            yield_points: &[],
+        })
+    }
+
+    idemkit_testkit::race_tests!(target, 400);
+}

@@ -755,7 +755,11 @@ async fn reaper_deletes_old_records_and_keeps_unfinished_ones_for_review() {
     assert_eq!((report.deleted, report.moved_to_review), (1, 1));
     assert!(store.get(&done).await.unwrap().is_none());
     let listed = store.get(&stuck).await.unwrap().expect("listed records stay");
-    assert_eq!(listed.state, idemkit_core::RecordState::Parked, "and never run again");
+    assert_eq!(
+        listed.state,
+        idemkit_core::RecordState::Parked,
+        "and never run again"
+    );
     assert!(
         store.get(&fresh).await.unwrap().is_some(),
         "recent records are kept"
