@@ -45,6 +45,120 @@ pub use clock::ManualClock;
 pub use memory::MemoryStore;
 pub use process::example_bin;
 
+// The case lists, each written once. Every list macro hands its cases to the
+// macro named first (`$crate::$callback!`), after the tokens in braces: the
+// test-generating macros below and the case tables ([`suite::cases`] and
+// friends, which the negative controls run against mutant stores) use the same
+// list, so a case added here runs everywhere.
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __store_cases {
+    ($callback:ident { $($pre:tt)* }) => {
+        $crate::$callback! { $($pre)*
+            first_claim_then_replay,
+            replay_is_byte_identical,
+            mismatch_is_reported_in_every_state,
+            live_lease_is_in_progress,
+            takeover_after_expiry_gets_new_token_and_fences_old_holder,
+            expired_window_is_a_new_request,
+            release_makes_key_absent_and_tokens_keep_growing,
+            abandon_ends_lease_at_once,
+            heartbeat_keeps_lease_alive,
+            accounts_are_isolated,
+            completion_is_fenced_once_completed,
+            record_keeps_the_request,
+            concurrent_claims_have_one_winner
+        }
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __tx_cases {
+    ($callback:ident { $($pre:tt)* }) => {
+        $crate::$callback! { $($pre)*
+            claim_business_write_and_response_commit_together,
+            dropped_transaction_rolls_back_claim_and_writes,
+            stale_token_cannot_open_a_transaction,
+            fenced_completion_rolls_back_business_writes,
+            concurrent_single_step_requests_write_once
+        }
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __lifecycle_cases {
+    ($callback:ident { $($pre:tt)* }) => {
+        $crate::$callback! { $($pre)*
+            advance_saves_progress_and_takeover_resumes_from_it,
+            stale_token_cannot_advance_or_park,
+            parked_record_is_never_claimed_again,
+            abandoned_lists_expired_in_flight_records_oldest_first,
+            reap_deletes_old_records_and_moves_unfinished_ones_to_review,
+            reaped_keys_can_be_claimed_anew,
+            list_filters_by_state_and_account_newest_first,
+            force_release_frees_only_records_nobody_holds,
+            unfinished_record_past_the_window_is_taken_over_not_restarted,
+            release_with_progress_is_refused_and_kept_resumable,
+            abandon_moves_the_record_to_a_new_token,
+            resume_claims_only_the_record_it_saw
+        }
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __tx_lifecycle_cases {
+    ($callback:ident { $($pre:tt)* }) => {
+        $crate::$callback! { $($pre)*
+            advance_in_tx_commits_with_the_business_writes,
+            dropped_phase_rolls_back_progress_with_business_writes,
+            stale_token_cannot_advance_in_a_tx
+        }
+    };
+}
+
+/// Builds a case table from a case list (see [`suite::cases`]).
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __case_table {
+    (store $module:ident, $S:ident; $($case:ident),* $(,)?) => {
+        ::std::vec![$(
+            (
+                ::std::stringify!($case),
+                (|store: ::std::sync::Arc<$S>, clock: ::std::sync::Arc<$crate::ManualClock>| {
+                    ::std::boxed::Box::pin($crate::$module::$case(store, clock))
+                        as $crate::CaseFuture
+                }) as $crate::Case<$S>,
+            )
+        ),*]
+    };
+    (tx $module:ident, $S:ident, $P:ident; $($case:ident),* $(,)?) => {
+        ::std::vec![$(
+            (
+                ::std::stringify!($case),
+                (|store: ::std::sync::Arc<$S>, probe: $P, clock: ::std::sync::Arc<$crate::ManualClock>| {
+                    ::std::boxed::Box::pin($crate::$module::$case(store, probe, clock))
+                        as $crate::CaseFuture
+                }) as $crate::TxCase<$S, $P>,
+            )
+        ),*]
+    };
+}
+
+/// The future a [`Case`] returns.
+pub type CaseFuture = futures::future::BoxFuture<'static, ()>;
+
+/// One conformance case on a store of type `S`, as a function pointer: a
+/// fresh, empty store and its clock in, the case's future out. It panics when
+/// the store does not conform.
+pub type Case<S> = fn(std::sync::Arc<S>, std::sync::Arc<ManualClock>) -> CaseFuture;
+
+/// One transactional conformance case (see [`Case`]), with the business probe.
+pub type TxCase<S, P> = fn(std::sync::Arc<S>, P, std::sync::Arc<ManualClock>) -> CaseFuture;
+
 /// Generates one `#[tokio::test]` per case of [`suite`] for a backend.
 ///
 /// `$factory` is an async fn (or closure) taking `Arc<ManualClock>` and returning
@@ -55,38 +169,14 @@ pub use process::example_bin;
 #[macro_export]
 macro_rules! store_conformance_tests {
     (optional $factory:expr) => {
-        $crate::store_conformance_tests!(@cases (|clock| async move { ($factory)(clock).await }); @optional;
-            first_claim_then_replay,
-            replay_is_byte_identical,
-            mismatch_is_reported_in_every_state,
-            live_lease_is_in_progress,
-            takeover_after_expiry_gets_new_token_and_fences_old_holder,
-            expired_window_is_a_new_request,
-            release_makes_key_absent_and_tokens_keep_growing,
-            abandon_ends_lease_at_once,
-            heartbeat_keeps_lease_alive,
-            accounts_are_isolated,
-            completion_is_fenced_once_completed,
-            record_keeps_the_request,
-            concurrent_claims_have_one_winner
-        );
+        $crate::__store_cases!(store_conformance_tests {
+            @cases (|clock| async move { ($factory)(clock).await }); @optional;
+        });
     };
     ($factory:expr) => {
-        $crate::store_conformance_tests!(@cases (|clock| async move { Some(($factory)(clock).await) }); @optional;
-            first_claim_then_replay,
-            replay_is_byte_identical,
-            mismatch_is_reported_in_every_state,
-            live_lease_is_in_progress,
-            takeover_after_expiry_gets_new_token_and_fences_old_holder,
-            expired_window_is_a_new_request,
-            release_makes_key_absent_and_tokens_keep_growing,
-            abandon_ends_lease_at_once,
-            heartbeat_keeps_lease_alive,
-            accounts_are_isolated,
-            completion_is_fenced_once_completed,
-            record_keeps_the_request,
-            concurrent_claims_have_one_winner
-        );
+        $crate::__store_cases!(store_conformance_tests {
+            @cases (|clock| async move { Some(($factory)(clock).await) }); @optional;
+        });
     };
     (@cases $factory:expr; @optional; $($case:ident),* $(,)?) => {
         $(
@@ -114,22 +204,14 @@ macro_rules! store_conformance_tests {
 #[macro_export]
 macro_rules! transactional_conformance_tests {
     (optional $factory:expr, $probe:expr) => {
-        $crate::transactional_conformance_tests!(@cases (|clock| async move { ($factory)(clock).await }), $probe;
-            claim_business_write_and_response_commit_together,
-            dropped_transaction_rolls_back_claim_and_writes,
-            stale_token_cannot_open_a_transaction,
-            fenced_completion_rolls_back_business_writes,
-            concurrent_single_step_requests_write_once
-        );
+        $crate::__tx_cases!(transactional_conformance_tests {
+            @cases (|clock| async move { ($factory)(clock).await }), $probe;
+        });
     };
     ($factory:expr, $probe:expr) => {
-        $crate::transactional_conformance_tests!(@cases (|clock| async move { Some(($factory)(clock).await) }), $probe;
-            claim_business_write_and_response_commit_together,
-            dropped_transaction_rolls_back_claim_and_writes,
-            stale_token_cannot_open_a_transaction,
-            fenced_completion_rolls_back_business_writes,
-            concurrent_single_step_requests_write_once
-        );
+        $crate::__tx_cases!(transactional_conformance_tests {
+            @cases (|clock| async move { Some(($factory)(clock).await) }), $probe;
+        });
     };
     (@cases $factory:expr, $probe:expr; $($case:ident),* $(,)?) => {
         $(
@@ -156,28 +238,14 @@ macro_rules! transactional_conformance_tests {
 #[macro_export]
 macro_rules! lifecycle_conformance_tests {
     (optional $factory:expr) => {
-        $crate::lifecycle_conformance_tests!(@cases (|clock| async move { ($factory)(clock).await });
-            advance_saves_progress_and_takeover_resumes_from_it,
-            stale_token_cannot_advance_or_park,
-            parked_record_is_never_claimed_again,
-            abandoned_lists_expired_in_flight_records_oldest_first,
-            reap_deletes_old_records_and_moves_unfinished_ones_to_review,
-            reaped_keys_can_be_claimed_anew,
-            list_filters_by_state_and_account_newest_first,
-            force_release_frees_only_records_nobody_holds
-        );
+        $crate::__lifecycle_cases!(lifecycle_conformance_tests {
+            @cases (|clock| async move { ($factory)(clock).await });
+        });
     };
     ($factory:expr) => {
-        $crate::lifecycle_conformance_tests!(@cases (|clock| async move { Some(($factory)(clock).await) });
-            advance_saves_progress_and_takeover_resumes_from_it,
-            stale_token_cannot_advance_or_park,
-            parked_record_is_never_claimed_again,
-            abandoned_lists_expired_in_flight_records_oldest_first,
-            reap_deletes_old_records_and_moves_unfinished_ones_to_review,
-            reaped_keys_can_be_claimed_anew,
-            list_filters_by_state_and_account_newest_first,
-            force_release_frees_only_records_nobody_holds
-        );
+        $crate::__lifecycle_cases!(lifecycle_conformance_tests {
+            @cases (|clock| async move { Some(($factory)(clock).await) });
+        });
     };
     (@cases $factory:expr; $($case:ident),* $(,)?) => {
         $(
@@ -205,18 +273,14 @@ macro_rules! lifecycle_conformance_tests {
 #[macro_export]
 macro_rules! transactional_lifecycle_tests {
     (optional $factory:expr, $probe:expr) => {
-        $crate::transactional_lifecycle_tests!(@cases (|clock| async move { ($factory)(clock).await }), $probe;
-            advance_in_tx_commits_with_the_business_writes,
-            dropped_phase_rolls_back_progress_with_business_writes,
-            stale_token_cannot_advance_in_a_tx
-        );
+        $crate::__tx_lifecycle_cases!(transactional_lifecycle_tests {
+            @cases (|clock| async move { ($factory)(clock).await }), $probe;
+        });
     };
     ($factory:expr, $probe:expr) => {
-        $crate::transactional_lifecycle_tests!(@cases (|clock| async move { Some(($factory)(clock).await) }), $probe;
-            advance_in_tx_commits_with_the_business_writes,
-            dropped_phase_rolls_back_progress_with_business_writes,
-            stale_token_cannot_advance_in_a_tx
-        );
+        $crate::__tx_lifecycle_cases!(transactional_lifecycle_tests {
+            @cases (|clock| async move { Some(($factory)(clock).await) }), $probe;
+        });
     };
     (@cases $factory:expr, $probe:expr; $($case:ident),* $(,)?) => {
         $(

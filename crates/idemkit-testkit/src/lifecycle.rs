@@ -14,8 +14,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idemkit_core::{
-    Account, ClaimOutcome, FORCE_RELEASED, FencingToken, KeyStore, Lease, ListFilter, MOVED_TO_REVIEW,
-    Millis, PhaseUpdate, ReapReport, Record, RecordState, Scope, StoreError, TransactionalStore,
+    Account, ClaimOutcome, ClaimRequest, FORCE_RELEASED, FencingToken, KeyStore, Lease, ListFilter,
+    MOVED_TO_REVIEW, Millis, PhaseUpdate, RELEASE_REFUSED, ReapReport, Record, RecordState, Scope,
+    StoreError, TransactionalStore,
 };
 use serde_json::json;
 
@@ -25,6 +26,18 @@ use crate::tx_suite::BusinessProbe;
 
 /// The reap threshold the cases use: three replay windows (SPEC §6 default, 72 h).
 pub const REAP: Duration = Duration::from_secs(3 * 24 * 3600);
+
+/// Every case of [`crate::lifecycle_conformance_tests!`], by name (see
+/// [`crate::suite::cases`]).
+pub fn cases<S: KeyStore>() -> Vec<(&'static str, crate::Case<S>)> {
+    crate::__lifecycle_cases!(__case_table { store lifecycle, S; })
+}
+
+/// Every case of [`crate::transactional_lifecycle_tests!`], by name.
+pub fn tx_cases<S: TransactionalStore, P: BusinessProbe<S> + 'static>()
+-> Vec<(&'static str, crate::TxCase<S, P>)> {
+    crate::__tx_lifecycle_cases!(__case_table { tx lifecycle, S, P; })
+}
 
 /// A phase update reaching `point`, saving `step` when given.
 pub fn phase(point: &str, step: Option<(&str, serde_json::Value)>) -> PhaseUpdate {
@@ -627,10 +640,12 @@ pub async fn list_filters_by_state_and_account_newest_first<S: KeyStore>(
 }
 
 /// `force_release` releases records nobody holds (parked, or in flight with
-/// an expired lease) with the usual tombstone: state `released`, the token
-/// kept so the next claim's is higher, the old holder fenced, the key free for
-/// a first attempt. It refuses (changing nothing) live leases, completed and
-/// released records, and absent ones.
+/// an expired lease), on a new token with the old holder fenced. Without
+/// recorded progress it leaves the usual tombstone (state `released`, the key
+/// free for a first attempt); with recorded progress (an intent) the record
+/// becomes resumable and the rerun takes over from its recovery point. It
+/// refuses (changing nothing) live leases, completed and released records, and
+/// absent ones.
 pub async fn force_release_frees_only_records_nobody_holds<S: KeyStore>(
     store: Arc<S>,
     clock: Arc<ManualClock>,
@@ -665,7 +680,22 @@ pub async fn force_release_frees_only_records_nobody_holds<S: KeyStore>(
     assert!(!store.force_release(&released).await.unwrap());
     assert_eq!(record(&*store, &released).await.last_error, None, "unchanged");
 
-    // Parked: an operator decided; the key runs again as a first attempt.
+    // Parked without progress: an operator decided; the key runs again as a
+    // first attempt.
+    let (bare, l) = claimed(&*store, "fr-parked-bare").await;
+    store.park(&bare, l.token, "outcome unknown").await.unwrap();
+    assert!(store.force_release(&bare).await.unwrap());
+    let rec = record(&*store, &bare).await;
+    assert_eq!(rec.state, RecordState::Released);
+    assert!(rec.fencing_token > l.token, "the row stays, on a new token");
+    assert_eq!(rec.last_error.as_deref(), Some(FORCE_RELEASED));
+    let again = must_claim(&*store, &claim_req(&bare, r#"{"key":"fr-parked-bare"}"#)).await;
+    assert!(again.token > rec.fencing_token, "tokens keep rising");
+    assert_eq!(again.resumed_from, None, "a first attempt, not a takeover");
+
+    // Parked with a recorded intent: the release keeps it (SPEC §3: parking
+    // exists so the call is never made twice unasked); the record becomes
+    // resumable and the rerun starts from its recovery point.
     let (parked, l) = claimed(&*store, "fr-parked").await;
     let parked_req = claim_req(&parked, r#"{"key":"fr-parked"}"#);
     store
@@ -679,16 +709,22 @@ pub async fn force_release_frees_only_records_nobody_holds<S: KeyStore>(
     store.park(&parked, l.token, "outcome unknown").await.unwrap();
     assert!(store.force_release(&parked).await.unwrap());
     let rec = record(&*store, &parked).await;
-    assert_eq!(rec.state, RecordState::Released);
-    assert!(rec.fencing_token > l.token, "the row stays, on a new token");
+    assert_eq!(rec.state, RecordState::InFlight, "resumable, not released");
+    assert!(rec.lease_expires_at <= store.now(), "nobody holds it");
+    assert!(rec.fencing_token > l.token, "on a new token");
     assert_eq!(rec.last_error.as_deref(), Some(FORCE_RELEASED));
-    assert!(!store.force_release(&parked).await.unwrap(), "once");
+    assert_eq!(rec.recovery_point.as_deref(), Some("intent"));
+    assert_eq!(rec.step_outputs["courier"], json!({"intent": "k"}));
     let again = must_claim(&*store, &parked_req).await;
-    assert!(again.token > l.token, "tokens keep rising");
-    assert_eq!(again.resumed_from, None, "a first attempt, not a takeover");
+    assert!(again.token > rec.fencing_token, "tokens keep rising");
+    assert_eq!(
+        again.resumed_from.as_deref(),
+        Some("intent"),
+        "a takeover from the recorded intent, not a first attempt"
+    );
     let rec = record(&*store, &parked).await;
-    assert_eq!((rec.recovery_point, rec.last_error), (None, None));
-    assert!(rec.step_outputs.is_empty());
+    assert_eq!(rec.step_outputs["courier"], json!({"intent": "k"}));
+    assert!(!store.force_release(&parked).await.unwrap(), "held again");
 
     // Ended at once by a retryable outcome: nobody holds it.
     let (ended, l) = claimed(&*store, "fr-ended").await;
@@ -871,4 +907,225 @@ where
         record(&*store, &s).await.recovery_point.as_deref(),
         Some("b-phase")
     );
+}
+
+/// The replay window applies to completed records only (SPEC §3): an
+/// in-flight record with recorded progress, whose holder is gone and whose
+/// first claim is older than the window, is taken over (a new token, resumed
+/// from its recovery point, its step outputs and its generation `created_at`
+/// kept), never restarted as a new request.
+pub async fn unfinished_record_past_the_window_is_taken_over_not_restarted<S: KeyStore>(
+    store: Arc<S>,
+    clock: Arc<ManualClock>,
+) {
+    let s = scope("acct-l", "old-unfinished");
+    let req = claim_req(&s, r#"{"ship":"old"}"#);
+    let a = must_claim(&*store, &req).await;
+    let created = record(&*store, &s).await.created_at;
+    store
+        .advance(
+            &s,
+            a.token,
+            &phase("label-bought", Some(("label", json!({"id": "L-9"})))),
+        )
+        .await
+        .expect("advance");
+    clock.advance(WINDOW * 2);
+    let b = must_claim(&*store, &req).await;
+    assert!(b.token > a.token, "{b:?} after {a:?}");
+    assert_eq!(
+        b.resumed_from.as_deref(),
+        Some("label-bought"),
+        "taken over from its recovery point, not restarted"
+    );
+    let rec = record(&*store, &s).await;
+    assert_eq!(rec.state, RecordState::InFlight);
+    assert_eq!(rec.fencing_token, b.token);
+    assert_eq!(rec.created_at, created, "the request's generation is kept");
+    assert_eq!(rec.recovery_point.as_deref(), Some("label-bought"));
+    assert_eq!(rec.step_outputs["label"], json!({"id": "L-9"}));
+    assert_eq!(rec.request.body, req.request.body);
+    assert_fenced(
+        store.complete(&s, a.token, &response(201, "old")).await,
+        "the old holder",
+    );
+    store
+        .complete(&s, b.token, &response(201, "resumed"))
+        .await
+        .expect("complete");
+    assert_eq!(
+        store.claim(&req).await.unwrap(),
+        ClaimOutcome::Replay(response(201, "resumed"))
+    );
+}
+
+/// `release` of a record with recorded progress does not release it: the
+/// record stays in flight with its lease ended, its progress kept and
+/// [`RELEASE_REFUSED`] as its last error, on a new token; the next claim takes
+/// it over at once, from its recovery point.
+pub async fn release_with_progress_is_refused_and_kept_resumable<S: KeyStore>(
+    store: Arc<S>,
+    _clock: Arc<ManualClock>,
+) {
+    let s = scope("acct-l", "release-refused");
+    let req = claim_req(&s, r#"{"ship":"r"}"#);
+    let a = must_claim(&*store, &req).await;
+    let created = record(&*store, &s).await.created_at;
+    store
+        .advance(
+            &s,
+            a.token,
+            &phase("courier-intent", Some(("courier", json!({"intent": "c-1"})))),
+        )
+        .await
+        .expect("advance");
+    store.release(&s, a.token).await.expect("release");
+    let rec = record(&*store, &s).await;
+    assert_eq!(rec.state, RecordState::InFlight, "not released");
+    assert!(rec.lease_expires_at <= store.now(), "lease ended");
+    assert_eq!(rec.recovery_point.as_deref(), Some("courier-intent"));
+    assert_eq!(rec.step_outputs["courier"], json!({"intent": "c-1"}));
+    assert_eq!(rec.last_error.as_deref(), Some(RELEASE_REFUSED));
+    assert_eq!(rec.created_at, created);
+    assert!(rec.fencing_token > a.token, "on a new token");
+    assert_fenced(
+        store.heartbeat(&s, a.token, LEASE).await,
+        "a heartbeat after the release",
+    );
+    // No waiting for a lease: the next attempt resumes at once.
+    let b = must_claim(&*store, &req).await;
+    assert!(b.token > rec.fencing_token);
+    assert_eq!(b.resumed_from.as_deref(), Some("courier-intent"));
+    let rec = record(&*store, &s).await;
+    assert_eq!(rec.step_outputs["courier"], json!({"intent": "c-1"}));
+    assert_eq!(rec.created_at, created);
+}
+
+/// `abandon` moves the record to a new fencing token: a heartbeat of the old
+/// holder still on its way is refused and cannot revive the lease; the next
+/// attempt takes over at once.
+pub async fn abandon_moves_the_record_to_a_new_token<S: KeyStore>(store: Arc<S>, _clock: Arc<ManualClock>) {
+    let s = scope("acct-l", "abandon-token");
+    let req = claim_req(&s, "{}");
+    let a = must_claim(&*store, &req).await;
+    store
+        .advance(&s, a.token, &phase("half", Some(("half", json!(1)))))
+        .await
+        .expect("advance");
+    store
+        .abandon(&s, a.token, "courier timeout")
+        .await
+        .expect("abandon");
+    let rec = record(&*store, &s).await;
+    assert!(rec.fencing_token > a.token, "abandon moves to a new token");
+    assert!(rec.lease_expires_at <= store.now());
+    assert_fenced(
+        store.heartbeat(&s, a.token, LEASE).await,
+        "a late heartbeat of the abandoning holder",
+    );
+    assert_fenced(
+        store.advance(&s, a.token, &phase("late", None)).await,
+        "a late advance",
+    );
+    assert_fenced(
+        store.complete(&s, a.token, &response(201, "late")).await,
+        "a late completion",
+    );
+    let rec = record(&*store, &s).await;
+    assert!(rec.lease_expires_at <= store.now(), "the lease was not revived");
+    assert_eq!(rec.recovery_point.as_deref(), Some("half"));
+    let b = must_claim(&*store, &req).await;
+    assert!(b.token > rec.fencing_token);
+    assert_eq!(b.resumed_from.as_deref(), Some("half"));
+}
+
+/// The completer's resume (`ClaimRequest::resume` with the token it saw)
+/// takes over exactly the abandoned record it saw. A record force-released,
+/// completed, reaped or taken over since is answered without a claim
+/// (`Stale`, `Replay`, `Parked`); it is never run as a fresh request.
+pub async fn resume_claims_only_the_record_it_saw<S: KeyStore>(store: Arc<S>, clock: Arc<ManualClock>) {
+    let resume = |s: &Scope, seen: FencingToken| ClaimRequest {
+        resume: Some(seen),
+        ..claim_req(s, &format!(r#"{{"key":"{}"}}"#, s.key.as_str()))
+    };
+    let abandoned_with_progress = |key: &'static str| {
+        let store = store.clone();
+        async move {
+            let (s, l) = claimed(&*store, key).await;
+            store
+                .advance(&s, l.token, &phase("charged", Some(("charge", json!(key)))))
+                .await
+                .expect("advance");
+            store.abandon(&s, l.token, "timeout").await.expect("abandon");
+            let seen = record(&*store, &s).await.fencing_token;
+            (s, seen)
+        }
+    };
+
+    // The exact record it saw: taken over, from its recovery point.
+    let (exact, seen) = abandoned_with_progress("rs-exact").await;
+    let lease = match store.claim(&resume(&exact, seen)).await.unwrap() {
+        ClaimOutcome::Claimed(lease) => lease,
+        other => panic!("a resume of the record it saw takes over: {other:?}"),
+    };
+    assert!(lease.token > seen);
+    assert_eq!(lease.resumed_from.as_deref(), Some("charged"));
+    // ...once: a second completer that saw the same state is stale.
+    clock.advance(LEASE * 2);
+    assert_eq!(
+        store.claim(&resume(&exact, seen)).await.unwrap(),
+        ClaimOutcome::Stale,
+        "taken over since"
+    );
+
+    // Force-released without progress: the key is free, but not for a resume.
+    let (bare, l) = claimed(&*store, "rs-released").await;
+    store.abandon(&bare, l.token, "timeout").await.unwrap();
+    let seen = record(&*store, &bare).await.fencing_token;
+    assert!(store.force_release(&bare).await.unwrap());
+    assert_eq!(
+        store.claim(&resume(&bare, seen)).await.unwrap(),
+        ClaimOutcome::Stale,
+        "released since"
+    );
+    assert_eq!(record(&*store, &bare).await.state, RecordState::Released);
+
+    // Force-released with progress: resumable, but on a token it never saw.
+    let (kept, seen) = abandoned_with_progress("rs-forced").await;
+    assert!(store.force_release(&kept).await.unwrap());
+    assert_eq!(
+        store.claim(&resume(&kept, seen)).await.unwrap(),
+        ClaimOutcome::Stale,
+        "force-released since"
+    );
+
+    // Completed since: the resume replays.
+    let (done, seen) = abandoned_with_progress("rs-done").await;
+    let l = must_claim(&*store, &claim_req(&done, r#"{"key":"rs-done"}"#)).await;
+    store
+        .complete(&done, l.token, &response(201, "done"))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.claim(&resume(&done, seen)).await.unwrap(),
+        ClaimOutcome::Replay(response(201, "done")),
+        "completed since"
+    );
+
+    // Reaped since (moved to the review list): parked.
+    let (reaped, seen) = abandoned_with_progress("rs-reaped").await;
+    clock.advance(REAP + Duration::from_secs(1));
+    store.reap(store.now()).await.expect("reap");
+    assert_eq!(
+        store.claim(&resume(&reaped, seen)).await.unwrap(),
+        ClaimOutcome::Parked,
+        "reaped since"
+    );
+    for s in [&exact, &kept, &reaped] {
+        assert_ne!(
+            record(&*store, s).await.recovery_point,
+            None,
+            "{s:?} kept its progress"
+        );
+    }
 }

@@ -112,13 +112,36 @@ impl MemoryStore {
     }
 }
 
-#[async_trait]
-impl KeyStore for MemoryStore {
-    async fn claim(&self, req: &ClaimRequest) -> StoreResult<ClaimOutcome> {
+impl MemoryStore {
+    /// The decision a claim would make now, without writing anything (mutant
+    /// stores use it to model a check-then-insert claim).
+    pub(crate) fn peek_decision(&self, req: &ClaimRequest) -> Decision {
+        let now = self.clock.now();
+        let map = self.lock();
+        req.decide(map.keys.get(&req.scope).map(RecordHead::from).as_ref(), now)
+    }
+
+    /// Sets a record's fencing token outright (mutant stores use it to model
+    /// tokens that do not rise).
+    pub(crate) fn set_token(&self, scope: &Scope, token: FencingToken) {
+        if let Some(r) = self.lock().keys.get_mut(scope) {
+            r.fencing_token = token;
+        }
+    }
+
+    /// A claim whose decision is made by `decide` (given the record's head, or
+    /// `None`, and now) instead of [`ClaimRequest::decide`]; the write follows
+    /// the decision under the same lock. Mutant stores use it to model broken
+    /// claim rules.
+    pub(crate) fn claim_deciding(
+        &self,
+        req: &ClaimRequest,
+        decide: impl FnOnce(Option<&RecordHead>, Millis) -> Decision,
+    ) -> StoreResult<ClaimOutcome> {
         let now = self.clock.now();
         let expires_at = now.plus(req.lease);
         let mut map = self.lock();
-        let decision = req.decide(map.keys.get(&req.scope).map(RecordHead::from).as_ref(), now);
+        let decision = decide(map.keys.get(&req.scope).map(RecordHead::from).as_ref(), now);
         let next = match decision {
             Decision::Insert | Decision::Reuse | Decision::Takeover => map.next_token(),
             _ => FencingToken(0),
@@ -151,6 +174,7 @@ impl KeyStore for MemoryStore {
                 let r = map
                     .get_mut(&req.scope)
                     .ok_or_else(|| StoreError::Corrupt("vanished".into()))?;
+                r.state = RecordState::InFlight;
                 r.fencing_token = next;
                 r.lease_expires_at = expires_at;
                 ClaimOutcome::Claimed(Lease {
@@ -169,6 +193,13 @@ impl KeyStore for MemoryStore {
             Decision::Parked => ClaimOutcome::Parked,
             Decision::Stale => ClaimOutcome::Stale,
         })
+    }
+}
+
+#[async_trait]
+impl KeyStore for MemoryStore {
+    async fn claim(&self, req: &ClaimRequest) -> StoreResult<ClaimOutcome> {
+        self.claim_deciding(req, |head, now| req.decide(head, now))
     }
 
     async fn heartbeat(&self, scope: &Scope, token: FencingToken, lease: Duration) -> StoreResult<Millis> {

@@ -8,10 +8,12 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use idemkit_core::{
-    ClaimOutcome, ClaimRequest, FencingToken, KeyStore, ListFilter, MOVED_TO_REVIEW, Millis, PhaseUpdate,
-    ReapReport, Record, RecordState, ReviewEntry, Scope, StoreResult, StoredResponse,
+    ClaimOutcome, ClaimRequest, Decision, FencingToken, KeyStore, Lease, ListFilter, MOVED_TO_REVIEW, Millis,
+    PhaseUpdate, ReapReport, Record, RecordState, ReviewEntry, Scope, StoreResult, StoredResponse,
+    TransactionalStore, TxClaim,
 };
 
+use crate::tx_suite::BusinessProbe;
 use crate::{ManualClock, MemoryStore};
 
 /// One defect.
@@ -33,6 +35,23 @@ pub enum Mutation {
     /// A release wipes recorded progress (the store's release is not
     /// conditional on "no progress recorded").
     ReleaseWipesProgress,
+    /// A takeover or reuse of an existing record hands out the record's
+    /// current token again instead of a higher one, so the holder it replaced
+    /// is not fenced out.
+    TokensDoNotRise,
+    /// `abandon` ends the lease but keeps the token: a heartbeat of the old
+    /// holder still on its way revives the lease it gave up.
+    AbandonKeepsToken,
+    /// The claim is check-then-insert: it reads the record, decides, yields
+    /// (another claim runs in between), then writes what it decided. Two
+    /// concurrent first claims both win.
+    CheckThenInsert,
+    /// A takeover judges the lease alone, not the state: a completed or parked
+    /// record whose lease ran out is reopened and run again.
+    TakeoverIgnoresState,
+    /// A takeover ignores the lease: an in-flight record is taken from a holder
+    /// whose lease is still alive.
+    TakeoverIgnoresLease,
 }
 
 impl Mutation {
@@ -43,6 +62,11 @@ impl Mutation {
         Self::ResumeIgnoresToken,
         Self::NoFencing,
         Self::ReleaseWipesProgress,
+        Self::TokensDoNotRise,
+        Self::AbandonKeepsToken,
+        Self::CheckThenInsert,
+        Self::TakeoverIgnoresState,
+        Self::TakeoverIgnoresLease,
     ];
 }
 
@@ -100,6 +124,50 @@ impl KeyStore for MutantStore {
                     self.inner.remove(&req.scope);
                 }
             }
+            Mutation::TokensDoNotRise => {
+                let before = self.inner.get(&req.scope).await?;
+                return Ok(match (self.inner.claim(req).await?, before) {
+                    (ClaimOutcome::Claimed(lease), Some(old)) => {
+                        self.inner.set_token(&req.scope, old.fencing_token);
+                        ClaimOutcome::Claimed(Lease {
+                            token: old.fencing_token,
+                            ..lease
+                        })
+                    }
+                    (outcome, _) => outcome,
+                });
+            }
+            Mutation::CheckThenInsert => {
+                let decided = self.inner.peek_decision(req);
+                // The window between the read and the write: other claims run here.
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                return self.inner.claim_deciding(req, |_, _| decided);
+            }
+            Mutation::TakeoverIgnoresState => {
+                return self.inner.claim_deciding(req, |head, now| match head {
+                    Some(h)
+                        if req.resume.is_none()
+                            && h.state != RecordState::Released
+                            && h.fingerprint == req.fingerprint
+                            && h.lease_expires_at <= now =>
+                    {
+                        Decision::Takeover
+                    }
+                    _ => req.decide(head, now),
+                });
+            }
+            Mutation::TakeoverIgnoresLease => {
+                return self.inner.claim_deciding(req, |head, now| match head {
+                    Some(h)
+                        if req.resume.is_none()
+                            && h.state == RecordState::InFlight
+                            && h.fingerprint == req.fingerprint =>
+                    {
+                        Decision::Takeover
+                    }
+                    _ => req.decide(head, now),
+                });
+            }
             _ => {}
         }
         self.inner.claim(req).await
@@ -137,7 +205,11 @@ impl KeyStore for MutantStore {
 
     async fn abandon(&self, scope: &Scope, token: FencingToken, error: &str) -> StoreResult<()> {
         let token = self.token_for(scope, token).await;
-        self.inner.abandon(scope, token, error).await
+        self.inner.abandon(scope, token, error).await?;
+        if self.mutation == Mutation::AbandonKeepsToken {
+            self.inner.set_token(scope, token);
+        }
+        Ok(())
     }
 
     async fn get(&self, scope: &Scope) -> StoreResult<Option<Record>> {
@@ -192,5 +264,125 @@ impl KeyStore for MutantStore {
 
     async fn force_release(&self, scope: &Scope) -> StoreResult<bool> {
         self.inner.force_release(scope).await
+    }
+}
+
+/// A [`TransactionalStore`] whose lease-holder writes ignore the fencing
+/// token ([`Mutation::NoFencing`] for SQL stores): every fenced write, inside a
+/// transaction or not, is made with the record's current token instead of the
+/// caller's. The transactional suites' negative control; other mutations need
+/// a store's SQL and are modelled on [`MutantStore`] only.
+#[derive(Debug)]
+pub struct UnfencedTx<S> {
+    inner: Arc<S>,
+}
+
+impl<S: TransactionalStore> UnfencedTx<S> {
+    /// Wraps a fresh store.
+    pub fn new(inner: Arc<S>) -> Self {
+        Self { inner }
+    }
+
+    /// The store it wraps.
+    pub fn inner(&self) -> &Arc<S> {
+        &self.inner
+    }
+
+    async fn current(&self, scope: &Scope, token: FencingToken) -> FencingToken {
+        match self.inner.get(scope).await {
+            Ok(Some(r)) => r.fencing_token,
+            _ => token,
+        }
+    }
+}
+
+#[async_trait]
+impl<S: TransactionalStore> KeyStore for UnfencedTx<S> {
+    async fn claim(&self, req: &ClaimRequest) -> StoreResult<ClaimOutcome> {
+        self.inner.claim(req).await
+    }
+    async fn heartbeat(&self, scope: &Scope, token: FencingToken, lease: Duration) -> StoreResult<Millis> {
+        let token = self.current(scope, token).await;
+        self.inner.heartbeat(scope, token, lease).await
+    }
+    async fn complete(
+        &self,
+        scope: &Scope,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> StoreResult<()> {
+        let token = self.current(scope, token).await;
+        self.inner.complete(scope, token, response).await
+    }
+    async fn release(&self, scope: &Scope, token: FencingToken) -> StoreResult<()> {
+        let token = self.current(scope, token).await;
+        self.inner.release(scope, token).await
+    }
+    async fn abandon(&self, scope: &Scope, token: FencingToken, error: &str) -> StoreResult<()> {
+        let token = self.current(scope, token).await;
+        self.inner.abandon(scope, token, error).await
+    }
+    async fn get(&self, scope: &Scope) -> StoreResult<Option<Record>> {
+        self.inner.get(scope).await
+    }
+    fn now(&self) -> Millis {
+        self.inner.now()
+    }
+    async fn advance(&self, scope: &Scope, token: FencingToken, update: &PhaseUpdate) -> StoreResult<()> {
+        let token = self.current(scope, token).await;
+        self.inner.advance(scope, token, update).await
+    }
+    async fn park(&self, scope: &Scope, token: FencingToken, reason: &str) -> StoreResult<()> {
+        let token = self.current(scope, token).await;
+        self.inner.park(scope, token, reason).await
+    }
+}
+
+#[async_trait]
+impl<S: TransactionalStore> TransactionalStore for UnfencedTx<S> {
+    type Tx = S::Tx;
+
+    async fn claim_in_tx(&self, req: &ClaimRequest) -> StoreResult<TxClaim<Self::Tx>> {
+        self.inner.claim_in_tx(req).await
+    }
+    async fn begin_fenced(&self, scope: &Scope, token: FencingToken) -> StoreResult<Self::Tx> {
+        let token = self.current(scope, token).await;
+        self.inner.begin_fenced(scope, token).await
+    }
+    async fn commit(&self, tx: Self::Tx) -> StoreResult<()> {
+        self.inner.commit(tx).await
+    }
+    async fn advance_in_tx(
+        &self,
+        tx: &mut Self::Tx,
+        scope: &Scope,
+        token: FencingToken,
+        update: &PhaseUpdate,
+    ) -> StoreResult<()> {
+        let token = self.current(scope, token).await;
+        self.inner.advance_in_tx(tx, scope, token, update).await
+    }
+    async fn complete_in_tx(
+        &self,
+        tx: Self::Tx,
+        scope: &Scope,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> StoreResult<()> {
+        let token = self.current(scope, token).await;
+        self.inner.complete_in_tx(tx, scope, token, response).await
+    }
+}
+
+/// A [`BusinessProbe`] of the wrapped store, for [`UnfencedTx`].
+pub struct UnfencedProbe<P>(pub P);
+
+#[async_trait]
+impl<S: TransactionalStore, P: BusinessProbe<S>> BusinessProbe<UnfencedTx<S>> for UnfencedProbe<P> {
+    async fn insert(&self, tx: &mut S::Tx, tag: &str) {
+        self.0.insert(tx, tag).await
+    }
+    async fn count(&self, tag: &str) -> usize {
+        self.0.count(tag).await
     }
 }

@@ -18,6 +18,13 @@ pub const LEASE: Duration = Duration::from_secs(30);
 /// Replay window used by the suite.
 pub const WINDOW: Duration = Duration::from_secs(24 * 3600);
 
+/// Every case of this suite, by name, in the order
+/// [`crate::store_conformance_tests!`] runs them (the negative controls run
+/// them against mutant stores).
+pub fn cases<S: KeyStore>() -> Vec<(&'static str, crate::Case<S>)> {
+    crate::__store_cases!(__case_table { store suite, S; })
+}
+
 /// A scope for `account` and `key`.
 pub fn scope(account: &str, key: &str) -> Scope {
     Scope::new(

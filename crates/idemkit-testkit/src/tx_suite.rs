@@ -18,6 +18,12 @@ pub trait BusinessProbe<S: TransactionalStore>: Send + Sync {
     async fn count(&self, tag: &str) -> usize;
 }
 
+/// Every case of this suite, by name (see [`crate::suite::cases`]).
+pub fn cases<S: TransactionalStore, P: BusinessProbe<S> + 'static>()
+-> Vec<(&'static str, crate::TxCase<S, P>)> {
+    crate::__tx_cases!(__case_table { tx tx_suite, S, P; })
+}
+
 async fn claim_tx<S: TransactionalStore>(
     store: &S,
     req: &idemkit_core::ClaimRequest,

@@ -287,3 +287,71 @@ mod race {
 
     idemkit_testkit::race_tests!(target, 400);
 }
+
+/// The negative control of the transactional suites: with fencing gone from
+/// every lease-holder write (inside transactions too), some case fails.
+mod negative_control {
+    use std::time::Duration;
+
+    use idemkit_testkit::mutants::{UnfencedProbe, UnfencedTx};
+    use idemkit_testkit::{TxCase, lifecycle, tx_suite};
+
+    use super::*;
+
+    async fn failing_cases(mutant: bool) -> Vec<&'static str> {
+        type Mutant = UnfencedTx<SqliteStore>;
+        let cases: Vec<(&str, TxCase<Mutant, UnfencedProbe<Orders>>)> = tx_suite::cases()
+            .into_iter()
+            .chain(lifecycle::tx_cases())
+            .collect();
+        let mut failed = Vec::new();
+        for (name, case) in cases {
+            let clock = Arc::new(ManualClock::new());
+            let inner = fresh(clock.clone()).await;
+            let probe = UnfencedProbe(probe(inner.clone()).await);
+            let store = Arc::new(UnfencedTx::new(inner));
+            let run = if mutant {
+                tokio::spawn(tokio::time::timeout(
+                    Duration::from_secs(60),
+                    case(store, probe, clock),
+                ))
+            } else {
+                // The same harness on the real store: no failure is the harness's.
+                let real: Vec<(&str, TxCase<SqliteStore, Orders>)> = tx_suite::cases()
+                    .into_iter()
+                    .chain(lifecycle::tx_cases())
+                    .collect();
+                let (_, case) = real.into_iter().find(|(n, _)| *n == name).unwrap();
+                let inner = store.inner().clone();
+                tokio::spawn(tokio::time::timeout(
+                    Duration::from_secs(60),
+                    case(inner, probe.0, clock),
+                ))
+            };
+            match run.await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => panic!("{name} hung"),
+                Err(e) if e.is_panic() => failed.push(name),
+                Err(e) => panic!("{name}: {e}"),
+            }
+        }
+        failed
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn the_transactional_suites_catch_unfenced_writes() {
+        assert_eq!(failing_cases(false).await, Vec::<&str>::new(), "the real store");
+        let failed = failing_cases(true).await;
+        eprintln!("unfenced writes caught by {failed:?}");
+        for case in [
+            "fenced_completion_rolls_back_business_writes",
+            "stale_token_cannot_open_a_transaction",
+            "stale_token_cannot_advance_in_a_tx",
+        ] {
+            assert!(
+                failed.contains(&case),
+                "{case} missed unfenced writes: {failed:?}"
+            );
+        }
+    }
+}
