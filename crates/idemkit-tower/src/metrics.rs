@@ -3,7 +3,10 @@
 //!
 //! Nothing is recorded until the application installs a recorder (for example
 //! `metrics-exporter-prometheus`); without one every call is a no-op. Call
-//! [`describe`] once after installing it to attach help texts and units.
+//! [`describe`] once after installing it to attach help texts and units, and
+//! [`start_at_zero`] to register every counter and gauge the alert rules read
+//! at zero (a counter born at 1 shows no `increase()`, so without it the first
+//! park or the first store outage would never fire an alert).
 //!
 //! | name | type | labels | meaning |
 //! |---|---|---|---|
@@ -93,6 +96,39 @@ pub mod outcome {
     /// The completer's resume found the record no longer abandoned as it saw it
     /// (completed, released, reaped or taken over since): nothing ran.
     pub const STALE: &str = "stale";
+
+    /// Every value above, in declaration order: what [`super::start_at_zero`]
+    /// registers. A new outcome belongs here too, or its first occurrence is
+    /// invisible to `increase()`.
+    pub const ALL: &[&str] = &[
+        EXECUTED,
+        REPLAYED,
+        IN_PROGRESS,
+        KEY_REUSED,
+        KEY_MISSING,
+        KEY_INVALID,
+        RELEASED,
+        ABANDONED,
+        PARKED,
+        LEASE_LOST,
+        STORE_UNAVAILABLE,
+        REJECTED,
+        ERROR,
+        STALE,
+    ];
+}
+
+/// Values of the `result` label of [`COMPLETER_RESUMES`]: the record's state
+/// after the completer replayed it.
+pub mod completer_result {
+    /// The replay completed the record.
+    pub const COMPLETED: &str = "completed";
+    /// The replay parked it for review.
+    pub const PARKED: &str = "parked";
+    /// It is still unfinished (the replay failed, or answered without finishing).
+    pub const UNFINISHED: &str = "unfinished";
+    /// Every value above.
+    pub const ALL: &[&str] = &[COMPLETED, PARKED, UNFINISHED];
 }
 
 /// Values of the `op` label of [`STORE_SECONDS`] and [`FENCED_WRITES`].
@@ -121,23 +157,20 @@ pub mod op {
     pub const ABANDONED: &str = "abandoned";
     /// Deleting and moving old records (reaper).
     pub const REAP: &str = "reap";
+
+    /// The lease holder's writes: the `op` values of [`super::FENCED_WRITES`]
+    /// (a heartbeat refusal is not counted there).
+    pub const WRITES: &[&str] = &[COMPLETE, RELEASE, ABANDON, BEGIN_FENCED, ADVANCE, COMMIT, PARK];
 }
 
 /// Registers help texts and units for every metric with the installed
 /// recorder, and starts the [`FENCED_WRITES`] alarm at zero for every write, so
 /// that its first increase is visible to `increase()` and alert rules.
-/// Optional: the metrics are emitted without it.
+/// Optional: the metrics are emitted without it. [`start_at_zero`] registers
+/// the other series the alerts read.
 pub fn describe() {
-    for write in [
-        op::COMPLETE,
-        op::RELEASE,
-        op::ABANDON,
-        op::BEGIN_FENCED,
-        op::ADVANCE,
-        op::COMMIT,
-        op::PARK,
-    ] {
-        counter!(FENCED_WRITES, "op" => write).increment(0);
+    for write in op::WRITES {
+        counter!(FENCED_WRITES, "op" => *write).increment(0);
     }
     describe_counter!(
         REQUESTS,
@@ -175,6 +208,39 @@ pub fn describe() {
         Unit::Seconds,
         "Idempotency key-store call latency, by operation."
     );
+}
+
+/// Registers, at zero, every counter and gauge the alert rules
+/// (`docs/alerts/idemkit-rules.yml`) read, with every value of their labels:
+///
+/// - [`REQUESTS`] for each [`outcome::ALL`] (`parked`, `store_unavailable`,
+///   `stale`, …);
+/// - [`FENCED_WRITES`] for each [`op::WRITES`];
+/// - [`COMPLETER_RESUMES`] for each [`completer_result::ALL`];
+/// - [`REAPER_DELETED`] and [`REAPER_REVIEW`];
+/// - the gauges [`IN_FLIGHT`] and [`ORPHANED_KEYS`] (incremented by zero, so a
+///   value already set is kept).
+///
+/// Call it once after installing the recorder, next to [`describe`]. A
+/// counter that first appears at 1 has no earlier sample, so `increase()` over
+/// it is empty and an alert on the first park, the first store outage or the
+/// first fenced write would never fire. Idempotent: incrementing by zero never
+/// changes a value. Series of other crates (the client's
+/// `idemkit_client_gave_up_total`) are the application's to register.
+pub fn start_at_zero() {
+    for outcome in outcome::ALL {
+        counter!(REQUESTS, "outcome" => *outcome).increment(0);
+    }
+    for write in op::WRITES {
+        counter!(FENCED_WRITES, "op" => *write).increment(0);
+    }
+    for result in completer_result::ALL {
+        counter!(COMPLETER_RESUMES, "result" => *result).increment(0);
+    }
+    counter!(REAPER_DELETED).increment(0);
+    counter!(REAPER_REVIEW).increment(0);
+    gauge!(IN_FLIGHT).increment(0.0);
+    gauge!(ORPHANED_KEYS).increment(0.0);
 }
 
 pub(crate) fn request(outcome: &'static str) {
@@ -259,5 +325,93 @@ mod tests {
         assert_eq!(h.len(), 12);
         assert_eq!(h, key_hash(&scope.clone()));
         assert!(!h.contains("order") && !h.contains("acme"));
+    }
+
+    /// Every series the alerts read exists at zero after `start_at_zero`, with
+    /// every label value, and nothing else is registered.
+    #[test]
+    fn start_at_zero_registers_every_alerted_series_at_zero() {
+        use metrics_util::MetricKind;
+        use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        metrics::with_local_recorder(&recorder, start_at_zero);
+        let mut seen: Vec<(MetricKind, String, Vec<String>)> = snapshotter
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .map(|(key, _, _, value)| {
+                let zero = match value {
+                    DebugValue::Counter(n) => n == 0,
+                    DebugValue::Gauge(g) => g.into_inner() == 0.0,
+                    DebugValue::Histogram(_) => false,
+                };
+                let (kind, key) = key.into_parts();
+                let labels = key
+                    .labels()
+                    .map(|l| format!("{}={}", l.key(), l.value()))
+                    .collect();
+                assert!(zero, "{} starts at zero", key.name());
+                (kind, key.name().to_owned(), labels)
+            })
+            .collect();
+        seen.sort();
+        let mut want: Vec<(MetricKind, String, Vec<String>)> = Vec::new();
+        let counter = |name: &str, label: Option<(&str, &str)>| {
+            (
+                MetricKind::Counter,
+                name.to_owned(),
+                label.map(|(k, v)| format!("{k}={v}")).into_iter().collect(),
+            )
+        };
+        for o in outcome::ALL {
+            want.push(counter(REQUESTS, Some(("outcome", o))));
+        }
+        for w in op::WRITES {
+            want.push(counter(FENCED_WRITES, Some(("op", w))));
+        }
+        for r in completer_result::ALL {
+            want.push(counter(COMPLETER_RESUMES, Some(("result", r))));
+        }
+        want.push(counter(REAPER_DELETED, None));
+        want.push(counter(REAPER_REVIEW, None));
+        want.push((MetricKind::Gauge, IN_FLIGHT.to_owned(), vec![]));
+        want.push((MetricKind::Gauge, ORPHANED_KEYS.to_owned(), vec![]));
+        want.sort();
+        assert_eq!(seen, want);
+        assert!(outcome::ALL.contains(&outcome::STALE));
+    }
+
+    /// `outcome::ALL` and `completer_result::ALL` list every constant of their
+    /// module (read from this file, so a new outcome cannot be left out).
+    #[test]
+    fn the_all_lists_name_every_constant() {
+        let source = include_str!("metrics.rs");
+        let values = |module: &str| -> Vec<&str> {
+            let start = source.find(&format!("pub mod {module} {{")).unwrap();
+            let body = &source[start..];
+            let body = &body[..body.find("\n}").unwrap()];
+            body.lines()
+                .filter_map(|l| l.trim().strip_prefix("pub const "))
+                .filter(|l| l.contains(": &str = \""))
+                .map(|l| l.split('"').nth(1).unwrap())
+                .collect()
+        };
+        let mut outcomes = values("outcome");
+        outcomes.sort_unstable();
+        let mut all = outcome::ALL.to_vec();
+        all.sort_unstable();
+        assert_eq!(all, outcomes);
+        let mut results = values("completer_result");
+        results.sort_unstable();
+        let mut all = completer_result::ALL.to_vec();
+        all.sort_unstable();
+        assert_eq!(all, results);
+        // The completer labels its resumes with these very strings (jobs.rs).
+        let jobs = include_str!("jobs.rs");
+        for r in completer_result::ALL {
+            assert!(jobs.contains(&format!("\"{r}\"")), "jobs.rs labels `{r}`");
+        }
     }
 }

@@ -537,30 +537,6 @@ pub fn install_metrics() -> anyhow::Result<metrics_exporter_prometheus::Promethe
     Ok(handle)
 }
 
-/// Every `outcome` of `idemkit_requests_total`.
-const REQUEST_OUTCOMES: &[&str] = {
-    use idemkit_tower::metrics::outcome::*;
-    &[
-        EXECUTED,
-        REPLAYED,
-        IN_PROGRESS,
-        KEY_REUSED,
-        KEY_MISSING,
-        KEY_INVALID,
-        RELEASED,
-        ABANDONED,
-        PARKED,
-        LEASE_LOST,
-        STORE_UNAVAILABLE,
-        REJECTED,
-        ERROR,
-        STALE,
-    ]
-};
-
-/// Every `result` of `idemkit_completer_resumes_total`.
-const COMPLETER_RESULTS: &[&str] = &["completed", "parked", "unfinished"];
-
 /// Every `reason` of the courier client's `idemkit_client_gave_up_total`.
 const CLIENT_GAVE_UP_REASONS: &[&str] = &[
     "attempts_exhausted",
@@ -572,27 +548,19 @@ const CLIENT_GAVE_UP_REASONS: &[&str] = &[
     "not_retryable",
 ];
 
-/// Registers every counter the alert rules (`docs/alerts/idemkit-rules.yml`) read,
-/// and the gauges, at zero: a series that first appears at 1 shows no `increase()`,
-/// so without this the first park, the first store outage or the first exhausted
-/// budget would never fire an alert. (`describe` does it for the fenced-write alarm.)
+/// Registers every counter and gauge the alert rules
+/// (`docs/alerts/idemkit-rules.yml`) read at zero: idemkit's server series
+/// through [`idemkit_tower::metrics::start_at_zero`] (every request outcome,
+/// fenced write, completer result, the reaper counters and the gauges), and the
+/// courier client's `idemkit_client_gave_up_total` for every reason. A series
+/// that first appears at 1 shows no `increase()`, so without this the first
+/// park, the first store outage or the first exhausted budget would never fire
+/// an alert.
 fn start_at_zero() {
-    use idemkit_tower::metrics::{
-        COMPLETER_RESUMES, IN_FLIGHT, ORPHANED_KEYS, REAPER_DELETED, REAPER_REVIEW, REQUESTS,
-    };
-    for outcome in REQUEST_OUTCOMES {
-        metrics::counter!(REQUESTS, "outcome" => *outcome).increment(0);
-    }
-    for result in COMPLETER_RESULTS {
-        metrics::counter!(COMPLETER_RESUMES, "result" => *result).increment(0);
-    }
-    metrics::counter!(REAPER_DELETED).increment(0);
-    metrics::counter!(REAPER_REVIEW).increment(0);
+    idemkit_tower::metrics::start_at_zero();
     for reason in CLIENT_GAVE_UP_REASONS {
         metrics::counter!("idemkit_client_gave_up_total", "reason" => *reason).increment(0);
     }
-    metrics::gauge!(IN_FLIGHT).increment(0.0);
-    metrics::gauge!(ORPHANED_KEYS).increment(0.0);
 }
 
 /// `GET /metrics`: the Prometheus text exposition.
