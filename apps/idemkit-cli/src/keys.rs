@@ -5,7 +5,11 @@
 //! - `show` prints one record: where it got to (recovery point, step outputs),
 //!   the request it holds and the response it stored;
 //! - `release` frees a record nobody holds (parked, or abandoned with an expired
-//!   lease) so the next request with the key runs as a first attempt;
+//!   lease): without recorded progress the next request with the key runs as a
+//!   first attempt; with progress (a committed phase, an external call's intent)
+//!   the record stays resumable, so the rerun skips committed phases and parks
+//!   again at an unfinished call to a downstream that ignores keys, unless the
+//!   operator says `--downstream-did-nothing`;
 //! - `complete` runs one completer pass over the routes this binary registers
 //!   (the labels service's);
 //! - `reap` runs one reaper pass; `review` prints the review list it fills.
@@ -71,9 +75,12 @@ pub enum KeysCommand {
     List(ListArgs),
     /// Show one record: state, recovery point, step outputs, request, response.
     Show(ScopeArgs),
-    /// Release a record nobody holds (parked, or abandoned with an expired lease):
-    /// the next request with the key runs as a first attempt.
-    Release(ScopeArgs),
+    /// Release a record nobody holds (parked, or abandoned with an expired lease).
+    /// Without recorded progress the next request with the key runs as a first
+    /// attempt. With progress (committed phases, an external call's intent) the
+    /// record is kept resumable: the rerun skips committed phases and parks again
+    /// at an unfinished call to a downstream that ignores keys.
+    Release(ReleaseArgs),
     /// Run the completer once over the labels service's routes.
     Complete(CompleteArgs),
     /// Run the reaper once: delete old completed and released records, move
@@ -133,6 +140,22 @@ pub struct ScopeArgs {
     pub key: String,
 }
 
+/// Arguments of `idemkit keys release`.
+#[derive(Debug, Args)]
+pub struct ReleaseArgs {
+    /// The record.
+    #[command(flatten)]
+    pub scope: ScopeArgs,
+    /// The operator checked the downstream system and the recorded call did
+    /// nothing there: discard the recorded progress (phases, intents) so the key
+    /// reruns as a first attempt and calls the downstream again. Without it a
+    /// record with progress stays resumable. Not supported yet: the key stores
+    /// have no operation to discard progress, so a record with progress is
+    /// refused (nothing changed).
+    #[arg(long)]
+    pub downstream_did_nothing: bool,
+}
+
 /// Arguments of `idemkit keys complete`.
 #[derive(Debug, Args)]
 pub struct CompleteArgs {
@@ -180,7 +203,9 @@ pub struct ReviewArgs {
 }
 
 /// Runs `idemkit keys`. Exit codes: 0 done; 1 `show` found no record,
-/// `release` refused, or `complete` left records unfinished.
+/// `release` refused, or `complete` left records unfinished; an error (exit 2)
+/// for `release --downstream-did-nothing` on a record with recorded progress
+/// while the stores cannot discard it.
 pub fn run(args: KeysArgs) -> anyhow::Result<ExitCode> {
     let url = args
         .database_url
@@ -204,7 +229,7 @@ pub fn run(args: KeysArgs) -> anyhow::Result<ExitCode> {
                 match command {
                     KeysCommand::List(l) => list(&mut out, &args, &*store, l).await,
                     KeysCommand::Show(s) => show(&mut out, &args, &*store, s).await,
-                    KeysCommand::Release(s) => release(&mut out, &args, &*store, s).await,
+                    KeysCommand::Release(r) => release(&mut out, &args, &*store, r).await,
                     KeysCommand::Reap(r) => reap(&mut out, &args, store, r).await,
                     KeysCommand::Review(r) => review(&mut out, &args, &*store, r).await,
                     KeysCommand::Complete(_) => unreachable!("handled above"),
@@ -655,42 +680,152 @@ async fn show(
     Ok(ExitCode::SUCCESS)
 }
 
+/// The step outputs of `r` that record an external call's intent and no result:
+/// calls an earlier attempt may have made.
+fn pending_intents(r: &Record) -> Vec<String> {
+    r.step_outputs
+        .iter()
+        .filter(|(_, v)| v.get("intent").is_some() && v.get("done").is_none())
+        .map(|(name, _)| name.clone())
+        .collect()
+}
+
+/// Whether `r` holds progress a rerun resumes from (what `force_release` keeps).
+fn has_progress(r: &Record) -> bool {
+    r.recovery_point.is_some() || !r.step_outputs.is_empty()
+}
+
+/// Discards the recorded progress of a released, resumable record so its key
+/// reruns as a first attempt (`--downstream-did-nothing`).
+///
+/// No store offers this yet. It needs, on `KeyStore`:
+/// `async fn discard_progress(&self, scope: &Scope) -> StoreResult<bool>`:
+/// atomically, only for a record nobody holds (parked, or in flight with an
+/// expired lease), clear the recovery point and step outputs and make it
+/// `released` on a new fencing token (last error `FORCE_RELEASED`), as
+/// `force_release` leaves a record without progress; `false`, changing
+/// nothing, otherwise.
+fn discard_progress_unsupported(scope: &Scope, r: &Record) -> anyhow::Error {
+    let intents = pending_intents(r);
+    anyhow::anyhow!(
+        "--downstream-did-nothing is not supported yet: the key store has no operation to discard \
+         recorded progress (it needs `KeyStore::discard_progress`). Nothing was changed: {} {} keeps \
+         its recovery point {}{}. Without the flag, `keys release` keeps that progress and the rerun \
+         resumes from it{}",
+        account_text(&scope.account),
+        scope.key.as_str(),
+        r.recovery_point
+            .as_deref()
+            .map_or_else(|| "(none)".to_owned(), |p| format!("`{p}`")),
+        if intents.is_empty() {
+            String::new()
+        } else {
+            format!(" and the intent of {}", intents.join(", "))
+        },
+        if intents.is_empty() {
+            "."
+        } else {
+            ", parking again at an unfinished call to a downstream that ignores keys."
+        }
+    )
+}
+
 async fn release(
     out: &mut impl Write,
     args: &KeysArgs,
     store: &dyn KeyStore,
-    s: &ScopeArgs,
+    a: &ReleaseArgs,
 ) -> anyhow::Result<ExitCode> {
-    let scope = scope_arg(s)?;
-    let released = store
-        .force_release(&scope)
-        .await
-        .context("releasing the record")?;
-    let reason = if released {
-        "released: the next request with this key runs as a first attempt".to_owned()
-    } else {
-        // Why not, from the record as it is now.
-        let now = store.now();
-        match store.get(&scope).await.context("reading the record")? {
-            None => "no record with this account and key".to_owned(),
-            Some(r) => match r.state {
-                RecordState::Completed => {
-                    "completed: its response is replayed until the replay window ends; not released"
-                        .to_owned()
-                }
-                RecordState::Released => "already released".to_owned(),
-                RecordState::InFlight if r.lease_expires_at > now => format!(
-                    "held by a live lease until {}; not released (try again once it has expired)",
-                    time(r.lease_expires_at)
-                ),
-                other => format!("{}: not released", other.as_str()),
-            },
+    let scope = scope_arg(&a.scope)?;
+    let now = store.now();
+    let before = store.get(&scope).await.context("reading the record")?;
+    // Why not, from the record as it is.
+    let refused = match &before {
+        None => Some("no record with this account and key".to_owned()),
+        Some(r) => match r.state {
+            RecordState::Completed => Some(
+                "completed: its response is replayed until the replay window ends; not released".to_owned(),
+            ),
+            RecordState::Released => Some("already released".to_owned()),
+            RecordState::InFlight if r.lease_expires_at > now => Some(format!(
+                "held by a live lease until {}; not released (try again once it has expired)",
+                time(r.lease_expires_at)
+            )),
+            RecordState::InFlight | RecordState::Parked => None,
+            other => Some(format!("{}: not released", other.as_str())),
+        },
+    };
+    if let (None, Some(r), true) = (&refused, &before, a.downstream_did_nothing)
+        && has_progress(r)
+    {
+        return Err(discard_progress_unsupported(&scope, r));
+    }
+    let released = match refused {
+        Some(_) => false,
+        None => store
+            .force_release(&scope)
+            .await
+            .context("releasing the record")?,
+    };
+    let after = store.get(&scope).await.context("reading the record")?;
+    let now = store.now();
+    let (state, reason) = match (released, &after) {
+        (true, Some(r)) if r.state == RecordState::Released => (
+            Some(r.state),
+            "released: the next request with this key runs as a first attempt".to_owned(),
+        ),
+        (true, Some(r)) => {
+            let intents = pending_intents(r);
+            let point = r.recovery_point.as_deref().unwrap_or_default();
+            let mut reason = format!(
+                "released to resume: its recorded progress is kept (recovery point `{point}`), so the next \
+                 request with this key resumes from it and skips committed phases"
+            );
+            if !intents.is_empty() {
+                reason.push_str(&format!(
+                    "; the call of {} has an intent and no result, so a downstream that ignores keys parks \
+                     it again instead of being called twice (if the downstream did nothing, release with \
+                     --downstream-did-nothing)",
+                    intents.join(", ")
+                ));
+            }
+            (Some(r.state), reason)
+        }
+        (true, None) => (None, "released".to_owned()),
+        (false, _) => {
+            let reason = match &after {
+                None => "no record with this account and key".to_owned(),
+                Some(r) => match r.state {
+                    RecordState::Completed => {
+                        "completed: its response is replayed until the replay window ends; not released"
+                            .to_owned()
+                    }
+                    RecordState::Released => "already released".to_owned(),
+                    RecordState::InFlight if r.lease_expires_at > now => format!(
+                        "held by a live lease until {}; not released (try again once it has expired)",
+                        time(r.lease_expires_at)
+                    ),
+                    other => format!("{}: not released", other.as_str()),
+                },
+            };
+            (after.as_ref().map(|r| r.state), reason)
         }
     };
     if args.json {
+        let kept = released && state == Some(RecordState::InFlight);
         json_out(
             out,
-            &json!({"account": scope.account.as_str(), "key": scope.key.as_str(), "released": released, "reason": reason}),
+            &json!({
+                "account": scope.account.as_str(),
+                "key": scope.key.as_str(),
+                "released": released,
+                "state": state.map(state_text),
+                "kept_progress": kept,
+                "recovery_point": after.as_ref().filter(|_| kept).and_then(|r| r.recovery_point.clone()),
+                "pending_intents": after.as_ref().filter(|_| kept).map(pending_intents).unwrap_or_default(),
+                "fencing_token": after.as_ref().map(|r| r.fencing_token.0),
+                "reason": reason,
+            }),
         )?;
     } else {
         writeln!(

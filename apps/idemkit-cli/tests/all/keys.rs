@@ -371,20 +371,50 @@ async fn exercise(db: Db) {
         .await;
     assert_eq!(completed.code, 1, "{completed:#?}");
     assert_eq!(completed.report()["released"], false);
+    // A parked record with a recorded intent: the release keeps the intent, so
+    // the rerun resumes (and parks again at a key-ignoring downstream) instead
+    // of calling it a second time.
+    let parked_scope = scope("acct-a", "k-parked");
+    let parked_before = db.store.get(&parked_scope).await.unwrap().unwrap();
     let released = db
         .keys(&["release", "--account", "acct-a", "--key", "k-parked"])
         .await;
-    assert!(ok(&released).stdout.contains("released"), "{}", released.stdout);
-    let rec = db.store.get(&scope("acct-a", "k-parked")).await.unwrap().unwrap();
-    assert_eq!(rec.state, RecordState::Released);
-    // The key is claimable again, as a first attempt with a higher token.
-    let parked_req = claim_req(&scope("acct-a", "k-parked"), r#"{"sku":"parked"}"#);
+    let text = &ok(&released).stdout;
+    for expected in [
+        "acct-a k-parked: released to resume",
+        "recovery point `courier-intent`",
+        "the call of courier has an intent and no result",
+        "--downstream-did-nothing",
+    ] {
+        assert!(text.contains(expected), "{expected:?} in {text}");
+    }
+    let rec = db.store.get(&parked_scope).await.unwrap().unwrap();
+    assert_eq!(
+        rec.state,
+        RecordState::InFlight,
+        "resumable, not released: {rec:?}"
+    );
+    assert!(rec.lease_expires_at <= db.store.now(), "lease ended: {rec:?}");
+    assert!(rec.fencing_token > parked_before.fencing_token, "{rec:?}");
+    assert_eq!(rec.last_error.as_deref(), Some(idemkit_core::FORCE_RELEASED));
+    assert_eq!(rec.recovery_point.as_deref(), Some("courier-intent"));
+    assert_eq!(
+        json!(rec.step_outputs),
+        json!({"courier": {"intent": "dk-1"}}),
+        "the intent survives the release"
+    );
+    assert_eq!(
+        rec.request.body, parked_before.request.body,
+        "the request is kept for the rerun"
+    );
+    // The key is taken over as a resume from the recovery point, with a higher token.
+    let parked_req = claim_req(&parked_scope, r#"{"sku":"parked"}"#);
     let again = match db.store.claim(&parked_req).await.unwrap() {
         ClaimOutcome::Claimed(lease) => lease,
-        other => panic!("expected the released key to be claimable: {other:?}"),
+        other => panic!("expected the released key to be resumable: {other:?}"),
     };
     assert!(again.token > rec.fencing_token, "{again:?} after {rec:?}");
-    assert_eq!(again.resumed_from, None);
+    assert_eq!(again.resumed_from.as_deref(), Some("courier-intent"));
     db.store
         .complete(&parked_req.scope, again.token, &response(201, "second"))
         .await
@@ -471,6 +501,164 @@ async fn exercise(db: Db) {
         .len(),
         1
     );
+}
+
+/// `keys release` on each kind of record nobody holds: progress is kept unless
+/// the operator says the downstream did nothing, which the stores cannot do yet
+/// (refused, nothing changed); a record without progress is released as a
+/// first attempt with or without the flag.
+async fn release_paths(db: Db) {
+    prepare(&*db.store).await;
+    let store = &*db.store;
+    let get = |account: &'static str, key: &'static str| async move {
+        store.get(&scope(account, key)).await.unwrap().unwrap()
+    };
+
+    // --downstream-did-nothing on a record with an intent: refused, unchanged.
+    let before = get("acct-a", "k-parked").await;
+    let refused = db
+        .keys(&[
+            "release",
+            "--account",
+            "acct-a",
+            "--key",
+            "k-parked",
+            "--downstream-did-nothing",
+        ])
+        .await;
+    assert_eq!(refused.code, 2, "{refused:#?}");
+    for expected in [
+        "--downstream-did-nothing is not supported yet",
+        "KeyStore::discard_progress",
+        "Nothing was changed",
+        "recovery point `courier-intent`",
+        "the intent of courier",
+    ] {
+        assert!(
+            refused.stderr.contains(expected),
+            "{expected:?} in {}",
+            refused.stderr
+        );
+    }
+    let after = get("acct-a", "k-parked").await;
+    assert_eq!(
+        (
+            after.state,
+            after.fencing_token,
+            &after.step_outputs,
+            &after.last_error
+        ),
+        (
+            RecordState::Parked,
+            before.fencing_token,
+            &before.step_outputs,
+            &before.last_error
+        ),
+        "nothing changed"
+    );
+    // The same flag on an abandoned record with a committed phase: refused too.
+    let stuck = db
+        .keys(&[
+            "release",
+            "--account",
+            "acct-a",
+            "--key",
+            "k-stuck",
+            "--downstream-did-nothing",
+        ])
+        .await;
+    assert_eq!(stuck.code, 2, "{stuck:#?}");
+    assert!(stuck.stderr.contains("not supported yet"), "{}", stuck.stderr);
+    assert_eq!(get("acct-a", "k-stuck").await.state, RecordState::InFlight);
+
+    // Without the flag, JSON: kept progress, the pending intent named.
+    let kept = db
+        .keys(&["release", "--account", "acct-a", "--key", "k-parked", "--json"])
+        .await;
+    let report = ok(&kept).report();
+    assert_eq!(report["released"], true, "{report}");
+    assert_eq!(report["state"], "in_flight", "{report}");
+    assert_eq!(report["kept_progress"], true, "{report}");
+    assert_eq!(report["recovery_point"], "courier-intent", "{report}");
+    assert_eq!(report["pending_intents"], json!(["courier"]), "{report}");
+    assert!(
+        report["fencing_token"].as_i64().unwrap() > before.fencing_token.0,
+        "{report}"
+    );
+    // An abandoned record with a committed phase and no intent: resumable too.
+    let phase_only = db
+        .keys(&["release", "--account", "acct-a", "--key", "k-stuck"])
+        .await;
+    let text = &ok(&phase_only).stdout;
+    assert!(
+        text.contains("released to resume") && text.contains("`label`"),
+        "{text}"
+    );
+    assert!(!text.contains("intent"), "{text}");
+    let stuck = get("acct-a", "k-stuck").await;
+    assert_eq!(stuck.state, RecordState::InFlight);
+    assert_eq!(json!(stuck.step_outputs), json!({"label": {"done": "lbl_1"}}));
+
+    // A parked record without progress, with the flag: released as before, and
+    // its key reruns as a first attempt.
+    let none = db
+        .keys(&[
+            "release",
+            "--account",
+            "acct-b",
+            "--key",
+            "k-parked-2",
+            "--downstream-did-nothing",
+            "--json",
+        ])
+        .await;
+    let report = ok(&none).report();
+    assert_eq!(
+        (&report["released"], &report["state"], &report["kept_progress"]),
+        (&json!(true), &json!("released"), &json!(false)),
+        "{report}"
+    );
+    assert_eq!(
+        report["reason"],
+        "released: the next request with this key runs as a first attempt"
+    );
+    let rec = get("acct-b", "k-parked-2").await;
+    assert_eq!(rec.state, RecordState::Released);
+    assert_eq!(rec.last_error.as_deref(), Some(idemkit_core::FORCE_RELEASED));
+    let req = claim_req(&scope("acct-b", "k-parked-2"), r#"{"sku":"parked-2"}"#);
+    match db.store.claim(&req).await.unwrap() {
+        ClaimOutcome::Claimed(lease) => {
+            assert_eq!(lease.resumed_from, None, "a first attempt");
+            assert!(lease.token > rec.fencing_token);
+        }
+        other => panic!("expected a first attempt: {other:?}"),
+    }
+    // Released records and missing ones are refused (exit 1), flag or not.
+    let missing = db
+        .keys(&[
+            "release",
+            "--account",
+            "acct-a",
+            "--key",
+            "k-none",
+            "--downstream-did-nothing",
+        ])
+        .await;
+    assert_eq!(missing.code, 1, "{missing:#?}");
+    assert!(missing.stdout.contains("no record"), "{}", missing.stdout);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_release_keeps_progress_on_sqlite() {
+    release_paths(Db::sqlite().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_release_keeps_progress_on_postgres() {
+    let Some(db) = Db::postgres().await else {
+        return;
+    };
+    release_paths(db).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
