@@ -1,9 +1,11 @@
-//! A lease holder for the fencing test: claims a key in lease mode, stops at a
-//! failpoint (waits for a line on stdin) between its claim and its completing
-//! transaction, then tries to write a business row and complete.
+//! A lease holder for the fencing test: claims a key in lease mode, opens its
+//! completing transaction (`begin_fenced`) and writes a business row in it, then
+//! stops at a failpoint (waits for a line on stdin) with that transaction open,
+//! and finally tries to complete in it.
 //!
-//! `pg_holder URL SCHEMA KEY LEASE_MS` prints `claimed <token>`, then after the
-//! line `completed` (exit 0) or `fenced` (exit 3).
+//! `pg_holder URL SCHEMA KEY LEASE_MS` prints `claimed <token>`, then
+//! `in-tx <backend pid>` at the failpoint, then after the line `completed`
+//! (exit 0) or `fenced` (exit 3).
 
 use std::io::{BufRead, Write};
 use std::time::Duration;
@@ -50,25 +52,36 @@ async fn main() {
     println!("claimed {}", lease.token.0);
     std::io::stdout().flush().unwrap();
 
-    // Failpoint: the test stops this process here (SIGSTOP) past its lease.
+    // The holder's completing transaction: fenced open, business write made.
+    let mut tx = match store.begin_fenced(&scope, lease.token).await {
+        Ok(tx) => tx,
+        Err(e) => {
+            println!("error {e}");
+            std::process::exit(4);
+        }
+    };
+    sqlx::query("INSERT INTO biz (tag) VALUES ('holder-a')")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+    println!("in-tx {pid}");
+    std::io::stdout().flush().unwrap();
+
+    // Failpoint: the test stops this process here (SIGSTOP) past its lease,
+    // with the transaction open and its business write uncommitted.
     let mut line = String::new();
     std::io::stdin().lock().read_line(&mut line).unwrap();
 
-    let result = async {
-        let mut tx = store.begin_fenced(&scope, lease.token).await?;
-        sqlx::query("INSERT INTO biz (tag) VALUES ('holder-a')")
-            .execute(&mut *tx)
-            .await
-            .unwrap();
-        let response = StoredResponse {
-            status: 201,
-            headers: vec![],
-            body: b"A".to_vec(),
-        };
-        store.complete_in_tx(tx, &scope, lease.token, &response).await
-    }
-    .await;
-    match result {
+    let response = StoredResponse {
+        status: 201,
+        headers: vec![],
+        body: b"A".to_vec(),
+    };
+    match store.complete_in_tx(tx, &scope, lease.token, &response).await {
         Ok(()) => println!("completed"),
         Err(StoreError::Fenced) => {
             println!("fenced");

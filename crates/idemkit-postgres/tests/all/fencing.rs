@@ -1,7 +1,8 @@
-//! Fencing under a real pause: a holder process is stopped (SIGSTOP) between its
-//! claim and its completing transaction, its lease expires, another attempt
-//! takes over and completes; the resumed holder's completion and business write
-//! are refused and rolled back.
+//! Fencing under a real pause: a holder process is stopped (SIGSTOP) inside its
+//! completing transaction (after `begin_fenced` and its business write, before
+//! `complete_in_tx`), its lease expires, another attempt takes over and
+//! completes; the resumed holder's completion is refused and its business
+//! write rolls back with it.
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
@@ -50,9 +51,40 @@ async fn stopped_holder_cannot_complete_after_takeover() {
     out.read_line(&mut line).unwrap();
     assert_eq!(line.trim(), "claimed 1", "holder A claimed");
 
-    // A is stopped for real, outside any transaction, past its lease.
+    line.clear();
+    out.read_line(&mut line).unwrap();
+    let backend: i32 = line
+        .trim()
+        .strip_prefix("in-tx ")
+        .unwrap_or_else(|| panic!("holder A at its failpoint: {line:?}"))
+        .parse()
+        .unwrap();
+
+    // A is stopped for real, inside its open transaction, past its lease.
     signal(holder.id(), "-STOP");
     tokio::time::sleep(Duration::from_millis(lease_ms * 3)).await;
+    let (state, in_tx): (String, bool) =
+        sqlx::query_as("SELECT state, xact_start IS NOT NULL FROM pg_stat_activity WHERE pid = $1")
+            .bind(backend)
+            .fetch_one(store.pool())
+            .await
+            .unwrap();
+    assert_eq!(
+        (state.as_str(), in_tx),
+        ("idle in transaction", true),
+        "A is paused with its transaction open"
+    );
+
+    let count = |tag: &'static str| {
+        let pool = store.pool().clone();
+        async move {
+            sqlx::query_scalar::<_, i64>("SELECT COUNT(*) FROM biz WHERE tag = $1")
+                .bind(tag)
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+        }
+    };
 
     // B takes over (new fencing token) and completes with its business row.
     let scope = Scope::new(
@@ -92,7 +124,10 @@ async fn stopped_holder_cannot_complete_after_takeover() {
         .await
         .unwrap();
 
-    // A resumes and goes on from its failpoint.
+    assert_eq!(count("holder-a").await, 0, "A's write is not committed");
+
+    // A resumes and goes on from its failpoint: its completion, in the
+    // transaction that holds its business write.
     signal(holder.id(), "-CONT");
     holder.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
     line.clear();
@@ -101,16 +136,6 @@ async fn stopped_holder_cannot_complete_after_takeover() {
     assert_eq!(line.trim(), "fenced", "A's completion must be refused");
     assert_eq!(status.code(), Some(3));
 
-    let count = |tag: &'static str| {
-        let pool = store.pool().clone();
-        async move {
-            sqlx::query_scalar::<_, i64>("SELECT COUNT(*) FROM biz WHERE tag = $1")
-                .bind(tag)
-                .fetch_one(&pool)
-                .await
-                .unwrap()
-        }
-    };
     assert_eq!(count("holder-a").await, 0, "A's business write rolled back");
     assert_eq!(count("holder-b").await, 1);
     assert_eq!(store.claim(&req).await.unwrap(), ClaimOutcome::Replay(b_response));

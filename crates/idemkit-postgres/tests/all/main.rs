@@ -160,17 +160,51 @@ async fn advance_inside_a_single_step_claim_commits_with_it() {
     assert_eq!(rec.step_outputs["s"], serde_json::json!({"n": 1}));
 }
 
-#[test]
-fn invalid_schema_names_are_refused() {
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let err = rt.block_on(PgStore::connect(
-        "postgres://nobody@127.0.0.1:1/none",
-        PgConfig {
-            schema: "x; DROP TABLE y".into(),
-            ..PgConfig::default()
-        },
-    ));
-    assert!(err.is_err());
+/// A schema name that is not a plain identifier (it is formatted into SQL) is
+/// refused before any connection is made, by `connect` and `from_pool`
+/// alike: the error names the schema rule, where a connection
+/// attempt to the closed port below would be `Unavailable`.
+#[tokio::test]
+async fn invalid_schema_names_are_refused() {
+    use idemkit_core::StoreError;
+    // Nothing listens here: an attempt to connect is `Unavailable`.
+    const CLOSED: &str = "postgres://nobody@127.0.0.1:1/none";
+    let config = |schema: &str| PgConfig {
+        schema: schema.into(),
+        acquire_timeout: Duration::from_millis(300),
+        ..PgConfig::default()
+    };
+    let refused = |what: &str, schema: &str, r: Result<PgStore, StoreError>| match r {
+        Err(StoreError::Backend(e)) => assert!(
+            e.to_string()
+                .contains(&format!("schema `{schema}` must match [a-z_][a-z0-9_]")),
+            "{what}({schema:?}): {e}"
+        ),
+        Err(e) => panic!("{what}({schema:?}): not the schema error: {e:?}"),
+        Ok(_) => panic!("{what}({schema:?}) accepted"),
+    };
+    let lazy = || {
+        sqlx::postgres::PgPoolOptions::new()
+            .acquire_timeout(Duration::from_millis(300))
+            .connect_lazy(CLOSED)
+            .unwrap()
+    };
+    for schema in ["x; DROP TABLE y", "Upper", "1t", "a-b", "", "a b", &"a".repeat(64)] {
+        let started = std::time::Instant::now();
+        refused("connect", schema, PgStore::connect(CLOSED, config(schema)).await);
+        refused("from_pool", schema, PgStore::from_pool(lazy(), config(schema)).await);
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "refused without trying the network"
+        );
+    }
+    // The control: a valid name gets as far as the network, and fails there.
+    for r in [
+        PgStore::connect(CLOSED, config("valid_name")).await,
+        PgStore::from_pool(lazy(), config("valid_name")).await,
+    ] {
+        assert!(matches!(r, Err(StoreError::Unavailable(_))), "{r:?}");
+    }
 }
 
 /// A connection that cannot be made is `Unavailable` (a retryable 503), not a
