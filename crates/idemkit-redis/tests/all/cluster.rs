@@ -16,7 +16,7 @@ use idemkit_testkit::ManualClock;
 use idemkit_testkit::suite::{self, claim_req, response, scope};
 
 use crate::common::{have_redis_binaries, unique_prefix};
-use crate::harness::Cluster;
+use crate::harness::{Cluster, info};
 
 async fn cluster_store(urls: &[String], tag: &str, clock: Arc<ManualClock>) -> Arc<RedisStore> {
     let store = RedisStore::connect(RedisConfig::cluster(urls.to_vec()).with_prefix(unique_prefix(tag)))
@@ -25,28 +25,39 @@ async fn cluster_store(urls: &[String], tag: &str, clock: Arc<ManualClock>) -> A
     Arc::new(store.with_test_clock(clock))
 }
 
-/// Runs suite cases concurrently, each on a fresh store and clock.
-macro_rules! run_cases {
-    ($urls:expr; $($case:ident),* $(,)?) => {{
-        let urls: Vec<String> = $urls;
-        let mut set = tokio::task::JoinSet::new();
-        $(
-            {
-                let urls = urls.clone();
-                set.spawn(async move {
-                    let clock = Arc::new(ManualClock::new());
-                    let store = cluster_store(&urls, stringify!($case), clock.clone()).await;
-                    suite::$case(store, clock).await;
-                    stringify!($case)
-                });
-            }
-        )*
-        let mut passed = Vec::new();
-        while let Some(done) = set.join_next().await {
-            passed.push(done.expect("a conformance case failed on the cluster"));
-        }
-        passed
-    }};
+/// Runs every case of the conformance suite (the list
+/// `store_conformance_tests!` runs) concurrently, each on a fresh store and
+/// clock; returns the names of those that passed.
+async fn run_cases(urls: &[String]) -> Vec<&'static str> {
+    let mut set = tokio::task::JoinSet::new();
+    for (name, case) in suite::cases::<RedisStore>() {
+        let urls = urls.to_vec();
+        set.spawn(async move {
+            let clock = Arc::new(ManualClock::new());
+            let store = cluster_store(&urls, name, clock.clone()).await;
+            case(store, clock).await;
+            name
+        });
+    }
+    let mut passed = Vec::new();
+    while let Some(done) = set.join_next().await {
+        passed.push(done.expect("a conformance case failed on the cluster"));
+    }
+    passed
+}
+
+/// `WAIT` calls the primaries have served so far (`INFO commandstats`).
+fn wait_calls(cluster: &Cluster) -> u64 {
+    cluster
+        .pairs()
+        .iter()
+        .map(|&(primary, _)| {
+            info(primary, "commandstats")
+                .get("cmdstat_wait")
+                .and_then(|v| v.split(',').find_map(|kv| kv.strip_prefix("calls=")))
+                .map_or(0, |n| n.parse::<u64>().unwrap())
+        })
+        .sum()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -60,23 +71,9 @@ async fn cluster_conformance_and_concurrency_gate() {
     eprintln!("cluster up in {:?}: {urls:?}", started.elapsed());
     assert_eq!(cluster.pairs().len(), 3, "three primaries, each with a replica");
 
-    // Keep this list equal to `idemkit_testkit::store_conformance_tests!`.
-    let passed = run_cases!(urls.clone();
-        first_claim_then_replay,
-        replay_is_byte_identical,
-        mismatch_is_reported_in_every_state,
-        live_lease_is_in_progress,
-        takeover_after_expiry_gets_new_token_and_fences_old_holder,
-        expired_window_is_a_new_request,
-        release_makes_key_absent_and_tokens_keep_growing,
-        abandon_ends_lease_at_once,
-        heartbeat_keeps_lease_alive,
-        accounts_are_isolated,
-        completion_is_fenced_once_completed,
-        record_keeps_the_request,
-        concurrent_claims_have_one_winner,
-    );
-    assert_eq!(passed.len(), 13);
+    let passed = run_cases(&urls).await;
+    assert_eq!(passed.len(), suite::cases::<RedisStore>().len());
+    assert!(passed.len() >= 13, "{passed:?}");
 
     // Records of many accounts spread over every primary; a record and its
     // channel share the account's slot.
@@ -158,6 +155,7 @@ async fn cluster_conformance_and_concurrency_gate() {
     )
     .await
     .unwrap();
+    let waits_before = wait_calls(&cluster);
     for i in 0..20 {
         let s = scope(&format!("acct-{i}"), "k-wait");
         let lease = suite::must_claim(&durable, &claim_req(&s, "{}")).await;
@@ -170,6 +168,10 @@ async fn cluster_conformance_and_concurrency_gate() {
             ClaimOutcome::Replay(response(201, "w"))
         );
     }
+    // Each claim and each completion was followed by a `WAIT` on its primary
+    // (the replays write nothing and need none).
+    let waits = wait_calls(&cluster) - waits_before;
+    assert!(waits >= 40, "WAIT sent {waits} times for 40 writes");
 
     // Notifications use sharded pub/sub on the record's shard.
     let waiter = durable.clone();
@@ -189,7 +191,10 @@ async fn cluster_conformance_and_concurrency_gate() {
         .await
         .unwrap();
     let waited = w.await.unwrap();
-    assert!(waited < Duration::from_secs(5), "{waited:?}");
+    assert!(
+        waited >= Duration::from_millis(250) && waited < Duration::from_secs(5),
+        "woken by the completion 300 ms in, not before: {waited:?}"
+    );
 
     drop(cluster);
     eprintln!("cluster test done in {:?}", started.elapsed());

@@ -11,6 +11,7 @@ mod common;
 mod fencing;
 mod harness;
 mod race;
+mod roundtrips;
 mod single;
 
 mod conformance {

@@ -263,22 +263,46 @@ async fn completion_wakes_waiters_without_polling() {
     assert!(started.elapsed() < Duration::from_secs(2));
 }
 
+/// With notifications off the store never subscribes: a wait on a live
+/// in-flight record returns at once (the caller polls), where a notifying
+/// store waiting on the same record, with nothing changing, waits out its
+/// bound.
 #[tokio::test]
 async fn notifications_can_be_turned_off() {
     let Some(_) = redis_url() else { return };
-    let store = RedisStore::connect(single_config("quiet").with_notifications(false))
+    let config = single_config("quiet");
+    let quiet = RedisStore::connect(config.clone().with_notifications(false))
         .await
         .unwrap();
-    assert!(!store.notifies_changes());
+    let notifying = RedisStore::connect(config).await.unwrap();
+    assert!(!quiet.notifies_changes());
+    assert!(notifying.notifies_changes());
     let s = scope("acct-a", "k-quiet");
-    let lease = must_claim(&store, &claim_req(&s, "{}")).await;
-    store
-        .complete(&s, lease.token, &response(201, "q"))
-        .await
-        .unwrap();
+    let lease = must_claim(&quiet, &claim_req(&s, "{}")).await;
+    let bound = Duration::from_millis(700);
+
     let started = Instant::now();
-    store.wait_for_change(&s, Duration::from_secs(5)).await.unwrap();
-    assert!(started.elapsed() < Duration::from_millis(100));
+    quiet.wait_for_change(&s, bound).await.unwrap();
+    assert!(
+        started.elapsed() < Duration::from_millis(150),
+        "no subscription, no wait: {:?}",
+        started.elapsed()
+    );
+    let rec = quiet.get(&s).await.unwrap().unwrap();
+    assert_eq!(
+        (rec.state, rec.fencing_token),
+        (RecordState::InFlight, lease.token),
+        "nothing changed: the wait did not end for a change"
+    );
+
+    // The control: the same wait on a store that subscribes lasts its bound.
+    let started = Instant::now();
+    notifying.wait_for_change(&s, bound).await.unwrap();
+    let waited = started.elapsed();
+    assert!(
+        waited >= bound - Duration::from_millis(20) && waited < bound + Duration::from_secs(2),
+        "{waited:?}"
+    );
 }
 
 #[test]
