@@ -378,13 +378,31 @@ async fn wait_mode_hands_duplicates_the_winners_response() {
         .with_state(runs.clone());
     let base = serve(app).await;
     let empty = json!({});
-    let answers = futures::future::join_all((0..8).map(|_| send(&base, Some("wait"), "a", &empty))).await;
+    let started = std::time::Instant::now();
+    let answers = futures::future::join_all((0..8).map(|_| async {
+        let answer = send(&base, Some("wait"), "a", &empty).await;
+        (answer, started.elapsed())
+    }))
+    .await;
     assert!(
-        answers.iter().all(|a| a.status == 201 && a.body == b"run 1"),
+        answers.iter().all(|(a, _)| a.status == 201 && a.body == b"run 1"),
         "{answers:?}"
     );
-    assert_eq!(answers.iter().filter(|a| a.replayed()).count(), 7);
+    assert_eq!(answers.iter().filter(|(a, _)| a.replayed()).count(), 7);
     assert_eq!(runs.get(), 1);
+    // Every duplicate waited for the winner: none was answered before the
+    // winner's 300 ms handler finished (a duplicate answered early would be a
+    // 409 or a second run, but a wait that returns at once must not pass either).
+    for (a, elapsed) in &answers {
+        assert!(
+            *elapsed >= Duration::from_millis(300),
+            "answered after {elapsed:?}, before the winner finished: {a:?}"
+        );
+        assert!(
+            *elapsed < Duration::from_secs(5),
+            "within the wait bound: {elapsed:?}"
+        );
+    }
 }
 
 #[tokio::test]
@@ -411,12 +429,15 @@ async fn wait_mode_is_bounded_then_409() {
     tokio::time::sleep(Duration::from_millis(100)).await;
     let started = std::time::Instant::now();
     let dup = send(&base, Some("bounded"), "a", &json!({})).await;
+    let waited = started.elapsed();
     assert_eq!(dup.code(), "idempotency_request_in_progress");
+    // It waited its whole bound (200 ms) for the holder, then gave up long
+    // before the holder's 1.5 s handler finished.
     assert!(
-        started.elapsed() < Duration::from_millis(1200),
-        "waited {:?}",
-        started.elapsed()
+        waited >= Duration::from_millis(200),
+        "answered after {waited:?}, without waiting its 200 ms"
     );
+    assert!(waited < Duration::from_millis(1200), "waited {waited:?}");
     assert_eq!(slow.await.unwrap().status, 201);
 }
 
@@ -494,20 +515,44 @@ async fn key_can_come_from_a_json_body_field() {
 
 #[tokio::test]
 async fn five_hundreds_are_released_by_default_and_replayed_on_request() {
-    for (policy, expected_runs) in [(ServerErrorPolicy::Retry, 2), (ServerErrorPolicy::Replay, 1)] {
-        let runs = Runs::default();
-        let layer = generic(memory(), Policy::new().with_server_error_policy(policy))
-            .build()
+    // The defaults, untouched: `Policy::new()`, and a route of a configuration
+    // file that says nothing about server errors.
+    let config =
+        idemkit_tower::config::IdemkitConfig::from_toml("[[routes]]\nmethod = \"POST\"\npath = \"/op\"\n")
             .unwrap();
-        let base = serve(counting(layer, runs.clone(), |_| {
+    let route = config.route("POST", "/op").unwrap();
+    let layers = [
+        ("Policy::new()", generic(memory(), Policy::new()), false),
+        (
+            "the default configuration",
+            route.configure(generic(memory(), Policy::new())).unwrap(),
+            false,
+        ),
+        (
+            "ServerErrorPolicy::Replay",
+            generic(
+                memory(),
+                Policy::new().with_server_error_policy(ServerErrorPolicy::Replay),
+            ),
+            true,
+        ),
+    ];
+    for (what, builder, replays) in layers {
+        let runs = Runs::default();
+        let base = serve(counting(builder.build().unwrap(), runs.clone(), |_| {
             StatusCode::INTERNAL_SERVER_ERROR.into_response()
         }))
         .await;
-        assert_eq!(send(&base, Some("e"), "a", &json!({})).await.status, 500);
+        assert_eq!(
+            send(&base, Some("e"), "a", &json!({})).await.status,
+            500,
+            "{what}"
+        );
         let second = send(&base, Some("e"), "a", &json!({})).await;
-        assert_eq!(second.status, 500);
-        assert_eq!(second.replayed(), policy == ServerErrorPolicy::Replay);
-        assert_eq!(runs.get(), expected_runs, "{policy:?}");
+        assert_eq!(second.status, 500, "{what}");
+        assert_eq!(second.replayed(), replays, "{what}");
+        // Released: the retry ran the handler again; replayed: it did not.
+        assert_eq!(runs.get(), if replays { 1 } else { 2 }, "{what}");
     }
 }
 
