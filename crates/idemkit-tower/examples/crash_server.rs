@@ -3,9 +3,14 @@
 //! at any phase boundary.
 //!
 //! `POST /labels` (bearer account, `Idempotency-Key`, any JSON body): phase
-//! `insert` writes a label row; external step `courier` asks the courier stub
-//! (`COURIER_URL`) for a shipment, sending the derived downstream key; phase `done`
-//! records the shipment on the label and stores `201 {"id","shipment"}`.
+//! `insert` writes a label row (with the request's key); external step `courier`
+//! asks the courier stub (`COURIER_URL`) for a shipment, sending the derived
+//! downstream key; phase `done` records the shipment on the label and stores
+//! `201 {"id","shipment"}`.
+//!
+//! `GET /labels/count` counts every label; `GET /labels/by-key/{key}` lists the
+//! labels of one idempotency key (`{"rows": [{"id", "shipment"}]}`, oldest
+//! first), so the harness can see what a killed attempt committed.
 //!
 //! Environment: `PORT`; `DATABASE_URL` (`postgres://…`, with `IDEMKIT_PG_SCHEMA`)
 //! or `IDEMKIT_DB` (SQLite file); `COURIER_URL`; `IDEMKIT_LEASE_MS`;
@@ -77,10 +82,16 @@ macro_rules! create_label {
             ctx: IdempotencyContext,
         ) -> Result<Response, PhaseError<(StatusCode, String)>> {
             let account = ctx.scope.account.as_str().to_owned();
+            let key = ctx.scope.key.as_str().to_owned();
             let mut phases = Phases::begin(app.store.clone(), &ctx).await?;
             let id: i64 = phases
                 .phase("insert", async |tx| {
-                    sqlx::query_scalar($insert).bind(account.clone()).fetch_one(&mut **tx).await.map_err(failed)
+                    sqlx::query_scalar($insert)
+                        .bind(account.clone())
+                        .bind(key.clone())
+                        .fetch_one(&mut **tx)
+                        .await
+                        .map_err(failed)
                 })
                 .await?;
             let shipment: i64 = phases
@@ -104,13 +115,13 @@ macro_rules! create_label {
 create_label!(
     create_label_sqlite,
     SqliteStore,
-    "INSERT INTO labels (account) VALUES (?1) RETURNING id",
+    "INSERT INTO labels (account, idem_key) VALUES (?1, ?2) RETURNING id",
     "UPDATE labels SET shipment = ?1 WHERE id = ?2"
 );
 create_label!(
     create_label_pg,
     PgStore,
-    "INSERT INTO labels (account) VALUES ($1) RETURNING id",
+    "INSERT INTO labels (account, idem_key) VALUES ($1, $2) RETURNING id",
     "UPDATE labels SET shipment = $1 WHERE id = $2"
 );
 
@@ -121,9 +132,15 @@ async fn naive_label(State(app): State<App<SqliteStore>>, headers: http::HeaderM
         .and_then(|v| v.to_str().ok())
         .unwrap_or("anon")
         .to_owned();
-    let insert = "INSERT INTO labels (account) VALUES (?1) RETURNING id";
+    let idem_key = headers
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned();
+    let insert = "INSERT INTO labels (account, idem_key) VALUES (?1, ?2) RETURNING id";
     let id: i64 = match sqlx::query_scalar(insert)
         .bind(account)
+        .bind(idem_key)
         .fetch_one(app.store.pool())
         .await
     {
@@ -158,6 +175,38 @@ async fn count_labels(State(labels): State<Labels>) -> axum::Json<serde_json::Va
         Labels::Postgres(p) => sqlx::query_scalar(COUNT).fetch_one(&p).await,
     };
     axum::Json(serde_json::json!({ "count": n.unwrap_or(-1) }))
+}
+
+/// `GET /labels/by-key/{key}`: the labels written for one idempotency key,
+/// oldest first (the harness checks there is exactly one, and which).
+async fn labels_of_key(
+    State(labels): State<Labels>,
+    axum::extract::Path(key): axum::extract::Path<String>,
+) -> Response {
+    let rows: Result<Vec<(i64, Option<i64>)>, _> = match labels {
+        Labels::Sqlite(p) => {
+            sqlx::query_as("SELECT id, shipment FROM labels WHERE idem_key = ?1 ORDER BY id")
+                .bind(key)
+                .fetch_all(&p)
+                .await
+        }
+        Labels::Postgres(p) => {
+            sqlx::query_as("SELECT id, shipment FROM labels WHERE idem_key = $1 ORDER BY id")
+                .bind(key)
+                .fetch_all(&p)
+                .await
+        }
+    };
+    match rows {
+        Ok(rows) => axum::Json(serde_json::json!({
+            "rows": rows
+                .into_iter()
+                .map(|(id, shipment)| serde_json::json!({ "id": id, "shipment": shipment }))
+                .collect::<Vec<_>>()
+        }))
+        .into_response(),
+        Err(e) => failed(e).into_response(),
+    }
 }
 
 fn env_ms(name: &str) -> Option<Duration> {
@@ -224,7 +273,7 @@ async fn main() {
                 .await
                 .unwrap(),
             );
-            sqlx::query("CREATE TABLE IF NOT EXISTS labels (id BIGSERIAL PRIMARY KEY, account TEXT NOT NULL, shipment BIGINT)")
+            sqlx::query("CREATE TABLE IF NOT EXISTS labels (id BIGSERIAL PRIMARY KEY, account TEXT NOT NULL, idem_key TEXT NOT NULL, shipment BIGINT)")
                 .execute(store.pool())
                 .await
                 .unwrap();
@@ -247,7 +296,7 @@ async fn main() {
             let path = std::env::var("IDEMKIT_DB").unwrap_or_else(|_| "crash.db".into());
             let store = Arc::new(SqliteStore::open(&path).await.unwrap());
             sqlx::query(
-                "CREATE TABLE IF NOT EXISTS labels (id INTEGER PRIMARY KEY AUTOINCREMENT, account TEXT NOT NULL, shipment INTEGER)",
+                "CREATE TABLE IF NOT EXISTS labels (id INTEGER PRIMARY KEY AUTOINCREMENT, account TEXT NOT NULL, idem_key TEXT NOT NULL, shipment INTEGER)",
             )
             .execute(store.pool())
             .await
@@ -276,6 +325,7 @@ async fn main() {
     let router = router.merge(
         Router::new()
             .route("/labels/count", axum::routing::get(count_labels))
+            .route("/labels/by-key/{key}", axum::routing::get(labels_of_key))
             .with_state(labels),
     );
     if let Some(every) = env_ms("IDEMKIT_COMPLETER_MS") {

@@ -1,8 +1,18 @@
 //! SPEC §9 crash-recovery gate, for real: a server process runs claim → insert →
 //! external call (to a counting courier stub that honours keys) → finalise; the
-//! harness SIGKILLs it at each phase boundary, restarts it and retries. The request
-//! completes, the courier performed the operation once per key, the business row
-//! exists once, and every retry gets the same response.
+//! harness SIGKILLs it at each phase boundary, restarts it and retries.
+//!
+//! At every boundary, before any retry, the harness reads what the killed
+//! attempt committed (its label row, the courier calls it made); after the
+//! retries it checks, for that key: exactly one label row, the row the first
+//! attempt committed if it committed one; exactly one courier shipment, and
+//! exactly the courier calls the boundary implies (a recorded intent with no
+//! result is re-issued once with the same key; nothing else is called again);
+//! and an answer derived from that state (`{"id": <the committed row>,
+//! "shipment": <the courier's shipment for the key>}`, a replay when the first
+//! attempt completed), which every later retry gets byte for byte. With a
+//! courier declared as ignoring keys, the boundaries with an intent and no
+//! result end parked (`409 idempotency_request_parked`) with no call made again.
 //!
 //! `IDEMKIT_CRASH_REPEAT` sets the runs per boundary (default 3); the soak in
 //! `docs/operations.md` runs 20.
@@ -30,6 +40,7 @@ const BOUNDARIES: [&str; 5] = [
 #[derive(Default)]
 struct CourierState {
     calls: usize,
+    /// Shipment number by the downstream key that created it.
     shipments: HashMap<String, i64>,
 }
 
@@ -70,6 +81,15 @@ impl Courier {
 
     fn calls(&self) -> usize {
         self.0.lock().unwrap().calls
+    }
+
+    /// The one shipment this courier made, if it made exactly one.
+    fn only_shipment(&self) -> Option<i64> {
+        let s = self.0.lock().unwrap();
+        match s.shipments.values().collect::<Vec<_>>().as_slice() {
+            [one] => Some(**one),
+            _ => None,
+        }
     }
 }
 
@@ -180,6 +200,22 @@ impl Server {
         let _ = self.child.wait();
     }
 
+    /// The label rows of `key` as `(id, shipment)`, oldest first.
+    async fn rows(&self, key: &str) -> Vec<(i64, Option<i64>)> {
+        let v: serde_json::Value = reqwest::get(format!("{}/labels/by-key/{key}", self.base))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        v["rows"]
+            .as_array()
+            .unwrap_or_else(|| panic!("rows of {key}: {v}"))
+            .iter()
+            .map(|r| (r["id"].as_i64().unwrap(), r["shipment"].as_i64()))
+            .collect()
+    }
+
     async fn count(&self) -> i64 {
         let v: serde_json::Value = reqwest::get(format!("{}/labels/count", self.base))
             .await
@@ -252,11 +288,72 @@ fn repeat() -> usize {
         .unwrap_or(3)
 }
 
-/// Kills the server at `boundary` during the first attempt, restarts it, retries.
-async fn crash_at(db: &Db, boundary: &str, run: usize) {
+/// What the courier stub does with keys, as the server is told.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum CourierKeys {
+    Honoured,
+    Ignored,
+}
+
+/// What a crash at `boundary` implies, from what the killed attempt committed.
+struct Expected {
+    /// Courier calls made before the kill.
+    calls_at_crash: usize,
+    /// Whether the killed attempt committed its label row.
+    row_committed: bool,
+    /// Whether it completed (the response is stored).
+    completed: bool,
+    /// Courier calls in all, after the retries.
+    calls: usize,
+    /// Whether the retries end parked instead of answering 201.
+    parked: bool,
+}
+
+fn expected(boundary: &str, keys: CourierKeys) -> Expected {
+    let honoured = keys == CourierKeys::Honoured;
+    let (calls_at_crash, row_committed, completed, calls, parked) = match boundary {
+        // Nothing committed but the claim: the retry runs everything once.
+        "idemkit::after_claim" => (0, false, false, 1, false),
+        // The row is committed; the retry reuses it and calls once.
+        "idemkit::after_phase" => (0, true, false, 1, false),
+        // An intent with no result (no call was made, but nobody can know):
+        // re-issued once with the same key, or parked without calling.
+        "idemkit::after_intent" if honoured => (0, true, false, 1, false),
+        "idemkit::after_intent" => (0, true, false, 0, true),
+        // The call was made and its result lost: re-issued once with the same
+        // key (the courier answers with the same shipment), or parked.
+        "idemkit::after_call" if honoured => (1, true, false, 2, false),
+        "idemkit::after_call" => (1, true, false, 1, true),
+        // Completed: every retry is a replay, nothing runs again.
+        "idemkit::after_complete" => (1, true, true, 1, false),
+        other => panic!("no expectations for {other}"),
+    };
+    Expected {
+        calls_at_crash,
+        row_committed,
+        completed,
+        calls,
+        parked,
+    }
+}
+
+/// Kills the server at `boundary` during the first attempt, reads what that
+/// attempt committed, restarts the server, retries, and checks the key's rows,
+/// the courier's calls and the answers against what that state implies.
+async fn crash_at(db: &Db, boundary: &str, run: usize, keys: CourierKeys) {
     let (courier, courier_url) = Courier::start().await;
     let key = format!("crash-{}-{run}", boundary.replace("::", "-"));
-    let server = Server::start(db, &courier_url, &[("IDEMKIT_CRASH_AT", boundary)]);
+    let want = expected(boundary, keys);
+    let mut env = vec![];
+    if keys == CourierKeys::Ignored {
+        env.push(("IDEMKIT_COURIER_HONOURS_KEYS", "0"));
+    }
+    let crash: Vec<(&str, &str)> = env
+        .iter()
+        .copied()
+        .chain([("IDEMKIT_CRASH_AT", boundary)])
+        .collect();
+    let server = Server::start(db, &courier_url, &crash);
     let base = server.base.clone();
     let first = tokio::spawn({
         let key = key.clone();
@@ -268,37 +365,127 @@ async fn crash_at(db: &Db, boundary: &str, run: usize) {
         first.await.unwrap().is_err(),
         "{boundary}: the killed attempt cannot have answered"
     );
-
-    let server = Server::start(db, &courier_url, &[]);
-    let answer = retry_until_final(&server.base, &key).await;
     assert_eq!(
-        answer.status,
-        201,
-        "{boundary}: {}",
-        String::from_utf8_lossy(&answer.body)
+        courier.calls(),
+        want.calls_at_crash,
+        "{boundary}: courier calls made by the killed attempt"
     );
-    for _ in 0..2 {
-        let again = post_label(&server.base, &key).await.unwrap();
+
+    // What the killed attempt committed, read before any retry.
+    let server = Server::start(db, &courier_url, &env);
+    let committed = server.rows(&key).await;
+    let committed_id = match committed.as_slice() {
+        [] => {
+            assert!(
+                !want.row_committed,
+                "{boundary}: the killed attempt committed no row"
+            );
+            None
+        }
+        [(id, shipment)] => {
+            assert!(
+                want.row_committed,
+                "{boundary}: a row committed before the claim's phase: {committed:?}"
+            );
+            assert_eq!(
+                shipment.is_some(),
+                want.completed,
+                "{boundary}: the shipment is recorded with the completion only"
+            );
+            Some(*id)
+        }
+        more => panic!(
+            "{boundary}: the killed attempt wrote {} rows: {more:?}",
+            more.len()
+        ),
+    };
+    let shipment_at_crash = courier.only_shipment();
+
+    let answer = retry_until_final(&server.base, &key).await;
+    let rows = server.rows(&key).await;
+    assert_eq!(
+        rows.len(),
+        1,
+        "{boundary}: exactly one label row for the key: {rows:?}"
+    );
+    let (id, recorded_shipment) = rows[0];
+    if let Some(committed_id) = committed_id {
+        assert_eq!(id, committed_id, "{boundary}: the retry reused the committed row");
+    }
+    assert_eq!(courier.calls(), want.calls, "{boundary}: courier calls in all");
+    if want.parked {
         assert_eq!(
-            (again.status, again.replayed),
-            (201, true),
-            "{boundary}: retries replay"
+            (answer.status, answer.code.as_str()),
+            (409, "idempotency_request_parked"),
+            "{boundary}: {}",
+            String::from_utf8_lossy(&answer.body)
         );
         assert_eq!(
-            again.body, answer.body,
-            "{boundary}: every retry gets the same response"
+            recorded_shipment, None,
+            "{boundary}: a parked request records no shipment"
+        );
+        assert_eq!(
+            courier.shipments(),
+            want.calls,
+            "{boundary}: no shipment beyond the first call's"
+        );
+    } else {
+        assert_eq!(
+            (answer.status, answer.replayed),
+            (201, want.completed),
+            "{boundary}: created, and a replay exactly when the first attempt completed: {}",
+            String::from_utf8_lossy(&answer.body)
+        );
+        assert_eq!(courier.shipments(), 1, "{boundary}: one courier shipment per key");
+        let shipment = courier.only_shipment().unwrap();
+        if let Some(at_crash) = shipment_at_crash {
+            assert_eq!(
+                shipment, at_crash,
+                "{boundary}: the shipment the killed attempt booked"
+            );
+        }
+        assert_eq!(
+            recorded_shipment,
+            Some(shipment),
+            "{boundary}: the row records the shipment"
+        );
+        let body: serde_json::Value = serde_json::from_slice(&answer.body).unwrap();
+        assert_eq!(
+            body,
+            serde_json::json!({ "id": id, "shipment": shipment }),
+            "{boundary}: the answer is the committed row and the courier's shipment"
         );
     }
-    assert_eq!(courier.shipments(), 1, "{boundary}: one courier shipment per key");
-    let labels = server.count().await;
+    for _ in 0..2 {
+        let again = post_label(&server.base, &key).await.unwrap();
+        if want.parked {
+            assert_eq!(
+                (again.status, again.code.as_str()),
+                (409, "idempotency_request_parked"),
+                "{boundary}: stays parked"
+            );
+        } else {
+            assert_eq!(
+                (again.status, again.replayed),
+                (201, true),
+                "{boundary}: retries replay"
+            );
+            assert_eq!(
+                again.body, answer.body,
+                "{boundary}: every retry gets the same response"
+            );
+        }
+    }
+    assert_eq!(courier.calls(), want.calls, "{boundary}: retries call nothing");
+    assert_eq!(server.rows(&key).await, rows, "{boundary}: retries write nothing");
     assert_eq!(
-        labels,
+        server.count().await,
         run as i64 + 1,
         "{boundary}: one label per request (runs so far on this database)"
     );
 }
 
-async fn crash_gate(db: Db) {
+async fn crash_gate(db: Db, keys: CourierKeys) {
     for boundary in BOUNDARIES {
         let db = match &db {
             Db::Sqlite(_) => Db::sqlite("gate"),
@@ -308,20 +495,27 @@ async fn crash_gate(db: Db) {
             },
         };
         for run in 0..repeat() {
-            crash_at(&db, boundary, run).await;
+            crash_at(&db, boundary, run, keys).await;
         }
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crash_recovery_gate_on_sqlite() {
-    crash_gate(Db::sqlite("gate")).await;
+    crash_gate(Db::sqlite("gate"), CourierKeys::Honoured).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crash_recovery_gate_on_postgres() {
     let Some(db) = Db::postgres() else { return };
-    crash_gate(db).await;
+    crash_gate(db, CourierKeys::Honoured).await;
+}
+
+/// The same gate with the courier declared as ignoring keys: every boundary
+/// with an intent and no result parks, with no second call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_recovery_gate_with_a_key_ignoring_courier_on_sqlite() {
+    crash_gate(Db::sqlite("ignoring"), CourierKeys::Ignored).await;
 }
 
 /// The same harness with idempotency switched off sees the duplicates: proof that
@@ -352,6 +546,11 @@ async fn negative_control_without_idempotency_duplicates() {
         server.count().await,
         2,
         "without idempotency the retry writes again"
+    );
+    assert_eq!(
+        server.rows("naive-key").await.len(),
+        2,
+        "the per-key row count sees the duplicate"
     );
 }
 
