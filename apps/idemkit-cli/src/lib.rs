@@ -10,7 +10,10 @@
 //! - `idemkit courier` — the courier simulator, idempotent itself, with faults;
 //! - `idemkit check` — black-box conformance gates for any idempotent HTTP API
 //!   (see `docs/check.md`): point it at your own endpoint to learn whether retried
-//!   writes are really effectively once within the key scope and replay window.
+//!   writes are really effectively once within the key scope and replay window;
+//! - `idemkit lint-openapi` — every state-changing operation of an OpenAPI document
+//!   with where its idempotency key travels, one verdict each (see
+//!   `docs/x-idempotency.md`).
 //!
 //! The binary is a thin `main` over [`main`]; each subcommand is a module with an
 //! `Args` struct and a `run` function, and [`Command`] lists them, so later
@@ -33,6 +36,7 @@ pub mod courier;
 pub mod demo;
 pub mod docs;
 pub mod keys;
+pub mod lint_openapi;
 pub mod serve;
 
 /// The command line.
@@ -67,6 +71,9 @@ pub enum Command {
     /// Inspect and repair idempotency records: list, show, release, and run the
     /// completer or the reaper once.
     Keys(keys::KeysArgs),
+    /// List every state-changing operation of an OpenAPI document with where its
+    /// idempotency key travels, one verdict each (exit 1 when a key is missing).
+    LintOpenapi(lint_openapi::LintArgs),
 }
 
 /// Runs a parsed command line and returns the exit code it chose.
@@ -78,6 +85,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Demo(args) => demo::run(args),
         Command::Docs(args) => docs::run(args),
         Command::Keys(args) => keys::run(args),
+        Command::LintOpenapi(args) => lint_openapi::run(args),
     }
 }
 

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use idemkit_client::{Jitter, RetryConfig, TokenBucket};
 use idemkit_core::{InFlightBehavior, MAX_KEY_LEN, ServerErrorPolicy};
-use idemkit_tower::config::IdemkitConfig;
+use idemkit_tower::config::{IdemkitConfig, RouteConfig};
+use serde_json::{Value, json};
 
 /// The default configuration: the labels service's own.
 pub const DEFAULT_CONFIG: &str = include_str!("../idemkit.toml");
@@ -193,7 +194,32 @@ fn markdown(config: &IdemkitConfig, client: &RetryConfig) -> String {
          cockatiel (TypeScript), cenkalti/backoff (Go)."
     );
 
+    let _ = writeln!(w, "\n## Examples\n");
+    let _ = writeln!(
+        w,
+        "Each keyed route, with commands to paste (set `BASE` to the service's URL and `TOKEN` to your bearer \
+         token). Running them in order shows the four answers a retrying client meets."
+    );
+    for r in config.routes.iter().filter(|r| r.retry_safe) {
+        examples(w, r);
+    }
+
+    let _ = writeln!(w, "\n## Policy as data\n");
+    let _ = writeln!(
+        w,
+        "The policy above is also published for programs: every keyed operation of `GET /openapi.json` carries \
+         it as an `x-idempotency` object, and `GET /docs/idempotency.json` serves it for every route, generated \
+         from the same configuration (the vocabulary is specified in idemkit's `docs/x-idempotency.md`). \
+         `idemkit lint-openapi` reads it, `idemkit check --policy` compares it with what the service does, and \
+         `idemkit_client::PublishedPolicy` tells a client where each operation's key goes."
+    );
+
     let _ = writeln!(w, "\n## OpenAPI fragment\n");
+    let _ = writeln!(
+        w,
+        "Each route with its key where it really travels (a header parameter, or a required member of the JSON \
+         body), its `x-idempotency` and the conflict responses, for merging into an OpenAPI document:\n"
+    );
     let _ = writeln!(
         w,
         "```json\n{}\n```",
@@ -202,25 +228,177 @@ fn markdown(config: &IdemkitConfig, client: &RetryConfig) -> String {
     out
 }
 
-/// The key header parameter and the problem responses, for merging into a
-/// service's OpenAPI document.
-pub fn openapi_fragment(config: &IdemkitConfig) -> serde_json::Value {
-    serde_json::json!({
-        "components": {
-            "parameters": {
-                "IdempotencyKey": {
-                    "name": config.defaults.key_header, "in": "header", "required": true,
-                    "description": format!("1–{MAX_KEY_LEN} visible ASCII characters, scoped to the caller's account; replays for {}.", human(config.defaults.replay_window)),
-                    "schema": {"type": "string", "minLength": 1, "maxLength": MAX_KEY_LEN}
-                }
-            },
-            "responses": {
-                "IdempotencyKeyReused": {"description": "The key was used with a different request (`idempotency_key_reused`).",
-                    "content": {"application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}}},
-                "IdempotencyRequestInProgress": {"description": "A request with this key is in progress (`idempotency_request_in_progress`); honour `Retry-After`.",
-                    "headers": {"Retry-After": {"schema": {"type": "integer"}}},
-                    "content": {"application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}}}
+/// A valid request body for a route, for the examples: the labels contract's own
+/// for `POST /labels`, otherwise an empty object (plus the key, where it travels
+/// in the body).
+pub fn example_body(route: &RouteConfig) -> Value {
+    if route.method == "POST" && route.path == "/labels" {
+        json!({
+            "courier": "ups",
+            "shipFrom": {"name": "Warehouse", "line1": "1-2-3 Minato", "city": "Tokyo", "postalCode": "105-0001", "country": "JP"},
+            "shipTo": {"name": "Ada", "line1": "10 Downing St", "city": "London", "postalCode": "SW1A 2AA", "country": "GB"},
+            "parcel": {"weightGrams": 900, "lengthCm": 20, "widthCm": 10, "heightCm": 5}
+        })
+    } else {
+        json!({})
+    }
+}
+
+/// The body with `key` set where the route reads it (a body route), and the
+/// headers that carry it (a header route).
+fn keyed(route: &RouteConfig, body: &Value, key: &str) -> (Value, Vec<String>) {
+    let mut body = body.clone();
+    match &route.key_field {
+        Some(pointer) => {
+            let name = pointer
+                .trim_start_matches('/')
+                .replace("~1", "/")
+                .replace("~0", "~");
+            if let Some(obj) = body.as_object_mut() {
+                // The key first, as integrators read it.
+                let mut with_key = serde_json::Map::new();
+                with_key.insert(name, json!(key));
+                with_key.extend(std::mem::take(obj));
+                *obj = with_key;
             }
+            (body, Vec::new())
+        }
+        None => (body, vec![format!("{}: {key}", route.key_header())]),
+    }
+}
+
+/// The body with its first string member changed (a different request).
+fn changed(body: &Value) -> Value {
+    let mut body = body.clone();
+    if let Some(obj) = body.as_object_mut() {
+        if let Some(Value::String(s)) = obj.get_mut("courier") {
+            *s = "dhl".into();
+        } else {
+            obj.insert("note".into(), json!("a different request"));
+        }
+    }
+    body
+}
+
+/// One `curl` command.
+fn curl(route: &RouteConfig, headers: &[String], body: &Value) -> String {
+    let mut cmd = format!(
+        "curl -i -X {} \"$BASE{}\" \\\n  -H \"Authorization: Bearer $TOKEN\" -H 'Content-Type: application/json'",
+        route.method, route.path
+    );
+    for h in headers {
+        cmd.push_str(&format!(" -H '{h}'"));
+    }
+    cmd.push_str(&format!(" \\\n  -d '{body}'"));
+    cmd
+}
+
+/// The four answers of one route: first request, replay, mismatch, in progress.
+fn examples(w: &mut String, r: &RouteConfig) {
+    let p = r.policy();
+    let where_key = match &r.key_field {
+        Some(f) => format!("in the JSON body field `{f}`"),
+        None => format!("in the `{}` header", r.key_header()),
+    };
+    let body = example_body(r);
+    let (first, headers) = keyed(r, &body, "order-4711-label");
+    let (other, _) = keyed(r, &changed(&body), "order-4711-label");
+    let replay = p.replay_status.map_or_else(
+        || "the stored status".to_owned(),
+        |s| format!("`{s}` (for a stored 2xx)"),
+    );
+    let _ = writeln!(w, "\n### `{} {}`\n", r.method, r.path);
+    let _ = writeln!(w, "The key travels {where_key}.\n");
+    let _ = writeln!(w, "1. First request: runs and answers its own status.\n");
+    let _ = writeln!(w, "```sh\n{}\n```\n", curl(r, &headers, &first));
+    let _ = writeln!(
+        w,
+        "2. Replay: the very same command again. Nothing runs again; the answer is the stored one, byte for byte, \
+         with {replay} and `Idempotent-Replayed: true`.\n"
+    );
+    let _ = writeln!(
+        w,
+        "3. Mismatch: the same key with a different body answers `{} idempotency_key_reused`; nothing runs. Use a \
+         new key for a new request.\n",
+        p.mismatch_status.as_u16()
+    );
+    let _ = writeln!(w, "```sh\n{}\n```\n", curl(r, &headers, &other));
+    let (fresh, fresh_headers) = keyed(r, &body, "order-4712-label");
+    let _ = writeln!(
+        w,
+        "4. In progress: two identical requests with a fresh key at once. One runs; while it does, the other {}.\n",
+        match p.in_flight {
+            InFlightBehavior::Wait(t) => format!(
+                "waits up to {} for its answer, then replays it (or gets `409`)",
+                human(t)
+            ),
+            InFlightBehavior::Accepted => "gets `202` with a status URL".to_owned(),
+            _ =>
+                "gets `409 idempotency_request_in_progress` with `Retry-After`: retry after that many seconds"
+                    .to_owned(),
+        }
+    );
+    let one = curl(r, &fresh_headers, &fresh);
+    let _ = writeln!(w, "```sh\n{one} &\n{one}\nwait\n```");
+}
+
+/// Each route with its key where it really travels (a header parameter, or a
+/// required member of the JSON body), its `x-idempotency`, and the conflict
+/// responses, for merging into a service's OpenAPI document.
+pub fn openapi_fragment(config: &IdemkitConfig) -> Value {
+    let mut paths = serde_json::Map::new();
+    let mut needs_422 = false;
+    for r in &config.routes {
+        let x = r.x_idempotency();
+        let mut op = json!({ "x-idempotency": x });
+        if r.retry_safe {
+            let p = r.policy();
+            let key_schema = json!({"type": "string", "minLength": 1, "maxLength": MAX_KEY_LEN,
+                "description": format!("The idempotency key: 1–{MAX_KEY_LEN} visible ASCII characters, scoped to the caller's account; replays for {}.", human(p.replay_window))});
+            match &r.key_field {
+                Some(pointer) => {
+                    let name = pointer.trim_start_matches('/');
+                    op["requestBody"] = json!({"required": true, "content": {"application/json": {"schema":
+                        {"type": "object", "required": [name], "properties": {name: key_schema}}}}});
+                }
+                None => {
+                    op["parameters"] = json!([{"name": r.key_header(), "in": "header", "required": true, "schema": key_schema}]);
+                }
+            }
+            let mut responses = json!({
+                "2XX": {"description": "The answer; a replay is the stored answer, byte-identical, with `Idempotent-Replayed: true`.",
+                    "headers": {"Idempotent-Replayed": {"$ref": "#/components/headers/IdempotentReplayed"}}},
+                "400": {"$ref": "#/components/responses/IdempotencyKeyMissingOrInvalid"},
+                "409": {"$ref": "#/components/responses/IdempotencyConflict"},
+            });
+            if p.mismatch_status.as_u16() == 422 {
+                needs_422 = true;
+                responses["422"] = json!({"$ref": "#/components/responses/IdempotencyKeyReused"});
+            }
+            if let Some(s) = p.replay_status {
+                responses[s.to_string()] = json!({"description": "A replay of a stored 2xx answer.",
+                    "headers": {"Idempotent-Replayed": {"$ref": "#/components/headers/IdempotentReplayed"}}});
+            }
+            op["responses"] = responses;
+        }
+        let item = paths.entry(r.path.clone()).or_insert_with(|| json!({}));
+        item[r.method.to_ascii_lowercase()] = op;
+    }
+    let problem = json!({"application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}});
+    let mut responses = json!({
+        "IdempotencyKeyMissingOrInvalid": {"description": "No key (`idempotency_key_missing`) or a malformed one (`idempotency_key_invalid`); nothing was stored.", "content": problem},
+        "IdempotencyConflict": {"description": "`idempotency_key_reused`: the key was used with a different request; or `idempotency_request_in_progress`: the first request with this key is still running, retry after `Retry-After`.",
+            "headers": {"Retry-After": {"schema": {"type": "integer"}, "description": "Seconds, on `idempotency_request_in_progress`."}},
+            "content": problem},
+    });
+    if needs_422 {
+        responses["IdempotencyKeyReused"] = json!({"description": "The key was used with a different request (`idempotency_key_reused`).", "content": problem});
+    }
+    json!({
+        "paths": paths,
+        "components": {
+            "headers": {"IdempotentReplayed": {"description": "`true` on a replayed answer.", "schema": {"type": "string", "enum": ["true"]}}},
+            "responses": responses,
         }
     })
 }
@@ -234,6 +412,36 @@ pub fn default_config() -> IdemkitConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_examples_are_valid_requests_and_the_fragment_keys_the_body() {
+        let config = default_config();
+        let route = config.route("POST", "/labels").unwrap();
+        let (first, headers) = keyed(route, &example_body(route), "order-4711-label");
+        assert!(headers.is_empty(), "the labels key travels in the body");
+        crate::service::CreateLabel::parse(first.to_string().as_bytes()).expect("the first example is valid");
+        let (other, _) = keyed(route, &changed(&example_body(route)), "order-4711-label");
+        crate::service::CreateLabel::parse(other.to_string().as_bytes())
+            .expect("the mismatch example is valid");
+        assert_ne!(first, other);
+
+        let fragment = openapi_fragment(&config);
+        let op = &fragment["paths"]["/labels"]["post"];
+        assert!(
+            op.get("parameters").is_none(),
+            "no Idempotency-Key header for a body-keyed route"
+        );
+        assert_eq!(
+            op["requestBody"]["content"]["application/json"]["schema"]["required"],
+            json!(["idempotencyKey"])
+        );
+        assert_eq!(op["x-idempotency"], route.x_idempotency());
+        let doc = render(&config, &RetryConfig::new(), Format::Markdown);
+        assert!(
+            doc.contains("`Idempotent-Replayed: true`")
+                && doc.contains("\"idempotencyKey\":\"order-4711-label\"")
+        );
+    }
 
     #[test]
     fn the_contract_follows_the_configuration() {

@@ -89,6 +89,7 @@ mod classify;
 mod error;
 mod key;
 mod policy;
+mod policy_doc;
 mod timeout;
 
 #[cfg(feature = "reqwest")]
@@ -108,6 +109,7 @@ pub use policy::{
     ATTEMPT_HEADER, AttemptPlan, Call, Decision, RetryConfig, RetryPolicy, Stop, TIMEOUT_HEADER,
     gets_auto_key, is_idempotent,
 };
+pub use policy_doc::{KeyLocation, PolicyDocError, PublishedAnswer, PublishedOperation, PublishedPolicy};
 pub use timeout::{AdaptiveTimeout, AttemptTimeout};
 
 #[cfg(feature = "reqwest")]

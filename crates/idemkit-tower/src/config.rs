@@ -23,8 +23,15 @@
 
 use std::time::Duration;
 
-use idemkit_core::{InFlightBehavior, MismatchStatus, Policy, PolicyError, ServerErrorPolicy};
+use idemkit_core::{
+    ErrorCode, InFlightBehavior, MAX_KEY_LEN, MismatchStatus, Policy, PolicyError, ServerErrorPolicy,
+};
 use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+/// The version of the `x-idempotency` vocabulary this crate writes
+/// (`docs/x-idempotency.md`).
+pub const X_IDEMPOTENCY_VERSION: u64 = 1;
 
 /// The whole configuration file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -210,6 +217,84 @@ impl RouteConfig {
         &self.defaults.key_header
     }
 
+    /// The route's published policy: the `x-idempotency` object of its OpenAPI
+    /// operation (`docs/x-idempotency.md`), generated from the same configuration the
+    /// layer runs with. A route with `retry_safe = false` publishes only that.
+    ///
+    /// ```
+    /// use idemkit_tower::config::IdemkitConfig;
+    /// let config = IdemkitConfig::from_toml(
+    ///     "[[routes]]\nmethod = \"POST\"\npath = \"/labels\"\nkey_field = \"/idempotencyKey\"\nreplay_status = 200\n",
+    /// ).unwrap();
+    /// let x = config.route("POST", "/labels").unwrap().x_idempotency();
+    /// assert_eq!(x["key"]["in"], "body");
+    /// assert_eq!(x["key"]["name"], "/idempotencyKey");
+    /// assert_eq!(x["replay"]["status"], 200);
+    /// assert_eq!(x["conflicts"]["mismatch"]["code"], "idempotency_key_reused");
+    /// ```
+    pub fn x_idempotency(&self) -> Value {
+        if !self.retry_safe {
+            return json!({ "version": X_IDEMPOTENCY_VERSION, "retrySafe": false });
+        }
+        let p = self.policy();
+        let key = match &self.key_field {
+            Some(pointer) => json!({ "in": "body", "name": pointer }),
+            None => json!({ "in": "header", "name": self.key_header() }),
+        };
+        let mut key = key;
+        key["required"] = json!(true);
+        key["minLength"] = json!(1);
+        key["maxLength"] = json!(MAX_KEY_LEN);
+        key["pattern"] = json!(format!("^[\\x21-\\x7E]{{1,{MAX_KEY_LEN}}}$"));
+        let in_flight = match p.in_flight {
+            InFlightBehavior::Wait(d) => json!({ "behavior": "wait", "maxWaitSeconds": secs(d) }),
+            InFlightBehavior::Accepted => json!({ "behavior": "accepted", "status": 202 }),
+            _ => json!({ "behavior": "reject" }),
+        };
+        let conflict = |code: ErrorCode, status: u16| json!({ "status": status, "code": code.as_str() });
+        let mut excludes = Vec::new();
+        if let Some(pointer) = &self.key_field {
+            excludes.push(pointer.clone());
+        }
+        json!({
+            "version": X_IDEMPOTENCY_VERSION,
+            "retrySafe": true,
+            "key": key,
+            "scope": "account",
+            "fingerprint": {
+                "covers": ["method", "path", "query", "body"],
+                "json": "RFC 8785 canonical form, numbers kept digit for digit",
+                "excludes": excludes,
+            },
+            "replayWindowSeconds": secs(p.replay_window),
+            "reapThresholdSeconds": secs(p.reap_threshold),
+            "leaseSeconds": secs(p.lease),
+            "longestRetryChainSeconds": p.longest_retry_chain.map(secs),
+            "inFlight": in_flight,
+            "conflicts": {
+                "mismatch": conflict(ErrorCode::KeyReused, p.mismatch_status.as_u16()),
+                "inProgress": {
+                    "status": 409,
+                    "code": ErrorCode::RequestInProgress.as_str(),
+                    "retryAfter": true,
+                },
+                "missing": conflict(ErrorCode::KeyMissing, 400),
+                "invalid": conflict(ErrorCode::KeyInvalid, 400),
+            },
+            "replay": {
+                "marker": { "header": "Idempotent-Replayed", "value": "true" },
+                "status": p.replay_status,
+                "identicalBody": true,
+            },
+            "serverErrors": match p.on_server_error {
+                ServerErrorPolicy::Replay => "replay",
+                _ => "retry",
+            },
+            "validationErrors": "released",
+            "maxStoredBodyBytes": p.max_stored_body,
+        })
+    }
+
     /// Applies the route's policy and key source to a layer builder.
     pub fn configure(
         &self,
@@ -271,6 +356,20 @@ impl IdemkitConfig {
             .find(|r| r.method.eq_ignore_ascii_case(method) && r.path == path)
     }
 
+    /// The policy document served next to the integrator contract
+    /// (`/docs/idempotency.json` on the labels service): every route's
+    /// `x-idempotency`, by method and path.
+    pub fn policy_document(&self) -> Value {
+        json!({
+            "version": X_IDEMPOTENCY_VERSION,
+            "operations": self.routes.iter().map(|r| json!({
+                "method": r.method,
+                "path": r.path,
+                "x-idempotency": r.x_idempotency(),
+            })).collect::<Vec<_>>(),
+        })
+    }
+
     /// Overrides the lease of every route (a service's `--lease-ms` flag), so the
     /// configuration keeps describing what runs.
     pub fn with_lease(mut self, lease: Duration) -> Result<Self, ConfigFileError> {
@@ -283,9 +382,44 @@ impl IdemkitConfig {
     }
 }
 
+/// Whole seconds (rounded up: a published window is never shorter than the real one).
+fn secs(d: Duration) -> u64 {
+    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn x_idempotency_follows_the_route() {
+        let c = IdemkitConfig::from_toml(
+            "[defaults]\nmismatch_status = 422\nlease = \"1500ms\"\nin_flight = \"wait\"\n\
+             [[routes]]\nmethod = \"POST\"\npath = \"/x\"\nserver_errors = \"replay\"\n\
+             [[routes]]\nmethod = \"POST\"\npath = \"/legacy\"\nretry_safe = false\n",
+        )
+        .unwrap();
+        let x = c.route("POST", "/x").unwrap().x_idempotency();
+        assert_eq!(
+            x["key"],
+            json!({"in": "header", "name": "Idempotency-Key", "required": true, "minLength": 1, "maxLength": 255, "pattern": "^[\\x21-\\x7E]{1,255}$"})
+        );
+        assert_eq!(
+            x["conflicts"]["mismatch"],
+            json!({"status": 422, "code": "idempotency_key_reused"})
+        );
+        assert_eq!(x["leaseSeconds"], 2);
+        assert_eq!(x["inFlight"], json!({"behavior": "wait", "maxWaitSeconds": 5}));
+        assert_eq!(x["serverErrors"], "replay");
+        assert_eq!(x["replay"]["status"], Value::Null);
+        assert_eq!(
+            c.route("POST", "/legacy").unwrap().x_idempotency(),
+            json!({"version": 1, "retrySafe": false})
+        );
+        let doc = c.policy_document();
+        assert_eq!(doc["operations"][1]["path"], "/legacy");
+        assert_eq!(doc["operations"][0]["x-idempotency"], x);
+    }
 
     #[test]
     fn defaults_are_the_library_defaults() {

@@ -7,6 +7,7 @@
 
 mod hosts;
 mod output;
+mod policy;
 mod progress;
 mod transport;
 
@@ -29,6 +30,9 @@ Gates (run in this order; pick with --gates):
   5 bad-keys     missing, empty, 256-character, control-character keys -> 4xx, no effect
   6 isolation    the same key from another account -> its own effect, never the first account's response
   7 fresh-key    a fresh key -> a new effect; reordered JSON members under a used key -> replay, not mismatch
+  8 claimed-idempotent  the same request twice without a key leaves the state as the first left it
+                 (run by default for PUT, PATCH and DELETE, or with --claimed-idempotent)
+  9 policy       the endpoint does what its published x-idempotency says (run by default with --policy)
 
 Exit status: 0 every selected gate passed; 1 a gate failed; 2 a gate was inconclusive
 (e.g. no probe given, no overlap provoked) and none failed, or the check could not run.
@@ -63,9 +67,10 @@ pub struct CheckArgs {
     #[arg(short = 'H', long = "header", value_name = "NAME: VALUE")]
     pub headers: Vec<String>,
 
-    /// The header the idempotency key travels in.
-    #[arg(long, value_name = "NAME", default_value = "Idempotency-Key")]
-    pub key_header: String,
+    /// The header the idempotency key travels in [default: Idempotency-Key, or
+    /// where --policy puts the key].
+    #[arg(long, value_name = "NAME")]
+    pub key_header: Option<String>,
 
     /// Put the key in the JSON body at this JSON pointer instead (e.g. /idempotencyKey).
     #[arg(long, value_name = "POINTER", conflicts_with = "key_header")]
@@ -77,13 +82,14 @@ pub struct CheckArgs {
     pub alt_body: Option<String>,
 
     /// The status replays answer when it differs from the original's (e.g. 200 for a
-    /// replayed 201).
+    /// replayed 201) [default: the one --policy publishes].
     #[arg(long, value_name = "STATUS")]
     pub replay_status: Option<u16>,
 
-    /// The header (and value) that marks a replay.
-    #[arg(long, value_name = "NAME: VALUE", default_value = "Idempotent-Replayed: true")]
-    pub replay_marker: String,
+    /// The header (and value) that marks a replay [default: Idempotent-Replayed:
+    /// true, or the one --policy publishes].
+    #[arg(long, value_name = "NAME: VALUE")]
+    pub replay_marker: Option<String>,
 
     /// One more response header a replay must repeat exactly (repeatable);
     /// Content-Type and Location always are.
@@ -100,6 +106,35 @@ pub struct CheckArgs {
     /// template's headers.
     #[arg(long, value_name = "URL")]
     pub count_url: Option<String>,
+
+    /// Where the count probe's JSON holds the count (e.g. /shipments), instead of
+    /// {"count": n} or a bare number.
+    #[arg(long, value_name = "POINTER", requires = "count_url")]
+    pub count_pointer: Option<String>,
+
+    /// State probe of the claimed-idempotency gate: a URL (or a path on --url's host)
+    /// whose JSON (GET, the template's headers) must not change when the same
+    /// request is repeated without a key.
+    #[arg(long, value_name = "URL")]
+    pub state_url: Option<String>,
+
+    /// A JSON pointer to a member of the --state-url JSON that changes on its own
+    /// (a timestamp), left out of the comparison (repeatable; `*` matches every
+    /// element: /items/*/updatedAt).
+    #[arg(long = "volatile", value_name = "POINTER", requires = "state_url")]
+    pub volatile: Vec<String>,
+
+    /// Run the claimed-idempotency gate (8) on a POST too: the route is said to be
+    /// idempotent without a key. It runs by default for PUT, PATCH and DELETE.
+    #[arg(long)]
+    pub claimed_idempotent: bool,
+
+    /// The endpoint's published policy: an OpenAPI document whose operations carry
+    /// x-idempotency, or its JSON policy document (a URL or a path on --url's host).
+    /// The key location, replay status and marker default to what it publishes, and
+    /// the policy gate (9) compares what the endpoint does with it.
+    #[arg(long, value_name = "URL")]
+    pub policy: Option<String>,
 
     /// JSON pointer to the resource id in successful answers (e.g. /id), to tell
     /// effects apart by what the answers show.
@@ -196,14 +231,32 @@ impl Plan {
             let (name, value) = parse_header(h).context("--header")?;
             headers.append(name, value);
         }
-        let key = match &args.key_field {
-            Some(pointer) => KeyPlacement::Field(pointer.clone()),
-            None => KeyPlacement::Header(
-                HeaderName::from_bytes(args.key_header.trim().as_bytes())
-                    .with_context(|| format!("--key-header `{}`", args.key_header))?,
+        let published = args
+            .policy
+            .as_deref()
+            .map(|p| {
+                let u = url.join(p).with_context(|| format!("--policy `{p}`"))?;
+                hosts::check(&u, &args.allow_hosts).context("--policy")?;
+                policy::load(&u, &method, &url, Duration::from_secs(args.timeout)).context("--policy")
+            })
+            .transpose()?;
+        let key = match (&args.key_field, &args.key_header, &published) {
+            (Some(pointer), _, _) => KeyPlacement::Field(pointer.clone()),
+            (None, Some(header), _) => KeyPlacement::Header(
+                HeaderName::from_bytes(header.trim().as_bytes())
+                    .with_context(|| format!("--key-header `{header}`"))?,
             ),
+            (None, None, Some(p)) => p.key.clone(),
+            (None, None, None) => KeyPlacement::Header(HeaderName::from_static("idempotency-key")),
         };
-        let mut template = Template::new(method, url.as_str()).with_headers(headers);
+        let key_header = match &key {
+            KeyPlacement::Header(h) => args
+                .key_header
+                .as_deref()
+                .map_or_else(|| policy::title(h.as_str()), |h| h.trim().to_owned()),
+            KeyPlacement::Field(_) => String::new(),
+        };
+        let mut template = Template::new(method.clone(), url.as_str()).with_headers(headers);
         if let Some(body) = &args.body {
             template = template.with_body(&read_body(body).context("--body")?)?;
         }
@@ -213,17 +266,38 @@ impl Plan {
         template = template.with_key(key)?;
 
         let mut config = CheckConfig::new(template).with_concurrency(args.concurrency);
-        if !args.gates.is_empty() {
+        if args.gates.is_empty() {
+            let mut gates = Gate::KEYED.to_vec();
+            if args.claimed_idempotent || [Method::PUT, Method::PATCH, Method::DELETE].contains(&method) {
+                gates.push(Gate::ClaimedIdempotent);
+            }
+            if published.is_some() {
+                gates.push(Gate::Policy);
+            }
+            config = config.with_gates(gates);
+        } else {
             config = config.with_gates(args.gates.iter().copied());
         }
-        if let Some(status) = args.replay_status {
+        let replay_status = args
+            .replay_status
+            .or_else(|| published.as_ref().and_then(|p| p.replay_status));
+        if let Some(status) = replay_status {
             if !(100..600).contains(&status) {
                 bail!("--replay-status {status} is not an HTTP status");
             }
             config = config.with_replay_status(status);
         }
-        let (name, value) = parse_header(&args.replay_marker).context("--replay-marker")?;
-        config = config.with_replay_marker(name, value.to_str().unwrap_or("true").trim());
+        match (
+            &args.replay_marker,
+            published.as_ref().and_then(|p| p.replay_marker.clone()),
+        ) {
+            (Some(marker), _) => {
+                let (name, value) = parse_header(marker).context("--replay-marker")?;
+                config = config.with_replay_marker(name, value.to_str().unwrap_or("true").trim());
+            }
+            (None, Some((name, value))) => config = config.with_replay_marker(name, value),
+            (None, None) => {}
+        }
         for h in &args.same_headers {
             let name = HeaderName::from_bytes(h.trim().as_bytes())
                 .with_context(|| format!("--same-header `{h}`"))?;
@@ -236,6 +310,22 @@ impl Plan {
         if let Some(u) = &count_url {
             config = config.with_count_url(u.as_str());
         }
+        if let Some(pointer) = &args.count_pointer {
+            check_pointer("--count-pointer", pointer)?;
+            config = config.with_count_pointer(pointer.clone());
+        }
+        if let Some(s) = &args.state_url {
+            let u = url.join(s).with_context(|| format!("--state-url `{s}`"))?;
+            hosts::check(&u, &args.allow_hosts).context("--state-url")?;
+            config = config.with_state_url(u.as_str());
+        }
+        for pointer in &args.volatile {
+            check_pointer("--volatile", pointer)?;
+            config = config.with_volatile(pointer.clone());
+        }
+        if let Some(p) = published {
+            config = config.with_published(p);
+        }
         if let Some(pointer) = &args.id_pointer {
             if !pointer.is_empty() && !pointer.starts_with('/') {
                 bail!("--id-pointer `{pointer}` is not a JSON pointer (it starts with `/`)");
@@ -246,9 +336,17 @@ impl Plan {
             config,
             url,
             count_url,
-            key_header: args.key_header.trim().to_owned(),
+            key_header,
         })
     }
+}
+
+/// A JSON pointer starts with `/` (or is empty: the whole document).
+fn check_pointer(flag: &str, pointer: &str) -> anyhow::Result<()> {
+    if !pointer.is_empty() && !pointer.starts_with('/') {
+        bail!("{flag} `{pointer}` is not a JSON pointer (it starts with `/`)");
+    }
+    Ok(())
 }
 
 /// `Name: value` → a header.
@@ -302,7 +400,11 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(p.count_url.unwrap().as_str(), "http://127.0.0.1:9/orders/count");
-        assert_eq!(p.config.gates(), Gate::ALL);
+        assert_eq!(p.config.gates(), Gate::KEYED);
+        let p = plan(&["--url", "http://127.0.0.1:9/orders/1", "-X", "put", "-d", "{}"]).unwrap();
+        assert_eq!(p.config.gates().last(), Some(&Gate::ClaimedIdempotent));
+        let p = plan(&["--url", "http://127.0.0.1:9/o", "--claimed-idempotent"]).unwrap();
+        assert_eq!(p.config.gates().len(), 8);
     }
 
     #[test]

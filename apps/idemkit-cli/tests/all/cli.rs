@@ -59,8 +59,8 @@ async fn no_probe_is_inconclusive() {
         run.verdicts(),
         expect(&[
             ("concurrency", "inconclusive"),
-            ("replay", "pass"),
-            ("mismatch", "pass"),
+            ("replay", "inconclusive"),
+            ("mismatch", "inconclusive"),
             ("in-progress", "pass"),
             ("bad-keys", "inconclusive"),
             ("isolation", "inconclusive"),
@@ -69,8 +69,10 @@ async fn no_probe_is_inconclusive() {
         "{run:#?}"
     );
     assert_eq!(run.code, 2);
+    assert!(run.evidence("concurrency").contains("no count probe"), "{run:#?}");
     assert!(
-        run.evidence("concurrency").contains("no side-effect probe"),
+        run.evidence("replay")
+            .contains("whether one of them ran again is unseen"),
         "{run:#?}"
     );
     assert!(

@@ -203,10 +203,9 @@ async fn an_unusable_listen_address_exits_2_with_a_message() {
     assert!(run.stderr.contains("--listen"), "{run:#?}");
 }
 
-/// The courier is itself an idempotent API: `idemkit check` passes against it
-/// (no accounts, so no isolation gate; `latencyMs` makes duplicates overlap).
-#[tokio::test]
-async fn idemkit_check_passes_against_the_courier() {
+/// `idemkit check` against the courier (no accounts, so no isolation gate;
+/// `latencyMs` makes duplicates overlap).
+async fn check_courier(probe: &[&str]) -> crate::Run {
     let courier = CourierProcess::start(&[]).await;
     let res = reqwest::Client::new()
         .post(format!("{}/_faults", courier.base))
@@ -215,26 +214,28 @@ async fn idemkit_check_passes_against_the_courier() {
         .await
         .unwrap();
     assert_eq!(res.status(), 200);
-    let run = crate::idemkit(
-        [
-            "check",
-            "--url",
-            &format!("{}/shipments", courier.base),
-            "--body",
-            r#"{"reference":"label-1","shipTo":{},"shipFrom":{},"parcel":{"weightGrams":100}}"#,
-            "--id-pointer",
-            "/shipment",
-            "--gates",
-            "concurrency,replay,mismatch,in-progress,bad-keys,fresh-key",
-            "--concurrency",
-            "8",
-            "--json",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect(),
-    )
-    .await;
+    let url = format!("{}/shipments", courier.base);
+    let mut args = vec![
+        "check",
+        "--url",
+        &url,
+        "--body",
+        r#"{"reference":"label-1","shipTo":{},"shipFrom":{},"parcel":{"weightGrams":100}}"#,
+        "--gates",
+        "concurrency,replay,mismatch,in-progress,bad-keys,fresh-key",
+        "--concurrency",
+        "8",
+        "--json",
+    ];
+    args.extend_from_slice(probe);
+    crate::idemkit(args.iter().map(|s| s.to_string()).collect()).await
+}
+
+/// The courier is itself an idempotent API: with a count probe (its `/_stats`
+/// shipments), every gate passes.
+#[tokio::test]
+async fn idemkit_check_passes_against_the_courier() {
+    let run = check_courier(&["--count-url", "/_stats", "--count-pointer", "/shipments"]).await;
     assert_eq!(
         run.verdicts(),
         crate::expect(&[
@@ -248,4 +249,41 @@ async fn idemkit_check_passes_against_the_courier() {
         "{run:#?}"
     );
     assert_eq!(run.code, 0, "{run:#?}");
+    assert!(run.evidence("concurrency").contains("count 0 → 1"), "{run:#?}");
+}
+
+/// With ids only (`--id-pointer`), an effect behind a replay, a conflict or a
+/// refusal is invisible: every gate that counts effects is inconclusive, never a
+/// pass (issue 14). The in-progress gate judges answers only and still passes.
+#[tokio::test]
+async fn ids_alone_leave_the_effect_gates_inconclusive() {
+    let run = check_courier(&["--id-pointer", "/shipment"]).await;
+    assert_eq!(
+        run.verdicts(),
+        crate::expect(&[
+            ("concurrency", "inconclusive"),
+            ("replay", "inconclusive"),
+            ("mismatch", "inconclusive"),
+            ("in-progress", "pass"),
+            ("bad-keys", "inconclusive"),
+            ("fresh-key", "inconclusive"),
+        ]),
+        "{run:#?}"
+    );
+    assert_eq!(run.code, 2, "{run:#?}");
+    assert!(
+        run.evidence("replay")
+            .contains("--id-pointer alone cannot see an effect"),
+        "{run:#?}"
+    );
+    // No probe at all: the same, never a pass.
+    let run = check_courier(&[]).await;
+    let verdicts = run.verdicts();
+    assert!(
+        verdicts
+            .iter()
+            .all(|(g, v)| v == "inconclusive" || g == "in-progress"),
+        "{run:#?}"
+    );
+    assert_eq!(run.code, 2, "{run:#?}");
 }

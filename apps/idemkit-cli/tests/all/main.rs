@@ -7,12 +7,15 @@ use std::process::Command;
 use serde_json::Value;
 
 mod broken;
+mod claims;
 mod cli;
 mod courier;
 mod fixtures;
 mod keys;
 mod labels;
+mod lint_openapi;
 mod metrics;
+mod policy;
 mod quickstart;
 mod readme;
 

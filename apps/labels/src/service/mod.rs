@@ -27,7 +27,7 @@ use idemkit_tower::{
 };
 
 pub use model::{Address, CourierName, CreateLabel, Label, LabelError, Parcel, Tracking, TrackingEvent};
-pub use openapi::openapi;
+pub use openapi::{openapi, openapi_json};
 
 /// The public demo tokens: what `idemkit serve --demo-tokens` and `idemkit demo`
 /// accept. Never accepted unless asked for.
@@ -602,6 +602,8 @@ pub async fn build(config: LabelsConfig) -> anyhow::Result<Service> {
     let tokens = Tokens(Arc::new(config.tokens.clone()));
     let idem = config.idempotency.clone().with_lease(config.lease)?;
     let contract = crate::docs::render(&idem, &RetryConfig::new(), crate::docs::Format::Html);
+    let openapi_doc = openapi_json(&idem);
+    let policy_doc = idem.policy_document();
     let courier = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
         .with(RetryMiddleware::new(
             RetryConfig::new().with_deadline(config.courier_deadline),
@@ -611,7 +613,11 @@ pub async fn build(config: LabelsConfig) -> anyhow::Result<Service> {
         .timeout(Duration::from_secs(5))
         .build()?;
     let common = Router::new()
-        .route("/openapi.json", get(|| async { axum::Json(openapi()) }))
+        .route("/openapi.json", get(|| async move { axum::Json(openapi_doc) }))
+        .route(
+            "/docs/idempotency.json",
+            get(|| async move { axum::Json(policy_doc) }),
+        )
         .route("/metrics", get(metrics_endpoint))
         .route(
             "/docs/idempotency",

@@ -115,7 +115,25 @@ impl Modify for Bearer {
 )]
 struct ApiDoc;
 
-/// The OpenAPI 3.1 document.
+/// The OpenAPI 3.1 document, without the policy extension (see [`openapi_json`]).
 pub fn openapi() -> utoipa::openapi::OpenApi {
     ApiDoc::openapi()
+}
+
+/// The OpenAPI 3.1 document served at `GET /openapi.json`: [`openapi`] with each
+/// configured route's `x-idempotency` (`docs/x-idempotency.md`) on its operation,
+/// generated from the configuration the service runs with.
+pub fn openapi_json(config: &idemkit_tower::config::IdemkitConfig) -> serde_json::Value {
+    let mut doc = serde_json::to_value(openapi()).unwrap_or_default();
+    for route in &config.routes {
+        let pointer = format!(
+            "/paths/{}/{}",
+            route.path.replace('~', "~0").replace('/', "~1"),
+            route.method.to_ascii_lowercase()
+        );
+        if let Some(serde_json::Value::Object(op)) = doc.pointer_mut(&pointer) {
+            op.insert("x-idempotency".into(), route.x_idempotency());
+        }
+    }
+    doc
 }

@@ -39,11 +39,8 @@ pub(super) async fn run(ctx: &Ctx<'_>) -> Result<Judgement, Unjudged> {
             count_change(before, after)
         )),
         (Some(_), Some(_)) => {}
-        _ if ctx.has_ids() => {
-            findings.note("no count probe: only the answers are judged (a 4xx shows no resource)")
-        }
         _ => findings.unjudged(format!(
-            "every key was refused, but whether anything ran is unseen: {NO_PROBE}"
+            "the answers are judged, but whether a refused key left an effect is unseen: {NO_PROBE}"
         )),
     }
     findings.finish(format!("{}; {}", seen.join(", "), count_change(before, after)))

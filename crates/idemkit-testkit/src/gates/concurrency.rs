@@ -77,12 +77,6 @@ pub(super) async fn run(ctx: &Ctx<'_>) -> Result<Judgement, Unjudged> {
                 ));
             }
         }
-        _ if ctx.has_ids() => {
-            findings.note(
-                "effects judged by the ids the answers show; an effect whose answer was a replay or a conflict \
-                 is invisible without --count-url",
-            );
-        }
         _ => findings.unjudged(format!(
             "the answers are consistent with one effect, but an effect behind a replay or a conflict cannot be seen: {NO_PROBE}"
         )),

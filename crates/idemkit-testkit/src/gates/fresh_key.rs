@@ -54,7 +54,7 @@ pub(super) async fn run(ctx: &Ctx<'_>) -> Result<Judgement, Unjudged> {
     }
     if second.is_success() && second.body == first.body && !ctx.has_count() && !ctx.has_ids() {
         findings.unjudged(format!("two fresh keys got byte-identical answers: {NO_PROBE}"));
-    } else if !ctx.has_probe() {
+    } else if !ctx.has_count() {
         findings.unjudged(format!(
             "whether each fresh key made an effect is unseen: {NO_PROBE}"
         ));

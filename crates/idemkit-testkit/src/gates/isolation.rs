@@ -97,7 +97,7 @@ pub(super) async fn run(ctx: &Ctx<'_>) -> Result<Judgement, Unjudged> {
                 count_change(mine_before, mine_between)
             ));
         }
-    } else if !ctx.has_ids() {
+    } else {
         findings.unjudged(format!(
             "the answers differ, but whether the other account got its own effect is unseen: {NO_PROBE}"
         ));

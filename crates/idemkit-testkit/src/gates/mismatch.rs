@@ -1,6 +1,8 @@
 //! Gate 3: the same key with a different body is a 4xx conflict, never a replay.
 
-use super::{Account, Ctx, Findings, Judgement, Signal, Unjudged, Variant, count_change, is_conflict};
+use super::{
+    Account, Ctx, Findings, Judgement, NO_PROBE, Signal, Unjudged, Variant, count_change, is_conflict,
+};
 
 /// Burst size when no in-progress conflict has been seen yet in this check.
 const PROBE_BURST: usize = 16;
@@ -85,14 +87,16 @@ pub(super) async fn run(ctx: &Ctx<'_>) -> Result<Judgement, Unjudged> {
             None => {}
         }
     }
-    if let (Some(b), Some(a)) = (before, after)
-        && a != b
-    {
-        findings.fail(format!(
+    match (before, after) {
+        (Some(b), Some(a)) if a != b => findings.fail(format!(
             "the different body made {} effect(s) under the used key ({})",
             a - b,
             count_change(before, after)
-        ));
+        )),
+        (Some(_), Some(_)) => {}
+        _ => findings.unjudged(format!(
+            "whether the different body ran under the used key is unseen: {NO_PROBE}"
+        )),
     }
 
     // The second body must be acceptable on its own, or its refusal proves nothing.

@@ -15,6 +15,8 @@
 //! | 5 | [`Gate::BadKeys`] | missing, empty, 256-character, control-character keys → 4xx, no effect |
 //! | 6 | [`Gate::Isolation`] | the same key from another account → its own effect, never the first account's response |
 //! | 7 | [`Gate::FreshKey`] | a fresh key → a new effect; reordered JSON members under a used key → replay, not mismatch |
+//! | 8 | [`Gate::ClaimedIdempotent`] | the same request twice without a key → the second leaves the state (`--state-url` JSON or count) as the first left it |
+//! | 9 | [`Gate::Policy`] | the endpoint does what its published `x-idempotency` says: key location, replay status and marker, conflict statuses and codes |
 //!
 //! What the gates establish is *effectively once within the key scope and replay
 //! window* as far as a black box can see it: they cannot see inside a server, cannot
@@ -50,11 +52,13 @@
 //! ```
 
 mod bad_keys;
+mod claimed;
 mod concurrency;
 mod fresh_key;
 mod in_progress;
 mod isolation;
 mod mismatch;
+mod policy;
 mod replay;
 mod report;
 mod template;
@@ -68,6 +72,7 @@ use std::time::Instant;
 
 use http::{HeaderName, HeaderValue, Method};
 
+pub use policy::{Expected, Published};
 pub use report::{Gate, GateReport, Report, UnknownGate, Verdict};
 pub use template::{KeyPlacement, Template, TemplateError};
 pub use transport::{Answer, Request, Transport, TransportError};
@@ -91,16 +96,20 @@ pub struct CheckConfig {
     same_headers: Vec<HeaderName>,
     other_account: Option<(HeaderName, HeaderValue)>,
     count_url: Option<String>,
+    count_pointer: Option<String>,
     id_pointer: Option<String>,
+    state_url: Option<String>,
+    volatile: Vec<String>,
+    published: Option<Published>,
 }
 
 impl CheckConfig {
-    /// All seven gates against `template`, 50 at once, replay marker
+    /// The seven keyed gates ([`Gate::KEYED`]) against `template`, 50 at once, replay marker
     /// `Idempotent-Replayed: true`, no probe, no second account.
     pub fn new(template: Template) -> Self {
         Self {
             template,
-            gates: Gate::ALL.to_vec(),
+            gates: Gate::KEYED.to_vec(),
             concurrency: DEFAULT_CONCURRENCY,
             replay_status: None,
             replay_marker: (HeaderName::from_static("idempotent-replayed"), "true".into()),
@@ -110,7 +119,11 @@ impl CheckConfig {
             ],
             other_account: None,
             count_url: None,
+            count_pointer: None,
             id_pointer: None,
+            state_url: None,
+            volatile: Vec::new(),
+            published: None,
         }
     }
 
@@ -166,11 +179,44 @@ impl CheckConfig {
         self
     }
 
+    /// Where the count probe's answer holds the count (e.g. `/shipments` in
+    /// `{"shipments": 3, …}`), instead of `{"count": n}` or a bare number.
+    pub fn with_count_pointer(mut self, pointer: impl Into<String>) -> Self {
+        self.count_pointer = Some(pointer.into());
+        self
+    }
+
     /// A JSON pointer to the resource id in successful answers, used to tell effects
     /// apart by what the answers show.
     pub fn with_id_pointer(mut self, pointer: impl Into<String>) -> Self {
         self.id_pointer = Some(pointer.into());
         self
+    }
+
+    /// The state probe of the claimed-idempotency gate: a URL fetched (`GET`, with the
+    /// template's headers) whose JSON is compared before and after a repeated request.
+    pub fn with_state_url(mut self, url: impl Into<String>) -> Self {
+        self.state_url = Some(url.into());
+        self
+    }
+
+    /// A JSON pointer to a member the state probe's JSON may change on its own
+    /// (a timestamp, a version), removed before comparing; `*` matches every
+    /// element or member (`/items/*/updatedAt`).
+    pub fn with_volatile(mut self, pointer: impl Into<String>) -> Self {
+        self.volatile.push(pointer.into());
+        self
+    }
+
+    /// What the endpoint publishes, for the policy gate.
+    pub fn with_published(mut self, published: Published) -> Self {
+        self.published = Some(published);
+        self
+    }
+
+    /// The published policy, if one was given.
+    pub fn published(&self) -> Option<&Published> {
+        self.published.as_ref()
     }
 
     /// The template.
@@ -230,6 +276,8 @@ pub async fn run(config: &CheckConfig, transport: &dyn Transport, progress: &dyn
             Gate::BadKeys => bad_keys::run(&ctx).await,
             Gate::Isolation => isolation::run(&ctx).await,
             Gate::FreshKey => fresh_key::run(&ctx).await,
+            Gate::ClaimedIdempotent => claimed::run(&ctx).await,
+            Gate::Policy => policy::run(&ctx).await,
         };
         let judgement = judged.unwrap_or_else(|Unjudged(reason)| Judgement {
             verdict: Verdict::Inconclusive,
@@ -445,26 +493,37 @@ impl Ctx<'_> {
         let Some(url) = &self.cfg.count_url else {
             return Ok(None);
         };
+        let answer = self
+            .send(self.probe_request(url, account))
+            .await
+            .map_err(|Unjudged(e)| Unjudged(format!("the count probe failed: {e}")))?;
+        parse_count(&answer, self.cfg.count_pointer.as_deref())
+            .map(Some)
+            .ok_or_else(|| {
+                Unjudged(format!(
+                    "the count probe {url} answered {} `{}`, not a count ({})",
+                    answer.status,
+                    excerpt(&answer.body),
+                    match &self.cfg.count_pointer {
+                        Some(p) => format!("no integer at {p}"),
+                        None => "`{\"count\": n}` or a bare number".to_owned(),
+                    }
+                ))
+            })
+    }
+
+    /// A probe read: `GET url` with the template's headers (or the other account's).
+    fn probe_request(&self, url: &str, account: Account) -> Request {
         let mut headers = self.cfg.template.headers().clone();
         if let Some((name, value)) = self.replace(account) {
             headers.insert(name.clone(), value.clone());
         }
-        let answer = self
-            .send(Request {
-                method: Method::GET,
-                url: url.clone(),
-                headers,
-                body: Vec::new(),
-            })
-            .await
-            .map_err(|Unjudged(e)| Unjudged(format!("the count probe failed: {e}")))?;
-        parse_count(&answer).map(Some).ok_or_else(|| {
-            Unjudged(format!(
-                "the count probe {url} answered {} `{}`, not a count (`{{\"count\": n}}` or a bare number)",
-                answer.status,
-                excerpt(&answer.body)
-            ))
-        })
+        Request {
+            method: Method::GET,
+            url: url.to_owned(),
+            headers,
+            body: Vec::new(),
+        }
     }
 
     fn has_count(&self) -> bool {
@@ -473,10 +532,6 @@ impl Ctx<'_> {
 
     fn has_ids(&self) -> bool {
         self.cfg.id_pointer.is_some()
-    }
-
-    fn has_probe(&self) -> bool {
-        self.has_count() || self.has_ids()
     }
 
     /// The resource id the answer shows, with an id probe.
@@ -578,10 +633,14 @@ impl Ctx<'_> {
     }
 }
 
-/// `{"count": n}`, a bare JSON number, or a number as text.
-fn parse_count(answer: &Answer) -> Option<i64> {
+/// `{"count": n}`, a bare JSON number, or a number as text; with a pointer, the
+/// integer at that pointer.
+fn parse_count(answer: &Answer, pointer: Option<&str>) -> Option<i64> {
     if !answer.is_success() {
         return None;
+    }
+    if let Some(pointer) = pointer {
+        return answer.json()?.pointer(pointer)?.as_i64();
     }
     match answer.json() {
         Some(serde_json::Value::Number(n)) => n.as_i64(),
@@ -624,7 +683,10 @@ fn count_change(before: Option<i64>, after: Option<i64>) -> String {
     }
 }
 
-const NO_PROBE: &str = "no side-effect probe was given (pass --count-url, or --id-pointer)";
+/// Why a gate that must count effects cannot judge without a count probe. Ids
+/// (`--id-pointer`) tell apart the effects whose answers show them; an effect behind a
+/// replay, a conflict or a refusal shows no id, so ids alone never make a pass.
+const NO_PROBE: &str = "no count probe was given (pass --count-url; --id-pointer alone cannot see an effect behind a replay, a conflict or a refusal)";
 
 #[cfg(test)]
 mod tests {
@@ -654,11 +716,16 @@ mod tests {
 
     #[test]
     fn counts_parse_from_object_number_or_text() {
-        assert_eq!(parse_count(&answer(200, r#"{"count":3}"#)), Some(3));
-        assert_eq!(parse_count(&answer(200, "7")), Some(7));
-        assert_eq!(parse_count(&answer(200, " 8\n")), Some(8));
-        assert_eq!(parse_count(&answer(401, r#"{"count":3}"#)), None);
-        assert_eq!(parse_count(&answer(200, r#"{"n":3}"#)), None);
+        assert_eq!(parse_count(&answer(200, r#"{"count":3}"#), None), Some(3));
+        assert_eq!(parse_count(&answer(200, "7"), None), Some(7));
+        assert_eq!(parse_count(&answer(200, " 8\n"), None), Some(8));
+        assert_eq!(parse_count(&answer(401, r#"{"count":3}"#), None), None);
+        assert_eq!(parse_count(&answer(200, r#"{"n":3}"#), None), None);
+        assert_eq!(
+            parse_count(&answer(200, r#"{"n":{"m":4}}"#), Some("/n/m")),
+            Some(4)
+        );
+        assert_eq!(parse_count(&answer(200, r#"{"count":3}"#), Some("/n")), None);
     }
 
     #[test]
@@ -678,7 +745,13 @@ mod tests {
         assert_eq!("4".parse::<Gate>().unwrap(), Gate::InProgress);
         assert_eq!("in_progress".parse::<Gate>().unwrap(), Gate::InProgress);
         assert_eq!("Fresh-Key".parse::<Gate>().unwrap(), Gate::FreshKey);
-        assert!("8".parse::<Gate>().is_err());
+        assert_eq!("8".parse::<Gate>().unwrap(), Gate::ClaimedIdempotent);
+        assert_eq!(
+            "claimed_idempotent".parse::<Gate>().unwrap(),
+            Gate::ClaimedIdempotent
+        );
+        assert_eq!("policy".parse::<Gate>().unwrap(), Gate::Policy);
+        assert!("10".parse::<Gate>().is_err());
         assert_eq!(
             header_title(&HeaderName::from_static("idempotent-replayed")),
             "Idempotent-Replayed"

@@ -1,6 +1,6 @@
 //! Gate 2: a retry after completion is a faithful, marked replay with no new effect.
 
-use super::{Account, Ctx, Findings, Judgement, Unjudged, Variant, count_change, header_title};
+use super::{Account, Ctx, Findings, Judgement, NO_PROBE, Unjudged, Variant, count_change, header_title};
 
 /// How many sequential retries the gate sends after the original.
 const RETRIES: usize = 2;
@@ -66,14 +66,16 @@ pub(super) async fn run(ctx: &Ctx<'_>) -> Result<Judgement, Unjudged> {
             findings.fail(format!("retry {n} lacks the replay marker `{marker}`"));
         }
     }
-    if let (Some(b), Some(a)) = (before, after)
-        && a - b != 1
-    {
-        findings.fail(format!(
+    match (before, after) {
+        (Some(b), Some(a)) if a - b != 1 => findings.fail(format!(
             "one original and {RETRIES} retries made {} effects ({})",
             a - b,
             count_change(before, after)
-        ));
+        )),
+        (Some(_), Some(_)) => {}
+        _ => findings.unjudged(format!(
+            "the retries look like replays, but whether one of them ran again is unseen: {NO_PROBE}"
+        )),
     }
 
     let headers: Vec<String> = ctx

@@ -29,11 +29,32 @@ pub enum Gate {
     /// A fresh key → a new effect; the same JSON with members reordered under a used
     /// key → a replay, not a mismatch.
     FreshKey,
+    /// The same request twice without a key leaves the state as the first left it: a
+    /// PUT, PATCH or DELETE (or any route said to be idempotent) is verified, not
+    /// trusted.
+    ClaimedIdempotent,
+    /// The endpoint does what its published `x-idempotency` policy says (key location,
+    /// replay status and marker, conflict statuses and codes).
+    Policy,
 }
 
 impl Gate {
     /// Every gate, in the order a check runs them.
-    pub const ALL: [Gate; 7] = [
+    pub const ALL: [Gate; 9] = [
+        Gate::Concurrency,
+        Gate::Replay,
+        Gate::Mismatch,
+        Gate::InProgress,
+        Gate::BadKeys,
+        Gate::Isolation,
+        Gate::FreshKey,
+        Gate::ClaimedIdempotent,
+        Gate::Policy,
+    ];
+
+    /// The gates every keyed endpoint is checked with (1–7); gate 8 is added for
+    /// methods that claim idempotency, gate 9 when a published policy is given.
+    pub const KEYED: [Gate; 7] = [
         Gate::Concurrency,
         Gate::Replay,
         Gate::Mismatch,
@@ -43,7 +64,7 @@ impl Gate {
         Gate::FreshKey,
     ];
 
-    /// The gate's number (1–7), as in the documentation.
+    /// The gate's number (1–9), as in the documentation.
     pub const fn number(self) -> u8 {
         match self {
             Gate::Concurrency => 1,
@@ -53,6 +74,8 @@ impl Gate {
             Gate::BadKeys => 5,
             Gate::Isolation => 6,
             Gate::FreshKey => 7,
+            Gate::ClaimedIdempotent => 8,
+            Gate::Policy => 9,
         }
     }
 
@@ -66,6 +89,8 @@ impl Gate {
             Gate::BadKeys => "bad-keys",
             Gate::Isolation => "isolation",
             Gate::FreshKey => "fresh-key",
+            Gate::ClaimedIdempotent => "claimed-idempotent",
+            Gate::Policy => "policy",
         }
     }
 
@@ -93,6 +118,12 @@ impl Gate {
             Gate::FreshKey => {
                 "a fresh key makes a new effect; reordered JSON members under a used key replay, not mismatch"
             }
+            Gate::ClaimedIdempotent => {
+                "the same request twice without a key leaves the state as the first one left it (the method is not trusted)"
+            }
+            Gate::Policy => {
+                "the endpoint does what its published x-idempotency policy says: key location, replay status and marker, conflict statuses and codes"
+            }
         }
     }
 }
@@ -106,7 +137,7 @@ impl fmt::Display for Gate {
 /// A `--gates` entry that names no gate.
 #[derive(Debug, Clone, thiserror::Error)]
 #[error(
-    "unknown gate `{0}`: use a number 1-7 or one of concurrency, replay, mismatch, in-progress, bad-keys, isolation, fresh-key"
+    "unknown gate `{0}`: use a number 1-9 or one of concurrency, replay, mismatch, in-progress, bad-keys, isolation, fresh-key, claimed-idempotent, policy"
 )]
 pub struct UnknownGate(pub String);
 
@@ -150,7 +181,7 @@ impl fmt::Display for Verdict {
 pub struct GateReport {
     /// The gate.
     pub gate: Gate,
-    /// Its number (1–7).
+    /// Its number (1–9).
     pub number: u8,
     /// The verdict.
     pub verdict: Verdict,
