@@ -11,6 +11,7 @@ use idemkit_postgres::{PgConfig, PgStore, PgTx};
 use idemkit_testkit::ManualClock;
 use idemkit_testkit::tx_suite::BusinessProbe;
 
+mod commits;
 mod fencing;
 
 /// The test database URL, or `None` (outside CI) when it is not configured.
