@@ -348,13 +348,8 @@ async fn open_pg(url: &str, schema: &str, access: Access) -> anyhow::Result<PgSt
 }
 
 /// Opens a PostgreSQL key store without DDL or migrations.
-///
-/// `PgStore` has no such constructor yet: `connect` runs `CREATE SCHEMA IF NOT
-/// EXISTS` and the migrator. [`open_pg`] calls this only for a schema it found
-/// holding a store with every migration applied, where both are no-ops. Once
-/// `PgStore` offers an open that skips them, this body is that one call.
 async fn open_pg_without_migrating(url: &str, config: PgConfig) -> idemkit_core::StoreResult<PgStore> {
-    PgStore::connect(url, config).await
+    PgStore::connect_existing(url, config).await
 }
 
 fn account_arg(s: &str) -> Account {

@@ -232,6 +232,18 @@ impl Policy {
         self.lease / 3
     }
 
+    /// The `Retry-After` hint of an in-progress answer: the expected wait, not
+    /// the holder's whole lease. A live holder heartbeats every
+    /// [`Policy::heartbeat_interval`], so by then it has either finished or
+    /// proved it is still working; the hint is the lease left, capped at that
+    /// interval, and at least one second (the header's unit). A client whose
+    /// deadline is shorter than the lease can still wait for the answer.
+    pub fn in_progress_hint(&self, lease_left: Duration) -> Duration {
+        lease_left
+            .min(self.heartbeat_interval())
+            .max(Duration::from_secs(1))
+    }
+
     /// Whether a response header is stored and replayed under this policy.
     pub fn replays_header(&self, name: &str) -> bool {
         let name = name.to_ascii_lowercase();

@@ -277,6 +277,46 @@ fn valid_schema(s: &str) -> bool {
 impl PgStore {
     /// Connects, creates the schema if needed and runs the migrations.
     pub async fn connect(url: &str, config: PgConfig) -> StoreResult<Self> {
+        let pool = Self::pool_for(url, &config).await?;
+        Self::from_pool(pool, config).await
+    }
+
+    /// Connects to a store that already exists, with no DDL and no migrations:
+    /// for read-only tools (`idemkit keys list`) pointed at a database they must
+    /// never change, and for roles without `CREATE`. A schema without the key
+    /// table, or with migrations still to run, is an error naming the problem.
+    pub async fn connect_existing(url: &str, config: PgConfig) -> StoreResult<Self> {
+        let pool = Self::pool_for(url, &config).await?;
+        let applied: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM information_schema.tables \
+             WHERE table_schema = $1 AND table_name IN ('idemkit_keys', '_sqlx_migrations')",
+        )
+        .bind(&config.schema)
+        .fetch_one(&pool)
+        .await
+        .map_err(map_err)?;
+        if applied < 2 {
+            return Err(StoreError::Backend(
+                format!("schema `{}` holds no idemkit key store", config.schema).into(),
+            ));
+        }
+        let done: Vec<i64> = sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success")
+            .fetch_all(&pool)
+            .await
+            .map_err(map_err)?;
+        if let Some(missing) = MIGRATOR.iter().find(|m| !done.contains(&m.version)) {
+            return Err(StoreError::Backend(
+                format!(
+                    "the key store in schema `{}` needs migration {} ({}); open it once with `PgStore::connect`",
+                    config.schema, missing.version, missing.description
+                )
+                .into(),
+            ));
+        }
+        Self::assemble(pool, config).await
+    }
+
+    async fn pool_for(url: &str, config: &PgConfig) -> StoreResult<PgPool> {
         check_schema(&config.schema)?;
         let options = PgConnectOptions::from_str(url)
             .map_err(|e| StoreError::Backend(Box::new(e)))?
@@ -287,13 +327,12 @@ impl PgStore {
                     format!("{}", config.statement_timeout.as_millis()),
                 ),
             ]);
-        let pool = PgPoolOptions::new()
+        PgPoolOptions::new()
             .max_connections(config.max_connections)
             .acquire_timeout(config.acquire_timeout)
             .connect_with(options)
             .await
-            .map_err(map_err)?;
-        Self::from_pool(pool, config).await
+            .map_err(map_err)
     }
 
     /// Uses an existing pool whose connections already have `search_path` set
@@ -321,6 +360,11 @@ impl PgStore {
             .run(&pool)
             .await
             .map_err(|e| StoreError::Backend(Box::new(e)))?;
+        Self::assemble(pool, config).await
+    }
+
+    /// The store over a pool whose schema is ready: starts the listener.
+    async fn assemble(pool: PgPool, config: PgConfig) -> StoreResult<Self> {
         let (changes, _) = broadcast::channel(1024);
         let listener = spawn_listener(&pool, config.schema.clone(), changes.clone()).await?;
         Ok(Self {

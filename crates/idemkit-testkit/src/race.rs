@@ -149,7 +149,7 @@ impl Explore {
         let seed = std::env::var("IDEMKIT_RACE_SEED")
             .ok()
             .and_then(|s| s.parse().ok())
-            .unwrap_or(0x1de3_c17);
+            .unwrap_or(0x01de_3c17);
         match std::env::var("IDEMKIT_RACE").as_deref() {
             Ok("all") => Self::All { limit: usize::MAX },
             Ok(s) if s.starts_with("all:") => Self::All {
@@ -445,6 +445,21 @@ async fn run_schedule(
             Stepped::Done(Ok(effect)) => effect,
             Stepped::Done(Err(e)) => return Err(violation(&steps, e)),
         };
+        if matches!(effect, Effect::Claimed { .. }) {
+            // Never a second runner while a lease is alive (SPEC §3): every other
+            // actor that holds a claim and is still working must have had its
+            // lease expire by now.
+            let now = clock.now();
+            let live = actors.iter().enumerate().find(|(j, a)| {
+                *j != i && a.pc != Pc::Done && a.claimed_at.is_some_and(|c| c.plus(LEASE) > now)
+            });
+            if let Some((_, a)) = live {
+                return Err(violation(
+                    &steps,
+                    format!("a claim succeeded while {:?} held a live lease", a.role),
+                ));
+            }
+        }
         let actor = &mut actors[i];
         match effect {
             Effect::Next(pc) => {
@@ -792,7 +807,9 @@ fn yield_here() {
         }
         rx
     };
-    let _ = rx.recv();
+    // Parked without starving the tasks queued on this worker (tokio hands
+    // them to another thread): a parked step must not stall the others.
+    tokio::task::block_in_place(|| rx.recv()).ok();
 }
 
 async fn start_step(fut: Pin<Box<dyn Future<Output = StepResult> + Send>>) -> Stepped {

@@ -482,7 +482,11 @@ async fn acquire(shared: &Shared, claim: &ClaimRequest) -> Result<Held, Refused>
             {
                 return Err(Refused::new(
                     outcome::IN_PROGRESS,
-                    crate::status::accepted(shared, &claim.scope, retry_after),
+                    crate::status::accepted(
+                        shared,
+                        &claim.scope,
+                        shared.policy.in_progress_hint(retry_after),
+                    ),
                 ));
             }
             ClaimOutcome::InProgress { retry_after } => {
@@ -513,7 +517,7 @@ async fn acquire(shared: &Shared, claim: &ClaimRequest) -> Result<Held, Refused>
                                 ErrorCode::RequestInProgress,
                                 "a request with this idempotency key is still being processed; retry after the indicated delay",
                             )
-                            .retry_after(retry_after),
+                            .retry_after(shared.policy.in_progress_hint(retry_after)),
                         ));
                     }
                 }

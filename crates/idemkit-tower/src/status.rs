@@ -74,9 +74,10 @@ async fn status(State(shared): State<Arc<Shared>>, Path(key): Path<String>, part
             {
                 replay_response(stored, &shared.policy)
             }
-            (RecordState::InFlight, _) => {
-                in_progress(None, now.until(r.lease_expires_at).max(Duration::from_secs(1)))
-            }
+            (RecordState::InFlight, _) => in_progress(
+                None,
+                shared.policy.in_progress_hint(now.until(r.lease_expires_at)),
+            ),
             (RecordState::Parked, _) => ProblemResponse::new(
                 ErrorCode::RequestParked,
                 "this request was parked for human review; it will not run again",

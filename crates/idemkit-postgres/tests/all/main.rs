@@ -13,6 +13,7 @@ use idemkit_testkit::tx_suite::BusinessProbe;
 
 mod commits;
 mod fencing;
+mod hardening;
 
 /// The test database URL, or `None` (outside CI) when it is not configured.
 pub(crate) fn database_url() -> Option<String> {
@@ -190,10 +191,22 @@ async fn invalid_schema_names_are_refused() {
             .connect_lazy(CLOSED)
             .unwrap()
     };
-    for schema in ["x; DROP TABLE y", "Upper", "1t", "a-b", "", "a b", &"a".repeat(64)] {
+    for schema in [
+        "x; DROP TABLE y",
+        "Upper",
+        "1t",
+        "a-b",
+        "",
+        "a b",
+        &"a".repeat(64),
+    ] {
         let started = std::time::Instant::now();
         refused("connect", schema, PgStore::connect(CLOSED, config(schema)).await);
-        refused("from_pool", schema, PgStore::from_pool(lazy(), config(schema)).await);
+        refused(
+            "from_pool",
+            schema,
+            PgStore::from_pool(lazy(), config(schema)).await,
+        );
         assert!(
             started.elapsed() < Duration::from_secs(1),
             "refused without trying the network"

@@ -9,6 +9,7 @@
 mod cluster;
 mod common;
 mod fencing;
+mod hardening;
 mod harness;
 mod race;
 mod roundtrips;

@@ -708,6 +708,7 @@ fn _tx_store_is_usable(s: Arc<SqliteStore>) -> Arc<dyn KeyStore> {
 }
 
 mod crash;
+mod hardening;
 mod metrics;
 
 /// In-flight = accepted: a duplicate of a running request gets `202` with a status
