@@ -120,6 +120,10 @@ fn markdown(config: &IdemkitConfig, client: &RetryConfig) -> String {
         w,
         "- 1 to {MAX_KEY_LEN} visible ASCII characters (0x21–0x7E). The quoted form `\"abc\"` is the same key as `abc`.\n\
          - Scope: **(your account, key)**. Another account's identical key is a different request.\n\
+         - One key is one request: the same method, path, **query string** and body. JSON member order, whitespace \
+         and string escapes do not matter; numbers are compared digit for digit (`1` and `1.0` differ), and so is \
+         the query string (`?amount=5` and `?amount=500` differ; so does a different parameter order). Anything \
+         else under the same key is `idempotency_key_reused`.\n\
          - Choose keys, best first: derived from the business event (`order-confirm-{{orderId}}`); scoped to the \
          request; a random UUID generated **once** and reused on every retry.\n\
          - Anti-pattern: a new key per attempt (a fresh UUID or a timestamp on each retry) turns every retry into a \
@@ -132,7 +136,12 @@ fn markdown(config: &IdemkitConfig, client: &RetryConfig) -> String {
         "- A completed request replays for **{}** (the replay window). After that, the same key starts a new request.\n\
          - Records are kept **{}** for investigation, without replaying after the window.\n\
          - A request in flight holds its key for a lease of **{}**, extended while it runs; if its server dies, a \
-         retry after the lease takes it over and resumes it.",
+         retry after the lease takes it over and resumes it.\n\
+         - The window applies to completed requests only: a request that never finished is resumed (or held for \
+         review) however old it is; it never starts over as a new request.\n\
+         - **If you hang up mid-request, the request still runs to its end.** Closing the connection (a client \
+         timeout) does not cancel it: retry with the same key and you get its one result (`409 \
+         idempotency_request_in_progress` while it runs, then the stored answer), never a second execution.",
         human(d.replay_window),
         human(d.reap_threshold),
         human(d.lease)
@@ -150,7 +159,9 @@ fn markdown(config: &IdemkitConfig, client: &RetryConfig) -> String {
     let _ = writeln!(
         w,
         "```json\n{{\"status\": 409, \"code\": \"idempotency_request_in_progress\", \"retryable\": true}}\n```\n\n\
-         The first request with this key is still running: retry after `Retry-After` seconds.\n\n\
+         The first request with this key is still running: retry after `Retry-After` seconds. The hint is the \
+         expected wait (at most a third of the lease), not the whole lease, so a client with a short deadline can \
+         still wait for the answer.\n\n\
          ```json\n{{\"status\": {}, \"code\": \"idempotency_key_reused\", \"retryable\": false}}\n```\n\n\
          This key was used with a different request: a client bug. Do not retry; use a new key for a new request.",
         d.mismatch_status
@@ -167,10 +178,14 @@ fn markdown(config: &IdemkitConfig, client: &RetryConfig) -> String {
     let _ = writeln!(
         w,
         "Retry only connection failures, `429`, `502`, `503`, `504` and `409 idempotency_request_in_progress`, \
-         honouring `Retry-After`. The Rust client `idemkit-client` does this by default: **{} attempts** in total, \
+         honouring `Retry-After` up to a cap (a longer hint ends the retries and hands you the answer with it). A \
+         `502` or `504`, or a timeout after the request was sent, may mean the request ran: retry those only with \
+         the same idempotency key. The Rust client `idemkit-client` does this by default (Retry-After cap **{}**): \
+         **{} attempts** in total, \
          **{jitter}**, base **{}**, cap **{}** (throttling answers start from **{}**), one overall deadline of \
          **{deadline}**, and a retry budget of **{} tokens** shared by all calls ({} per transient retry, {} per \
          throttled retry, refunded on success).\n",
+        human(client.retry_after_cap()),
         client.max_attempts(),
         human(base),
         human(cap),

@@ -894,3 +894,87 @@ async fn configured_tokens_may_contain_equals_signs_and_replace_the_demo_ones() 
         assert_eq!(saw.status, 401, "{refused}: {saw:?}");
     }
 }
+
+/// The two halves agree (issue 13): with the service's default 30 s lease, a
+/// duplicate of a running request is answered `409 in progress` with the
+/// expected wait as its hint (at most a heartbeat interval, not the lease left),
+/// so the real client with its default 30 s deadline waits and gets the result
+/// instead of giving up at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_client_waits_through_an_in_progress_answer_to_the_result() {
+    use idemkit_client::{RetryConfig, RetryMiddleware};
+    let dir = std::env::temp_dir().join(format!(
+        "idemkit-labels-client-{}-{}",
+        std::process::id(),
+        free_port()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (cport, port) = (free_port(), free_port());
+    let courier = format!("http://127.0.0.1:{cport}");
+    let (_courier, _) = spawn(
+        &[
+            "courier",
+            "--listen",
+            &format!("127.0.0.1:{cport}"),
+            "--database-url",
+            dir.join("courier.db").to_str().unwrap(),
+        ],
+        &[],
+    );
+    let listen = format!("127.0.0.1:{port}");
+    let (_service, _) = spawn(
+        &[
+            "serve",
+            "--listen",
+            &listen,
+            "--database-url",
+            dir.join("labels.db").to_str().unwrap(),
+            "--courier-url",
+            &courier,
+            "--demo-tokens",
+        ],
+        &[],
+    );
+    let base = format!("http://{listen}");
+    // Wait for both, then slow the courier so the first request is still
+    // running when the duplicate arrives.
+    let http = reqwest::Client::new();
+    for url in [format!("{courier}/_stats"), format!("{base}/openapi.json")] {
+        let began = std::time::Instant::now();
+        while http.get(&url).send().await.is_err() {
+            assert!(began.elapsed() < Duration::from_secs(20), "{url} never came up");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    http.post(format!("{courier}/_faults"))
+        .json(&json!({"latencyMs": 2500}))
+        .send()
+        .await
+        .unwrap();
+    let first = tokio::spawn({
+        let base = base.clone();
+        async move { post(&base, ACME, &body("wait-for-me", "GB")).await }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+        .with(RetryMiddleware::new(RetryConfig::new()))
+        .build();
+    let began = std::time::Instant::now();
+    let res = client
+        .post(format!("{base}/labels"))
+        .bearer_auth(ACME)
+        .header("content-type", "application/json")
+        .body(body("wait-for-me", "GB").to_string())
+        .send()
+        .await
+        .expect("the client waits for the running request instead of giving up");
+    let status = res.status().as_u16();
+    let replayed = res.headers().get("idempotent-replayed").is_some();
+    let answer: Value = res.json().await.unwrap();
+    let first = first.await.unwrap();
+    assert_eq!(first.status, 201, "{first:?}");
+    assert_eq!((status, replayed), (200, true), "{answer}");
+    assert_eq!(answer, first.body, "the one label");
+    assert!(began.elapsed() < Duration::from_secs(25), "took {:?}", began.elapsed());
+}
