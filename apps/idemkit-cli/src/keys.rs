@@ -690,41 +690,6 @@ fn has_progress(r: &Record) -> bool {
     r.recovery_point.is_some() || !r.step_outputs.is_empty()
 }
 
-/// Discards the recorded progress of a released, resumable record so its key
-/// reruns as a first attempt (`--downstream-did-nothing`).
-///
-/// No store offers this yet. It needs, on `KeyStore`:
-/// `async fn discard_progress(&self, scope: &Scope) -> StoreResult<bool>`:
-/// atomically, only for a record nobody holds (parked, or in flight with an
-/// expired lease), clear the recovery point and step outputs and make it
-/// `released` on a new fencing token (last error `FORCE_RELEASED`), as
-/// `force_release` leaves a record without progress; `false`, changing
-/// nothing, otherwise.
-fn discard_progress_unsupported(scope: &Scope, r: &Record) -> anyhow::Error {
-    let intents = pending_intents(r);
-    anyhow::anyhow!(
-        "--downstream-did-nothing is not supported yet: the key store has no operation to discard \
-         recorded progress (it needs `KeyStore::discard_progress`). Nothing was changed: {} {} keeps \
-         its recovery point {}{}. Without the flag, `keys release` keeps that progress and the rerun \
-         resumes from it{}",
-        account_text(&scope.account),
-        scope.key.as_str(),
-        r.recovery_point
-            .as_deref()
-            .map_or_else(|| "(none)".to_owned(), |p| format!("`{p}`")),
-        if intents.is_empty() {
-            String::new()
-        } else {
-            format!(" and the intent of {}", intents.join(", "))
-        },
-        if intents.is_empty() {
-            "."
-        } else {
-            ", parking again at an unfinished call to a downstream that ignores keys."
-        }
-    )
-}
-
 async fn release(
     out: &mut impl Write,
     args: &KeysArgs,
@@ -750,13 +715,15 @@ async fn release(
             other => Some(format!("{}: not released", other.as_str())),
         },
     };
-    if let (None, Some(r), true) = (&refused, &before, a.downstream_did_nothing)
-        && has_progress(r)
-    {
-        return Err(discard_progress_unsupported(&scope, r));
-    }
+    // The operator says an unfinished call did nothing: discard the progress so
+    // the key reruns as a first attempt; otherwise keep it (the rerun resumes).
+    let discard = a.downstream_did_nothing && before.as_ref().is_some_and(has_progress);
     let released = match refused {
         Some(_) => false,
+        None if discard => store
+            .discard_progress(&scope)
+            .await
+            .context("releasing the record and discarding its progress")?,
         None => store
             .force_release(&scope)
             .await

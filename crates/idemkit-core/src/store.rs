@@ -333,6 +333,17 @@ pub trait KeyStore: Send + Sync + std::fmt::Debug + 'static {
         Err(StoreError::Unsupported("operator release"))
     }
 
+    /// An operator's release that also discards recorded progress, for when the
+    /// operator has established that an unfinished external call did nothing
+    /// (`idemkit keys release --downstream-did-nothing`): a record nobody holds
+    /// (parked, or in flight with an expired lease) loses its recovery point and
+    /// step outputs and becomes `released` on a new fencing token, last error
+    /// [`FORCE_RELEASED`], so the next request with the key runs as a first
+    /// attempt. Returns `false`, changing nothing, for any other record.
+    async fn discard_progress(&self, _scope: &Scope) -> StoreResult<bool> {
+        Err(StoreError::Unsupported("discarding recorded progress"))
+    }
+
     /// Waits until the record of `scope` may have changed (completed or released)
     /// or `timeout` passes, whichever is first. Spurious wake-ups are allowed:
     /// the caller claims again either way. Stores without notifications return at

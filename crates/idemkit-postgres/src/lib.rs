@@ -1055,6 +1055,33 @@ impl KeyStore for PgStore {
         .await
     }
 
+    async fn discard_progress(&self, scope: &Scope) -> StoreResult<bool> {
+        static DISCARD: LazyLock<String> = LazyLock::new(|| {
+            notifying(&format!(
+                "UPDATE idemkit_keys SET fencing_token = {NEXT_TOKEN}, state = 'released', lease_expires_at = 0, \
+                 recovery_point = NULL, step_outputs = '{{}}', req_body = ''::bytea, last_error = $4 \
+                 WHERE account = $1 AND idem_key = $2 \
+                 AND (state = 'parked' OR (state = 'in_flight' AND lease_expires_at <= {}))",
+                now_sql(3)
+            ))
+        });
+        let now = self.test_now();
+        self.retrying(|| async {
+            let changed: i64 = sqlx::query(AssertSqlSafe(DISCARD.as_str()))
+                .bind(scope.account.as_str())
+                .bind(scope.key.as_str())
+                .bind(now)
+                .bind(FORCE_RELEASED)
+                .fetch_one(&self.pool)
+                .await
+                .map_err(Retry::from)?
+                .try_get(0)
+                .map_err(corrupt)?;
+            Ok(changed == 1)
+        })
+        .await
+    }
+
     async fn wait_for_change(&self, scope: &Scope, timeout: Duration) -> StoreResult<()> {
         // Subscribe first, then flag the record, so a completion that lands in
         // between is either seen by the caller's next claim or notified to us.

@@ -728,6 +728,10 @@ impl KeyStore for SqliteStore {
         rows.iter().map(|r| decode_at(r, 0)).collect()
     }
 
+    async fn discard_progress(&self, scope: &Scope) -> StoreResult<bool> {
+        self.discard_on(scope).await
+    }
+
     async fn force_release(&self, scope: &Scope) -> StoreResult<bool> {
         let now = self.clock.now().0;
         let mut tx = self.begin().await?;
@@ -739,6 +743,30 @@ impl KeyStore for SqliteStore {
              lease_expires_at = CASE WHEN recovery_point IS NULL AND step_outputs = '{}' THEN 0 \
              ELSE MIN(lease_expires_at, ?3) END, \
              req_body = CASE WHEN recovery_point IS NULL AND step_outputs = '{}' THEN x'' ELSE req_body END \
+             WHERE account = ?1 AND idem_key = ?2 \
+             AND (state = 'parked' OR (state = 'in_flight' AND lease_expires_at <= ?3))",
+        )
+        .bind(scope.account.as_str())
+        .bind(scope.key.as_str())
+        .bind(now)
+        .bind(FORCE_RELEASED)
+        .execute(&mut *tx)
+        .await
+        .map_err(map_err)?
+        .rows_affected();
+        tx.commit().await.map_err(map_err)?;
+        Ok(changed == 1)
+    }
+}
+
+impl SqliteStore {
+    /// [`KeyStore::discard_progress`] in one statement.
+    async fn discard_on(&self, scope: &Scope) -> StoreResult<bool> {
+        let now = self.clock.now().0;
+        let mut tx = self.begin().await?;
+        let changed = sqlx::query(
+            "UPDATE idemkit_keys SET fencing_token = fencing_token + 1, state = 'released', \
+             lease_expires_at = 0, recovery_point = NULL, step_outputs = '{}', req_body = x'', last_error = ?4 \
              WHERE account = ?1 AND idem_key = ?2 \
              AND (state = 'parked' OR (state = 'in_flight' AND lease_expires_at <= ?3))",
         )

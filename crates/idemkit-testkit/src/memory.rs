@@ -403,4 +403,28 @@ impl KeyStore for MemoryStore {
         }
         Ok(unheld)
     }
+
+    async fn discard_progress(&self, scope: &Scope) -> StoreResult<bool> {
+        let now = self.clock.now();
+        let mut map = self.lock();
+        let next = map.next_token();
+        let Some(r) = map.keys.get_mut(scope) else {
+            return Ok(false);
+        };
+        let unheld = match r.state {
+            RecordState::Parked => true,
+            RecordState::InFlight => r.lease_expires_at <= now,
+            _ => false,
+        };
+        if unheld {
+            r.fencing_token = next;
+            r.state = RecordState::Released;
+            r.lease_expires_at = Millis(0);
+            r.recovery_point = None;
+            r.step_outputs.clear();
+            r.request.body.clear();
+            r.last_error = Some(FORCE_RELEASED.to_owned());
+        }
+        Ok(unheld)
+    }
 }

@@ -504,9 +504,8 @@ async fn exercise(db: Db) {
 }
 
 /// `keys release` on each kind of record nobody holds: progress is kept unless
-/// the operator says the downstream did nothing, which the stores cannot do yet
-/// (refused, nothing changed); a record without progress is released as a
-/// first attempt with or without the flag.
+/// the operator says the downstream did nothing (then it is discarded); a record
+/// without progress is released as a first attempt with or without the flag.
 async fn release_paths(db: Db) {
     prepare(&*db.store).await;
     let store = &*db.store;
@@ -514,63 +513,7 @@ async fn release_paths(db: Db) {
         store.get(&scope(account, key)).await.unwrap().unwrap()
     };
 
-    // --downstream-did-nothing on a record with an intent: refused, unchanged.
     let before = get("acct-a", "k-parked").await;
-    let refused = db
-        .keys(&[
-            "release",
-            "--account",
-            "acct-a",
-            "--key",
-            "k-parked",
-            "--downstream-did-nothing",
-        ])
-        .await;
-    assert_eq!(refused.code, 2, "{refused:#?}");
-    for expected in [
-        "--downstream-did-nothing is not supported yet",
-        "KeyStore::discard_progress",
-        "Nothing was changed",
-        "recovery point `courier-intent`",
-        "the intent of courier",
-    ] {
-        assert!(
-            refused.stderr.contains(expected),
-            "{expected:?} in {}",
-            refused.stderr
-        );
-    }
-    let after = get("acct-a", "k-parked").await;
-    assert_eq!(
-        (
-            after.state,
-            after.fencing_token,
-            &after.step_outputs,
-            &after.last_error
-        ),
-        (
-            RecordState::Parked,
-            before.fencing_token,
-            &before.step_outputs,
-            &before.last_error
-        ),
-        "nothing changed"
-    );
-    // The same flag on an abandoned record with a committed phase: refused too.
-    let stuck = db
-        .keys(&[
-            "release",
-            "--account",
-            "acct-a",
-            "--key",
-            "k-stuck",
-            "--downstream-did-nothing",
-        ])
-        .await;
-    assert_eq!(stuck.code, 2, "{stuck:#?}");
-    assert!(stuck.stderr.contains("not supported yet"), "{}", stuck.stderr);
-    assert_eq!(get("acct-a", "k-stuck").await.state, RecordState::InFlight);
-
     // Without the flag, JSON: kept progress, the pending intent named.
     let kept = db
         .keys(&["release", "--account", "acct-a", "--key", "k-parked", "--json"])
@@ -585,19 +528,37 @@ async fn release_paths(db: Db) {
         report["fencing_token"].as_i64().unwrap() > before.fencing_token.0,
         "{report}"
     );
-    // An abandoned record with a committed phase and no intent: resumable too.
-    let phase_only = db
-        .keys(&["release", "--account", "acct-a", "--key", "k-stuck"])
-        .await;
-    let text = &ok(&phase_only).stdout;
-    assert!(
-        text.contains("released to resume") && text.contains("`label`"),
-        "{text}"
+    let kept = get("acct-a", "k-parked").await;
+    assert_eq!(
+        kept.step_outputs, before.step_outputs,
+        "the intent survives the release"
     );
-    assert!(!text.contains("intent"), "{text}");
+
+    // The operator says the downstream did nothing: the progress is discarded
+    // and the key reruns as a first attempt.
+    let stuck_before = get("acct-a", "k-stuck").await;
+    assert!(!stuck_before.step_outputs.is_empty());
+    let discarded = db
+        .keys(&[
+            "release",
+            "--account",
+            "acct-a",
+            "--key",
+            "k-stuck",
+            "--downstream-did-nothing",
+            "--json",
+        ])
+        .await;
+    let report = ok(&discarded).report();
+    assert_eq!(
+        (&report["released"], &report["state"], &report["kept_progress"]),
+        (&json!(true), &json!("released"), &json!(false)),
+        "{report}"
+    );
     let stuck = get("acct-a", "k-stuck").await;
-    assert_eq!(stuck.state, RecordState::InFlight);
-    assert_eq!(json!(stuck.step_outputs), json!({"label": {"done": "lbl_1"}}));
+    assert_eq!(stuck.state, RecordState::Released);
+    assert!(stuck.step_outputs.is_empty() && stuck.recovery_point.is_none());
+    assert!(stuck.fencing_token > stuck_before.fencing_token);
 
     // A parked record without progress, with the flag: released as before, and
     // its key reruns as a first attempt.
