@@ -976,5 +976,9 @@ async fn the_client_waits_through_an_in_progress_answer_to_the_result() {
     assert_eq!(first.status, 201, "{first:?}");
     assert_eq!((status, replayed), (200, true), "{answer}");
     assert_eq!(answer, first.body, "the one label");
-    assert!(began.elapsed() < Duration::from_secs(25), "took {:?}", began.elapsed());
+    assert!(
+        began.elapsed() < Duration::from_secs(25),
+        "took {:?}",
+        began.elapsed()
+    );
 }
