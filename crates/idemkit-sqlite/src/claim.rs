@@ -1,0 +1,141 @@
+//! The claim algorithm on SQLite. A claim first reads the record without the
+//! write lock and decides (`ClaimRequest::decide`, shared by every store); only
+//! when the decision needs a write does it take the lock, insert, or move the
+//! record it re-reads under the lock by a compare-and-swap on its token.
+
+use idemkit_core::{
+    ClaimOutcome, ClaimRequest, Decision, FencingToken, Lease, Record, RecordHead, Resolution, Scope,
+    StoreError, StoreResult, StoredHeader, StoredResponse,
+};
+use sqlx::{Row, SqliteConnection};
+
+use crate::SqliteStore;
+use crate::decode::fetch_record;
+use crate::error::{cas_ok, corrupt, map_err};
+use crate::sql;
+use crate::tx::PendingClaim;
+
+impl SqliteStore {
+    /// Claims inside `tx`. Returns the lease when claimed, or the outcome to answer.
+    pub(crate) async fn claim_on(
+        &self,
+        conn: &mut SqliteConnection,
+        req: &ClaimRequest,
+    ) -> StoreResult<Result<Lease, ClaimOutcome>> {
+        let now = self.clock.now();
+        let expires = now.plus(req.lease);
+        let headers = StoredHeader::encode_list(&req.request.headers)?;
+        let inserted = sqlx::query(sql::CLAIM_INSERT)
+            .bind(req.scope.account.as_str())
+            .bind(req.scope.key.as_str())
+            .bind(&req.fingerprint.as_bytes()[..])
+            .bind(now.0)
+            .bind(expires.0)
+            .bind(&req.request.method)
+            .bind(&req.request.path)
+            .bind(&headers)
+            .bind(&req.request.body)
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(map_err)?;
+        if let Some(row) = inserted {
+            let token: i64 = row.try_get(0).map_err(corrupt)?;
+            return Ok(Ok(Lease {
+                token: FencingToken(token),
+                expires_at: expires,
+                resumed_from: None,
+            }));
+        }
+
+        let existing = fetch_record(&mut *conn, &req.scope).await?.ok_or_else(|| {
+            StoreError::Corrupt("insert conflicted but no row was found under the write lock".into())
+        })?;
+        let takeover = match Resolution::of(&existing, req, now)? {
+            Resolution::Move { takeover } => takeover,
+            Resolution::Settled(outcome) => return Ok(Err(outcome)),
+        };
+        let next = FencingToken(existing.fencing_token.0 + 1);
+        // Takeover keeps the claim's progress and request; window reuse starts clean.
+        let moved = sqlx::query(sql::CLAIM_MOVE)
+            .bind(req.scope.account.as_str())
+            .bind(req.scope.key.as_str())
+            .bind(next.0)
+            .bind(expires.0)
+            .bind(takeover)
+            .bind(&req.fingerprint.as_bytes()[..])
+            .bind(now.0)
+            .bind(&req.request.method)
+            .bind(&req.request.path)
+            .bind(&headers)
+            .bind(&req.request.body)
+            .bind(existing.fencing_token.0)
+            .execute(&mut *conn)
+            .await
+            .map_err(map_err)?;
+        cas_ok(moved.rows_affected())?;
+        let resumed_from = if takeover { existing.recovery_point } else { None };
+        Ok(Ok(Lease {
+            token: next,
+            expires_at: expires,
+            resumed_from,
+        }))
+    }
+
+    /// Reads the record with a plain read (no write lock) and decides. A
+    /// completed record within its window is immutable and an in-flight one with
+    /// a live lease is in progress at the moment it was read, so those answers
+    /// need no lock; the others are confirmed by the atomic write that follows.
+    pub(crate) async fn read_decision(&self, req: &ClaimRequest) -> StoreResult<(Option<Record>, Decision)> {
+        let mut conn = self.pool.acquire().await.map_err(map_err)?;
+        let existing = fetch_record(&mut conn, &req.scope).await?;
+        let decision = req.decide(existing.as_ref().map(RecordHead::from).as_ref(), self.clock.now());
+        Ok((existing, decision))
+    }
+
+    /// Writes a pending single-step claim as a completed record. The primary key
+    /// (INSERT) or the token compare-and-swap (UPDATE) arbitrates: a miss means
+    /// another request with this key committed first → [`StoreError::Conflict`].
+    pub(crate) async fn write_completed_claim(
+        &self,
+        conn: &mut SqliteConnection,
+        scope: &Scope,
+        token: FencingToken,
+        p: PendingClaim,
+        response: &StoredResponse,
+    ) -> StoreResult<()> {
+        if p.token != token {
+            return Err(StoreError::Fenced);
+        }
+        let now = self.clock.now();
+        let sql = match p.replaces {
+            None => sql::INSERT_COMPLETED,
+            Some(_) => sql::REPLACE_COMPLETED,
+        };
+        let done = sqlx::query(sql)
+            .bind(scope.account.as_str())
+            .bind(scope.key.as_str())
+            .bind(&p.fingerprint.as_bytes()[..])
+            .bind(p.created_at.0)
+            .bind(now.0)
+            .bind(p.token.0)
+            .bind(&p.request.method)
+            .bind(&p.request.path)
+            .bind(StoredHeader::encode_list(&p.request.headers)?)
+            .bind(&p.request.body)
+            .bind(i64::from(response.status))
+            .bind(StoredHeader::encode_list(&response.headers)?)
+            .bind(&response.body)
+            .bind(p.replaces.map_or(0, |h| h.fencing_token.0))
+            .bind(p.keep_progress)
+            .bind(p.replaces.map_or("", |h| h.state.as_str()))
+            .bind(p.replaces.map_or(0, |h| h.lease_expires_at.0))
+            .execute(&mut *conn)
+            .await
+            .map_err(map_err)?;
+        if done.rows_affected() == 1 {
+            Ok(())
+        } else {
+            Err(StoreError::Conflict)
+        }
+    }
+}

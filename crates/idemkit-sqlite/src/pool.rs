@@ -1,0 +1,63 @@
+//! Opening the database: connection options, the pool, the migrations.
+
+use std::path::Path;
+use std::str::FromStr;
+use std::sync::Arc;
+
+use idemkit_core::{StoreError, StoreResult, SystemClock};
+use sqlx::SqlitePool;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use tokio::sync::Mutex;
+
+use crate::error::{backend, map_err};
+use crate::{MIGRATOR, SqliteConfig, SqliteStore};
+
+impl SqliteStore {
+    /// Opens (creating if missing) the database file at `path` with defaults.
+    pub async fn open(path: impl AsRef<Path>) -> StoreResult<Self> {
+        Self::open_with(path, &SqliteConfig::default()).await
+    }
+
+    /// Opens the database at `path`, which may also be a `sqlite://` URL.
+    pub async fn open_with(path: impl AsRef<Path>, config: &SqliteConfig) -> StoreResult<Self> {
+        let path = path.as_ref();
+        let options = match path.to_str() {
+            Some(url) if url.starts_with("sqlite:") => {
+                SqliteConnectOptions::from_str(url).map_err(backend)?
+            }
+            _ => SqliteConnectOptions::new().filename(path),
+        }
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal)
+        // NORMAL in WAL mode never corrupts; a power loss may drop the last commits.
+        // Idempotency records are written in the same transaction as the business
+        // rows, so they are lost (or kept) together.
+        .synchronous(SqliteSynchronous::Normal)
+        .busy_timeout(config.busy_timeout)
+        .foreign_keys(true);
+        let pool = SqlitePoolOptions::new()
+            .max_connections(config.max_connections)
+            // A local file cannot drop a connection the way a network can; the
+            // ping sqlx would send on every acquire is a wasted round trip.
+            .test_before_acquire(false)
+            .connect_with(options)
+            .await
+            .map_err(map_err)?;
+        Self::from_pool(pool).await
+    }
+
+    /// Uses an existing pool (the application's own, so business tables and keys
+    /// live in one database), running the embedded migrations.
+    pub async fn from_pool(pool: SqlitePool) -> StoreResult<Self> {
+        MIGRATOR
+            .run(&pool)
+            .await
+            .map_err(|e| StoreError::Backend(Box::new(e)))?;
+        Ok(Self {
+            pool,
+            clock: Arc::new(SystemClock),
+            writer: Arc::new(Mutex::new(())),
+            pending: Arc::default(),
+        })
+    }
+}

@@ -1,0 +1,295 @@
+//! [`KeyStore`] on SQLite: every write is one `BEGIN IMMEDIATE` transaction;
+//! a holder's write is fenced on its token (zero rows changed = stale token).
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use idemkit_core::{
+    ClaimOutcome, ClaimRequest, FORCE_RELEASED, FencingToken, KeyStore, ListFilter, MOVED_TO_REVIEW, Millis,
+    PhaseUpdate, RELEASE_REFUSED, ReapReport, Record, ReviewEntry, Scope, StoreError, StoreResult,
+    StoredHeader, StoredResponse, TransactionalStore,
+};
+use sqlx::{AssertSqlSafe, Sqlite, SqliteConnection};
+
+use crate::SqliteStore;
+use crate::decode::{decode_at, decode_review, fetch_record};
+use crate::error::map_err;
+use crate::sql;
+
+impl SqliteStore {
+    /// Runs a fenced single-row update; zero rows means the token is stale.
+    pub(crate) async fn fenced_update(
+        &self,
+        conn: &mut SqliteConnection,
+        sql: &'static str,
+        scope: &Scope,
+        token: FencingToken,
+        bind: impl FnOnce(
+            sqlx::query::Query<'static, Sqlite, sqlx::sqlite::SqliteArguments>,
+        ) -> sqlx::query::Query<'static, Sqlite, sqlx::sqlite::SqliteArguments>,
+    ) -> StoreResult<()> {
+        let q = sqlx::query(sql)
+            .bind(scope.account.as_str().to_owned())
+            .bind(scope.key.as_str().to_owned())
+            .bind(token.0);
+        let done = bind(q).execute(&mut *conn).await.map_err(map_err)?;
+        if done.rows_affected() == 1 {
+            Ok(())
+        } else {
+            Err(StoreError::Fenced)
+        }
+    }
+
+    pub(crate) async fn complete_on(
+        &self,
+        conn: &mut SqliteConnection,
+        scope: &Scope,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> StoreResult<()> {
+        let headers = StoredHeader::encode_list(&response.headers)?;
+        let now = self.clock.now().0;
+        let status = i64::from(response.status);
+        let body = response.body.clone();
+        self.fenced_update(conn, sql::COMPLETE, scope, token, move |q| {
+            q.bind(now).bind(status).bind(headers).bind(body)
+        })
+        .await
+    }
+
+    /// Saves a phase's progress (fenced). A step output is merged into the JSON
+    /// object in Rust: SQLite's JSON paths cannot address every key (a `"` in a
+    /// step name), and `json_patch` would merge nested objects instead of
+    /// replacing the output. The read and the write share the transaction's
+    /// write lock, so no other writer can interleave.
+    pub(crate) async fn advance_on(
+        &self,
+        conn: &mut SqliteConnection,
+        scope: &Scope,
+        token: FencingToken,
+        update: &PhaseUpdate,
+    ) -> StoreResult<()> {
+        let outputs = match &update.step {
+            None => None,
+            Some((name, value)) => {
+                let current: Option<String> = sqlx::query_scalar(sql::SELECT_STEP_OUTPUTS)
+                    .bind(scope.account.as_str())
+                    .bind(scope.key.as_str())
+                    .bind(token.0)
+                    .fetch_optional(&mut *conn)
+                    .await
+                    .map_err(map_err)?;
+                let current = current.ok_or(StoreError::Fenced)?;
+                let mut map: serde_json::Map<String, serde_json::Value> = serde_json::from_str(&current)
+                    .map_err(|e| StoreError::Corrupt(format!("step outputs: {e}")))?;
+                map.insert(name.clone(), value.clone());
+                Some(serde_json::to_string(&map).map_err(|e| StoreError::Corrupt(e.to_string()))?)
+            }
+        };
+        let point = update.recovery_point.clone();
+        self.fenced_update(conn, sql::ADVANCE, scope, token, move |q| {
+            q.bind(point).bind(outputs)
+        })
+        .await
+    }
+
+    /// [`KeyStore::discard_progress`] in one statement.
+    async fn discard_on(&self, scope: &Scope) -> StoreResult<bool> {
+        let now = self.clock.now().0;
+        let mut tx = self.begin().await?;
+        let changed = sqlx::query(sql::DISCARD)
+            .bind(scope.account.as_str())
+            .bind(scope.key.as_str())
+            .bind(now)
+            .bind(FORCE_RELEASED)
+            .execute(&mut *tx)
+            .await
+            .map_err(map_err)?
+            .rows_affected();
+        tx.commit().await.map_err(map_err)?;
+        Ok(changed == 1)
+    }
+}
+
+#[async_trait]
+impl KeyStore for SqliteStore {
+    async fn claim(&self, req: &ClaimRequest) -> StoreResult<ClaimOutcome> {
+        let (existing, decision) = self.read_decision(req).await?;
+        if let Some(outcome) = decision.settle(existing)? {
+            return Ok(outcome);
+        }
+        let mut tx = self.begin().await?;
+        match self.claim_on(&mut tx, req).await? {
+            Ok(lease) => {
+                tx.commit().await.map_err(map_err)?;
+                Ok(ClaimOutcome::Claimed(lease))
+            }
+            Err(outcome) => Ok(outcome),
+        }
+    }
+
+    async fn heartbeat(&self, scope: &Scope, token: FencingToken, lease: Duration) -> StoreResult<Millis> {
+        let expires = self.clock.now().plus(lease);
+        let mut tx = self.begin().await?;
+        self.fenced_update(&mut tx, sql::HEARTBEAT, scope, token, move |q| q.bind(expires.0))
+            .await?;
+        tx.commit().await.map_err(map_err)?;
+        Ok(expires)
+    }
+
+    async fn complete(
+        &self,
+        scope: &Scope,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> StoreResult<()> {
+        let tx = self.begin().await?;
+        self.complete_in_tx(tx, scope, token, response).await
+    }
+
+    async fn release(&self, scope: &Scope, token: FencingToken) -> StoreResult<()> {
+        let mut tx = self.begin().await?;
+        // The row stays (state `released`, behaving as absent) so the next claim's
+        // token is higher than any this record ever handed out.
+        // A record with recorded progress is abandoned instead (see the trait).
+        let now = self.clock.now().0;
+        self.fenced_update(&mut tx, sql::RELEASE, scope, token, move |q| {
+            q.bind(now).bind(RELEASE_REFUSED)
+        })
+        .await?;
+        tx.commit().await.map_err(map_err)
+    }
+
+    async fn abandon(&self, scope: &Scope, token: FencingToken, error: &str) -> StoreResult<()> {
+        let now = self.clock.now().0;
+        let error = error.to_owned();
+        let mut tx = self.begin().await?;
+        self.fenced_update(&mut tx, sql::ABANDON, scope, token, move |q| {
+            q.bind(now).bind(error)
+        })
+        .await?;
+        tx.commit().await.map_err(map_err)
+    }
+
+    async fn get(&self, scope: &Scope) -> StoreResult<Option<Record>> {
+        let mut conn = self.pool.acquire().await.map_err(map_err)?;
+        fetch_record(&mut conn, scope).await
+    }
+
+    fn now(&self) -> Millis {
+        self.clock.now()
+    }
+
+    async fn advance(&self, scope: &Scope, token: FencingToken, update: &PhaseUpdate) -> StoreResult<()> {
+        let mut tx = self.begin().await?;
+        self.advance_on(&mut tx, scope, token, update).await?;
+        tx.commit().await.map_err(map_err)
+    }
+
+    async fn park(&self, scope: &Scope, token: FencingToken, reason: &str) -> StoreResult<()> {
+        let now = self.clock.now().0;
+        let reason = reason.to_owned();
+        let mut tx = self.begin().await?;
+        self.fenced_update(&mut tx, sql::PARK, scope, token, move |q| {
+            q.bind(now).bind(reason)
+        })
+        .await?;
+        tx.commit().await.map_err(map_err)
+    }
+
+    async fn abandoned(&self, claimed_before: Millis, limit: usize) -> StoreResult<Vec<Record>> {
+        let rows = sqlx::query(sql::SELECT_ABANDONED)
+            .bind(self.clock.now().0)
+            .bind(claimed_before.0)
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(map_err)?;
+        rows.iter().map(|r| decode_at(r, 0)).collect()
+    }
+
+    async fn reap(&self, before: Millis) -> StoreResult<ReapReport> {
+        let now = self.clock.now().0;
+        // One transaction: a record is either still in the key table or in the
+        // review table, never in both or neither.
+        let mut tx = self.begin().await?;
+        let moved = sqlx::query(AssertSqlSafe(sql::REAP_REVIEW.as_str()))
+            .bind(before.0)
+            .bind(now)
+            .execute(&mut *tx)
+            .await
+            .map_err(map_err)?
+            .rows_affected();
+        let parked = sqlx::query(sql::REAP_PARK)
+            .bind(before.0)
+            .bind(now)
+            .bind(MOVED_TO_REVIEW)
+            .execute(&mut *tx)
+            .await
+            .map_err(map_err)?
+            .rows_affected();
+        if parked != moved {
+            return Err(StoreError::Corrupt(format!(
+                "reaper listed {moved} records for review but parked {parked}"
+            )));
+        }
+        // The floor is raised first, in the same transaction, so no later claim
+        // of a deleted key reuses one of its tokens.
+        sqlx::query(AssertSqlSafe(sql::REAP_RAISE_FLOOR.as_str()))
+            .bind(before.0)
+            .execute(&mut *tx)
+            .await
+            .map_err(map_err)?;
+        let deleted = sqlx::query(AssertSqlSafe(sql::REAP_DELETE.as_str()))
+            .bind(before.0)
+            .execute(&mut *tx)
+            .await
+            .map_err(map_err)?
+            .rows_affected();
+        tx.commit().await.map_err(map_err)?;
+        Ok(ReapReport {
+            deleted,
+            moved_to_review: moved,
+        })
+    }
+
+    async fn review(&self, limit: usize) -> StoreResult<Vec<ReviewEntry>> {
+        let rows = sqlx::query(sql::SELECT_REVIEW)
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(map_err)?;
+        rows.iter().map(decode_review).collect()
+    }
+
+    async fn list(&self, filter: &ListFilter) -> StoreResult<Vec<Record>> {
+        let rows = sqlx::query(sql::SELECT_LIST)
+            .bind(filter.state.map(|s| s.as_str()))
+            .bind(filter.account.as_ref().map(|a| a.as_str()))
+            .bind(i64::try_from(filter.limit).unwrap_or(i64::MAX))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(map_err)?;
+        rows.iter().map(|r| decode_at(r, 0)).collect()
+    }
+
+    async fn discard_progress(&self, scope: &Scope) -> StoreResult<bool> {
+        self.discard_on(scope).await
+    }
+
+    async fn force_release(&self, scope: &Scope) -> StoreResult<bool> {
+        let now = self.clock.now().0;
+        let mut tx = self.begin().await?;
+        let changed = sqlx::query(sql::FORCE_RELEASE)
+            .bind(scope.account.as_str())
+            .bind(scope.key.as_str())
+            .bind(now)
+            .bind(FORCE_RELEASED)
+            .execute(&mut *tx)
+            .await
+            .map_err(map_err)?
+            .rows_affected();
+        tx.commit().await.map_err(map_err)?;
+        Ok(changed == 1)
+    }
+}

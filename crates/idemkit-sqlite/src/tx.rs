@@ -1,0 +1,232 @@
+//! Single-step mode: [`SqliteTx`], the pending claim it carries, and the
+//! [`TransactionalStore`] implementation.
+
+use std::collections::HashSet;
+use std::ops::{Deref, DerefMut};
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use idemkit_core::{
+    ClaimOutcome, ClaimRequest, Decision, FencingToken, Fingerprint, Lease, Millis, PhaseUpdate, RecordHead,
+    Scope, StoreError, StoreResult, StoredRequest, StoredResponse, TransactionalStore, TxClaim,
+};
+use sqlx::{Sqlite, SqliteConnection};
+use tokio::sync::OwnedMutexGuard;
+
+use crate::SqliteStore;
+use crate::error::map_err;
+use crate::sql;
+
+/// A write transaction on the store's database, as handed to single-step
+/// handlers. It dereferences to the connection, so `&mut *tx` (or `&mut **tx`
+/// through the layer's `Tx` extractor) is an sqlx executor. Dropping it rolls
+/// back; [`SqliteTx::commit`] commits.
+///
+/// It also holds the store's in-process writer slot: SQLite admits one writer at
+/// a time, and queueing writers on an async mutex is far cheaper than letting
+/// them spin in SQLite's busy handler (which sleeps up to 100 ms per try).
+pub struct SqliteTx {
+    tx: sqlx::Transaction<'static, Sqlite>,
+    _writer: OwnedMutexGuard<()>,
+    /// Set when this transaction carries a single-step claim that is written,
+    /// completed, at commit.
+    pending: Option<PendingClaim>,
+}
+
+/// A single-step claim not yet written. SQLite runs one writer at a time and an
+/// uncommitted claim is invisible to everyone else, so writing the claim row
+/// when the handler finishes, already completed, costs one statement instead of
+/// two (an in-flight insert plus a completing update) and arbitrates the same
+/// way: the primary key makes the loser's INSERT (or compare-and-swap) fail.
+pub(crate) struct PendingClaim {
+    _marker: PendingMarker,
+    /// `None`: no row existed, INSERT. `Some(head)`: replace the row exactly as it
+    /// was read (token, state and lease), so a record that changed in between
+    /// (completed by a lapsed holder, heartbeaten, parked) is never overwritten.
+    pub(crate) replaces: Option<RecordHead>,
+    pub(crate) token: FencingToken,
+    pub(crate) keep_progress: bool,
+    pub(crate) fingerprint: Fingerprint,
+    pub(crate) request: StoredRequest,
+    pub(crate) created_at: Millis,
+}
+
+/// Marks a scope as being claimed by a single-step request of this process, so
+/// a concurrent duplicate in the same process answers "in progress" at once
+/// instead of running its handler only to lose at commit.
+struct PendingMarker {
+    set: Arc<StdMutex<HashSet<(String, String)>>>,
+    key: (String, String),
+}
+
+impl PendingMarker {
+    fn acquire(set: &Arc<StdMutex<HashSet<(String, String)>>>, scope: &Scope) -> Option<Self> {
+        let key = (scope.account.as_str().to_owned(), scope.key.as_str().to_owned());
+        let inserted = set.lock().unwrap_or_else(|e| e.into_inner()).insert(key.clone());
+        inserted.then(|| Self {
+            set: set.clone(),
+            key,
+        })
+    }
+}
+
+impl Drop for PendingMarker {
+    fn drop(&mut self) {
+        self.set
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.key);
+    }
+}
+
+impl SqliteTx {
+    /// Commits the transaction.
+    pub async fn commit(self) -> Result<(), sqlx::Error> {
+        self.tx.commit().await
+    }
+
+    /// Rolls the transaction back (dropping it does the same).
+    pub async fn rollback(self) -> Result<(), sqlx::Error> {
+        self.tx.rollback().await
+    }
+}
+
+impl Deref for SqliteTx {
+    type Target = SqliteConnection;
+    fn deref(&self) -> &SqliteConnection {
+        &self.tx
+    }
+}
+
+impl DerefMut for SqliteTx {
+    fn deref_mut(&mut self) -> &mut SqliteConnection {
+        &mut self.tx
+    }
+}
+
+impl std::fmt::Debug for SqliteTx {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SqliteTx { .. }")
+    }
+}
+
+impl SqliteStore {
+    /// Opens a write transaction: waits for this process's writer slot, then
+    /// `BEGIN IMMEDIATE`, which takes SQLite's write lock up front (other
+    /// processes wait up to the busy timeout), so the read that follows a
+    /// conflicting insert cannot go stale. Use it for the application's own
+    /// writes too, so they queue with the store's instead of contending.
+    pub async fn begin(&self) -> StoreResult<SqliteTx> {
+        let writer = self.writer.clone().lock_owned().await;
+        let tx = self.pool.begin_with("BEGIN IMMEDIATE").await.map_err(map_err)?;
+        Ok(SqliteTx {
+            tx,
+            _writer: writer,
+            pending: None,
+        })
+    }
+}
+
+#[async_trait]
+impl TransactionalStore for SqliteStore {
+    type Tx = SqliteTx;
+
+    async fn claim_in_tx(&self, req: &ClaimRequest) -> StoreResult<TxClaim<SqliteTx>> {
+        let (existing, decision) = self.read_decision(req).await?;
+        if let Some(outcome) = decision.settle(existing.clone())? {
+            return Ok(TxClaim::Other(outcome));
+        }
+        let Some(marker) = PendingMarker::acquire(&self.pending, &req.scope) else {
+            // The same key is being claimed by a single-step request of this process.
+            return Ok(TxClaim::Other(ClaimOutcome::InProgress {
+                retry_after: Duration::from_secs(1),
+            }));
+        };
+        let replaces = existing.as_ref().map(RecordHead::from);
+        // An insert's token is raised to the reaper's floor when it is written.
+        let token = FencingToken(replaces.map_or(1, |h| h.fencing_token.0 + 1));
+        let resumed_from = match decision {
+            Decision::Takeover => existing.and_then(|r| r.recovery_point),
+            _ => None,
+        };
+        let mut tx = self.begin().await?;
+        let now = self.clock.now();
+        tx.pending = Some(PendingClaim {
+            _marker: marker,
+            replaces,
+            token,
+            keep_progress: decision == Decision::Takeover,
+            fingerprint: req.fingerprint,
+            request: req.request.clone(),
+            created_at: now,
+        });
+        let lease = Lease {
+            token,
+            expires_at: now.plus(req.lease),
+            resumed_from,
+        };
+        Ok(TxClaim::Claimed { tx, lease })
+    }
+
+    async fn commit(&self, tx: SqliteTx) -> StoreResult<()> {
+        if tx.pending.is_some() {
+            // A single-step claim is written when the request completes.
+            return Err(StoreError::Unsupported(
+                "committing a single-step claim without completing it",
+            ));
+        }
+        tx.commit().await.map_err(map_err)
+    }
+
+    async fn begin_fenced(&self, scope: &Scope, token: FencingToken) -> StoreResult<SqliteTx> {
+        let mut tx = self.begin().await?;
+        let held = sqlx::query(sql::HELD)
+            .bind(scope.account.as_str())
+            .bind(scope.key.as_str())
+            .bind(token.0)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(map_err)?;
+        if held.is_none() {
+            return Err(StoreError::Fenced);
+        }
+        Ok(tx)
+    }
+
+    /// Phases run in lease mode, in transactions opened with
+    /// [`TransactionalStore::begin_fenced`]. A transaction carrying a pending
+    /// single-step claim has no committed record to advance (the claim is
+    /// written, completed, at commit), so it answers
+    /// [`StoreError::Unsupported`].
+    async fn advance_in_tx(
+        &self,
+        tx: &mut SqliteTx,
+        scope: &Scope,
+        token: FencingToken,
+        update: &PhaseUpdate,
+    ) -> StoreResult<()> {
+        if tx.pending.is_some() {
+            return Err(StoreError::Unsupported("phases inside a single-step claim"));
+        }
+        self.advance_on(tx, scope, token, update).await
+    }
+
+    async fn complete_in_tx(
+        &self,
+        mut tx: SqliteTx,
+        scope: &Scope,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> StoreResult<()> {
+        // On an error the transaction is dropped, which rolls back the business writes.
+        match tx.pending.take() {
+            Some(pending) => {
+                self.write_completed_claim(&mut tx, scope, token, pending, response)
+                    .await?
+            }
+            None => self.complete_on(&mut tx, scope, token, response).await?,
+        }
+        tx.commit().await.map_err(map_err)
+    }
+}
