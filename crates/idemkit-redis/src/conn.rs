@@ -144,6 +144,82 @@ impl Conn {
         }
     }
 
+    /// Where a keyspace scan goes: the node (single), or one slot of each
+    /// primary (cluster; `CLUSTER SLOTS`), so every key is visited on the
+    /// primary that owns it.
+    pub(crate) async fn scan_targets(&self) -> RedisResult<Vec<Option<u16>>> {
+        let Self::Cluster(c) = self else {
+            return Ok(vec![None]);
+        };
+        let reply = redis::cmd("CLUSTER")
+            .arg("SLOTS")
+            .query_async(&mut c.clone())
+            .await?;
+        let Value::Array(ranges) = reply else {
+            return Err((ErrorKind::Parse, "CLUSTER SLOTS did not return an array").into());
+        };
+        let mut by_primary: std::collections::BTreeMap<String, u16> = std::collections::BTreeMap::new();
+        for range in ranges {
+            let Value::Array(fields) = range else { continue };
+            let (Some(Value::Int(start)), Some(Value::Array(primary))) = (fields.first(), fields.get(2))
+            else {
+                continue;
+            };
+            let addr = primary
+                .iter()
+                .take(2)
+                .map(|v| match v {
+                    Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+                    Value::Int(n) => n.to_string(),
+                    other => format!("{other:?}"),
+                })
+                .collect::<Vec<_>>()
+                .join(":");
+            let slot = u16::try_from(*start).unwrap_or(0);
+            by_primary.entry(addr).or_insert(slot);
+        }
+        Ok(by_primary.into_values().map(Some).collect())
+    }
+
+    /// One `SCAN cursor MATCH pattern COUNT count` on `target` (see
+    /// [`Conn::scan_targets`]): the next cursor and the names it returned.
+    pub(crate) async fn scan_page(
+        &self,
+        target: Option<u16>,
+        cursor: u64,
+        pattern: &str,
+        count: usize,
+    ) -> RedisResult<(u64, Vec<String>)> {
+        let mut cmd = redis::cmd("SCAN");
+        cmd.arg(cursor).arg("MATCH").arg(pattern).arg("COUNT").arg(count);
+        let reply = match (self, target) {
+            (Self::Cluster(c), Some(slot)) => {
+                let route = redis::cluster_routing::RoutingInfo::SingleNode(
+                    SingleNodeRoutingInfo::SpecificNode(Route::new(slot, SlotAddr::Master)),
+                );
+                c.clone().route_command(cmd, route).await?
+            }
+            _ => self.query(&cmd).await?,
+        };
+        let (next, names): (String, Vec<Vec<u8>>) = redis::from_redis_value(reply)
+            .map_err(|e| redis::RedisError::from((ErrorKind::Parse, "SCAN reply", e.to_string())))?;
+        let next = next
+            .parse()
+            .map_err(|_| redis::RedisError::from((ErrorKind::Parse, "SCAN cursor")))?;
+        Ok((
+            next,
+            names
+                .into_iter()
+                .filter_map(|n| String::from_utf8(n).ok())
+                .collect(),
+        ))
+    }
+
+    /// Whether this is a cluster connection (scripts must then touch one slot).
+    pub(crate) fn is_cluster(&self) -> bool {
+        matches!(self, Self::Cluster(_))
+    }
+
     /// Loads every script on the node (single node) or on every primary (cluster),
     /// so the first requests do not pay the `NOSCRIPT` fallback.
     pub(crate) async fn preload(&self, scripts: &[&Lua]) -> RedisResult<()> {

@@ -1,12 +1,17 @@
 //! # idemkit-redis
 //!
 //! A [`KeyStore`] on Redis or Valkey, for teams whose only shared store is Redis.
-//! Claim, takeover, heartbeat, phase advance, completion, release and abandon are
-//! each **one Lua script** (one round trip) that Redis runs atomically. Every
-//! record carries a **fencing token** that the claim increments on every new
-//! holder (first attempt, takeover, reuse after release or after the replay
-//! window); every lease-holder write compares it and is refused with
-//! [`StoreError::Fenced`] when it is stale. A plain `SET NX` + TTL lease is not a
+//! Claim, takeover, heartbeat, phase advance, completion, release, abandon,
+//! park and the operator's releases are each **one Lua script** (one round
+//! trip) that Redis runs atomically. Every record carries a **fencing token**
+//! that moves on every new holder (first attempt, takeover, reuse after release
+//! or after the replay window) and on abandon, park and release; every
+//! lease-holder write compares it and is refused with [`StoreError::Fenced`]
+//! when it is stale. Tokens come from a per-account high-water mark that
+//! outlives every record, so a key deleted by the reaper or by its TTL never
+//! restarts at 1. The reaper, the review list, the completer's work list and
+//! operator listings walk the keyspace with `SCAN` (per primary on a cluster)
+//! and read or change it in bounded batches, one script per batch. A plain `SET NX` + TTL lease is not a
 //! claim: a client paused past its lease would still write after the owner changed.
 //!
 //! ```no_run
@@ -42,9 +47,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use idemkit_core::{
-    ClaimOutcome, ClaimRequest, Clock, FencingToken, Fingerprint, KeyStore, Lease, Millis, PhaseUpdate,
-    RELEASE_REFUSED, Record, RecordState, Scope, StoreError, StoreResult, StoredHeader, StoredRequest,
-    StoredResponse, SystemClock,
+    ClaimOutcome, ClaimRequest, Clock, FORCE_RELEASED, FencingToken, Fingerprint, KeyStore, Lease,
+    ListFilter, MOVED_TO_REVIEW, Millis, PhaseUpdate, RELEASE_REFUSED, ReapReport, Record, RecordState,
+    ReviewEntry, Scope, StoreError, StoreResult, StoredHeader, StoredRequest, StoredResponse, SystemClock,
 };
 use redis::{Cmd, Value};
 
@@ -285,10 +290,11 @@ impl RedisStore {
     ) -> StoreResult<()> {
         let key = self.record_key(scope);
         let channel = keys::channel(&self.config.key_prefix, scope);
+        let tokens = keys::token_key(&self.config.key_prefix, scope);
         let (reply, acks) = self
             .run(
                 lua,
-                &[&key, &channel],
+                &[&key, &channel, &tokens],
                 &|c| {
                     c.arg(token.0);
                     fill(c);
@@ -304,6 +310,154 @@ impl RedisStore {
         }
     }
 
+    /// Every name matching `pattern` on every primary, page by page (`SCAN`,
+    /// never `KEYS`: the server answers other clients between pages), each
+    /// name once.
+    async fn scan_all(&self, pattern: &str) -> StoreResult<Vec<String>> {
+        let conn = self.conn();
+        let budget = self.config.op_budget();
+        let targets = tokio::time::timeout(budget, conn.scan_targets())
+            .await
+            .map_err(|_| StoreError::Unavailable(Box::new(OperationTimedOut(budget))))?
+            .map_err(map_err)?;
+        let mut seen = std::collections::HashSet::new();
+        let mut out = Vec::new();
+        for target in targets {
+            let mut cursor = 0;
+            loop {
+                let (next, names) =
+                    tokio::time::timeout(budget, conn.scan_page(target, cursor, pattern, SCAN_COUNT))
+                        .await
+                        .map_err(|_| StoreError::Unavailable(Box::new(OperationTimedOut(budget))))?
+                        .map_err(map_err)?;
+                for name in names {
+                    if seen.insert(name.clone()) {
+                        out.push(name);
+                    }
+                }
+                if next == 0 {
+                    break;
+                }
+                cursor = next;
+            }
+        }
+        Ok(out)
+    }
+
+    /// `names` in batches a script may touch: at most [`SCRIPT_BATCH`] names,
+    /// and on a cluster, one account (one slot) per batch.
+    fn batches(&self, mut names: Vec<String>) -> Vec<Vec<String>> {
+        if self.conns[0].is_cluster() {
+            let mut by_tag: BTreeMap<String, Vec<String>> = BTreeMap::new();
+            for name in names {
+                by_tag.entry(keys::tag(&name).to_owned()).or_default().push(name);
+            }
+            by_tag
+                .into_values()
+                .flat_map(|group| {
+                    group
+                        .chunks(SCRIPT_BATCH)
+                        .map(<[String]>::to_vec)
+                        .collect::<Vec<_>>()
+                })
+                .collect()
+        } else {
+            names.sort();
+            names.chunks(SCRIPT_BATCH).map(<[String]>::to_vec).collect()
+        }
+    }
+
+    /// The hashes among `names` that pass the fetch script's filter (see
+    /// `scripts::FETCH`), with their fields.
+    async fn fetch(
+        &self,
+        names: Vec<String>,
+        mode: &str,
+        state: &str,
+        claimed_before: Millis,
+    ) -> StoreResult<Vec<(String, HashMap<String, Vec<u8>>)>> {
+        let now = self.now_arg();
+        let mut out = Vec::new();
+        for batch in self.batches(names) {
+            let refs: Vec<&str> = batch.iter().map(String::as_str).collect();
+            let (reply, _) = self
+                .run(
+                    &SCRIPTS.fetch,
+                    &refs,
+                    &|c| {
+                        c.arg(mode).arg(state).arg(&now).arg(claimed_before.0);
+                    },
+                    None,
+                )
+                .await?;
+            let Value::Array(items) = reply else {
+                return Err(corrupt(format!("fetch script returned {reply:?}")));
+            };
+            let mut items = items.into_iter();
+            while let (Some(name), Some(fields)) = (items.next(), items.next()) {
+                let name = bytes_of(name)
+                    .and_then(|b| String::from_utf8(b).ok())
+                    .ok_or_else(|| corrupt("fetch script returned a bad name"))?;
+                let fields: HashMap<String, Vec<u8>> =
+                    redis::from_redis_value(fields).map_err(|e| corrupt(e.to_string()))?;
+                out.push((name, fields));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Whole records among `names` passing the filter, decoded.
+    async fn fetch_records(
+        &self,
+        names: Vec<String>,
+        mode: &str,
+        state: &str,
+        claimed_before: Millis,
+    ) -> StoreResult<Vec<Record>> {
+        let prefix = &self.config.key_prefix;
+        let names: Vec<String> = names
+            .into_iter()
+            .filter(|n| keys::parse(prefix, "k", n).is_some())
+            .collect();
+        let mut out = Vec::new();
+        for (name, fields) in self.fetch(names, mode, state, claimed_before).await? {
+            let scope =
+                keys::parse(prefix, "k", &name).ok_or_else(|| corrupt(format!("record name {name}")))?;
+            out.push(decode_record(&scope, fields)?);
+        }
+        Ok(out)
+    }
+
+    /// An operator's release (see [`KeyStore::force_release`] and
+    /// [`KeyStore::discard_progress`]): one script, guarded by the state.
+    async fn operator_release(&self, scope: &Scope, discard: bool) -> StoreResult<bool> {
+        let now = self.now_arg();
+        let key = self.record_key(scope);
+        let channel = keys::channel(&self.config.key_prefix, scope);
+        let tokens = keys::token_key(&self.config.key_prefix, scope);
+        let keep = ms(self.config.reap_after);
+        let publish = self.publish;
+        let (reply, acks) = self
+            .run(
+                &SCRIPTS.force_release,
+                &[&key, &channel, &tokens],
+                &|c| {
+                    c.arg(&now)
+                        .arg(FORCE_RELEASED)
+                        .arg(publish)
+                        .arg(if discard { "1" } else { "0" })
+                        .arg(keep);
+                },
+                self.config.wait_replicas,
+            )
+            .await?;
+        match reply {
+            Value::Int(1) => self.check_acks(acks).map(|()| true),
+            Value::Int(0) => Ok(false),
+            other => Err(corrupt(format!("force_release script returned {other:?}"))),
+        }
+    }
+
     /// The claim, with the attempt id that makes its re-delivery harmless.
     async fn claim_as(&self, req: &ClaimRequest, attempt: &str) -> StoreResult<ClaimOutcome> {
         let now = self.now_arg();
@@ -311,6 +465,7 @@ impl RedisStore {
         let keep = self.config.reap_after.max(req.replay_window);
         let resume = req.resume.map_or_else(String::new, |t| t.0.to_string());
         let key = self.record_key(&req.scope);
+        let tokens = keys::token_key(&self.config.key_prefix, &req.scope);
         let headers = to_json(&req.request.headers)?;
         let touch = if self.config.wait_replicas.is_some() {
             "1"
@@ -320,7 +475,7 @@ impl RedisStore {
         let (reply, acks) = self
             .run(
                 &SCRIPTS.claim,
-                &[&key],
+                &[&key, &tokens],
                 &|c| {
                     c.arg(&now)
                         .arg(ms(req.lease))
@@ -366,6 +521,13 @@ impl RedisStore {
         Ok(outcome)
     }
 }
+
+/// `SCAN … COUNT`: how much of the keyspace one page looks at.
+const SCAN_COUNT: usize = 500;
+
+/// The most keys one operator or reaper script touches, so no script holds
+/// the server for long.
+const SCRIPT_BATCH: usize = 100;
 
 fn ms(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
@@ -452,6 +614,159 @@ impl KeyStore for RedisStore {
         let step = update.step.as_ref().map(|(name, value)| (name.as_str(), value));
         self.record_phase(scope, token, &update.recovery_point, step)
             .await
+    }
+
+    async fn park(&self, scope: &Scope, token: FencingToken, reason: &str) -> StoreResult<()> {
+        let now = self.now_arg();
+        self.fenced(&SCRIPTS.park, scope, token, &|c| {
+            c.arg(&now).arg(reason).arg(self.publish);
+        })
+        .await
+    }
+
+    /// Scans the records (`SCAN`, page by page) and filters them on the server.
+    async fn abandoned(&self, claimed_before: Millis, limit: usize) -> StoreResult<Vec<Record>> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let names = self
+            .scan_all(&keys::pattern(&self.config.key_prefix, "k", None))
+            .await?;
+        let mut found = self.fetch_records(names, "abandoned", "", claimed_before).await?;
+        found.sort_by(|a, b| {
+            (a.created_at, a.scope.account.as_str(), a.scope.key.as_str()).cmp(&(
+                b.created_at,
+                b.scope.account.as_str(),
+                b.scope.key.as_str(),
+            ))
+        });
+        found.truncate(limit);
+        Ok(found)
+    }
+
+    /// `SCAN` page by page over every primary; each batch of records (one
+    /// account's on a cluster) is one script.
+    async fn reap(&self, before: Millis) -> StoreResult<ReapReport> {
+        let prefix = &self.config.key_prefix;
+        let names: Vec<String> = self
+            .scan_all(&keys::pattern(prefix, "k", None))
+            .await?
+            .into_iter()
+            .filter(|n| keys::parse(prefix, "k", n).is_some())
+            .collect();
+        let now = self.now_arg();
+        let mut report = ReapReport::default();
+        for batch in self.batches(names) {
+            let mut triples = Vec::with_capacity(batch.len() * 3);
+            for name in &batch {
+                let scope =
+                    keys::parse(prefix, "k", name).ok_or_else(|| corrupt(format!("record name {name}")))?;
+                triples.push(name.clone());
+                triples.push(keys::review_key(prefix, &scope));
+                triples.push(keys::token_key(prefix, &scope));
+            }
+            let refs: Vec<&str> = triples.iter().map(String::as_str).collect();
+            let (reply, acks) = self
+                .run(
+                    &SCRIPTS.reap,
+                    &refs,
+                    &|c| {
+                        c.arg(&now).arg(before.0).arg(MOVED_TO_REVIEW);
+                    },
+                    self.config.wait_replicas,
+                )
+                .await?;
+            let counts = match &reply {
+                Value::Array(items) if items.len() == 2 => (int_of(&items[0]), int_of(&items[1])),
+                _ => (None, None),
+            };
+            let (Some(deleted), Some(moved)) = counts else {
+                return Err(corrupt(format!("reap script returned {reply:?}")));
+            };
+            report.deleted += u64::try_from(deleted).unwrap_or(0);
+            report.moved_to_review += u64::try_from(moved).unwrap_or(0);
+            self.check_acks(acks)?;
+        }
+        Ok(report)
+    }
+
+    async fn review(&self, limit: usize) -> StoreResult<Vec<ReviewEntry>> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let prefix = &self.config.key_prefix;
+        let names: Vec<String> = self
+            .scan_all(&keys::pattern(prefix, "r", None))
+            .await?
+            .into_iter()
+            .filter(|n| keys::parse(prefix, "r", n).is_some())
+            .collect();
+        let mut entries = Vec::new();
+        for (name, fields) in self.fetch(names, "all", "", Millis(0)).await? {
+            let scope =
+                keys::parse(prefix, "r", &name).ok_or_else(|| corrupt(format!("review name {name}")))?;
+            for (_, encoded) in fields {
+                entries.push(decode_review(&scope, &encoded)?);
+            }
+        }
+        entries.sort_by(|a, b| {
+            (
+                a.created_at,
+                a.reaped_at,
+                a.scope.account.as_str(),
+                a.scope.key.as_str(),
+            )
+                .cmp(&(
+                    b.created_at,
+                    b.reaped_at,
+                    b.scope.account.as_str(),
+                    b.scope.key.as_str(),
+                ))
+        });
+        entries.truncate(limit);
+        Ok(entries)
+    }
+
+    /// `SCAN` over the records (of one account when the filter names one),
+    /// filtered by state on the server, sorted here.
+    async fn list(&self, filter: &ListFilter) -> StoreResult<Vec<Record>> {
+        if filter.limit == 0 {
+            return Ok(Vec::new());
+        }
+        let names = self
+            .scan_all(&keys::pattern(
+                &self.config.key_prefix,
+                "k",
+                filter.account.as_ref(),
+            ))
+            .await?;
+        let (mode, state) = match filter.state {
+            Some(s) => ("state", s.as_str()),
+            None => ("all", ""),
+        };
+        let mut found: Vec<Record> = self
+            .fetch_records(names, mode, state, Millis(0))
+            .await?
+            .into_iter()
+            .filter(|r| filter.matches(r))
+            .collect();
+        found.sort_by(|a, b| {
+            (b.created_at, a.scope.account.as_str(), a.scope.key.as_str()).cmp(&(
+                a.created_at,
+                b.scope.account.as_str(),
+                b.scope.key.as_str(),
+            ))
+        });
+        found.truncate(filter.limit);
+        Ok(found)
+    }
+
+    async fn force_release(&self, scope: &Scope) -> StoreResult<bool> {
+        self.operator_release(scope, false).await
+    }
+
+    async fn discard_progress(&self, scope: &Scope) -> StoreResult<bool> {
+        self.operator_release(scope, true).await
     }
 
     async fn wait_for_change(&self, scope: &Scope, timeout: Duration) -> StoreResult<()> {
@@ -566,6 +881,7 @@ fn decode_claim(reply: Value, expires: Millis) -> StoreResult<ClaimOutcome> {
         }
         3 => Ok(ClaimOutcome::Mismatch),
         5 => Ok(ClaimOutcome::Stale),
+        6 => Ok(ClaimOutcome::Parked),
         4 => {
             let left = items.next().as_ref().and_then(int_of).ok_or_else(bad)?;
             Ok(ClaimOutcome::InProgress {
@@ -574,6 +890,65 @@ fn decode_claim(reply: Value, expires: Millis) -> StoreResult<ClaimOutcome> {
         }
         _ => Err(bad()),
     }
+}
+
+/// Decodes a review entry the reap script wrote: `len:bytes` items,
+/// alternating field names and values.
+fn decode_review(scope: &Scope, encoded: &[u8]) -> StoreResult<ReviewEntry> {
+    let bad = || corrupt("review entry is malformed");
+    let mut items = Vec::new();
+    let mut rest = encoded;
+    while !rest.is_empty() {
+        let colon = rest.iter().position(|&b| b == b':').ok_or_else(bad)?;
+        let len: usize = std::str::from_utf8(&rest[..colon])
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(bad)?;
+        let value = rest.get(colon + 1..colon + 1 + len).ok_or_else(bad)?;
+        items.push(value.to_vec());
+        rest = &rest[colon + 1 + len..];
+    }
+    if items.len() % 2 != 0 {
+        return Err(bad());
+    }
+    let mut fields = HashMap::new();
+    let mut it = items.into_iter();
+    while let (Some(name), Some(value)) = (it.next(), it.next()) {
+        fields.insert(String::from_utf8(name).map_err(|_| bad())?, value);
+    }
+    let text = |f: &mut HashMap<String, Vec<u8>>, name: &str| -> StoreResult<Option<String>> {
+        f.remove(name)
+            .map(|b| String::from_utf8(b).map_err(|_| corrupt(format!("{name} is not UTF-8"))))
+            .transpose()
+    };
+    let num = |f: &mut HashMap<String, Vec<u8>>, name: &str| -> StoreResult<i64> {
+        text(f, name)?
+            .and_then(|s| s.parse::<i64>().ok())
+            .ok_or_else(|| corrupt(format!("review entry {name}")))
+    };
+    let state = text(&mut fields, "state")?.unwrap_or_default();
+    let mut step_outputs = BTreeMap::new();
+    for (name, value) in &fields {
+        if let Some(step) = name.strip_prefix("step:") {
+            let value = serde_json::from_slice(value).map_err(|e| corrupt(e.to_string()))?;
+            step_outputs.insert(step.to_owned(), value);
+        }
+    }
+    Ok(ReviewEntry {
+        scope: scope.clone(),
+        state: RecordState::parse(&state).ok_or_else(|| corrupt(format!("state {state}")))?,
+        created_at: Millis(num(&mut fields, "created_at")?),
+        reaped_at: Millis(num(&mut fields, "reaped_at")?),
+        recovery_point: text(&mut fields, "recovery_point")?,
+        step_outputs,
+        last_error: text(&mut fields, "last_error")?,
+        request: StoredRequest {
+            method: text(&mut fields, "request_method")?.unwrap_or_default(),
+            path: text(&mut fields, "request_path")?.unwrap_or_default(),
+            headers: from_json(&fields.remove("request_headers").unwrap_or_else(|| b"[]".to_vec()))?,
+            body: fields.remove("request_body").unwrap_or_default(),
+        },
+    })
 }
 
 fn decode_record(scope: &Scope, mut f: HashMap<String, Vec<u8>>) -> StoreResult<Record> {

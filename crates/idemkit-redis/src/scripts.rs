@@ -2,18 +2,26 @@
 //! runs a script atomically: nothing interleaves between its read and its write.
 //!
 //! Conventions shared by every script:
-//! - `KEYS[1]` is the record (a hash), `KEYS[2]` (when present) its change channel;
-//!   both carry the account's hash tag, so they share a cluster slot.
+//! - `KEYS[1]` is the record (a hash), `KEYS[2]` (when present) its change channel,
+//!   `KEYS[3]` (`KEYS[2]` for the claim) the account's token high-water mark;
+//!   all carry the account's hash tag, so they share a cluster slot.
 //! - Times are the store's clock: the server's `TIME` in milliseconds, so every
 //!   instance judges leases by one clock (SPEC §3). A test clock may pass its
 //!   time in instead (a non-empty "now" argument).
-//! - The fencing token is a decimal string compared byte for byte and increased
-//!   only with `HINCRBY` (exact 64-bit arithmetic, never a Lua double).
+//! - The fencing token is a decimal string compared byte for byte. Every new
+//!   token comes from the account's high-water mark (`INCR`, exact 64-bit
+//!   arithmetic), a key with no TTL that outlives every record of the account:
+//!   a record deleted by the reaper or by its TTL and claimed again gets a token
+//!   above every token it ever had, so a stale holder can never write to it.
 //! - Every lease-holder write starts with the same guard: the caller's token is
 //!   the record's current one and the record is `in_flight`; otherwise the script
 //!   writes nothing and returns 0 (the caller maps that to `Fenced`).
-//! - The key's TTL is the reap threshold (`keep_ms`, at least the replay window);
-//!   whether a completed record replays is decided from its stored timestamps.
+//! - TTL: completed and released records expire after the reap threshold
+//!   (`keep_ms`, at least the replay window; whether a completed record replays
+//!   is decided from its stored timestamps). Unfinished records (in flight,
+//!   parked) never expire: they keep their progress and intents until they
+//!   complete or an operator acts (the reaper lists them for review and keeps
+//!   them parked).
 
 use std::sync::LazyLock;
 
@@ -33,6 +41,35 @@ end
     };
 }
 
+/// The next fencing token of a record whose current token is `cur` (a
+/// decimal string, or false for none): one above both the account's
+/// high-water mark `seqk` and `cur` (a record written before the mark existed).
+/// Returned as the decimal string Redis stores.
+macro_rules! token_fn {
+    () => {
+        r#"
+local function num_less(a, b)
+  return #a < #b or (#a == #b and a < b)
+end
+local function next_token(seqk, cur)
+  if cur then
+    local s = redis.call('GET', seqk)
+    if (not s) or num_less(s, cur) then redis.call('SET', seqk, cur) end
+  end
+  redis.call('INCR', seqk)
+  return redis.call('GET', seqk)
+end
+local function has_progress(k)
+  if redis.call('HEXISTS', k, 'recovery_point') == 1 then return true end
+  for _, f in ipairs(redis.call('HKEYS', k)) do
+    if string.sub(f, 1, 5) == 'step:' then return true end
+  end
+  return false
+end
+"#
+    };
+}
+
 /// Claim: implements `idemkit_core::ClaimRequest::decide` exactly.
 ///
 /// ARGV: now ('' for the server's clock), lease length, replay window, keep,
@@ -44,16 +81,19 @@ end
 ///
 /// Returns `{1, token, recovery_point|nil, lease_expiry}` claimed, `{2, status, headers, body}`
 /// replay, `{3}` mismatch, `{4, retry_after_ms}` in progress, `{5}` a resume
-/// that found the record no longer as it saw it.
+/// that found the record no longer as it saw it, `{6}` parked.
+///
+/// KEYS: the record, the account's token high-water mark.
 const CLAIM: &str = concat!(
     now_fn!(),
+    token_fn!(),
     r#"
 local k = KEYS[1]
+local seqk = KEYS[2]
 local now = now_ms(ARGV[1])
 local expires = now + tonumber(ARGV[2])
 local resume = ARGV[12]
 local window = tonumber(ARGV[3])
-local keep = tonumber(ARGV[4])
 local fp = ARGV[5]
 local h = redis.call('HMGET', k, 'state', 'fingerprint', 'created_at', 'completed_at', 'lease_expires_at', 'token',
   'attempt')
@@ -83,35 +123,37 @@ if state then
     if h[2] ~= fp then return {3} end
     if resume ~= '' and h[6] ~= resume then return {5} end
     takeover = true
+  elseif state == 'parked' then
+    -- A human decides: never run again, whatever the window.
+    if h[2] ~= fp then return {3} end
+    return {6}
   elseif state ~= 'released' then
     return redis.error_reply('ERR idemkit: corrupt record state')
   end
 end
 if resume ~= '' and not takeover then return {5} end
+local tok = next_token(seqk, h[6])
 if takeover then
-  local tok = redis.call('HINCRBY', k, 'token', 1)
-  redis.call('HSET', k, 'lease_expires_at', expires, 'attempt', ARGV[11])
-  redis.call('PEXPIRE', k, keep + expires - now)
+  redis.call('HSET', k, 'token', tok, 'lease_expires_at', expires, 'attempt', ARGV[11])
+  -- Unfinished work never expires (see the module docs).
+  redis.call('PERSIST', k)
   return {1, tok, redis.call('HGET', k, 'recovery_point'), expires}
 end
 if state then
-  -- Reuse (released, or past the replay window): a clean slate, but the token
-  -- keeps growing so no earlier holder can ever write again.
-  local old = h[6]
+  -- Reuse (released, or past the replay window): a clean slate; the token
+  -- comes from the high-water mark, so no earlier holder can ever write again.
   redis.call('DEL', k)
-  redis.call('HSET', k, 'token', old)
 end
-local tok = redis.call('HINCRBY', k, 'token', 1)
-redis.call('HSET', k, 'state', 'in_flight', 'fingerprint', fp, 'created_at', now,
+redis.call('HSET', k, 'token', tok, 'state', 'in_flight', 'fingerprint', fp, 'created_at', now,
   'lease_expires_at', expires, 'keep_ms', ARGV[4], 'request_method', ARGV[6],
   'request_path', ARGV[7], 'request_headers', ARGV[8], 'request_body', ARGV[9], 'attempt', ARGV[11])
-redis.call('PEXPIRE', k, keep + expires - now)
 return {1, tok, false, expires}
 "#
 );
 
-/// The guard every lease-holder write starts with. Leaves `k`, `wid` and `keep`
-/// in scope; every body records `wid` as `last_write` in its `HSET`.
+/// The guard every lease-holder write starts with. Leaves `k`, `seqk`, `wid`
+/// and `keep` in scope; every body records `wid` as `last_write` in its `HSET`.
+/// KEYS: the record, its change channel, the account's token high-water mark.
 ///
 /// The last ARGV of every fenced script is a write id, unique per call: the same
 /// write delivered twice (the client retried after losing the reply) succeeds
@@ -121,8 +163,10 @@ macro_rules! fenced {
     ($body:literal) => {
         concat!(
             now_fn!(),
+            token_fn!(),
             r#"
 local k = KEYS[1]
+local seqk = KEYS[3]
 local wid = ARGV[#ARGV]
 local h = redis.call('HMGET', k, 'token', 'state', 'keep_ms', 'last_write')
 if h[4] == wid then return 1 end
@@ -139,7 +183,7 @@ const HEARTBEAT: &str = fenced!(
     r#"
 local expires = now_ms(ARGV[2]) + tonumber(ARGV[3])
 redis.call('HSET', k, 'lease_expires_at', expires, 'last_write', wid)
-if keep > 0 then redis.call('PEXPIRE', k, keep + tonumber(ARGV[3])) end
+redis.call('PERSIST', k)
 return 1
 "#
 );
@@ -164,13 +208,16 @@ return 1
 /// message, write id.
 const RELEASE: &str = fenced!(
     r#"
-redis.call('HINCRBY', k, 'token', 1)
-if redis.call('HEXISTS', k, 'recovery_point') == 1 then
-  redis.call('HSET', k, 'lease_expires_at', now_ms(ARGV[3]), 'last_error', ARGV[4], 'last_write', wid)
+local tok = next_token(seqk, h[1])
+if has_progress(k) then
+  redis.call('HSET', k, 'token', tok, 'lease_expires_at', now_ms(ARGV[3]), 'last_error', ARGV[4],
+    'last_write', wid)
+  redis.call('PERSIST', k)
 else
-  redis.call('HSET', k, 'state', 'released', 'lease_expires_at', '0', 'request_body', '', 'last_write', wid)
+  redis.call('HSET', k, 'token', tok, 'state', 'released', 'lease_expires_at', '0', 'request_body', '',
+    'last_write', wid)
+  if keep > 0 then redis.call('PEXPIRE', k, keep) end
 end
-if keep > 0 then redis.call('PEXPIRE', k, keep) end
 if ARGV[2] ~= '' then redis.call(ARGV[2], KEYS[2], ARGV[1]) end
 return 1
 "#
@@ -181,9 +228,9 @@ return 1
 /// ARGV: token, now ('' for the server's clock), error, publish command, write id.
 const ABANDON: &str = fenced!(
     r#"
-redis.call('HINCRBY', k, 'token', 1)
-redis.call('HSET', k, 'lease_expires_at', now_ms(ARGV[2]), 'last_error', ARGV[3], 'last_write', wid)
-if keep > 0 then redis.call('PEXPIRE', k, keep) end
+redis.call('HSET', k, 'token', next_token(seqk, h[1]), 'lease_expires_at', now_ms(ARGV[2]),
+  'last_error', ARGV[3], 'last_write', wid)
+redis.call('PERSIST', k)
 if ARGV[4] ~= '' then redis.call(ARGV[4], KEYS[2], ARGV[1]) end
 return 1
 "#
@@ -199,6 +246,160 @@ return 1
 "#
 );
 
+/// Park: ends the lease, never runs again (the claim answers parked), on a new
+/// token. Unfinished, so no TTL. ARGV: token, now ('' for the server's clock),
+/// reason, publish command, write id.
+const PARK: &str = fenced!(
+    r#"
+redis.call('HSET', k, 'token', next_token(seqk, h[1]), 'state', 'parked', 'lease_expires_at', now_ms(ARGV[2]),
+  'last_error', ARGV[3], 'last_write', wid)
+redis.call('PERSIST', k)
+if ARGV[4] ~= '' then redis.call(ARGV[4], KEYS[2], ARGV[1]) end
+return 1
+"#
+);
+
+/// An operator's release (`force_release`, or with ARGV[4] = '1'
+/// `discard_progress`) of a record nobody holds: parked, or in flight with an
+/// expired lease by the store's clock. Not fenced by a token: the state check
+/// is the guard. The record moves to a new token; without recorded progress
+/// (or when discarding it) it becomes `released`, else resumable (in flight,
+/// lease ended, progress kept).
+/// KEYS: the record, its change channel, the token high-water mark.
+/// ARGV: now ('' for the server's clock), last error, publish command,
+/// discard ('1' or '0'), keep for a record without one (ms).
+/// Returns 1 when released, 0 when nothing changed.
+const FORCE_RELEASE: &str = concat!(
+    now_fn!(),
+    token_fn!(),
+    r#"
+local k = KEYS[1]
+local h = redis.call('HMGET', k, 'state', 'lease_expires_at', 'token', 'keep_ms')
+local state = h[1]
+if not state then return 0 end
+local now = now_ms(ARGV[1])
+local lease = tonumber(h[2]) or 0
+if not (state == 'parked' or (state == 'in_flight' and lease <= now)) then return 0 end
+local tok = next_token(KEYS[3], h[3])
+local keep = tonumber(h[4]) or tonumber(ARGV[5])
+if ARGV[4] == '1' then
+  redis.call('HDEL', k, 'recovery_point')
+  for _, f in ipairs(redis.call('HKEYS', k)) do
+    if string.sub(f, 1, 5) == 'step:' then redis.call('HDEL', k, f) end
+  end
+end
+if has_progress(k) then
+  if lease > now then lease = now end
+  redis.call('HSET', k, 'token', tok, 'state', 'in_flight', 'lease_expires_at', lease, 'last_error', ARGV[2])
+  redis.call('PERSIST', k)
+else
+  redis.call('HSET', k, 'token', tok, 'state', 'released', 'lease_expires_at', '0', 'request_body', '',
+    'last_error', ARGV[2])
+  if keep > 0 then redis.call('PEXPIRE', k, keep) end
+end
+if ARGV[3] ~= '' then redis.call(ARGV[3], KEYS[2], tok) end
+return 1
+"#
+);
+
+/// One reaper batch. KEYS: triples (record, its review hash, the account's
+/// token high-water mark). ARGV: now ('' for the server's clock), before,
+/// the last error of a record moved to review.
+///
+/// A record that never completed (parked, or in flight with an expired lease)
+/// and was claimed before `before` is listed once in its review hash (field:
+/// its `created_at`, so one claim is listed once; value: the entry's fields,
+/// each length-prefixed, binary safe) and stays, parked on a new token, with
+/// no TTL. A completed record (by `completed_at`) or released one (by
+/// `created_at`) older than `before` is deleted after the high-water mark has
+/// been raised to its token. Returns `{deleted, moved}`.
+const REAP: &str = concat!(
+    now_fn!(),
+    token_fn!(),
+    r#"
+local now = now_ms(ARGV[1])
+local before = tonumber(ARGV[2])
+local deleted, moved = 0, 0
+local function enc(t)
+  local parts = {}
+  for _, v in ipairs(t) do parts[#parts + 1] = string.len(v) .. ':' .. v end
+  return table.concat(parts)
+end
+for i = 1, #KEYS, 3 do
+  local k, rk, seqk = KEYS[i], KEYS[i + 1], KEYS[i + 2]
+  local h = redis.call('HMGET', k, 'state', 'created_at', 'completed_at', 'lease_expires_at', 'token')
+  local state = h[1]
+  if state then
+    local created = tonumber(h[2])
+    local lease = tonumber(h[4]) or 0
+    if state == 'parked' or (state == 'in_flight' and lease <= now) then
+      if created < before and redis.call('HEXISTS', rk, h[2]) == 0 then
+        local f = redis.call('HGETALL', k)
+        local entry = {'state', state, 'reaped_at', string.format('%.0f', now)}
+        for j = 1, #f, 2 do
+          local n = f[j]
+          if n == 'created_at' or n == 'recovery_point' or n == 'last_error'
+            or string.sub(n, 1, 8) == 'request_' or string.sub(n, 1, 5) == 'step:' then
+            entry[#entry + 1] = n
+            entry[#entry + 1] = f[j + 1]
+          end
+        end
+        redis.call('HSET', rk, h[2], enc(entry))
+        if lease > now then lease = now end
+        redis.call('HSET', k, 'token', next_token(seqk, h[5]), 'state', 'parked', 'lease_expires_at', lease,
+          'last_error', ARGV[3])
+        redis.call('PERSIST', k)
+        moved = moved + 1
+      end
+    elseif (state == 'completed' and tonumber(h[3] or h[2]) < before)
+      or (state == 'released' and created < before) then
+      local s = redis.call('GET', seqk)
+      if h[5] and ((not s) or num_less(s, h[5])) then redis.call('SET', seqk, h[5]) end
+      redis.call('DEL', k)
+      deleted = deleted + 1
+    end
+  end
+end
+return {deleted, moved}
+"#
+);
+
+/// Reads many hashes in one round trip (operator listings, the completer's
+/// work list), filtering on the server. KEYS: the hashes. ARGV: mode (`all`,
+/// `state` or `abandoned`), the state (mode `state`), now ('' for the
+/// server's clock; mode `abandoned`), claimed-before (mode `abandoned`).
+/// Returns a flat array: name, fields (as `HGETALL`), name, fields, …
+const FETCH: &str = concat!(
+    now_fn!(),
+    r#"
+local mode = ARGV[1]
+local now = 0
+if mode == 'abandoned' then now = now_ms(ARGV[3]) end
+local out = {}
+for _, k in ipairs(KEYS) do
+  local ok = true
+  if mode ~= 'all' then
+    local h = redis.call('HMGET', k, 'state', 'lease_expires_at', 'created_at')
+    if not h[1] then
+      ok = false
+    elseif mode == 'state' then
+      ok = h[1] == ARGV[2]
+    else
+      ok = h[1] == 'in_flight' and tonumber(h[2]) <= now and tonumber(h[3]) <= tonumber(ARGV[4])
+    end
+  end
+  if ok then
+    local f = redis.call('HGETALL', k)
+    if #f > 0 then
+      out[#out + 1] = k
+      out[#out + 1] = f
+    end
+  end
+end
+return out
+"#
+);
+
 /// The compiled scripts (their SHA-1 is computed once).
 pub(crate) struct Scripts {
     pub(crate) claim: Lua,
@@ -207,6 +408,10 @@ pub(crate) struct Scripts {
     pub(crate) release: Lua,
     pub(crate) abandon: Lua,
     pub(crate) phase: Lua,
+    pub(crate) park: Lua,
+    pub(crate) force_release: Lua,
+    pub(crate) reap: Lua,
+    pub(crate) fetch: Lua,
 }
 
 /// A script's source and hash.
@@ -238,11 +443,15 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     release: Lua::new("release", RELEASE),
     abandon: Lua::new("abandon", ABANDON),
     phase: Lua::new("phase", PHASE),
+    park: Lua::new("park", PARK),
+    force_release: Lua::new("force_release", FORCE_RELEASE),
+    reap: Lua::new("reap", REAP),
+    fetch: Lua::new("fetch", FETCH),
 });
 
 impl Scripts {
     /// Every script, for preloading.
-    pub(crate) fn all(&self) -> [&Lua; 6] {
+    pub(crate) fn all(&self) -> [&Lua; 10] {
         [
             &self.claim,
             &self.heartbeat,
@@ -250,6 +459,10 @@ impl Scripts {
             &self.release,
             &self.abandon,
             &self.phase,
+            &self.park,
+            &self.force_release,
+            &self.reap,
+            &self.fetch,
         ]
     }
 }

@@ -19,3 +19,9 @@ mod conformance {
     // `None` (no Redis configured outside CI) skips each case with a notice.
     idemkit_testkit::store_conformance_tests!(optional super::common::fresh_single);
 }
+
+mod lifecycle {
+    // Phases, parking, the completer's work list, the reaper, the review list,
+    // listing and operator releases, each case on a fresh prefix.
+    idemkit_testkit::lifecycle_conformance_tests!(optional super::common::fresh_single);
+}

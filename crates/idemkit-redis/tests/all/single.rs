@@ -34,8 +34,13 @@ async fn key_layout_is_hash_tagged_by_account() {
     assert_eq!(key, format!("{prefix}:{{acct-%7B7%7D}}:k:order-1"));
 }
 
+/// TTL decisions: a completed or released record expires after the reap
+/// threshold (never shorter than the replay window); an unfinished one (in
+/// flight, abandoned, parked) never expires by TTL: its progress and intents
+/// stay until it completes or an operator acts. The token high-water mark has
+/// no TTL either.
 #[tokio::test]
-async fn ttl_is_the_reap_threshold_and_never_shorter_than_the_window() {
+async fn ttl_keeps_unfinished_work_and_expires_finished_records_after_the_reap_threshold() {
     let Some(url) = redis_url() else { return };
     let base = single_config("ttl");
     let reap = Duration::from_secs(3600);
@@ -47,17 +52,34 @@ async fn ttl_is_the_reap_threshold_and_never_shorter_than_the_window() {
     req.replay_window = Duration::from_secs(600);
     let lease = must_claim(&store, &req).await;
     let key = store.record_key(&s);
-    let in_flight = pttl(&store, &key).await;
-    assert!(
-        in_flight > 3_600_000 && in_flight <= 3_600_000 + 30_000,
-        "{in_flight}"
-    );
+    assert_eq!(pttl(&store, &key).await, -1, "in flight: no TTL");
+    store.heartbeat(&s, lease.token, LEASE).await.unwrap();
+    assert_eq!(pttl(&store, &key).await, -1, "heartbeat: no TTL");
     store
         .complete(&s, lease.token, &response(201, "x"))
         .await
         .unwrap();
     let done = pttl(&store, &key).await;
     assert!(done > 3_590_000 && done <= 3_600_000, "{done}");
+    let mark = format!("{}:{{acct-a}}:t", base.key_prefix);
+    assert_eq!(pttl(&store, &mark).await, -1, "the high-water mark never expires");
+
+    // Released without progress: a tombstone with the reap threshold's TTL.
+    let r = scope("acct-a", "k-ttl-released");
+    let l = must_claim(&store, &claim_req(&r, "{}")).await;
+    store.release(&r, l.token).await.unwrap();
+    let released = pttl(&store, &store.record_key(&r)).await;
+    assert!(released > 3_590_000 && released <= 3_600_000, "{released}");
+
+    // Abandoned, parked: no TTL.
+    let a = scope("acct-a", "k-ttl-abandoned");
+    let l = must_claim(&store, &claim_req(&a, "{}")).await;
+    store.abandon(&a, l.token, "courier timeout").await.unwrap();
+    assert_eq!(pttl(&store, &store.record_key(&a)).await, -1, "abandoned: no TTL");
+    let p = scope("acct-a", "k-ttl-parked");
+    let l = must_claim(&store, &claim_req(&p, "{}")).await;
+    store.park(&p, l.token, "outcome unknown").await.unwrap();
+    assert_eq!(pttl(&store, &store.record_key(&p)).await, -1, "parked: no TTL");
 
     // A reap threshold shorter than the window would drop records that must replay.
     let short = RedisStore::connect(
@@ -72,6 +94,96 @@ async fn ttl_is_the_reap_threshold_and_never_shorter_than_the_window() {
     short.complete(&s2, l2.token, &response(201, "y")).await.unwrap();
     let kept = pttl(&short, &short.record_key(&s2)).await;
     assert!(kept > (WINDOW.as_millis() as i64) - 10_000, "{kept}");
+}
+
+/// A record that expired by TTL (or was deleted any other way) and is claimed
+/// again gets a token above every token it had: the account's high-water mark
+/// outlives it, so a holder paused since then is fenced.
+#[tokio::test]
+async fn a_record_gone_by_ttl_never_restarts_its_tokens() {
+    let Some((store, clock)) = store("ttl-gone").await else {
+        return;
+    };
+    let s = scope("acct-a", "k-gone");
+    let req = claim_req(&s, "{}");
+    let first = must_claim(&store, &req).await;
+    clock.advance(LEASE * 2);
+    let second = must_claim(&store, &req).await;
+    store
+        .complete(&s, second.token, &response(201, "x"))
+        .await
+        .unwrap();
+    // What a TTL expiry does.
+    let client = redis::Client::open(store.config().urls[0].as_str()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let _: i64 = redis::cmd("DEL")
+        .arg(store.record_key(&s))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let third = must_claim(&store, &req).await;
+    assert!(
+        third.token > second.token && third.token > first.token,
+        "{third:?}"
+    );
+    for stale in [first.token, second.token] {
+        assert!(matches!(
+            store.complete(&s, stale, &response(201, "stale")).await,
+            Err(StoreError::Fenced)
+        ));
+    }
+}
+
+/// `discard_progress` drops the recovery point and step outputs of a record
+/// nobody holds and releases it on a new token; the next request runs as a
+/// first attempt. Live leases, completed and absent records are refused.
+#[tokio::test]
+async fn discard_progress_releases_a_parked_record_without_its_progress() {
+    let Some((store, clock)) = store("discard").await else {
+        return;
+    };
+    let s = scope("acct-a", "k-discard");
+    let req = claim_req(&s, "{}");
+    let l = must_claim(&store, &req).await;
+    assert!(!store.discard_progress(&s).await.unwrap(), "live lease");
+    store
+        .record_phase(
+            &s,
+            l.token,
+            "intent",
+            Some(("courier", &serde_json::json!({"intent": "k"}))),
+        )
+        .await
+        .unwrap();
+    store.park(&s, l.token, "outcome unknown").await.unwrap();
+    assert_eq!(store.claim(&req).await.unwrap(), ClaimOutcome::Parked);
+    assert!(store.discard_progress(&s).await.unwrap());
+    let rec = store.get(&s).await.unwrap().unwrap();
+    assert_eq!(rec.state, RecordState::Released);
+    assert_eq!(rec.recovery_point, None);
+    assert!(rec.step_outputs.is_empty());
+    assert_eq!(rec.last_error.as_deref(), Some(idemkit_core::FORCE_RELEASED));
+    assert!(rec.fencing_token > l.token);
+    let again = must_claim(&store, &req).await;
+    assert_eq!(again.resumed_from, None, "a first attempt");
+    assert!(again.token > rec.fencing_token);
+    store
+        .complete(&s, again.token, &response(201, "x"))
+        .await
+        .unwrap();
+    assert!(!store.discard_progress(&s).await.unwrap(), "completed");
+    assert!(
+        !store
+            .discard_progress(&scope("acct-a", "k-absent"))
+            .await
+            .unwrap()
+    );
+    // Abandoned by a crashed holder: only once its lease has expired.
+    let c = scope("acct-a", "k-discard-crashed");
+    must_claim(&store, &claim_req(&c, "{}")).await;
+    assert!(!store.discard_progress(&c).await.unwrap());
+    clock.advance(LEASE * 2);
+    assert!(store.discard_progress(&c).await.unwrap());
 }
 
 #[tokio::test]
