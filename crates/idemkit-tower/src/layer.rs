@@ -1,85 +1,16 @@
 //! The layer and its builder.
 
-use std::any::Any;
 use std::sync::Arc;
 
-use async_trait::async_trait;
 use http::{HeaderName, Method};
-use idemkit_core::{
-    ClaimRequest, FencingToken, Fingerprinter, KeyStore, PointerError, Policy, PolicyError, Scope,
-    StoreError, StoreResult, StoredResponse, TransactionalStore, TxClaim,
-};
+use idemkit_core::{Fingerprinter, KeyStore, PointerError, Policy, PolicyError, TransactionalStore};
 use tower::Layer;
+
+use crate::engine::{Engine, ErasedTxStore};
+use crate::shared::{DEFAULT_STATUS_PATH, IDEMPOTENCY_KEY, KeySource, Shared, Validator};
 
 use crate::resolver::{AccountResolver, Unscoped};
 use crate::service::Idempotency;
-
-/// Where the key is read from.
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub enum KeySource {
-    /// A request header (default `Idempotency-Key`).
-    Header(HeaderName),
-    /// A string field of the JSON body, by JSON pointer (e.g. `/idempotencyKey`).
-    JsonField(String),
-}
-
-/// Type-erased transactional store, so the layer has no type parameters.
-#[async_trait]
-pub(crate) trait ErasedTxStore: Send + Sync {
-    async fn claim_in_tx(&self, req: &ClaimRequest) -> StoreResult<TxClaim<Box<dyn Any + Send>>>;
-    async fn complete_in_tx(
-        &self,
-        tx: Box<dyn Any + Send>,
-        scope: &Scope,
-        token: FencingToken,
-        response: &StoredResponse,
-    ) -> StoreResult<()>;
-}
-
-#[async_trait]
-impl<S: TransactionalStore> ErasedTxStore for S {
-    async fn claim_in_tx(&self, req: &ClaimRequest) -> StoreResult<TxClaim<Box<dyn Any + Send>>> {
-        Ok(match TransactionalStore::claim_in_tx(self, req).await? {
-            TxClaim::Claimed { tx, lease } => TxClaim::Claimed {
-                tx: Box::new(tx),
-                lease,
-            },
-            TxClaim::Other(o) => TxClaim::Other(o),
-        })
-    }
-
-    async fn complete_in_tx(
-        &self,
-        tx: Box<dyn Any + Send>,
-        scope: &Scope,
-        token: FencingToken,
-        response: &StoredResponse,
-    ) -> StoreResult<()> {
-        let tx = tx
-            .downcast::<S::Tx>()
-            .map_err(|_| StoreError::Corrupt("claim transaction of the wrong type".into()))?;
-        TransactionalStore::complete_in_tx(self, *tx, scope, token, response).await
-    }
-}
-
-pub(crate) struct Shared {
-    pub(crate) store: Arc<dyn KeyStore>,
-    /// Set in single-step (transactional) mode.
-    pub(crate) tx_store: Option<Arc<dyn ErasedTxStore>>,
-    pub(crate) policy: Arc<Policy>,
-    pub(crate) fingerprinter: Fingerprinter,
-    pub(crate) key_source: KeySource,
-    pub(crate) resolver: Arc<dyn AccountResolver>,
-    pub(crate) max_request_body: usize,
-    pub(crate) methods: Vec<Method>,
-    pub(crate) status_path: String,
-    pub(crate) validator: Option<Arc<Validator>>,
-}
-
-/// A route's own request validation, run before the key is looked up.
-pub(crate) type Validator =
-    dyn Fn(&http::request::Parts, &[u8]) -> Result<(), crate::ProblemResponse> + Send + Sync;
 
 /// A tower [`Layer`] that makes the wrapped routes require an idempotency key and
 /// enforces the idemkit contract on them.
@@ -99,8 +30,7 @@ pub struct IdempotencyLayer {
 impl std::fmt::Debug for IdempotencyLayer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("IdempotencyLayer")
-            .field("transactional", &self.shared.tx_store.is_some())
-            .field("policy", &self.shared.policy)
+            .field("engine", &self.shared.engine)
             .field("key_source", &self.shared.key_source)
             .finish_non_exhaustive()
     }
@@ -120,7 +50,7 @@ impl IdempotencyLayer {
 
     /// The policy in force.
     pub fn policy(&self) -> &Policy {
-        &self.shared.policy
+        &self.shared.engine.policy
     }
 }
 
@@ -173,13 +103,6 @@ impl std::fmt::Debug for IdempotencyLayerBuilder {
             .finish_non_exhaustive()
     }
 }
-
-/// The default key header.
-pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
-/// Default prefix of the status URLs handed out with `202 Accepted`.
-pub const DEFAULT_STATUS_PATH: &str = "/idempotency/requests";
-/// The header marking a replayed response.
-pub const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
 
 impl IdempotencyLayerBuilder {
     fn new(store: Arc<dyn KeyStore>, tx_store: Option<Arc<dyn ErasedTxStore>>) -> Self {
@@ -285,10 +208,7 @@ impl IdempotencyLayerBuilder {
         }
         Ok(IdempotencyLayer {
             shared: Arc::new(Shared {
-                store: self.store,
-                tx_store: self.tx_store,
-                policy: Arc::new(self.policy),
-                fingerprinter,
+                engine: Engine::new(self.store, self.tx_store, self.policy, fingerprinter),
                 key_source: self.key_source,
                 resolver: self.resolver.ok_or(ConfigError::NoResolver)?,
                 max_request_body: self.max_request_body,

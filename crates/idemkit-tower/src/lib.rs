@@ -34,7 +34,9 @@
 //! stable `code` and a `retryable` flag; see [`idemkit_core::ErrorCode`].
 
 pub mod config;
+pub mod engine;
 mod extract;
+mod future;
 mod jobs;
 mod layer;
 pub mod metrics;
@@ -42,17 +44,18 @@ mod outcome;
 mod phases;
 mod problem;
 mod resolver;
+mod response;
 mod service;
+mod shared;
 mod status;
 
 pub use extract::{IdempotencyContext, Tx};
+pub use future::ResponseFuture;
 pub use jobs::{Completer, CompleterReport, ReapThresholdTooShort, Reaper};
-pub use layer::{
-    ConfigError, DEFAULT_STATUS_PATH, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, IdempotencyLayer,
-    IdempotencyLayerBuilder, KeySource,
-};
+pub use layer::{ConfigError, IdempotencyLayer, IdempotencyLayerBuilder};
 pub use outcome::Outcome;
 pub use phases::{CallError, Downstream, PhaseError, Phases};
 pub use problem::{Json, ProblemResponse, method_not_allowed, not_found};
 pub use resolver::{AccountResolver, BearerTokenAccount, TrustedHeaderAccount, bearer_token};
 pub use service::Idempotency;
+pub use shared::{DEFAULT_STATUS_PATH, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, KeySource};

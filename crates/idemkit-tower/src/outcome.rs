@@ -2,7 +2,9 @@
 
 use axum::response::{IntoResponseParts, ResponseParts};
 
-/// Attach to a response to override the route policy for it.
+pub use crate::engine::Outcome;
+
+/// Attach an [`Outcome`] to a response to override the route policy for it.
 ///
 /// ```
 /// use axum::response::IntoResponse;
@@ -15,19 +17,6 @@ use axum::response::{IntoResponseParts, ResponseParts};
 /// let transient = (StatusCode::BAD_GATEWAY, Outcome::Retryable, "courier timed out").into_response();
 /// # let _ = (permanent, transient);
 /// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Outcome {
-    /// Store and replay this response, whatever its status.
-    Final,
-    /// Do not store it; end the lease now so the next attempt resumes without waiting.
-    Retryable,
-    /// The handler already settled the record itself (its final phase stored the
-    /// response, or it parked the request, or its lease was lost): the layer leaves
-    /// the record as it is.
-    Settled,
-}
-
 impl IntoResponseParts for Outcome {
     type Error = std::convert::Infallible;
 

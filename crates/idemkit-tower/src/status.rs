@@ -1,55 +1,17 @@
 //! The `accepted` in-flight behaviour: `202` with a status URL the layer serves.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::Router;
 use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use http::request::Parts;
-use http::{HeaderValue, StatusCode, header};
 use idemkit_core::{ErrorCode, IdempotencyKey, RecordState, Scope};
-use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 
-use crate::layer::Shared;
-use crate::problem::retry_after_secs;
-use crate::service::{replay_response, store_problem};
+use crate::response::{in_progress, replay_response, store_problem};
+use crate::shared::Shared;
 use crate::{IdempotencyLayer, ProblemResponse};
-
-/// Everything but the unreserved characters of RFC 3986 is escaped in the key's
-/// path segment.
-const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC
-    .remove(b'-')
-    .remove(b'.')
-    .remove(b'_')
-    .remove(b'~');
-
-fn in_progress(location: Option<String>, retry_after: Duration) -> Response {
-    let mut body = serde_json::json!({ "status": "in_progress" });
-    if let Some(l) = &location {
-        body["statusUrl"] = l.clone().into();
-    }
-    let mut res = (StatusCode::ACCEPTED, axum::Json(body)).into_response();
-    res.headers_mut().insert(
-        header::RETRY_AFTER,
-        HeaderValue::from(retry_after_secs(retry_after)),
-    );
-    if let Some(l) = location.and_then(|l| HeaderValue::from_str(&l).ok()) {
-        res.headers_mut().insert(header::LOCATION, l);
-    }
-    res
-}
-
-/// The `202 Accepted` answer for a duplicate of a request still in flight.
-pub(crate) fn accepted(shared: &Shared, scope: &Scope, retry_after: Duration) -> Response {
-    let location = format!(
-        "{}/{}",
-        shared.status_path.trim_end_matches('/'),
-        utf8_percent_encode(scope.key.as_str(), SEGMENT)
-    );
-    in_progress(Some(location), retry_after)
-}
 
 async fn status(State(shared): State<Arc<Shared>>, Path(key): Path<String>, parts: Parts) -> Response {
     let account = match shared.resolver.resolve(&parts) {
@@ -61,22 +23,25 @@ async fn status(State(shared): State<Arc<Shared>>, Path(key): Path<String>, part
         Err(e) => return ProblemResponse::new(e.code(), e.to_string()).into_response(),
     };
     let scope = Scope::new(account, key);
-    let now = shared.store.now();
-    match shared.store.get(&scope).await {
+    let now = shared.engine.store.now();
+    match shared.engine.store.get(&scope).await {
         Ok(Some(r)) => match (r.state, r.response) {
             // Past the replay window a completed record no longer replays (the
             // key is a new request then), and neither does its status URL.
             (RecordState::Completed, Some(stored))
                 if r.completed_at
                     .unwrap_or(r.created_at)
-                    .plus(shared.policy.replay_window)
+                    .plus(shared.engine.policy.replay_window)
                     > now =>
             {
-                replay_response(stored, &shared.policy)
+                replay_response(stored, &shared.engine.policy)
             }
             (RecordState::InFlight, _) => in_progress(
                 None,
-                shared.policy.in_progress_hint(now.until(r.lease_expires_at)),
+                shared
+                    .engine
+                    .policy
+                    .in_progress_hint(now.until(r.lease_expires_at)),
             ),
             (RecordState::Parked, _) => ProblemResponse::new(
                 ErrorCode::RequestParked,

@@ -1,0 +1,431 @@
+//! A running attempt: the claim it holds, its heartbeat, and how it finishes.
+
+use std::any::Any;
+use std::sync::Arc;
+use std::time::Duration;
+
+use idemkit_core::{
+    ClaimRequest, ErrorCode, KeyStore, Lease, Policy, Problem, Scope, ServerErrorPolicy, StoreError,
+    StoredResponse,
+};
+use tokio::task::JoinHandle;
+
+use super::{Engine, Refusal, Refused, stored_problem};
+use crate::metrics::{op, outcome, timed};
+
+/// How a handler overrides the route's storage policy for one response
+/// (SPEC §5). Adapters attach it to a response (`idemkit_tower::Outcome` in an
+/// axum response's parts).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Outcome {
+    /// Store and replay this response, whatever its status.
+    Final,
+    /// Do not store it; end the lease now so the next attempt resumes without waiting.
+    Retryable,
+    /// The handler already settled the record itself (its final phase stored the
+    /// response, or it parked the request, or its lease was lost): the layer leaves
+    /// the record as it is.
+    Settled,
+}
+
+/// What happens to a handler's answer (SPEC §5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Disposition {
+    /// Stored; the key replays it.
+    Store,
+    /// Not stored; the key is free (unless progress was recorded).
+    Release,
+    /// Not stored; the lease ends at once and the record stays resumable.
+    Abandon,
+    /// The handler settled the record itself.
+    Leave,
+}
+
+impl Disposition {
+    /// The `disposition` field of the `idemkit.complete` span.
+    pub const fn label(self) -> &'static str {
+        match self {
+            Self::Store => "store",
+            Self::Release => "release",
+            Self::Abandon => "abandon",
+            Self::Leave => "leave",
+        }
+    }
+
+    /// The route policy's choice for an answer with `status`, unless the handler
+    /// overrode it with `outcome`.
+    pub fn of(status: u16, outcome: Option<Outcome>, policy: &Policy) -> Self {
+        match outcome {
+            Some(Outcome::Final) => return Self::Store,
+            Some(Outcome::Retryable) => return Self::Abandon,
+            Some(Outcome::Settled) => return Self::Leave,
+            None => {}
+        }
+        if (500..600).contains(&status) {
+            return match policy.on_server_error {
+                ServerErrorPolicy::Replay => Self::Store,
+                _ => Self::Release,
+            };
+        }
+        match status {
+            // Rejected before any side effect (validation, auth, size, media type) or
+            // transient (timeout, too early, throttled): the corrected or later request
+            // may reuse the key.
+            400 | 401 | 403 | 408 | 413 | 415 | 422 | 425 | 429 => Self::Release,
+            _ => Self::Store,
+        }
+    }
+}
+
+/// How an attempt that had to store its answer finished.
+#[derive(Debug)]
+pub enum Finished {
+    /// The answer is stored: send it.
+    Stored,
+    /// The answer could not be stored; send this instead.
+    Refused(Refused),
+}
+
+/// A claim held while the handler runs.
+pub struct Attempt {
+    engine: Engine,
+    claim: ClaimRequest,
+    pub(super) lease: Lease,
+    /// Single-step mode: the open transaction holding the uncommitted claim,
+    /// until the adapter hands it to the handler (behind a mutex only so that
+    /// `&Attempt` is `Send` while the handler runs).
+    tx: std::sync::Mutex<Option<Box<dyn Any + Send>>>,
+}
+
+impl std::fmt::Debug for Attempt {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Attempt")
+            .field("lease", &self.lease)
+            .field("transactional", &self.engine.tx_store.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Attempt {
+    pub(super) fn new(
+        engine: Engine,
+        claim: ClaimRequest,
+        lease: Lease,
+        tx: Option<Box<dyn Any + Send>>,
+    ) -> Self {
+        Self {
+            engine,
+            claim,
+            lease,
+            tx: std::sync::Mutex::new(tx),
+        }
+    }
+
+    /// (account, key).
+    pub fn scope(&self) -> &Scope {
+        &self.claim.scope
+    }
+
+    /// The lease held (its token fences every write).
+    pub fn lease(&self) -> &Lease {
+        &self.lease
+    }
+
+    /// The route policy.
+    pub fn policy(&self) -> &Arc<Policy> {
+        &self.engine.policy
+    }
+
+    /// Whether the claim is an uncommitted single-step claim (rolled back if the
+    /// attempt is dropped) rather than a committed lease.
+    pub fn is_transactional(&self) -> bool {
+        self.engine.tx_store.is_some()
+    }
+
+    /// A handle to settle this lease-mode attempt with if the task running it
+    /// dies (a panicking handler): the same claim and lease, no transaction.
+    pub(crate) fn recovery_handle(&self) -> Attempt {
+        Attempt::new(self.engine.clone(), self.claim.clone(), self.lease.clone(), None)
+    }
+
+    /// Takes the claim's open transaction (single-step mode), to hand to the
+    /// handler; give it back to [`Attempt::store`] when the handler returns.
+    pub fn take_tx(&mut self) -> Option<Box<dyn Any + Send>> {
+        self.tx.get_mut().unwrap_or_else(|e| e.into_inner()).take()
+    }
+
+    /// Runs the handler. In lease mode, if it is still running after one
+    /// heartbeat interval, a heartbeat task starts beating at once and keeps the
+    /// lease alive until the handler ends. Most handlers finish well within a
+    /// third of the lease and never pay for a spawned task; the task (not an
+    /// inline future) is what keeps beating even if a handler blocks its
+    /// executor thread. Single-step claims are invisible until they commit:
+    /// nothing to keep alive.
+    pub async fn run<F: Future>(&self, handler: F) -> F::Output {
+        if self.is_transactional() {
+            return handler.await;
+        }
+        let policy = &self.engine.policy;
+        // Policy validation keeps the lease positive; the floor only guards the timer.
+        let every = policy.heartbeat_interval().max(Duration::from_millis(1));
+        tokio::pin!(handler);
+        tokio::select! {
+            biased;
+            out = &mut handler => out,
+            () = tokio::time::sleep(every) => {
+                let _heartbeat = spawn_heartbeat(
+                    self.engine.store.clone(),
+                    self.claim.scope.clone(),
+                    &self.lease,
+                    policy.lease,
+                    every,
+                );
+                handler.await
+            }
+        }
+    }
+
+    /// Stores the answer: in the claim's transaction (single-step, given back as
+    /// `tx`), or with a fenced write retried briefly when the store is
+    /// unavailable (the handler's effects have happened, so giving up early
+    /// costs a re-execution). A single-step claim that lost the race at commit
+    /// is answered with what the key now answers.
+    pub async fn store(self, tx: Option<Box<dyn Any + Send>>, stored: &StoredResponse) -> Finished {
+        let scope = &self.claim.scope;
+        let committed = match (&self.engine.tx_store, tx) {
+            (Some(tx_store), Some(tx)) => {
+                timed(
+                    op::COMPLETE,
+                    tx_store.complete_in_tx(tx, scope, self.lease.token, stored),
+                )
+                .await
+            }
+            (Some(_), None) => {
+                return Finished::Refused(Refused::new(
+                    outcome::ERROR,
+                    Refusal::problem(
+                        ErrorCode::Internal,
+                        "the handler kept the claim transaction past its return; rolled back",
+                    ),
+                ));
+            }
+            (None, _) => complete_with_retry(self.engine.store.as_ref(), scope, &self.lease, stored).await,
+        };
+        match committed {
+            Ok(()) => Finished::Stored,
+            Err(StoreError::Conflict) => {
+                // Another request with this key committed first and this attempt's
+                // writes were rolled back: answer what the key now answers.
+                tracing::debug!("idempotency: single-step claim lost the race at commit");
+                match self.engine.begin(self.claim.clone()).await {
+                    Err(settled) => Finished::Refused(settled),
+                    Ok(_) => Finished::Refused(Refused::new(
+                        outcome::IN_PROGRESS,
+                        Refusal::problem(
+                            ErrorCode::RequestInProgress,
+                            "a concurrent request with this idempotency key changed its state; retry",
+                        )
+                        .with_retry_after(Duration::from_secs(1)),
+                    )),
+                }
+            }
+            Err(e) => Finished::Refused(Refused::store(&e)),
+        }
+    }
+
+    /// The answer could not be stored (larger than the storage cap, or its body
+    /// failed). Single-step: everything rolls back, nothing happened. Lease
+    /// mode: the handler's effects may have happened, so a too-large answer is
+    /// stored as `problem` (what the key now answers); a failed body releases.
+    pub async fn unstorable(
+        self,
+        tx: Option<Box<dyn Any + Send>>,
+        problem: Problem,
+        too_large: bool,
+    ) -> Refused {
+        if self.is_transactional() {
+            drop(tx);
+            return Refused::new(
+                outcome::ERROR,
+                Refusal::Problem {
+                    problem,
+                    retry_after: None,
+                },
+            );
+        }
+        if too_large {
+            let stored = stored_problem(&problem);
+            return match complete_with_retry(
+                self.engine.store.as_ref(),
+                &self.claim.scope,
+                &self.lease,
+                &stored,
+            )
+            .await
+            {
+                Ok(()) => Refused::new(
+                    outcome::ERROR,
+                    Refusal::Problem {
+                        problem,
+                        retry_after: None,
+                    },
+                ),
+                Err(e) => Refused::store(&e),
+            };
+        }
+        self.settle(tx, Disposition::Release).await;
+        Refused::new(
+            outcome::ERROR,
+            Refusal::Problem {
+                problem,
+                retry_after: None,
+            },
+        )
+    }
+
+    /// Releases or abandons the key without storing an answer, and says which
+    /// (an [`outcome`]). In single-step mode both are a rollback: the claim was
+    /// never committed.
+    pub async fn settle(self, tx: Option<Box<dyn Any + Send>>, how: Disposition) -> &'static str {
+        if self.is_transactional() {
+            drop(tx);
+            return outcome::RELEASED;
+        }
+        let store = self.engine.store.as_ref();
+        let (scope, token) = (&self.claim.scope, self.lease.token);
+        let (counted, result) = match how {
+            Disposition::Abandon => (
+                outcome::ABANDONED,
+                timed(
+                    op::ABANDON,
+                    store.abandon(scope, token, "handler marked the outcome retryable"),
+                )
+                .await,
+            ),
+            // A request that recorded progress (a phase, an external-call intent)
+            // keeps it: the next attempt resumes from the recovery point instead of
+            // starting over. When the read fails (the store flapping) progress may
+            // exist, so the record is abandoned, never released; and the store's
+            // release itself refuses to wipe recorded progress.
+            _ => match timed(op::GET, store.get(scope)).await {
+                Ok(Some(r)) if r.recovery_point.is_none() && r.step_outputs.is_empty() => (
+                    outcome::RELEASED,
+                    timed(op::RELEASE, store.release(scope, token)).await,
+                ),
+                Ok(Some(_)) => (
+                    outcome::ABANDONED,
+                    timed(
+                        op::ABANDON,
+                        store.abandon(scope, token, "the handler failed after recording progress"),
+                    )
+                    .await,
+                ),
+                Ok(None) => (outcome::LEASE_LOST, Err(StoreError::Fenced)),
+                Err(e) => {
+                    tracing::warn!(error = %e, "idempotency: could not read the record to settle it; abandoning");
+                    (
+                        outcome::ABANDONED,
+                        timed(
+                            op::ABANDON,
+                            store.abandon(
+                                scope,
+                                token,
+                                "the handler failed and the record could not be read",
+                            ),
+                        )
+                        .await,
+                    )
+                }
+            },
+        };
+        match result {
+            Ok(()) => counted,
+            Err(StoreError::Fenced) => outcome::LEASE_LOST,
+            Err(e) => {
+                // The lease still expires on its own; the next attempt takes over then.
+                tracing::warn!(error = %e, "idempotency: could not release the key");
+                counted
+            }
+        }
+    }
+}
+
+/// Aborts the heartbeat when the request ends, however it ends.
+struct AbortOnDrop(JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+fn spawn_heartbeat(
+    store: Arc<dyn KeyStore>,
+    scope: Scope,
+    lease: &Lease,
+    length: Duration,
+    every: Duration,
+) -> AbortOnDrop {
+    let token = lease.token;
+    AbortOnDrop(tokio::spawn(async move {
+        // The first beat is due now: the handler has already run one interval.
+        let mut tick = tokio::time::interval(every);
+        loop {
+            tick.tick().await;
+            match timed(op::HEARTBEAT, store.heartbeat(&scope, token, length)).await {
+                Ok(_) => {}
+                Err(StoreError::Fenced) => {
+                    tracing::warn!(
+                        "idempotency: lease lost to a takeover; this attempt's completion will be refused"
+                    );
+                    return;
+                }
+                Err(e) => tracing::warn!(error = %e, "idempotency: heartbeat failed; will retry"),
+            }
+        }
+    }))
+}
+
+/// Lease-mode completion, retried briefly when the store is unavailable.
+async fn complete_with_retry(
+    store: &dyn KeyStore,
+    scope: &Scope,
+    lease: &Lease,
+    stored: &StoredResponse,
+) -> Result<(), StoreError> {
+    let mut delay = Duration::from_millis(50);
+    for attempt in 1.. {
+        match timed(op::COMPLETE, store.complete(scope, lease.token, stored)).await {
+            Err(StoreError::Unavailable(e)) if attempt < 4 => {
+                tracing::warn!(error = %e, attempt, "idempotency: completion failed; retrying");
+                tokio::time::sleep(delay.mul_f64(rand::random_range(0.5..1.0))).await;
+                delay *= 2;
+            }
+            other => return other,
+        }
+    }
+    unreachable!("the loop returns")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dispositions_follow_the_spec() {
+        let p = Policy::new();
+        let d = |s: u16, o| Disposition::of(s, o, &p);
+        assert_eq!(d(201, None), Disposition::Store);
+        assert_eq!(d(404, None), Disposition::Store);
+        assert_eq!(d(409, None), Disposition::Store);
+        assert_eq!(d(400, None), Disposition::Release);
+        assert_eq!(d(422, None), Disposition::Release);
+        assert_eq!(d(429, None), Disposition::Release);
+        assert_eq!(d(500, None), Disposition::Release);
+        assert_eq!(d(502, Some(Outcome::Final)), Disposition::Store);
+        assert_eq!(d(201, Some(Outcome::Retryable)), Disposition::Abandon);
+        let replay = Policy::new().with_server_error_policy(ServerErrorPolicy::Replay);
+        assert_eq!(Disposition::of(502, None, &replay), Disposition::Store);
+    }
+}

@@ -1,0 +1,426 @@
+//! The request lifecycle, protocol-neutral (SPEC §3–§7): begin (fingerprint,
+//! claim, wait/reject/accept) → a running attempt (heartbeat, fencing) → finish
+//! (store, release, abandon by policy) → replay.
+//!
+//! It knows no axum, hyper body type or tonic: adapters hand it a request's
+//! scope, method, target, selected headers and body bytes, and get back either
+//! an [`Attempt`] to run their handler under or a [`Refusal`] (a stored response
+//! to replay, or a problem with its stable code) to answer without running
+//! anything. The HTTP adapter ([`crate::Idempotency`]) is one such adapter; a gRPC
+//! adapter or a proxy is another. Nothing in this module tree may import a
+//! protocol crate (a test reads the sources to keep it so).
+
+mod attempt;
+mod erased;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use idemkit_core::{
+    ClaimOutcome, ClaimRequest, ErrorCode, FencingToken, Fingerprinter, IdempotencyKey, InFlightBehavior,
+    KeyError, KeyStore, Policy, Problem, Scope, StoreError, StoredHeader, StoredRequest, StoredResponse,
+    TxClaim,
+};
+use tracing::Instrument;
+use tracing::field::Empty;
+
+pub use attempt::{Attempt, Disposition, Finished, Outcome};
+pub(crate) use erased::ErasedTxStore;
+
+use crate::metrics::{self, op, outcome, timed};
+
+/// The engine of one route: its store, policy and fingerprinter.
+#[derive(Clone)]
+pub struct Engine {
+    pub(crate) store: Arc<dyn KeyStore>,
+    /// Set in single-step (transactional) mode.
+    pub(crate) tx_store: Option<Arc<dyn ErasedTxStore>>,
+    pub(crate) policy: Arc<Policy>,
+    pub(crate) fingerprinter: Fingerprinter,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("transactional", &self.tx_store.is_some())
+            .field("policy", &self.policy)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One request as an adapter sees it, reduced to what the contract needs.
+#[derive(Debug, Clone)]
+pub struct Incoming<'a> {
+    /// (account, key).
+    pub scope: Scope,
+    /// The method (an HTTP method, or a gRPC full method name).
+    pub method: &'a str,
+    /// The route path with its query string (part of the fingerprint).
+    pub target: &'a str,
+    /// Headers kept with the record for the completer; never credentials.
+    pub headers: Vec<StoredHeader>,
+    /// The body bytes.
+    pub body: &'a [u8],
+    /// Set by the completer: the token of the abandoned record it resumes.
+    pub resume: Option<FencingToken>,
+}
+
+/// A request answered without running the handler.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum Refusal {
+    /// The request already completed: replay this.
+    Replay(StoredResponse),
+    /// Another attempt holds the key and the route answers `202` with a status
+    /// URL (the `accepted` in-flight behaviour); retry after this long.
+    Accepted {
+        /// The in-progress hint.
+        retry_after: Duration,
+    },
+    /// A problem with its stable code (key reused, in progress, parked, store
+    /// unavailable, …), and `Retry-After` where the client should wait.
+    Problem {
+        /// The document.
+        problem: Problem,
+        /// The hint, if any.
+        retry_after: Option<Duration>,
+    },
+}
+
+impl Refusal {
+    fn problem(code: ErrorCode, detail: impl Into<String>) -> Self {
+        Self::Problem {
+            problem: Problem::new(code, detail),
+            retry_after: None,
+        }
+    }
+
+    fn with_retry_after(self, d: Duration) -> Self {
+        match self {
+            Self::Problem { problem, .. } => Self::Problem {
+                problem,
+                retry_after: Some(d),
+            },
+            other => other,
+        }
+    }
+
+    /// The answer for a store failure.
+    pub fn store(e: &StoreError) -> Self {
+        let (problem, retry_after) = store_problem(e);
+        Self::Problem { problem, retry_after }
+    }
+}
+
+/// The problem a store failure is answered with.
+pub(crate) fn store_problem(e: &StoreError) -> (Problem, Option<Duration>) {
+    match e {
+        StoreError::Fenced => (
+            Problem::new(
+                ErrorCode::LeaseLost,
+                "this attempt's lease was taken over by a later attempt; its writes were discarded; retry to get the stored result",
+            ),
+            Some(Duration::from_secs(1)),
+        ),
+        StoreError::Unavailable(_) => {
+            tracing::warn!(error = %e, "idempotency: store unavailable");
+            (
+                Problem::new(
+                    ErrorCode::StoreUnavailable,
+                    "the idempotency store is unavailable; retry with the same key",
+                ),
+                Some(Duration::from_secs(1)),
+            )
+        }
+        _ => {
+            tracing::error!(error = %e, "idempotency: store failure");
+            (
+                Problem::new(
+                    ErrorCode::Internal,
+                    "the idempotency store failed; retry with the same key",
+                ),
+                None,
+            )
+        }
+    }
+}
+
+/// A refusal and how it counts in [`metrics::REQUESTS`].
+#[derive(Debug)]
+pub struct Refused {
+    /// The answer.
+    pub refusal: Refusal,
+    /// The `outcome` label.
+    pub outcome: &'static str,
+}
+
+impl Refused {
+    fn new(outcome: &'static str, refusal: Refusal) -> Self {
+        Self { refusal, outcome }
+    }
+
+    pub(crate) fn store(e: &StoreError) -> Self {
+        Self::new(metrics::store_outcome(e), Refusal::store(e))
+    }
+}
+
+/// The problem for a key that cannot be used.
+pub fn key_problem(e: &KeyError) -> Problem {
+    Problem::new(e.code(), e.to_string())
+}
+
+/// Reads the key from a string field of a JSON body (`pointer`, RFC 6901).
+pub fn key_from_json(body: &[u8], pointer: &str) -> Result<IdempotencyKey, Problem> {
+    let value: serde_json::Value = serde_json::from_slice(body).map_err(|e| {
+        Problem::new(
+            ErrorCode::ValidationFailed,
+            format!("the body is not valid JSON: {e}"),
+        )
+    })?;
+    match value.pointer(pointer) {
+        None | Some(serde_json::Value::Null) => Err(key_problem(&KeyError::Missing)),
+        Some(serde_json::Value::String(s)) => IdempotencyKey::parse(s).map_err(|e| key_problem(&e)),
+        Some(_) => Err(Problem::new(
+            ErrorCode::KeyInvalid,
+            format!("`{pointer}` must be a string"),
+        )),
+    }
+}
+
+impl Engine {
+    pub(crate) fn new(
+        store: Arc<dyn KeyStore>,
+        tx_store: Option<Arc<dyn ErasedTxStore>>,
+        policy: Policy,
+        fingerprinter: Fingerprinter,
+    ) -> Self {
+        Self {
+            store,
+            tx_store,
+            policy: Arc::new(policy),
+            fingerprinter,
+        }
+    }
+
+    /// The route policy.
+    pub fn policy(&self) -> &Arc<Policy> {
+        &self.policy
+    }
+
+    /// The key store.
+    pub fn store(&self) -> &Arc<dyn KeyStore> {
+        &self.store
+    }
+
+    /// Whether claims share the handler's transaction (single-step mode).
+    pub fn is_transactional(&self) -> bool {
+        self.tx_store.is_some()
+    }
+
+    /// The claim for `req`: its fingerprint (method, target with query, body)
+    /// and the request kept for the completer.
+    pub fn claim_request(&self, req: &Incoming<'_>) -> ClaimRequest {
+        ClaimRequest {
+            scope: req.scope.clone(),
+            fingerprint: self.fingerprinter.compute(req.method, req.target, req.body),
+            request: StoredRequest {
+                method: req.method.to_owned(),
+                path: req.target.to_owned(),
+                headers: req.headers.clone(),
+                body: req.body.to_vec(),
+            },
+            lease: self.policy.lease,
+            replay_window: self.policy.replay_window,
+            lock_wait: match self.policy.in_flight {
+                InFlightBehavior::Wait(d) => d,
+                _ => Duration::ZERO,
+            },
+            resume: req.resume,
+        }
+    }
+
+    /// Begins a request: claims its key (waiting for a live holder when the
+    /// policy says so), in an `idemkit.claim` span recording the outcome and
+    /// fencing token. `Ok` hands the caller the attempt to run its handler
+    /// under; `Err` is the answer to give without running anything.
+    pub async fn begin(&self, claim: ClaimRequest) -> Result<Attempt, Refused> {
+        let span = tracing::info_span!("idemkit.claim", outcome = Empty, token = Empty);
+        let result = self.acquire(&claim).instrument(span.clone()).await;
+        match &result {
+            Ok((lease, _)) => {
+                span.record("token", lease.token.0);
+                span.record(
+                    "outcome",
+                    if lease.resumed_from.is_some() {
+                        "resumed"
+                    } else {
+                        "claimed"
+                    },
+                );
+            }
+            Err(refused) => {
+                span.record("outcome", refused.outcome);
+            }
+        }
+        result.map(|(lease, tx)| Attempt::new(self.clone(), claim, lease, tx))
+    }
+
+    async fn acquire(
+        &self,
+        claim: &ClaimRequest,
+    ) -> Result<(idemkit_core::Lease, Option<Box<dyn std::any::Any + Send>>), Refused> {
+        let wait_until = match self.policy.in_flight {
+            InFlightBehavior::Wait(d) => Some(tokio::time::Instant::now() + d),
+            _ => None,
+        };
+        let mut poll = Duration::from_millis(20);
+        loop {
+            let outcome = match &self.tx_store {
+                Some(tx_store) => match timed(op::CLAIM, tx_store.claim_in_tx(claim)).await {
+                    Ok(TxClaim::Claimed { tx, lease }) => return Ok((lease, Some(tx))),
+                    Ok(TxClaim::Other(o)) => o,
+                    Err(e) => return Err(Refused::store(&e)),
+                },
+                None => match timed(op::CLAIM, self.store.claim(claim)).await {
+                    Ok(ClaimOutcome::Claimed(lease)) => return Ok((lease, None)),
+                    Ok(o) => o,
+                    Err(e) => return Err(Refused::store(&e)),
+                },
+            };
+            match outcome {
+                ClaimOutcome::Replay(stored) => {
+                    tracing::debug!(status = stored.status, "idempotency: replay");
+                    return Err(Refused::new(outcome::REPLAYED, Refusal::Replay(stored)));
+                }
+                ClaimOutcome::Mismatch => {
+                    tracing::debug!("idempotency: key reused with a different request");
+                    return Err(Refused::new(
+                        outcome::KEY_REUSED,
+                        Refusal::Problem {
+                            problem: Problem::new(
+                                ErrorCode::KeyReused,
+                                "this idempotency key was already used with a different request (method, path, query or body); use a new key for a new request",
+                            )
+                            .with_status(self.policy.mismatch_status.as_u16()),
+                            retry_after: None,
+                        },
+                    ));
+                }
+                ClaimOutcome::Parked => {
+                    return Err(Refused::new(
+                        outcome::PARKED,
+                        Refusal::problem(
+                            ErrorCode::RequestParked,
+                            "this request was parked for human review (an external call's outcome is unknown); \
+                             it will not run again",
+                        ),
+                    ));
+                }
+                ClaimOutcome::Stale => {
+                    // Only the completer resumes; the record moved on since it listed it.
+                    return Err(Refused::new(
+                        outcome::STALE,
+                        Refusal::problem(
+                            ErrorCode::RequestInProgress,
+                            "the abandoned attempt this resume was for is no longer abandoned; nothing ran",
+                        )
+                        .with_retry_after(Duration::from_secs(1)),
+                    ));
+                }
+                ClaimOutcome::InProgress { retry_after }
+                    if self.policy.in_flight == InFlightBehavior::Accepted =>
+                {
+                    return Err(Refused::new(
+                        outcome::IN_PROGRESS,
+                        Refusal::Accepted {
+                            retry_after: self.policy.in_progress_hint(retry_after),
+                        },
+                    ));
+                }
+                ClaimOutcome::InProgress { retry_after } => {
+                    let now = tokio::time::Instant::now();
+                    match wait_until {
+                        Some(until) if now < until => {
+                            // Jittered polling, doubling up to 250 ms: many waiters on one
+                            // key do not hit the store in lock-step.
+                            let jitter = rand::random_range(0.5..1.0);
+                            let nap = poll.mul_f64(jitter).min(until - now);
+                            if self.store.notifies_changes() {
+                                // Woken by the store when the holder finishes; the
+                                // timeout only bounds a lost notification.
+                                let bound = (until - now).min(Duration::from_secs(1));
+                                if let Err(e) = self.store.wait_for_change(&claim.scope, bound).await {
+                                    return Err(Refused::store(&e));
+                                }
+                            } else {
+                                tokio::time::sleep(nap).await;
+                                poll = (poll * 2).min(Duration::from_millis(250));
+                            }
+                        }
+                        _ => {
+                            tracing::debug!("idempotency: request in progress");
+                            return Err(Refused::new(
+                                outcome::IN_PROGRESS,
+                                Refusal::problem(
+                                    ErrorCode::RequestInProgress,
+                                    "a request with this idempotency key is still being processed; retry after the indicated delay",
+                                )
+                                .with_retry_after(self.policy.in_progress_hint(retry_after)),
+                            ));
+                        }
+                    }
+                }
+                _ => {
+                    return Err(Refused::new(
+                        outcome::ERROR,
+                        Refusal::problem(ErrorCode::Internal, "unknown claim outcome"),
+                    ));
+                }
+            }
+        }
+    }
+}
+
+/// A stored response for a problem document (what a failure that must be
+/// replayed is stored as).
+pub(crate) fn stored_problem(problem: &Problem) -> StoredResponse {
+    StoredResponse {
+        status: problem.status,
+        headers: vec![StoredHeader {
+            name: "content-type".into(),
+            value: idemkit_core::PROBLEM_CONTENT_TYPE.as_bytes().to_vec(),
+        }],
+        body: problem.to_json(),
+    }
+}
+
+/// The status a replay answers with: the stored one, or the route's replay
+/// status for a stored 2xx.
+pub fn replay_status(stored: &StoredResponse, policy: &Policy) -> u16 {
+    match policy.replay_status {
+        Some(s) if (200..300).contains(&stored.status) => s,
+        _ => stored.status,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// The engine stays protocol-neutral: no source file of this module tree
+    /// names a protocol crate.
+    #[test]
+    fn the_engine_knows_no_protocol() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/engine");
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            let text = std::fs::read_to_string(&path).unwrap();
+            for banned in ["axum", "hyper", "http_body", "tonic", "http::"] {
+                let hits = text
+                    .lines()
+                    .filter(|l| !l.trim_start().starts_with("//"))
+                    .filter(|l| l.contains(banned) && !l.contains("\""))
+                    .count();
+                assert_eq!(hits, 0, "{} names `{banned}`", path.display());
+            }
+        }
+    }
+}
