@@ -1,0 +1,73 @@
+//! [`PgConfig`]: schema, pool and timeouts.
+
+use std::time::Duration;
+
+use idemkit_core::{StoreError, StoreResult};
+
+/// Settings of a [`crate::PgStore`].
+#[derive(Debug, Clone)]
+pub struct PgConfig {
+    /// Schema holding the store's table (created if missing; default `idemkit`).
+    /// The pool's `search_path` is `<schema>, public`.
+    pub schema: String,
+    /// Pool size (default 5: three instances use 15 of PostgreSQL's default 100).
+    pub max_connections: u32,
+    /// How long a request waits for a pooled connection before a retryable 503
+    /// (default 5 s).
+    pub acquire_timeout: Duration,
+    /// `statement_timeout` of every connection (default 10 s).
+    pub statement_timeout: Duration,
+    /// With in-flight = reject, how long a single-step claim waits on a
+    /// concurrent holder's uncommitted claim before answering 409 (default 100 ms).
+    pub reject_lock_timeout: Duration,
+    /// Attempts for an operation that hits a deadlock or serialization failure
+    /// (default 3).
+    pub max_attempts: u32,
+}
+
+impl Default for PgConfig {
+    fn default() -> Self {
+        Self {
+            schema: "idemkit".into(),
+            max_connections: 5,
+            acquire_timeout: Duration::from_secs(5),
+            statement_timeout: Duration::from_secs(10),
+            reject_lock_timeout: Duration::from_millis(100),
+            max_attempts: 3,
+        }
+    }
+}
+
+/// Refuses a schema name that is not a plain identifier: it is formatted into SQL.
+pub(crate) fn check_schema(schema: &str) -> StoreResult<()> {
+    if valid_schema(schema) {
+        Ok(())
+    } else {
+        Err(StoreError::Backend(
+            format!("schema `{schema}` must match [a-z_][a-z0-9_]{{0,62}}").into(),
+        ))
+    }
+}
+
+fn valid_schema(s: &str) -> bool {
+    let mut chars = s.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_lowercase() || c == '_')
+        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        && s.len() <= 63
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schema_names_are_plain_identifiers() {
+        assert!(valid_schema("idemkit"));
+        assert!(valid_schema("t_1"));
+        assert!(!valid_schema("1t"));
+        assert!(!valid_schema("a-b"));
+        assert!(!valid_schema("a; drop table x"));
+        assert!(!valid_schema(""));
+        assert!(!valid_schema(&"a".repeat(64)));
+    }
+}

@@ -1,0 +1,341 @@
+//! The SQL text of every statement the store runs. Times are the store's
+//! clock ([`now_sql`]); tokens come from one store-wide sequence
+//! ([`NEXT_TOKEN`]). The fenced writes bind account `$1`, key `$2` and the
+//! holder's token `$3` first, then the test clock where `now_sql` reads it.
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use idemkit_core::{FencingToken, PhaseUpdate, Scope};
+use sqlx::Postgres;
+
+use crate::{CHANNEL, PgConfig};
+
+/// Wraps a fenced `UPDATE` so that a changed row somebody waits for (its
+/// `has_waiters` is set) wakes this schema's waiters in the same round trip; the
+/// statement answers how many rows it changed.
+pub(crate) fn notifying(update: &str) -> String {
+    format!(
+        "WITH u AS ({update} RETURNING account, idem_key, has_waiters) \
+         SELECT count(*) FROM (SELECT CASE WHEN has_waiters THEN \
+         pg_notify('{CHANNEL}', json_build_array(current_schema(), account, idem_key)::text) END FROM u) AS n"
+    )
+}
+
+/// The store's clock in SQL: the database's `clock_timestamp()` in Unix
+/// milliseconds, unless a test clock is bound at `$n` (see [`crate::PgStore::with_test_clock`]).
+/// Every lease is judged by it, so an instance whose own clock is skewed can
+/// never take over a live lease (SPEC §3).
+pub(crate) fn now_sql(n: usize) -> String {
+    format!("COALESCE(${n}::bigint, (extract(epoch from clock_timestamp()) * 1000)::bigint)")
+}
+
+/// A fresh fencing token from the store-wide sequence (see the migration).
+pub(crate) const NEXT_TOKEN: &str = "nextval('idemkit_fencing_seq')";
+
+/// A lease length in milliseconds, as SQL adds it to the store's clock.
+pub(crate) fn lease_ms(lease: Duration) -> i64 {
+    i64::try_from(lease.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// The 18 record columns, in [`crate::decode`]'s order.
+pub(crate) const RECORD_COLUMNS: &str = "account, idem_key, fingerprint, state, created_at, completed_at, \
+     lease_expires_at, fencing_token, recovery_point, step_outputs, req_method, req_path, req_headers, \
+     req_body, resp_status, resp_headers, resp_body, last_error";
+
+pub(crate) const SELECT_RECORD: &str = "SELECT account, idem_key, fingerprint, state, created_at, completed_at, \
+     lease_expires_at, fencing_token, recovery_point, step_outputs, req_method, req_path, req_headers, \
+     req_body, resp_status, resp_headers, resp_body, last_error \
+     FROM idemkit_keys WHERE account = $1 AND idem_key = $2";
+
+/// [`SELECT_RECORD`], optionally locking the row `FOR UPDATE`.
+pub(crate) fn select_record(lock: bool) -> String {
+    if lock {
+        format!("{SELECT_RECORD} FOR UPDATE")
+    } else {
+        SELECT_RECORD.to_owned()
+    }
+}
+
+/// The record (columns from 1) and the store's clock (column 0, test clock at
+/// `$3`); a row with NULL record columns when the key is absent.
+pub(crate) static SELECT_WITH_NOW: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT {}, k.* FROM (SELECT 1) AS one LEFT JOIN ({SELECT_RECORD}) AS k ON true",
+        now_sql(3)
+    )
+});
+
+/// [`SELECT_WITH_NOW`] with the row (which must exist) locked `FOR UPDATE`.
+pub(crate) static SELECT_WITH_NOW_LOCKED: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT {}, {RECORD_COLUMNS} FROM idemkit_keys \
+        WHERE account = $1 AND idem_key = $2 FOR UPDATE",
+        now_sql(3)
+    )
+});
+
+/// The completer's work list: in-flight records whose lease has expired (by the
+/// store's clock, test clock at `$1`).
+pub(crate) static SELECT_ABANDONED: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT {RECORD_COLUMNS} FROM idemkit_keys WHERE state = 'in_flight' AND lease_expires_at <= {} \
+         AND created_at <= $2 ORDER BY created_at, account, idem_key LIMIT $3",
+        now_sql(1)
+    )
+});
+
+/// Operator listing: records matching an optional state (`$1`) and account
+/// (`$2`), newest claim first.
+pub(crate) const SELECT_LIST: &str = "SELECT account, idem_key, fingerprint, state, created_at, completed_at, \
+     lease_expires_at, fencing_token, recovery_point, step_outputs, req_method, req_path, req_headers, \
+     req_body, resp_status, resp_headers, resp_body, last_error \
+     FROM idemkit_keys WHERE ($1::text IS NULL OR state = $1) AND ($2::text IS NULL OR account = $2) \
+     ORDER BY created_at DESC, account, idem_key LIMIT $3";
+
+/// The review table, oldest claim first (columns in [`crate::decode`]'s review order).
+pub(crate) const SELECT_REVIEW: &str = "SELECT account, idem_key, state, created_at, reaped_at, recovery_point, step_outputs, \
+     last_error, req_method, req_path, req_headers, req_body \
+     FROM idemkit_review ORDER BY created_at, id LIMIT $1";
+
+/// Whether the caller still holds the record (`begin_fenced`).
+pub(crate) const HELD: &str = "SELECT 1 FROM idemkit_keys WHERE account = $1 AND idem_key = $2 AND fencing_token = $3 \
+     AND state = 'in_flight'";
+
+// Opening.
+
+/// Serialises `CREATE SCHEMA IF NOT EXISTS` across instances.
+pub(crate) const SCHEMA_LOCK: &str = "SELECT pg_advisory_xact_lock(7345243911)";
+
+/// Creates the store's schema (a name [`crate::config`] has checked).
+pub(crate) fn create_schema(config: &PgConfig) -> String {
+    format!("CREATE SCHEMA IF NOT EXISTS {}", config.schema)
+}
+
+/// How many of the key table and the migrations table schema `$1` holds.
+pub(crate) const STORE_TABLES: &str = "SELECT count(*) FROM information_schema.tables \
+     WHERE table_schema = $1 AND table_name IN ('idemkit_keys', '_sqlx_migrations')";
+
+/// The migrations applied (on the pool's `search_path`).
+pub(crate) const APPLIED_MIGRATIONS: &str = "SELECT version FROM _sqlx_migrations WHERE success";
+
+// Claims.
+
+/// Opens a claim's transaction with its `lock_timeout` (ms), in one round
+/// trip: the simple-query protocol runs both statements.
+pub(crate) fn begin_with_lock_timeout(ms: u128) -> String {
+    format!("BEGIN; SET LOCAL lock_timeout = {ms}")
+}
+
+/// The single-step claim of an absent key, in the handler's transaction. The
+/// `set_config` runs only when the row was inserted: it lifts the claim's short
+/// lock_timeout for the handler's own statements, at no extra round trip.
+pub(crate) static CLAIM_IN_TX: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "WITH now AS (SELECT {} AS ms), \
+         ins AS (INSERT INTO idemkit_keys (account, idem_key, fingerprint, state, created_at, \
+         lease_expires_at, fencing_token, req_method, req_path, req_headers, req_body) \
+         SELECT $1, $2, $3, 'in_flight', ms, ms + $5, {NEXT_TOKEN}, $6, $7, $8, $9 FROM now \
+         ON CONFLICT (account, idem_key) DO NOTHING RETURNING fencing_token, lease_expires_at) \
+         SELECT fencing_token, lease_expires_at, set_config('lock_timeout', '0', true) FROM ins",
+        now_sql(4)
+    )
+});
+
+/// The lease-mode claim: inserts the in-flight row (unless `$10`, a resume), or
+/// returns the existing record with the store's clock, in one statement.
+pub(crate) static CLAIM: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "WITH now AS (SELECT {} AS ms), \
+         ins AS (INSERT INTO idemkit_keys (account, idem_key, fingerprint, state, created_at, \
+         lease_expires_at, fencing_token, req_method, req_path, req_headers, req_body) \
+         SELECT $1, $2, $3, 'in_flight', ms, ms + $5, {NEXT_TOKEN}, $6, $7, $8, $9 FROM now \
+         WHERE NOT $10 \
+         ON CONFLICT (account, idem_key) DO NOTHING RETURNING fencing_token, lease_expires_at) \
+         SELECT (SELECT fencing_token FROM ins), (SELECT lease_expires_at FROM ins), \
+         (SELECT ms FROM now), k.* FROM (SELECT 1) AS one \
+         LEFT JOIN ({SELECT_RECORD}) AS k ON NOT EXISTS (SELECT 1 FROM ins)",
+        now_sql(4)
+    )
+});
+
+/// Compare-and-swap of a record to a new holder on a fresh token, only if it is
+/// still exactly as seen (token `$11`, state `$12`, lease `$13`). Takeover
+/// (`$4`) keeps progress; `$14` lifts the claim's `lock_timeout`.
+pub(crate) static MOVE: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "UPDATE idemkit_keys SET fencing_token = {NEXT_TOKEN}, lease_expires_at = $3, \
+         state = 'in_flight', \
+         fingerprint = CASE WHEN $4 THEN fingerprint ELSE $5 END, \
+         created_at = CASE WHEN $4 THEN created_at ELSE $6 END, completed_at = NULL, \
+         recovery_point = CASE WHEN $4 THEN recovery_point END, \
+         step_outputs = CASE WHEN $4 THEN step_outputs ELSE '{{}}' END, \
+         req_method = $7, req_path = $8, req_headers = $9, req_body = $10, \
+         resp_status = NULL, resp_headers = NULL, resp_body = NULL, \
+         last_error = CASE WHEN $4 THEN last_error END \
+         WHERE account = $1 AND idem_key = $2 AND fencing_token = $11 AND state = $12 \
+         AND lease_expires_at = $13 \
+         RETURNING fencing_token, recovery_point, \
+         CASE WHEN $14 THEN set_config('lock_timeout', '0', true) END"
+    )
+});
+
+// The holder's fenced writes.
+
+pub(crate) static COMPLETE: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "UPDATE idemkit_keys SET state = 'completed', completed_at = {}, resp_status = $5, \
+         resp_headers = $6, resp_body = $7, last_error = NULL \
+         WHERE account = $1 AND idem_key = $2 AND fencing_token = $3 AND state = 'in_flight'",
+        now_sql(4)
+    )
+});
+
+/// [`COMPLETE`], waking waiters.
+pub(crate) static COMPLETE_NOTIFYING: LazyLock<String> = LazyLock::new(|| notifying(&COMPLETE));
+
+pub(crate) static HEARTBEAT: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "UPDATE idemkit_keys SET lease_expires_at = {} + $5 \
+         WHERE account = $1 AND idem_key = $2 AND fencing_token = $3 AND state = 'in_flight' \
+         RETURNING lease_expires_at",
+        now_sql(4)
+    )
+});
+
+/// A phase's fenced progress write. A step output is set as a top-level key of
+/// the JSON object (`||` replaces a key, it does not merge nested objects); the
+/// step name is bound as text and the output as JSON text, so neither is parsed
+/// as a path or as SQL.
+pub(crate) const ADVANCE: &str = "UPDATE idemkit_keys SET recovery_point = $4, \
+     step_outputs = CASE WHEN $5::text IS NULL THEN step_outputs \
+     ELSE (step_outputs::jsonb || jsonb_build_object($5::text, $6::jsonb))::text END \
+     WHERE account = $1 AND idem_key = $2 AND fencing_token = $3 AND state = 'in_flight'";
+
+/// The bound [`ADVANCE`] statement.
+pub(crate) fn advance_query(
+    scope: &Scope,
+    token: FencingToken,
+    update: &PhaseUpdate,
+) -> sqlx::query::Query<'static, Postgres, sqlx::postgres::PgArguments> {
+    let (name, value) = match &update.step {
+        Some((name, value)) => (Some(name.clone()), Some(value.to_string())),
+        None => (None, None),
+    };
+    sqlx::query(ADVANCE)
+        .bind(scope.account.as_str().to_owned())
+        .bind(scope.key.as_str().to_owned())
+        .bind(token.0)
+        .bind(update.recovery_point.clone())
+        .bind(name)
+        .bind(value)
+}
+
+/// The holder's release. The row stays (state `released`, behaving as absent)
+/// so the next claim's token is higher than any this record ever handed out.
+/// A record with recorded progress is abandoned instead (see the trait).
+pub(crate) static RELEASE: LazyLock<String> = LazyLock::new(|| {
+    const CLEAN: &str = "recovery_point IS NULL AND step_outputs = '{}'";
+    format!(
+        "UPDATE idemkit_keys SET fencing_token = {NEXT_TOKEN}, \
+         state = CASE WHEN {CLEAN} THEN 'released' ELSE state END, \
+         lease_expires_at = CASE WHEN {CLEAN} THEN 0 ELSE {now} END, \
+         req_body = CASE WHEN {CLEAN} THEN ''::bytea ELSE req_body END, \
+         last_error = CASE WHEN {CLEAN} THEN last_error ELSE $5 END \
+         WHERE account = $1 AND idem_key = $2 AND fencing_token = $3 AND state = 'in_flight'",
+        now = now_sql(4)
+    )
+});
+
+/// The holder gives up; a fresh token, so a heartbeat of this holder still on
+/// its way is refused.
+pub(crate) static ABANDON: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "UPDATE idemkit_keys SET fencing_token = {NEXT_TOKEN}, lease_expires_at = {}, last_error = $5 \
+         WHERE account = $1 AND idem_key = $2 AND fencing_token = $3 AND state = 'in_flight'",
+        now_sql(4)
+    )
+});
+
+/// The holder parks the record for an operator.
+pub(crate) static PARK: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "UPDATE idemkit_keys SET fencing_token = {NEXT_TOKEN}, state = 'parked', \
+         lease_expires_at = {}, last_error = $5 \
+         WHERE account = $1 AND idem_key = $2 AND fencing_token = $3 AND state = 'in_flight'",
+        now_sql(4)
+    )
+});
+
+// Operators and the reaper.
+
+/// An operator's release of a record nobody holds (parked, or in flight with
+/// its lease expired by the store's clock, test clock at `$3`), on a fresh
+/// token: the same tombstone as a holder's release, or resumable when progress
+/// was recorded (see [`idemkit_core::KeyStore::force_release`]).
+pub(crate) static FORCE_RELEASE: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "UPDATE idemkit_keys SET fencing_token = {NEXT_TOKEN}, last_error = $4, \
+         state = CASE WHEN {clean} THEN 'released' ELSE 'in_flight' END, \
+         lease_expires_at = CASE WHEN {clean} THEN 0 ELSE LEAST(lease_expires_at, {now}) END, \
+         req_body = CASE WHEN {clean} THEN ''::bytea ELSE req_body END \
+         WHERE account = $1 AND idem_key = $2 \
+         AND (state = 'parked' OR (state = 'in_flight' AND lease_expires_at <= {now}))",
+        clean = "recovery_point IS NULL AND step_outputs = '{}'",
+        now = now_sql(3)
+    )
+});
+
+/// An operator's release that discards recorded progress, waking waiters.
+pub(crate) static DISCARD: LazyLock<String> = LazyLock::new(|| {
+    notifying(&format!(
+        "UPDATE idemkit_keys SET fencing_token = {NEXT_TOKEN}, state = 'released', lease_expires_at = 0, \
+         recovery_point = NULL, step_outputs = '{{}}', req_body = ''::bytea, last_error = $4 \
+         WHERE account = $1 AND idem_key = $2 \
+         AND (state = 'parked' OR (state = 'in_flight' AND lease_expires_at <= {}))",
+        now_sql(3)
+    ))
+});
+
+/// One reaper pass in one statement (so one transaction). Records that never
+/// completed and were claimed before `$1` (in flight with a lease expired by the
+/// store's clock, test clock at `$2`, or parked) are listed in `idemkit_review`
+/// once and stay in the key table, parked on a fresh token (last error `$3`), so
+/// their key is never claimed again as a new request; completed records finished
+/// before `$1` and released ones claimed before it are deleted (tokens come from
+/// a sequence, so a deleted key's tokens never repeat). Live leases never match.
+/// `completed_at >= created_at`, so the `created_at` bound only lets the index
+/// narrow the scan.
+pub(crate) static REAP: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "WITH now AS (SELECT {now} AS ms), \
+         listed AS (UPDATE idemkit_keys k SET fencing_token = {NEXT_TOKEN}, state = 'parked', \
+         lease_expires_at = LEAST(k.lease_expires_at, (SELECT ms FROM now)), last_error = $3 \
+         FROM now WHERE k.created_at < $1 \
+         AND (k.state = 'parked' OR (k.state = 'in_flight' AND k.lease_expires_at <= now.ms)) \
+         AND NOT EXISTS (SELECT 1 FROM idemkit_review r WHERE r.account = k.account \
+         AND r.idem_key = k.idem_key AND r.created_at = k.created_at) \
+         RETURNING k.account, k.idem_key, k.created_at), \
+         reviewed AS (INSERT INTO idemkit_review (account, idem_key, state, created_at, reaped_at, \
+         recovery_point, step_outputs, last_error, req_method, req_path, req_headers, req_body) \
+         SELECT o.account, o.idem_key, o.state, o.created_at, (SELECT ms FROM now), o.recovery_point, \
+         o.step_outputs, o.last_error, o.req_method, o.req_path, o.req_headers, o.req_body \
+         FROM idemkit_keys o JOIN listed l ON l.account = o.account AND l.idem_key = o.idem_key \
+         ORDER BY o.created_at, o.account, o.idem_key RETURNING 1), \
+         deleted AS (DELETE FROM idemkit_keys WHERE created_at < $1 \
+         AND ((state = 'completed' AND COALESCE(completed_at, created_at) < $1) OR state = 'released') \
+         RETURNING 1) \
+         SELECT (SELECT count(*) FROM reviewed), (SELECT count(*) FROM deleted)",
+        now = now_sql(2)
+    )
+});
+
+// Waiters.
+
+/// Flags an in-flight record as waited for, so its next change notifies.
+pub(crate) const FLAG_WAITERS: &str = "UPDATE idemkit_keys SET has_waiters = true \
+     WHERE account = $1 AND idem_key = $2 AND state = 'in_flight' AND NOT has_waiters";
+
+/// Whether the record is (still) in flight.
+pub(crate) const IS_IN_FLIGHT: &str =
+    "SELECT state = 'in_flight' FROM idemkit_keys WHERE account = $1 AND idem_key = $2";
