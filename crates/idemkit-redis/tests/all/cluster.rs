@@ -1,6 +1,9 @@
 //! A real Redis Cluster (three primaries, one replica each) on loopback ports,
-//! started by the harness and killed by its Drop guard. The conformance suite
-//! and a 64-way concurrent-claim gate run on it, plus `WAIT` with live replicas.
+//! started by the harness and killed by its Drop guard. The conformance suite,
+//! the lifecycle suite (phases, parking, the completer's list, the reaper's
+//! `SCAN` over every primary, review, list, operator releases), a sample of
+//! the race suite and a 64-way concurrent-claim gate run on it, plus `WAIT`
+//! with live replicas.
 //!
 //! One test drives every case against one cluster (starting a cluster per case
 //! would cost seconds each); each case still gets a fresh store under its own
@@ -46,6 +49,123 @@ async fn run_cases(urls: &[String]) -> Vec<&'static str> {
     passed
 }
 
+/// Runs every case of the lifecycle suite (`lifecycle_conformance_tests!`)
+/// concurrently, each on a fresh store and clock; returns those that passed.
+async fn run_lifecycle_cases(urls: &[String]) -> Vec<&'static str> {
+    let mut set = tokio::task::JoinSet::new();
+    for (name, case) in idemkit_testkit::lifecycle::cases::<RedisStore>() {
+        let urls = urls.to_vec();
+        set.spawn(async move {
+            let clock = Arc::new(ManualClock::new());
+            let store = cluster_store(&urls, name, clock.clone()).await;
+            case(store, clock).await;
+            name
+        });
+    }
+    let mut passed = Vec::new();
+    while let Some(done) = set.join_next().await {
+        passed.push(done.expect("a lifecycle case failed on the cluster"));
+    }
+    passed
+}
+
+/// A seeded sample of the race suite on the cluster: one store (each schedule
+/// has its own key), the retrier on a second instance whose application clock
+/// runs ahead.
+async fn run_race_sample(urls: &[String], runs: usize) {
+    use idemkit_testkit::race::{Explore, RaceTarget, SKEW, SkewedClock, TargetFactory, run_all};
+    let base = RedisStore::connect(RedisConfig::cluster(urls.to_vec()).with_prefix(unique_prefix("race")))
+        .await
+        .expect("connect to the cluster");
+    let factory: TargetFactory = Arc::new(move |clock: Arc<ManualClock>| {
+        let base = base.clone();
+        Box::pin(async move {
+            let store: Arc<dyn KeyStore> = Arc::new(base.clone().with_test_clock(clock.clone()));
+            let skewed = SkewedClock {
+                base: clock.clone(),
+                ahead: SKEW,
+            };
+            let second: Arc<dyn KeyStore> =
+                Arc::new(base.with_test_clock(clock).with_clock(Arc::new(skewed)));
+            RaceTarget {
+                store,
+                second,
+                yield_points: &[],
+            }
+        })
+    });
+    let reports = run_all(
+        factory,
+        Explore::Sample {
+            runs,
+            seed: 0x0c1_57e6,
+        },
+    )
+    .await;
+    assert!(!reports.is_empty());
+}
+
+/// Records of 48 accounts, on every primary: `list`, `abandoned`, `reap` and
+/// `review` see all of them (their `SCAN` visits each primary), in batches of
+/// one account per script.
+async fn spread_over_primaries(cluster: &Cluster, urls: &[String]) {
+    use idemkit_core::{ListFilter, ReapReport, RecordState};
+    let clock = Arc::new(ManualClock::new());
+    let store = cluster_store(urls, "spread", clock.clone()).await;
+    let mut owners = std::collections::BTreeSet::new();
+    for i in 0..48 {
+        let s = scope(&format!("acct-{i}"), "k");
+        owners.insert(cluster.keyslot(&store.record_key(&s)) / 5462);
+        let lease = suite::must_claim(&*store, &claim_req(&s, "{}")).await;
+        if i % 2 == 0 {
+            store
+                .complete(&s, lease.token, &response(201, "x"))
+                .await
+                .unwrap();
+        }
+    }
+    assert_eq!(owners.len(), 3, "accounts on all three primaries");
+    let all = store
+        .list(&ListFilter {
+            limit: 1000,
+            ..ListFilter::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(all.len(), 48);
+    clock.advance(suite::LEASE * 2);
+    assert_eq!(store.abandoned(store.now(), 1000).await.unwrap().len(), 24);
+    clock.advance(idemkit_testkit::lifecycle::REAP * 2);
+    let report = store
+        .reap(store.now().minus(idemkit_testkit::lifecycle::REAP))
+        .await
+        .unwrap();
+    assert_eq!(
+        report,
+        ReapReport {
+            deleted: 24,
+            moved_to_review: 24
+        }
+    );
+    assert_eq!(store.review(1000).await.unwrap().len(), 24);
+    let parked = store
+        .list(&ListFilter {
+            state: Some(RecordState::Parked),
+            limit: 1000,
+            ..ListFilter::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(parked.len(), 24, "listed for review and kept, parked");
+    assert_eq!(
+        store
+            .reap(store.now().minus(idemkit_testkit::lifecycle::REAP))
+            .await
+            .unwrap(),
+        ReapReport::default()
+    );
+}
+
 /// `WAIT` calls the primaries have served so far (`INFO commandstats`).
 fn wait_calls(cluster: &Cluster) -> u64 {
     cluster
@@ -74,6 +194,16 @@ async fn cluster_conformance_and_concurrency_gate() {
     let passed = run_cases(&urls).await;
     assert_eq!(passed.len(), suite::cases::<RedisStore>().len());
     assert!(passed.len() >= 13, "{passed:?}");
+    let passed = run_lifecycle_cases(&urls).await;
+    assert_eq!(
+        passed.len(),
+        idemkit_testkit::lifecycle::cases::<RedisStore>().len()
+    );
+    assert!(passed.len() >= 12, "{passed:?}");
+    spread_over_primaries(&cluster, &urls).await;
+    let raced = Instant::now();
+    run_race_sample(&urls, 60).await;
+    eprintln!("race sample on the cluster in {:?}", raced.elapsed());
 
     // Records of many accounts spread over every primary; a record and its
     // channel share the account's slot.
