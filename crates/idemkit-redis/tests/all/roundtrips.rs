@@ -1,4 +1,5 @@
-//! Exactly two round trips per request (claim, complete), counted by the
+//! Exactly two round trips per request (claim, complete), and one more per
+//! phase boundary of a multi-step request (the advance), counted by the
 //! server: every client command `MONITOR` shows on a private `redis-server`
 //! (so only this test's commands count), over sequential claim + complete
 //! requests.
@@ -24,8 +25,20 @@ const REPLICATION: &[&str] = &["replconf", "psync", "sync", "ping"];
 /// `MONITOR` on the private server shows them: commands the scripts run
 /// inside Redis (shown as `[0 lua]`) are not round trips and are left out.
 async fn client_commands(store: &RedisStore, port: u16, tag: &str, n: u64) -> BTreeMap<String, u64> {
+    client_commands_phased(store, port, tag, n, 0).await
+}
+
+/// [`client_commands`] for requests that advance `phases` recovery points
+/// between claim and completion.
+async fn client_commands_phased(
+    store: &RedisStore,
+    port: u16,
+    tag: &str,
+    n: u64,
+    phases: u64,
+) -> BTreeMap<String, u64> {
     // Warm up: connections, script loading.
-    requests(store, &format!("{tag}-warm"), 5).await;
+    requests(store, &format!("{tag}-warm"), 5, phases).await;
     let mut monitor = Command::new("redis-cli")
         .args(["-h", "127.0.0.1", "-p", &port.to_string(), "monitor"])
         .stdin(Stdio::null())
@@ -37,7 +50,7 @@ async fn client_commands(store: &RedisStore, port: u16, tag: &str, n: u64) -> BT
     out.read_line(&mut line).unwrap();
     assert_eq!(line.trim(), "OK", "MONITOR attached");
     let reader = std::thread::spawn(move || out.lines().map_while(Result::ok).collect::<Vec<_>>());
-    requests(store, tag, n).await;
+    requests(store, tag, n, phases).await;
     // A marker through another connection: once MONITOR shows it, it has shown
     // every command before it.
     let marker = format!("{tag}-end-of-run");
@@ -70,12 +83,19 @@ async fn client_commands(store: &RedisStore, port: u16, tag: &str, n: u64) -> BT
     counts
 }
 
-async fn requests(store: &RedisStore, tag: &str, n: u64) {
+async fn requests(store: &RedisStore, tag: &str, n: u64, phases: u64) {
     for i in 0..n {
         let s = scope(&format!("acct-{}", i % 7), &format!("{tag}-{i}"));
         let ClaimOutcome::Claimed(lease) = store.claim(&claim_req(&s, "{}")).await.expect("claim") else {
             panic!("a fresh key is claimed");
         };
+        for p in 0..phases {
+            let update = idemkit_core::PhaseUpdate {
+                recovery_point: format!("phase-{p}"),
+                step: Some((format!("step-{p}"), serde_json::json!({"out": p}))),
+            };
+            store.advance(&s, lease.token, &update).await.expect("advance");
+        }
         store
             .complete(&s, lease.token, &response(201, "ok"))
             .await
@@ -105,6 +125,15 @@ async fn two_round_trips_per_request() {
         2 * N,
         "nothing but the two scripts per request: {counts:?}"
     );
+
+    // Multi-step: one more script per phase boundary (the fenced advance of
+    // the recovery point with its step output), nothing else.
+    for phases in [1, 3] {
+        let counts =
+            client_commands_phased(&store, server.node.port, &format!("phased-{phases}"), N, phases).await;
+        assert_eq!(scripts(&counts), (2 + phases) * N, "{counts:?}");
+        assert_eq!(counts.values().sum::<u64>(), (2 + phases) * N, "{counts:?}");
+    }
 
     // A primary with one replica under `WAIT 1`: one `WAIT` per write, in the
     // same pipeline as its script.
