@@ -59,7 +59,7 @@ use crate::suite::{LEASE, WINDOW, claim_req, response, scope};
 #[derive(Debug)]
 pub struct SkewedClock {
     /// The true time.
-    pub base: Arc<ManualClock>,
+    pub base: Arc<dyn Clock>,
     /// How far ahead this clock runs.
     pub ahead: Duration,
 }

@@ -58,6 +58,9 @@ pub(crate) struct Labels {
     service: Option<(Proc, std::sync::mpsc::Receiver<String>)>,
     _courier: Proc,
     port: u16,
+    /// Run with the tests' short lease and courier deadline (the default), or
+    /// with the service's own defaults.
+    short_lease: bool,
 }
 
 impl Labels {
@@ -65,7 +68,21 @@ impl Labels {
         Self::start_with(&[])
     }
 
+    /// A service with its own default lease and courier deadline.
+    pub(crate) fn start_with_defaults() -> Self {
+        let mut labels = Self::courier_only();
+        labels.short_lease = false;
+        labels.start_service(&[]);
+        labels
+    }
+
     pub(crate) fn start_with(env: &[(&str, &str)]) -> Self {
+        let mut labels = Self::courier_only();
+        labels.start_service(env);
+        labels
+    }
+
+    fn courier_only() -> Self {
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap()
@@ -83,16 +100,15 @@ impl Labels {
             ],
             &[],
         );
-        let mut labels = Self {
+        Self {
             base: String::new(),
             courier: format!("http://127.0.0.1:{cport}"),
             dir,
             service: None,
             _courier: courier,
             port: free_port(),
-        };
-        labels.start_service(env);
-        labels
+            short_lease: true,
+        }
     }
 
     /// The service's SQLite file (labels and key store).
@@ -111,11 +127,10 @@ impl Labels {
             db.to_str().unwrap(),
             "--courier-url",
             &self.courier,
-            "--lease-ms",
-            "400",
-            "--courier-deadline-ms",
-            "1000",
         ];
+        if self.short_lease {
+            args.extend(["--lease-ms", "400", "--courier-deadline-ms", "1000"]);
+        }
         // The public demo tokens, unless the test configures its own.
         if !env.iter().any(|(k, _)| *k == "IDEMKIT_TOKENS") {
             args.push("--demo-tokens");
@@ -903,54 +918,11 @@ async fn configured_tokens_may_contain_equals_signs_and_replace_the_demo_ones() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_client_waits_through_an_in_progress_answer_to_the_result() {
     use idemkit_client::{RetryConfig, RetryMiddleware};
-    let dir = std::env::temp_dir().join(format!(
-        "idemkit-labels-client-{}-{}",
-        std::process::id(),
-        free_port()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    let (cport, port) = (free_port(), free_port());
-    let courier = format!("http://127.0.0.1:{cport}");
-    let (_courier, _) = spawn(
-        &[
-            "courier",
-            "--listen",
-            &format!("127.0.0.1:{cport}"),
-            "--database-url",
-            dir.join("courier.db").to_str().unwrap(),
-        ],
-        &[],
-    );
-    let listen = format!("127.0.0.1:{port}");
-    let (_service, _) = spawn(
-        &[
-            "serve",
-            "--listen",
-            &listen,
-            "--database-url",
-            dir.join("labels.db").to_str().unwrap(),
-            "--courier-url",
-            &courier,
-            "--demo-tokens",
-        ],
-        &[],
-    );
-    let base = format!("http://{listen}");
-    // Wait for both, then slow the courier so the first request is still
-    // running when the duplicate arrives.
-    let http = reqwest::Client::new();
-    for url in [format!("{courier}/_stats"), format!("{base}/openapi.json")] {
-        let began = std::time::Instant::now();
-        while http.get(&url).send().await.is_err() {
-            assert!(began.elapsed() < Duration::from_secs(20), "{url} never came up");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-    http.post(format!("{courier}/_faults"))
-        .json(&json!({"latencyMs": 2500}))
-        .send()
-        .await
-        .unwrap();
+    let labels = Labels::start_with_defaults();
+    let base = labels.base.clone();
+    // Slow the courier so the first request is still running when the
+    // duplicate arrives.
+    labels.faults(json!({"latencyMs": 2500})).await;
     let first = tokio::spawn({
         let base = base.clone();
         async move { post(&base, ACME, &body("wait-for-me", "GB")).await }

@@ -4,11 +4,10 @@
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use idemkit_core::{
-    ClaimOutcome, Clock, KeyStore, Millis, RecordState, SystemClock, TransactionalStore, TxClaim,
-};
+use idemkit_core::{ClaimOutcome, KeyStore, RecordState, SystemClock, TransactionalStore, TxClaim};
 use idemkit_postgres::{PgConfig, PgStore};
 use idemkit_testkit::ManualClock;
+use idemkit_testkit::race::SkewedClock;
 use idemkit_testkit::suite::{LEASE, claim_req, must_claim, response, scope};
 
 use crate::{database_url, fresh_schema, store_in_fresh_schema};
@@ -86,17 +85,11 @@ async fn a_skewed_instance_cannot_take_over_a_live_lease() {
     };
     let first = config();
     let honest = PgStore::connect(&url, first.clone()).await.unwrap();
-    #[derive(Debug)]
-    struct Ahead;
-    impl Clock for Ahead {
-        fn now(&self) -> Millis {
-            SystemClock.now().plus(LEASE + Duration::from_secs(25))
-        }
-    }
-    let skewed = PgStore::connect(&url, first)
-        .await
-        .unwrap()
-        .with_clock(Arc::new(Ahead));
+    let ahead = Arc::new(SkewedClock {
+        base: Arc::new(SystemClock),
+        ahead: LEASE + Duration::from_secs(25),
+    });
+    let skewed = PgStore::connect(&url, first).await.unwrap().with_clock(ahead);
     let s = scope("a", "skew");
     let req = claim_req(&s, "{}");
     let lease = must_claim(&honest, &req).await;

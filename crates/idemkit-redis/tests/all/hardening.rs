@@ -4,9 +4,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use idemkit_core::{ClaimOutcome, Clock, KeyStore, Millis, SystemClock};
+use idemkit_core::{ClaimOutcome, KeyStore, SystemClock};
 use idemkit_redis::RedisStore;
 use idemkit_testkit::ManualClock;
+use idemkit_testkit::race::SkewedClock;
 use idemkit_testkit::suite::{LEASE, WINDOW, claim_req, must_claim, response, scope};
 use serde_json::json;
 
@@ -19,19 +20,13 @@ async fn a_skewed_instance_cannot_take_over_a_live_lease() {
     if redis_url().is_none() {
         return;
     }
-    #[derive(Debug)]
-    struct Ahead;
-    impl Clock for Ahead {
-        fn now(&self) -> Millis {
-            SystemClock.now().plus(LEASE + Duration::from_secs(25))
-        }
-    }
+    let ahead = Arc::new(SkewedClock {
+        base: Arc::new(SystemClock),
+        ahead: LEASE + Duration::from_secs(25),
+    });
     let config = single_config("skew");
     let honest = RedisStore::connect(config.clone()).await.unwrap();
-    let skewed = RedisStore::connect(config)
-        .await
-        .unwrap()
-        .with_clock(Arc::new(Ahead));
+    let skewed = RedisStore::connect(config).await.unwrap().with_clock(ahead);
     let s = scope("a", "skew");
     let req = claim_req(&s, "{}");
     let lease = must_claim(&honest, &req).await;
