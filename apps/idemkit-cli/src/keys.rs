@@ -259,8 +259,43 @@ fn is_postgres(url: &str) -> bool {
 async fn open(url: &str, schema: &str, access: Access) -> anyhow::Result<Arc<dyn KeyStore>> {
     if is_postgres(url) {
         Ok(Arc::new(open_pg(url, schema, access).await?))
-    } else if url.starts_with("redis://") || url.starts_with("rediss://") {
-        anyhow::bail!("`idemkit keys` works on SQLite and PostgreSQL key stores; Redis is not supported yet")
+    } else if ["redis://", "rediss://", "redis+cluster://", "redis+unix://"]
+        .iter()
+        .any(|scheme| url.starts_with(scheme))
+    {
+        // The key prefix: a `prefix` query parameter of the URL, else
+        // `IDEMKIT_REDIS_PREFIX` (as the quickstart and services read it), else
+        // the library's default. Connecting creates nothing.
+        let (base, query) = url.split_once('?').unwrap_or((url, ""));
+        let mut prefix = std::env::var("IDEMKIT_REDIS_PREFIX")
+            .ok()
+            .filter(|p| !p.is_empty())
+            .unwrap_or_else(|| idemkit_redis::DEFAULT_PREFIX.to_owned());
+        let mut rest = Vec::new();
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            match pair.strip_prefix("prefix=") {
+                Some(p) => {
+                    prefix = percent_encoding::percent_decode_str(p)
+                        .decode_utf8()
+                        .context("the `prefix` of the Redis URL is not UTF-8")?
+                        .into_owned()
+                }
+                None => rest.push(pair),
+            }
+        }
+        let base = if rest.is_empty() {
+            base.to_owned()
+        } else {
+            format!("{base}?{}", rest.join("&"))
+        };
+        let config = idemkit_redis::RedisConfig::from_url(&base)
+            .map_err(idemkit_core::StoreError::from)?
+            .with_prefix(prefix.clone());
+        let store = idemkit_redis::RedisStore::connect(config)
+            .await
+            .with_context(|| format!("connecting to the Redis key store at `{base}` (prefix `{prefix}`)"))?;
+        let _ = access;
+        Ok(Arc::new(store))
     } else {
         // Opening creates a missing file; an operator tool must not invent an empty store.
         if !url.starts_with("sqlite:") && !std::path::Path::new(url).exists() {

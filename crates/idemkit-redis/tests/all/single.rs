@@ -276,11 +276,10 @@ async fn wait_without_enough_replicas_is_unavailable_and_hands_the_key_back() {
         .and_then(|n| n.parse().ok())
         .expect("INFO replication names connected_slaves");
     let required = replicas + 1;
-    let store = RedisStore::connect(
-        single_config("wait").with_wait_replicas(required, Duration::from_millis(50)),
-    )
-    .await
-    .unwrap();
+    let store =
+        RedisStore::connect(single_config("wait").with_wait_replicas(required, Duration::from_millis(50)))
+            .await
+            .unwrap();
     let s = scope("acct-a", "k-wait");
     let req = claim_req(&s, "{}");
     match store.claim(&req).await {
