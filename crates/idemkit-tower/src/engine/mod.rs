@@ -202,6 +202,15 @@ impl Engine {
         }
     }
 
+    /// A lease-mode engine over any store, for adapters outside this crate (the
+    /// gRPC layer in `idemkit-tonic`): the claim commits as `in_flight` with a
+    /// heartbeat-kept lease, the answer is stored with a fenced write, and the
+    /// body is fingerprinted as bytes or canonical JSON with nothing excluded.
+    pub fn lease(store: Arc<dyn KeyStore>, policy: Policy) -> Result<Self, idemkit_core::PolicyError> {
+        policy.validate()?;
+        Ok(Self::new(store, None, policy, Fingerprinter::new()))
+    }
+
     /// The route policy.
     pub fn policy(&self) -> &Arc<Policy> {
         &self.policy
