@@ -25,13 +25,13 @@ use std::time::{Duration, SystemTime};
 
 use anyhow::Context;
 use clap::{Args, Subcommand, ValueEnum};
+use idemkit::{OpenError, OpenMode, OpenOptions, OpenedStore, StoreKind};
 use idemkit_core::{
     Account, IdempotencyKey, KeyStore, ListFilter, Millis, Policy, Record, RecordState, ReviewEntry, Scope,
     StoredHeader,
 };
 use idemkit_labels::service::{LabelsConfig, build};
 use idemkit_postgres::{PgConfig, PgStore};
-use idemkit_sqlite::SqliteStore;
 use idemkit_tower::{Completer, Reaper};
 use serde_json::{Value, json};
 
@@ -251,18 +251,16 @@ enum Access {
 }
 
 fn is_postgres(url: &str) -> bool {
-    url.starts_with("postgres://") || url.starts_with("postgresql://")
+    StoreKind::of(url) == StoreKind::Postgres
 }
 
 /// Opens the store behind `url`. An operator tool never invents an empty store:
 /// a missing SQLite file or a PostgreSQL schema without a key store is an error.
 async fn open(url: &str, schema: &str, access: Access) -> anyhow::Result<Arc<dyn KeyStore>> {
-    if is_postgres(url) {
-        Ok(Arc::new(open_pg(url, schema, access).await?))
-    } else if ["redis://", "rediss://", "redis+cluster://", "redis+unix://"]
-        .iter()
-        .any(|scheme| url.starts_with(scheme))
-    {
+    let kind = StoreKind::of(url);
+    if kind == StoreKind::Postgres {
+        Ok(open_pg(url, schema, access).await?)
+    } else if kind == StoreKind::Redis {
         // The key prefix: a `prefix` query parameter of the URL, else
         // `IDEMKIT_REDIS_PREFIX` (as the quickstart and services read it), else
         // the library's default. Connecting creates nothing.
@@ -288,30 +286,28 @@ async fn open(url: &str, schema: &str, access: Access) -> anyhow::Result<Arc<dyn
         } else {
             format!("{base}?{}", rest.join("&"))
         };
-        let config = idemkit_redis::RedisConfig::from_url(&base)
-            .map_err(idemkit_core::StoreError::from)?
-            .with_prefix(prefix.clone());
-        let store = idemkit_redis::RedisStore::connect(config)
+        let _ = access;
+        let options = OpenOptions::new().with_redis_prefix(prefix.clone());
+        let store = idemkit::open_store(&base, &options)
             .await
             .with_context(|| format!("connecting to the Redis key store at `{base}` (prefix `{prefix}`)"))?;
-        let _ = access;
-        Ok(Arc::new(store))
+        Ok(store.key_store())
     } else {
         // Opening creates a missing file; an operator tool must not invent an empty store.
-        if !url.starts_with("sqlite:") && !std::path::Path::new(url).exists() {
-            anyhow::bail!("no SQLite database at `{url}`");
+        let options = OpenOptions::new().with_mode(OpenMode::Existing);
+        match idemkit::open_store(url, &options).await {
+            Err(e @ OpenError::NoSqliteFile(_)) => Err(e.into()),
+            opened => Ok(opened
+                .with_context(|| format!("opening the SQLite key store at `{url}`"))?
+                .key_store()),
         }
-        let store = SqliteStore::open(url)
-            .await
-            .with_context(|| format!("opening the SQLite key store at `{url}`"))?;
-        Ok(Arc::new(store))
     }
 }
 
 /// Opens an existing PostgreSQL key store in `schema`, after checking that the
 /// schema holds one (a clear error naming the schemas that do, otherwise) and,
 /// for [`Access::Read`], that it needs no migration.
-async fn open_pg(url: &str, schema: &str, access: Access) -> anyhow::Result<PgStore> {
+async fn open_pg(url: &str, schema: &str, access: Access) -> anyhow::Result<Arc<PgStore>> {
     let valid = schema.len() <= 63
         && schema.starts_with(|c: char| c.is_ascii_lowercase() || c == '_')
         && schema
@@ -370,21 +366,21 @@ async fn open_pg(url: &str, schema: &str, access: Access) -> anyhow::Result<PgSt
         }
     }
     catalog.close().await;
-    let config = PgConfig {
-        schema: schema.to_owned(),
-        max_connections: 2,
-        ..PgConfig::default()
+    let mode = match access {
+        Access::Read => OpenMode::NoMigrations,
+        Access::Write => OpenMode::Existing,
     };
-    let store = match access {
-        Access::Read => open_pg_without_migrating(url, config).await,
-        Access::Write => PgStore::connect(url, config).await,
-    };
-    store.with_context(|| format!("opening the PostgreSQL key store (schema `{schema}`)"))
-}
-
-/// Opens a PostgreSQL key store without DDL or migrations.
-async fn open_pg_without_migrating(url: &str, config: PgConfig) -> idemkit_core::StoreResult<PgStore> {
-    PgStore::connect_existing(url, config).await
+    let options = OpenOptions::new()
+        .with_mode(mode)
+        .with_pg_schema(schema)
+        .with_max_connections(2);
+    match idemkit::open_store(url, &options)
+        .await
+        .with_context(|| format!("opening the PostgreSQL key store (schema `{schema}`)"))?
+    {
+        OpenedStore::Postgres(store) => Ok(store),
+        other => unreachable!("a postgres:// URL opened {}", other.kind()),
+    }
 }
 
 fn account_arg(s: &str) -> Account {
@@ -850,7 +846,7 @@ async fn complete(
         // like every `keys` command it never creates one.
         drop(open_pg(url, &args.pg_schema, Access::Write).await?);
     } else if !url.starts_with("sqlite:") && !std::path::Path::new(url).exists() {
-        anyhow::bail!("no SQLite database at `{url}`");
+        return Err(OpenError::NoSqliteFile(url.to_owned()).into());
     }
     let idempotency = match &c.config {
         Some(path) => idemkit_tower::config::IdemkitConfig::from_toml(

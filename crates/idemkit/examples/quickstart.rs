@@ -42,13 +42,13 @@ use axum::routing::{MethodRouter, get, post};
 use http::request::Parts;
 use http::{StatusCode, header};
 use idemkit::core::{ErrorCode, Policy};
+use idemkit::postgres::{PgStore, PgTx};
 use idemkit::sqlite::{SqliteStore, SqliteTx};
 use idemkit::tower::{
     AccountResolver, BearerTokenAccount, IdempotencyContext, IdempotencyLayer, IdempotencyLayerBuilder, Json,
     ProblemResponse, Tx,
 };
-use idemkit_postgres::{PgConfig, PgStore, PgTx};
-use idemkit_redis::{RedisConfig, RedisStore};
+use idemkit::{OpenOptions, OpenedStore, StoreKind, open_store};
 use serde::{Deserialize, Serialize};
 
 #[derive(Deserialize)]
@@ -230,7 +230,7 @@ fn configure(builder: IdempotencyLayerBuilder, lease: Duration) -> anyhow::Resul
 async fn open(lease: Duration) -> anyhow::Result<(Db, MethodRouter<Db>, String)> {
     let url = std::env::var("DATABASE_URL").ok();
     Ok(match url.as_deref() {
-        Some(url) if url.starts_with("postgres:") || url.starts_with("postgresql:") => {
+        Some(url) if StoreKind::of(url) == StoreKind::Postgres => {
             // Keys in Redis need the orders in the SQLite file; on PostgreSQL the
             // keys live in the orders' own transactions. Running with PostgreSQL
             // keys while the operator asked for Redis would be a silent surprise.
@@ -242,15 +242,13 @@ async fn open(lease: Duration) -> anyhow::Result<(Db, MethodRouter<Db>, String)>
                 );
             }
             let schema = std::env::var("IDEMKIT_PG_SCHEMA").unwrap_or_else(|_| "idemkit".into());
-            let config = PgConfig {
-                schema: schema.clone(),
-                ..PgConfig::default()
+            let options = OpenOptions::new().with_pg_schema(schema.clone());
+            let OpenedStore::Postgres(store) = open_store(url, &options)
+                .await
+                .context("connecting to PostgreSQL")?
+            else {
+                unreachable!("a postgres:// URL opens PostgreSQL");
             };
-            let store = Arc::new(
-                PgStore::connect(url, config)
-                    .await
-                    .context("connecting to PostgreSQL")?,
-            );
             // Several instances may start at once: serialise the DDL.
             let mut tx = store.pool().begin().await?;
             sqlx::query("SELECT pg_advisory_xact_lock(7345243912)")
@@ -282,11 +280,12 @@ async fn open(lease: Duration) -> anyhow::Result<(Db, MethodRouter<Db>, String)>
 }
 
 async fn sqlite(location: &str, lease: Duration) -> anyhow::Result<(Db, MethodRouter<Db>, String)> {
-    let store = Arc::new(
-        SqliteStore::open(location)
-            .await
-            .with_context(|| format!("opening {location}"))?,
-    );
+    let OpenedStore::Sqlite(store) = open_store(location, &OpenOptions::new())
+        .await
+        .with_context(|| format!("opening {location}"))?
+    else {
+        unreachable!("DATABASE_URL sqlite:… or IDEMKIT_DB opens SQLite");
+    };
     sqlx::query(
         "CREATE TABLE IF NOT EXISTS orders (id INTEGER PRIMARY KEY AUTOINCREMENT, account TEXT NOT NULL, \
          sku TEXT NOT NULL, quantity INTEGER NOT NULL)",
@@ -294,12 +293,15 @@ async fn sqlite(location: &str, lease: Duration) -> anyhow::Result<(Db, MethodRo
     .execute(store.pool())
     .await?;
     match std::env::var("IDEMKIT_KEYSTORE").ok().filter(|k| !k.is_empty()) {
-        Some(url) if url.starts_with("redis") => {
-            let mut config = RedisConfig::from_url(&url)?;
+        Some(url) if StoreKind::of(&url) == StoreKind::Redis => {
+            let mut options = OpenOptions::new();
             if let Ok(prefix) = std::env::var("IDEMKIT_REDIS_PREFIX") {
-                config = config.with_prefix(prefix);
+                options = options.with_redis_prefix(prefix);
             }
-            let keys = Arc::new(RedisStore::connect(config).await.context("connecting to Redis")?);
+            let keys = open_store(&url, &options)
+                .await
+                .context("connecting to Redis")?
+                .key_store();
             let layer = configure(IdempotencyLayer::builder(keys), lease)?;
             let described = format!("Redis {url} (keys) and SQLite {location} (orders)");
             Ok((

@@ -9,7 +9,15 @@
 //! | `postgres` | no    | [`postgres`]: `PgStore`, the store for many instances on one PostgreSQL |
 //! | `redis`  | no      | [`redis`]: `RedisStore`, fenced Lua claims on Redis or Redis Cluster |
 //! | `client` | no      | [`client`]: the retry loop with safe defaults (backoff, budget, deadline, auto keys) |
+//!
+//! Whatever the features, [`open_store`] opens the store a URL names
+//! (`sqlite://…` or a path, `postgres://…`, `redis://…`, `redis+cluster://…`),
+//! refusing one whose feature is off.
 #![cfg_attr(docsrs, feature(doc_cfg))]
+
+mod open;
+
+pub use open::{OpenError, OpenMode, OpenOptions, OpenedStore, StoreKind, open_store};
 
 pub use idemkit_core as core;
 pub use idemkit_core::{

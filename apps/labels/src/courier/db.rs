@@ -6,7 +6,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use anyhow::Context;
-use idemkit_postgres::{PgConfig, PgStore};
+use idemkit::{OpenOptions, OpenedStore, StoreKind};
+use idemkit_postgres::PgStore;
 use idemkit_sqlite::SqliteStore;
 
 const SQLITE_TABLE: &str = "CREATE TABLE IF NOT EXISTS courier_shipments (\
@@ -69,55 +70,61 @@ pub(crate) struct Opened {
 /// Opens `url` (`postgres://…`, `sqlite://…` or a file path), or a fresh SQLite
 /// file in a new temporary directory when `None`, and creates the shipments table.
 pub(crate) async fn open(url: Option<&str>, pg_schema: &str) -> anyhow::Result<Opened> {
-    match url {
-        Some(url) if url.starts_with("postgres:") || url.starts_with("postgresql:") => {
-            let config = PgConfig {
-                schema: pg_schema.to_owned(),
-                ..PgConfig::default()
-            };
-            let store = PgStore::connect(url, config)
-                .await
-                .context("connecting to PostgreSQL")?;
-            let mut tx = store.pool().begin().await?;
-            sqlx::query("SELECT pg_advisory_xact_lock($1)")
-                .bind(PG_DDL_LOCK)
-                .execute(&mut *tx)
-                .await?;
-            sqlx::query(PG_TABLE).execute(&mut *tx).await?;
-            tx.commit().await.context("creating the shipments table")?;
-            Ok(Opened {
-                db: Db::Postgres(Arc::new(store)),
-                described: format!("PostgreSQL schema {pg_schema}"),
-                temp: None,
-            })
-        }
-        Some(location) => Ok(Opened {
-            db: sqlite(location).await?,
-            described: format!("SQLite {location}"),
+    let Some(url) = url else {
+        let temp = TempDir::create()?;
+        let file = temp.path().join("courier.db");
+        let db = sqlite(&file.to_string_lossy()).await?;
+        return Ok(Opened {
+            db,
+            described: format!("SQLite {} (temporary, removed on exit)", file.display()),
+            temp: Some(temp),
+        });
+    };
+    if StoreKind::of(url) != StoreKind::Postgres {
+        return Ok(Opened {
+            db: sqlite(url).await?,
+            described: format!("SQLite {url}"),
             temp: None,
-        }),
-        None => {
-            let temp = TempDir::create()?;
-            let file = temp.path().join("courier.db");
-            let db = sqlite(&file.to_string_lossy()).await?;
-            Ok(Opened {
-                db,
-                described: format!("SQLite {} (temporary, removed on exit)", file.display()),
-                temp: Some(temp),
-            })
-        }
+        });
     }
+    let options = OpenOptions::new().with_pg_schema(pg_schema);
+    let OpenedStore::Postgres(store) = idemkit::open_store(url, &options)
+        .await
+        .context("connecting to PostgreSQL")?
+    else {
+        unreachable!("a postgres:// URL opens PostgreSQL");
+    };
+    let mut tx = store.pool().begin().await?;
+    sqlx::query("SELECT pg_advisory_xact_lock($1)")
+        .bind(PG_DDL_LOCK)
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query(PG_TABLE).execute(&mut *tx).await?;
+    tx.commit().await.context("creating the shipments table")?;
+    Ok(Opened {
+        db: Db::Postgres(store),
+        described: format!("PostgreSQL schema {pg_schema}"),
+        temp: None,
+    })
 }
 
+/// Opens the SQLite database at `location` (a path or `sqlite:` URL; a Redis
+/// URL is refused: shipments need SQL).
 async fn sqlite(location: &str) -> anyhow::Result<Db> {
-    let store = SqliteStore::open(location)
+    let opened = idemkit::open_store(location, &OpenOptions::new())
         .await
         .with_context(|| format!("opening SQLite {location}"))?;
+    let OpenedStore::Sqlite(store) = opened else {
+        anyhow::bail!(
+            "the courier keeps its shipments and keys in one SQL database; {} is not one",
+            opened.kind()
+        );
+    };
     sqlx::query(SQLITE_TABLE)
         .execute(store.pool())
         .await
         .context("creating the shipments table")?;
-    Ok(Db::Sqlite(Arc::new(store)))
+    Ok(Db::Sqlite(store))
 }
 
 impl Db {

@@ -17,9 +17,10 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use http::StatusCode;
 use http::request::Parts;
+use idemkit::{OpenOptions, OpenedStore};
 use idemkit_client::{ReqwestRetryError, RetryConfig, RetryMiddleware};
 use idemkit_core::{Account, ErrorCode, IdempotencyKey, KeyError};
-use idemkit_postgres::{PgConfig, PgStore};
+use idemkit_postgres::PgStore;
 use idemkit_sqlite::SqliteStore;
 use idemkit_tower::{
     AccountResolver, CallError, Downstream, IdempotencyContext, IdempotencyLayer, Outcome, PhaseError,
@@ -628,7 +629,7 @@ pub async fn build(config: LabelsConfig) -> anyhow::Result<Service> {
     // The same routes over either store; only the handler instances differ.
     macro_rules! mount {
         ($store:expr, $table:expr, $create:ident, $get:ident, $track:ident) => {{
-            let store = Arc::new($store);
+            let store = $store;
             sqlx::query($table).execute(store.pool()).await?;
             let layer = idempotency(store.clone(), tokens.clone(), &idem)?;
             let app = App {
@@ -647,24 +648,20 @@ pub async fn build(config: LabelsConfig) -> anyhow::Result<Service> {
             Ok(Service { router, keys: store })
         }};
     }
-    if config.database.starts_with("postgres") {
-        let schema = config
-            .pg_schema
-            .clone()
-            .or_else(|| std::env::var("IDEMKIT_PG_SCHEMA").ok())
-            .unwrap_or_else(|| DEFAULT_PG_SCHEMA.into());
-        let store = PgStore::connect(
-            &config.database,
-            PgConfig {
-                schema,
-                ..PgConfig::default()
-            },
-        )
-        .await?;
-        mount!(store, sql::TABLE_PG, create_pg, get_pg, track_pg)
-    } else {
-        let store = SqliteStore::open(&config.database).await?;
-        mount!(store, sql::TABLE_SQLITE, create_sqlite, get_sqlite, track_sqlite)
+    let schema = config
+        .pg_schema
+        .clone()
+        .or_else(|| std::env::var("IDEMKIT_PG_SCHEMA").ok())
+        .unwrap_or_else(|| DEFAULT_PG_SCHEMA.into());
+    match idemkit::open_store(&config.database, &OpenOptions::new().with_pg_schema(schema)).await? {
+        OpenedStore::Postgres(store) => mount!(store, sql::TABLE_PG, create_pg, get_pg, track_pg),
+        OpenedStore::Sqlite(store) => {
+            mount!(store, sql::TABLE_SQLITE, create_sqlite, get_sqlite, track_sqlite)
+        }
+        other => anyhow::bail!(
+            "the labels service keeps its labels and keys in one SQL database; {} is not one",
+            other.kind()
+        ),
     }
 }
 
