@@ -22,6 +22,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod clock;
+mod deadline;
 mod fingerprint;
 mod key;
 mod policy;
@@ -31,6 +32,9 @@ mod scope;
 mod store;
 
 pub use clock::{Clock, Millis, SystemClock};
+pub use deadline::{
+    DEADLINE_HEADER, DEADLINE_HEADER_MAX_DIGITS, format_deadline_header, parse_deadline_header,
+};
 pub use fingerprint::{Fingerprint, Fingerprinter, PointerError};
 pub use key::{IdempotencyKey, KeyError, MAX_KEY_LEN};
 pub use policy::{

@@ -36,6 +36,12 @@ pub enum ErrorCode {
     /// The key store could not be reached or failed; safe to retry with the same key.
     #[serde(rename = "idempotency_store_unavailable")]
     StoreUnavailable,
+    /// The caller's deadline (`grpc-timeout`, or the REST `Request-Timeout` header)
+    /// had already passed when the request arrived; it was refused before its key was
+    /// claimed, so nothing was written and the key is still free. Not retryable: the
+    /// caller's budget is spent; a new call with a fresh budget may reuse the key.
+    #[serde(rename = "deadline_exceeded")]
+    DeadlineExceeded,
     /// The request body or parameters failed validation.
     ValidationFailed,
     /// The request body is larger than the route accepts.
@@ -63,6 +69,7 @@ impl ErrorCode {
             Self::ResponseTooLarge => "idempotency_response_too_large",
             Self::LeaseLost => "idempotency_lease_lost",
             Self::StoreUnavailable => "idempotency_store_unavailable",
+            Self::DeadlineExceeded => "deadline_exceeded",
             Self::ValidationFailed => "validation_failed",
             Self::PayloadTooLarge => "payload_too_large",
             Self::UnsupportedMediaType => "unsupported_media_type",
@@ -79,6 +86,7 @@ impl ErrorCode {
             Self::KeyReused | Self::RequestInProgress | Self::RequestParked => 409,
             Self::ResponseTooLarge | Self::Internal => 500,
             Self::LeaseLost | Self::StoreUnavailable => 503,
+            Self::DeadlineExceeded => 504,
             Self::PayloadTooLarge => 413,
             Self::UnsupportedMediaType => 415,
             Self::Unauthorized => 401,
@@ -105,6 +113,7 @@ impl ErrorCode {
             Self::ResponseTooLarge => "Response too large to store for replay",
             Self::LeaseLost => "Idempotency lease lost",
             Self::StoreUnavailable => "Idempotency store unavailable",
+            Self::DeadlineExceeded => "Deadline exceeded before the request started",
             Self::ValidationFailed => "Validation failed",
             Self::PayloadTooLarge => "Payload too large",
             Self::UnsupportedMediaType => "Unsupported media type",
@@ -194,6 +203,7 @@ mod tests {
             ErrorCode::RequestParked,
             ErrorCode::LeaseLost,
             ErrorCode::StoreUnavailable,
+            ErrorCode::DeadlineExceeded,
             ErrorCode::ValidationFailed,
             ErrorCode::PayloadTooLarge,
             ErrorCode::UnsupportedMediaType,
@@ -208,5 +218,8 @@ mod tests {
         }
         assert!(!ErrorCode::ResponseTooLarge.retryable());
         assert!(ErrorCode::RequestInProgress.retryable());
+        assert_eq!(ErrorCode::DeadlineExceeded.as_str(), "deadline_exceeded");
+        assert_eq!(ErrorCode::DeadlineExceeded.default_status(), 504);
+        assert!(!ErrorCode::DeadlineExceeded.retryable());
     }
 }
