@@ -182,6 +182,19 @@ impl RedisStore {
         self
     }
 
+    /// The same connections under another key prefix: a separate store in
+    /// effect (records, review list, token marks), without new connections.
+    /// Refused like [`RedisConfig::validate`] refuses a bad prefix.
+    pub fn with_prefix(mut self, prefix: impl Into<String>) -> Result<Self, ConfigError> {
+        let config = RedisConfig {
+            key_prefix: prefix.into(),
+            ..(*self.config).clone()
+        };
+        config.validate()?;
+        self.config = Arc::new(config);
+        Ok(self)
+    }
+
     /// The "now" argument of the scripts: the test clock's time, or empty for
     /// the server's `TIME`.
     fn now_arg(&self) -> String {

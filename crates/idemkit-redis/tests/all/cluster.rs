@@ -78,7 +78,12 @@ async fn run_race_sample(urls: &[String], runs: usize) {
         .await
         .expect("connect to the cluster");
     let factory: TargetFactory = Arc::new(move |clock: Arc<ManualClock>| {
-        let base = base.clone();
+        // Each schedule under its own prefix: the reaper's and completer's
+        // scans see only its records.
+        let base = base
+            .clone()
+            .with_prefix(unique_prefix("race"))
+            .expect("a valid prefix");
         Box::pin(async move {
             let store: Arc<dyn KeyStore> = Arc::new(base.clone().with_test_clock(clock.clone()));
             let skewed = SkewedClock {
