@@ -66,7 +66,9 @@ async fn ttl_keeps_unfinished_work_and_expires_finished_records_after_the_reap_t
 
     // Released without progress: a tombstone with the reap threshold's TTL.
     let r = scope("acct-a", "k-ttl-released");
-    let l = must_claim(&store, &claim_req(&r, "{}")).await;
+    let mut req = claim_req(&r, "{}");
+    req.replay_window = Duration::from_secs(600);
+    let l = must_claim(&store, &req).await;
     store.release(&r, l.token).await.unwrap();
     let released = pttl(&store, &store.record_key(&r)).await;
     assert!(released > 3_590_000 && released <= 3_600_000, "{released}");
