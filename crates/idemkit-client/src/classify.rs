@@ -104,8 +104,16 @@ pub struct Answer {
     pub status: StatusCode,
     /// `Retry-After`, converted to a delay from now.
     pub retry_after: Option<Duration>,
-    /// The problem document's `code`, when the body was one.
+    /// The problem document's `code`, when the body was one (for gRPC: the
+    /// `google.rpc.ErrorInfo` reason).
     pub problem_code: Option<String>,
+    /// The server asked the client not to retry (a negative or malformed gRPC
+    /// `grpc-retry-pushback-ms`, gRFC A6): a retryable failure then stops with
+    /// [`Stop::RetryRefused`](crate::Stop::RetryRefused).
+    pub retry_refused: bool,
+    /// The gRPC status code (`grpc-status`), when the answer was a gRPC one; `status`
+    /// is then the HTTP status the code is judged as (see the [guide](crate::guide)).
+    pub grpc_code: Option<i32>,
 }
 
 impl Answer {
@@ -116,6 +124,8 @@ impl Answer {
             status,
             retry_after: None,
             problem_code: None,
+            retry_refused: false,
+            grpc_code: None,
         }
     }
 
@@ -126,6 +136,8 @@ impl Answer {
             status,
             retry_after: retry_after(headers, SystemTime::now()),
             problem_code: None,
+            retry_refused: false,
+            grpc_code: None,
         }
     }
 
@@ -142,11 +154,28 @@ impl Answer {
         self.problem_code = code;
         self
     }
+
+    /// Marks the answer as one the server asked not to retry.
+    #[must_use]
+    pub const fn with_retry_refused(mut self, refused: bool) -> Self {
+        self.retry_refused = refused;
+        self
+    }
+
+    /// Sets the gRPC status code.
+    #[must_use]
+    pub const fn with_grpc_code(mut self, code: Option<i32>) -> Self {
+        self.grpc_code = code;
+        self
+    }
 }
 
 impl fmt::Display for Answer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.status)?;
+        match self.grpc_code {
+            Some(code) => write!(f, "gRPC {}", grpc_code_name(code))?,
+            None => write!(f, "{}", self.status)?,
+        }
         if let Some(code) = &self.problem_code {
             write!(f, " {code}")?;
         }
@@ -155,6 +184,33 @@ impl fmt::Display for Answer {
         }
         Ok(())
     }
+}
+
+/// The canonical name of a gRPC status code (`UNAVAILABLE`), or its number.
+fn grpc_code_name(code: i32) -> String {
+    const NAMES: [&str; 17] = [
+        "OK",
+        "CANCELLED",
+        "UNKNOWN",
+        "INVALID_ARGUMENT",
+        "DEADLINE_EXCEEDED",
+        "NOT_FOUND",
+        "ALREADY_EXISTS",
+        "PERMISSION_DENIED",
+        "RESOURCE_EXHAUSTED",
+        "FAILED_PRECONDITION",
+        "ABORTED",
+        "OUT_OF_RANGE",
+        "UNIMPLEMENTED",
+        "INTERNAL",
+        "UNAVAILABLE",
+        "DATA_LOSS",
+        "UNAUTHENTICATED",
+    ];
+    usize::try_from(code)
+        .ok()
+        .and_then(|i| NAMES.get(i))
+        .map_or_else(|| code.to_string(), |name| (*name).to_owned())
 }
 
 /// Parses `Retry-After` (delta-seconds or an HTTP date) into a delay from `now`.

@@ -81,6 +81,7 @@
 //! |---|---|---|
 //! | `reqwest` | yes | [`RetryMiddleware`] for `reqwest-middleware` |
 //! | `tower` | yes | [`RetryLayer`] / [`RetryService`] for hyper, tonic and tower stacks |
+//! | `tonic` | no | `GrpcRetryLayer` / `GrpcRetryService`: unary tonic calls retried by gRPC code |
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod backoff;
@@ -92,6 +93,8 @@ mod policy;
 mod policy_doc;
 mod timeout;
 
+#[cfg(feature = "tonic")]
+mod grpc;
 #[cfg(feature = "reqwest")]
 mod reqwest;
 #[cfg(feature = "tower")]
@@ -106,12 +109,18 @@ pub use classify::{
 pub use error::{Last, RetryError};
 pub use key::{AutoKey, IDEMPOTENCY_KEY, IdempotencyKey, InvalidKey};
 pub use policy::{
-    ATTEMPT_HEADER, AttemptPlan, Call, Decision, RetryConfig, RetryPolicy, Stop, TIMEOUT_HEADER,
-    gets_auto_key, is_idempotent,
+    ATTEMPT_HEADER, AttemptPlan, Call, DEADLINE_HEADER, Decision, RetryConfig, RetryPolicy, Stop,
+    TIMEOUT_HEADER, gets_auto_key, is_idempotent,
 };
 pub use policy_doc::{KeyLocation, PolicyDocError, PublishedAnswer, PublishedOperation, PublishedPolicy};
 pub use timeout::{AdaptiveTimeout, AttemptTimeout};
 
+#[cfg(feature = "tonic")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
+pub use crate::grpc::{
+    GRPC_RETRY_PUSHBACK_MS, GRPC_TIMEOUT, GrpcResponseFuture, GrpcRetryError, GrpcRetryLayer,
+    GrpcRetryService, grpc_timeout_value, parse_grpc_timeout,
+};
 #[cfg(feature = "reqwest")]
 #[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
 pub use crate::reqwest::{ReqwestRetryError, RetryErrorExt, RetryMiddleware};

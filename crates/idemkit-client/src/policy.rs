@@ -30,6 +30,17 @@ pub const ATTEMPT_HEADER: HeaderName = HeaderName::from_static("idemkit-attempt"
 /// work the client will no longer wait for.
 pub const TIMEOUT_HEADER: HeaderName = HeaderName::from_static("idemkit-timeout-ms");
 
+/// Header carrying each attempt's remaining budget in whole milliseconds (rounded
+/// down; 1 to 10 digits), sent on every attempt by the HTTP integrations:
+/// `Request-Timeout: 1834`, idemkit's REST deadline convention (the same name as the
+/// server's `idemkit_core::DEADLINE_HEADER`, checked by a test). An idemkit server
+/// refuses a request whose budget is spent before claiming its key and hands the rest
+/// to the handler.
+pub const DEADLINE_HEADER: HeaderName = HeaderName::from_static("request-timeout");
+
+/// The largest [`DEADLINE_HEADER`] value (10 digits).
+const DEADLINE_HEADER_MAX_MS: u128 = 9_999_999_999;
+
 /// Whether `method` is idempotent by RFC 9110 (GET, HEAD, OPTIONS, TRACE, PUT, DELETE).
 #[must_use]
 pub fn is_idempotent(method: &Method) -> bool {
@@ -609,6 +620,9 @@ impl Call {
         if !self.replayable {
             return self.give_up(Stop::NotReplayable, outcome);
         }
+        if matches!(outcome, Outcome::Answered(answer) if answer.retry_refused) {
+            return self.give_up(Stop::RetryRefused, outcome);
+        }
         if self.attempts >= config.max_attempts {
             return self.give_up(Stop::AttemptsExhausted, outcome);
         }
@@ -741,6 +755,9 @@ pub enum Stop {
     },
     /// The request body cannot be cloned, so the request was sent once.
     NotReplayable,
+    /// The server asked not to retry (a negative or malformed gRPC
+    /// `grpc-retry-pushback-ms`, gRFC A6).
+    RetryRefused,
     /// The failure is never retried.
     NotRetryable(FatalReason),
 }
@@ -754,6 +771,7 @@ impl Stop {
             Self::RetryAfterPastDeadline { .. } => "retry_after_past_deadline",
             Self::RetryAfterAboveCap { .. } => "retry_after_above_cap",
             Self::NotReplayable => "not_replayable",
+            Self::RetryRefused => "retry_refused",
             Self::NotRetryable(_) => "not_retryable",
         }
     }
@@ -778,6 +796,7 @@ impl fmt::Display for Stop {
                 retry_after.as_secs_f64()
             ),
             Self::NotReplayable => f.write_str("request body cannot be cloned; sent once"),
+            Self::RetryRefused => f.write_str("the server asked not to retry (grpc-retry-pushback-ms)"),
             Self::NotRetryable(reason) => write!(f, "not retryable: {reason}"),
         }
     }
@@ -820,9 +839,20 @@ impl AttemptPlan {
         self.remaining
     }
 
-    /// Adds the automatic key (unless a key is already there) and the enabled
-    /// attempt/timeout headers.
+    /// Adds the automatic key (unless a key is already there), the attempt's budget
+    /// as [`DEADLINE_HEADER`] (`Request-Timeout: <ms>`, this attempt's
+    /// [`timeout`](Self::timeout) rounded down; it replaces one already there) and the
+    /// enabled attempt/timeout headers.
     pub fn apply(&self, headers: &mut HeaderMap) {
+        self.apply_metadata(headers);
+        let ms = self.timeout.as_millis().min(DEADLINE_HEADER_MAX_MS);
+        let ms = u64::try_from(ms).expect("at most 10 digits");
+        headers.insert(DEADLINE_HEADER, HeaderValue::from(ms));
+    }
+
+    /// [`apply`](Self::apply) without the REST deadline header (gRPC carries its
+    /// budget in `grpc-timeout`).
+    pub(crate) fn apply_metadata(&self, headers: &mut HeaderMap) {
         if let Some((name, value)) = &self.key
             && !headers.contains_key(name)
         {

@@ -3,6 +3,8 @@
 //! properties of the retry arithmetic.
 
 mod deadline;
+#[cfg(feature = "tonic")]
+mod grpc;
 mod properties;
 mod reqwest_faults;
 mod safety;

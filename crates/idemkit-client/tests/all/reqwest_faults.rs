@@ -346,6 +346,35 @@ async fn attempt_and_timeout_headers_when_enabled() {
 }
 
 #[tokio::test]
+async fn every_attempt_carries_its_budget_in_the_rest_deadline_header() {
+    let server = FaultServer::start().await;
+    server.script("/d", [Fault::Status(503), Fault::Status(503), Fault::Status(201)]);
+    // The client's name is the server's.
+    assert_eq!(
+        idemkit_client::DEADLINE_HEADER.as_str(),
+        idemkit_core::DEADLINE_HEADER
+    );
+    let config = fast().with_deadline(Duration::from_secs(5));
+    let response = client(config).post(server.url("/d")).send().await.unwrap();
+    assert_eq!(response.status(), StatusCode::CREATED);
+    let budgets: Vec<u64> = server
+        .header_values("/d", idemkit_core::DEADLINE_HEADER)
+        .into_iter()
+        .map(|v| {
+            idemkit_core::parse_deadline_header(&v.unwrap())
+                .unwrap()
+                .as_millis() as u64
+        })
+        .collect();
+    assert_eq!(budgets.len(), 3);
+    assert!(budgets[0] <= 5_000 && budgets[0] > 4_800, "{budgets:?}");
+    assert!(
+        budgets.windows(2).all(|w| w[1] <= w[0]),
+        "carved from what remains: {budgets:?}"
+    );
+}
+
+#[tokio::test]
 async fn a_real_two_second_deadline_against_a_503_server() {
     let server = FaultServer::start().await;
     server.always("/storm", Fault::Status(503));

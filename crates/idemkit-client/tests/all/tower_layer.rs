@@ -74,6 +74,13 @@ async fn in_progress_then_success_with_one_auto_key() {
     let keys = server.header_values("/orders", "idempotency-key");
     assert_eq!(keys.len(), 2);
     assert!(same_key(&keys), "{keys:?}");
+    // Each attempt carries its remaining budget in the REST deadline header.
+    let budgets: Vec<u64> = server
+        .header_values("/orders", idemkit_client::DEADLINE_HEADER.as_str())
+        .into_iter()
+        .map(|v| v.unwrap().parse().unwrap())
+        .collect();
+    assert!(budgets[0] <= 10_000 && budgets[1] <= budgets[0], "{budgets:?}");
 }
 
 #[tokio::test]
