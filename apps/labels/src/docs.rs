@@ -9,6 +9,10 @@ use idemkit_core::{InFlightBehavior, MAX_KEY_LEN, ServerErrorPolicy};
 use idemkit_tower::config::{IdemkitConfig, RouteConfig};
 use serde_json::{Value, json};
 
+/// The REST deadline header as the contract spells it (the wire name is
+/// [`idemkit_core::DEADLINE_HEADER`], case-insensitive).
+const DEADLINE_HEADER_DISPLAY: &str = "Request-Timeout";
+
 /// The default configuration: the labels service's own.
 pub const DEFAULT_CONFIG: &str = include_str!("../idemkit.toml");
 
@@ -209,6 +213,8 @@ fn markdown(config: &IdemkitConfig, client: &RetryConfig) -> String {
          cockatiel (TypeScript), cenkalti/backoff (Go)."
     );
 
+    deadlines(w);
+
     let _ = writeln!(w, "\n## Examples\n");
     let _ = writeln!(
         w,
@@ -241,6 +247,32 @@ fn markdown(config: &IdemkitConfig, client: &RetryConfig) -> String {
         serde_json::to_string_pretty(&openapi_fragment(config)).unwrap_or_default()
     );
     out
+}
+
+/// The `## Deadlines` section (issue 15).
+fn deadlines(w: &mut String) {
+    let _ = writeln!(w, "\n## Deadlines\n");
+    let _ = writeln!(
+        w,
+        "Tell the service how long you are still willing to wait with \
+         `{DEADLINE_HEADER_DISPLAY}: <milliseconds>`: the time left of your deadline, in whole milliseconds \
+         (1 to {} digits, no unit; round down). It is relative on purpose, so clock skew between you and the \
+         service does not matter; the service counts it from the moment your request arrives. Send it again on \
+         every retry with what is left then.\n\n\
+         - **Already spent** (`{DEADLINE_HEADER_DISPLAY}: 0`, or gone by the time the request arrives): `504` \
+         with `code` `deadline_exceeded` and `retryable: false`. Nothing ran and the key was **not** claimed: a \
+         later call with a fresh budget may use the same key.\n\
+         - **Otherwise** the request runs, and the remaining time is handed to the handler, which can pass it on \
+         to its own downstream calls. A request is not cut short when your deadline passes: like a request whose \
+         client hung up, it runs to its end and a retry with the same key gets its one result.\n\
+         - A malformed value (a sign, a fraction, a unit, more than {} digits) is ignored: the request has no \
+         deadline.\n\
+         - Over gRPC the deadline is the standard `grpc-timeout` your gRPC library sends from the call's \
+         deadline; one already spent is answered with `DEADLINE_EXCEEDED` and a `google.rpc.ErrorInfo` whose \
+         `reason` is `deadline_exceeded`, again before the key is claimed.",
+        idemkit_core::DEADLINE_HEADER_MAX_DIGITS,
+        idemkit_core::DEADLINE_HEADER_MAX_DIGITS,
+    );
 }
 
 /// A valid request body for a route, for the examples: the labels contract's own
@@ -468,6 +500,9 @@ mod tests {
         assert!(doc.contains("\"status\": 409, \"code\": \"idempotency_key_reused\""));
         assert!(doc.contains("**3 attempts**"));
         assert!(doc.contains("| 3 | 0 – 100ms |"));
+        assert!(doc.contains("## Deadlines") && doc.contains("`Request-Timeout: <milliseconds>`"));
+        assert!(doc.contains("`504` with `code` `deadline_exceeded`"));
+        assert!(DEADLINE_HEADER_DISPLAY.eq_ignore_ascii_case(idemkit_core::DEADLINE_HEADER));
 
         let changed = IdemkitConfig::from_toml(
             "[defaults]\nreplay_window = \"2h\"\nreap_threshold = \"6h\"\nmismatch_status = 422\n\

@@ -37,9 +37,11 @@ pub enum ErrorCode {
     #[serde(rename = "idempotency_store_unavailable")]
     StoreUnavailable,
     /// The caller's deadline (`grpc-timeout`, or the REST `Request-Timeout` header)
-    /// had already passed when the request arrived; it was refused before its key was
-    /// claimed, so nothing was written and the key is still free. Not retryable: the
-    /// caller's budget is spent; a new call with a fresh budget may reuse the key.
+    /// had already passed when the request arrived, so it was refused before its key
+    /// was claimed; or (single-step routes only) it passed while the handler ran and
+    /// the handler's transaction was rolled back. Either way nothing was written and
+    /// the key is still free. Not retryable: the caller's budget is spent; a new
+    /// call with a fresh budget may reuse the key.
     #[serde(rename = "deadline_exceeded")]
     DeadlineExceeded,
     /// The request body or parameters failed validation.
@@ -113,7 +115,7 @@ impl ErrorCode {
             Self::ResponseTooLarge => "Response too large to store for replay",
             Self::LeaseLost => "Idempotency lease lost",
             Self::StoreUnavailable => "Idempotency store unavailable",
-            Self::DeadlineExceeded => "Deadline exceeded before the request started",
+            Self::DeadlineExceeded => "Deadline exceeded",
             Self::ValidationFailed => "Validation failed",
             Self::PayloadTooLarge => "Payload too large",
             Self::UnsupportedMediaType => "Unsupported media type",

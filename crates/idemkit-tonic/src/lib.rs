@@ -48,12 +48,14 @@
 //! handler's own status decides what is stored: see [`http_equivalent`].
 
 mod body;
+mod deadline;
 mod frame;
 mod layer;
 mod resolver;
 mod service;
 mod status;
 
+pub use deadline::{GRPC_TIMEOUT, parse_grpc_timeout};
 pub use layer::{ConfigError, IdempotencyLayer, IdempotencyLayerBuilder};
 pub use resolver::{BearerTokenAccount, MetadataAccountResolver, TrustedMetadataAccount};
 pub use service::{Idempotency, ResponseFuture};

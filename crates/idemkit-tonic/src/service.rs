@@ -15,6 +15,7 @@ use idemkit_core::{
     ClaimRequest, ErrorCode, IdempotencyKey, KeyError, NEVER_REPLAYED_HEADERS, Problem, Scope, StoredHeader,
     StoredResponse,
 };
+use idemkit_tower::IdempotencyContext;
 use idemkit_tower::engine::{Attempt, Disposition, Finished, Incoming, Outcome, Refusal};
 use tonic::Code;
 use tonic::body::Body;
@@ -99,17 +100,22 @@ where
     B::Error: Into<BoxError>,
 {
     let (parts, body) = req.into_parts();
+    // The caller's budget counts from the moment its headers arrived.
+    let deadline = crate::deadline::request_deadline(&parts.headers);
     let (claim, bytes) = match prepare(&shared, &parts, body, key_field).await {
         Ok(p) => p,
         Err(status) => return Ok(status.into_http()),
     };
-    let attempt = match shared.engine.begin(claim).await {
+    let attempt = match shared.engine.begin_until(claim, deadline).await {
         Ok(attempt) => attempt,
         Err(refused) => return Ok(refusal_response(refused.refusal)),
     };
     // The claim is committed, so the work goes on to completion detached from
     // the call: a client that cancels (exactly when clients retry) leaves neither
     // a half-run handler nor a key stuck; its retry waits for, or replays, the result.
+    // The same holds when tonic's server ends the call at the caller's deadline:
+    // the handler is not cut short; it gets the remaining time to honour
+    // (`IdempotencyContext::remaining` in the request's extensions).
     let task = tokio::spawn(execute(inner, parts, bytes, attempt).in_current_span());
     match task.await {
         Ok(done) => done,
@@ -226,7 +232,15 @@ where
     B: http_body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
-    let req = Request::from_parts(parts, Body::new(Full::new(bytes)));
+    let mut req = Request::from_parts(parts, Body::new(Full::new(bytes)));
+    let lease = attempt.lease();
+    req.extensions_mut().insert(IdempotencyContext {
+        scope: attempt.scope().clone(),
+        token: lease.token,
+        resumed_from: lease.resumed_from.clone(),
+        policy: attempt.policy().clone(),
+        deadline: attempt.deadline(),
+    });
     let response = match attempt.run(inner.call(req)).await {
         Ok(r) => r,
         Err(e) => {

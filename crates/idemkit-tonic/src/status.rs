@@ -21,6 +21,7 @@ pub const ERROR_DOMAIN: &str = "idemkit";
 /// | `idempotency_request_in_progress`  | `ABORTED` + `RetryInfo` |
 /// | `idempotency_lease_lost`           | `ABORTED` + `RetryInfo` |
 /// | `idempotency_store_unavailable`    | `UNAVAILABLE` + `RetryInfo` |
+/// | `deadline_exceeded`                | `DEADLINE_EXCEEDED`   |
 /// | `payload_too_large`                | `RESOURCE_EXHAUSTED`  |
 /// | `unauthorized`                     | `UNAUTHENTICATED`     |
 /// | `not_found`                        | `NOT_FOUND`           |
@@ -34,6 +35,7 @@ pub fn code_for(code: ErrorCode) -> Code {
         ErrorCode::KeyReused | ErrorCode::RequestParked => Code::FailedPrecondition,
         ErrorCode::RequestInProgress | ErrorCode::LeaseLost => Code::Aborted,
         ErrorCode::StoreUnavailable => Code::Unavailable,
+        ErrorCode::DeadlineExceeded => Code::DeadlineExceeded,
         ErrorCode::PayloadTooLarge => Code::ResourceExhausted,
         ErrorCode::Unauthorized => Code::Unauthenticated,
         ErrorCode::NotFound => Code::NotFound,

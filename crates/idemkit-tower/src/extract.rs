@@ -3,6 +3,7 @@
 use std::any::Any;
 use std::ops::{Deref, DerefMut};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use axum::extract::FromRequestParts;
 use http::request::Parts;
@@ -21,6 +22,20 @@ pub struct IdempotencyContext {
     pub resumed_from: Option<String>,
     /// The route's policy (phases need its stored-header allowlist and body cap).
     pub policy: Arc<Policy>,
+    /// The caller's deadline, from the REST [`idemkit_core::DEADLINE_HEADER`]
+    /// (milliseconds remaining when the request arrived) or gRPC's
+    /// `grpc-timeout`; `None` when the caller sent none. See
+    /// [`IdempotencyContext::remaining`].
+    pub deadline: Option<Instant>,
+}
+
+impl IdempotencyContext {
+    /// The time left until the caller's deadline (zero once it has passed), to
+    /// bound the handler's own work and to hand on to downstream calls;
+    /// `None` when the caller sent no deadline.
+    pub fn remaining(&self) -> Option<Duration> {
+        crate::engine::remaining(self.deadline)
+    }
 }
 
 impl<S: Send + Sync> FromRequestParts<S> for IdempotencyContext {

@@ -187,6 +187,8 @@ pub struct Phases<S: TransactionalStore> {
     recovery_point: Option<String>,
     /// The request's generation (its first claim), part of downstream keys.
     generation: Millis,
+    /// The caller's deadline, handed on (shrinking) to external calls.
+    deadline: Option<std::time::Instant>,
 }
 
 impl<S: TransactionalStore> std::fmt::Debug for Phases<S> {
@@ -220,7 +222,21 @@ impl<S: TransactionalStore> Phases<S> {
             outputs,
             recovery_point,
             generation,
+            deadline: ctx.deadline,
         })
+    }
+
+    /// The caller's deadline, if it sent one (see [`IdempotencyContext::deadline`]).
+    pub fn deadline(&self) -> Option<std::time::Instant> {
+        self.deadline
+    }
+
+    /// The time left until the caller's deadline (zero once it has passed), as
+    /// of now; `None` without a deadline. Pass it to a downstream call as its
+    /// timeout (or use [`Phases::external_with_deadline`], which does so after
+    /// recording the intent).
+    pub fn remaining(&self) -> Option<std::time::Duration> {
+        crate::engine::remaining(self.deadline)
     }
 
     /// The last committed phase, if any.
@@ -329,6 +345,27 @@ impl<S: TransactionalStore> Phases<S> {
     where
         T: Serialize + DeserializeOwned,
     {
+        self.external_with_deadline(name, downstream, async move |key, _| call(key).await)
+            .await
+    }
+
+    /// [`Phases::external`], with the caller's remaining time handed to the call:
+    /// `call` receives the downstream key and the time left until the caller's
+    /// deadline, measured just before the call (after the intent is committed),
+    /// so each downstream call gets only what is left (`None` when the caller
+    /// sent no deadline; `Some(ZERO)` once it has passed). Use it as the
+    /// downstream request's timeout (`grpc-timeout`, or the REST
+    /// [`idemkit_core::DEADLINE_HEADER`]). A call that times out after sending
+    /// should answer [`CallError::Unknown`]: its outcome is unknown.
+    pub async fn external_with_deadline<T, E>(
+        &mut self,
+        name: &str,
+        downstream: Downstream,
+        call: impl AsyncFnOnce(DownstreamKey, Option<std::time::Duration>) -> Result<T, CallError<E>>,
+    ) -> Result<T, PhaseError<E>>
+    where
+        T: Serialize + DeserializeOwned,
+    {
         let span = phase_span(name, "external");
         let saved = self.has_saved(name);
         let result = self
@@ -343,7 +380,7 @@ impl<S: TransactionalStore> Phases<S> {
         &mut self,
         name: &str,
         downstream: Downstream,
-        call: impl AsyncFnOnce(DownstreamKey) -> Result<T, CallError<E>>,
+        call: impl AsyncFnOnce(DownstreamKey, Option<std::time::Duration>) -> Result<T, CallError<E>>,
     ) -> Result<T, PhaseError<E>>
     where
         T: Serialize + DeserializeOwned,
@@ -370,7 +407,7 @@ impl<S: TransactionalStore> Phases<S> {
                 .await?;
             fail::fail_point!("idemkit::after_intent");
         }
-        match call(key).await {
+        match call(key, self.remaining()).await {
             Ok(out) => {
                 fail::fail_point!("idemkit::after_call");
                 let state = json!({ DONE: serde_json::to_value(&out).map_err(|e| PhaseError::Output(name.to_owned(), e))? });

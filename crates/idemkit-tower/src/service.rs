@@ -109,6 +109,8 @@ where
     B::Error: Into<BoxError>,
 {
     let (parts, body) = req.into_parts();
+    // The caller's budget counts from the moment its headers arrived.
+    let deadline = request_deadline(&parts);
     let (claim, bytes) = match prepare(&shared, &parts, body).await {
         Ok(p) => p,
         Err(problem) => {
@@ -126,7 +128,7 @@ where
         span.record("key_hash", metrics::key_hash(&claim.scope));
     }
     let scope = claim.scope.clone();
-    let attempt = match shared.engine.begin(claim).await {
+    let attempt = match shared.engine.begin_until(claim, deadline).await {
         Ok(attempt) => attempt,
         Err(refused) => {
             return (
@@ -164,6 +166,23 @@ where
             )
         }
     }
+}
+
+/// The caller's deadline: now plus the milliseconds of the REST
+/// [`idemkit_core::DEADLINE_HEADER`]. A malformed or repeated header is ignored
+/// (as gRPC servers ignore a malformed `grpc-timeout`); the completer's
+/// in-process replays have none.
+fn request_deadline(parts: &Parts) -> Option<std::time::Instant> {
+    if parts.extensions.get::<crate::jobs::Resume>().is_some() {
+        return None;
+    }
+    let mut values = parts.headers.get_all(idemkit_core::DEADLINE_HEADER).iter();
+    let (Some(value), None) = (values.next(), values.next()) else {
+        return None;
+    };
+    let budget = idemkit_core::parse_deadline_header(value.to_str().ok()?)?;
+    // A budget too large to add is no deadline at all.
+    std::time::Instant::now().checked_add(budget)
 }
 
 /// Resolves the account, reads the key and the body, and builds the claim.
@@ -298,6 +317,7 @@ where
         token: lease.token,
         resumed_from: lease.resumed_from.clone(),
         policy: attempt.policy().clone(),
+        deadline: attempt.deadline(),
     });
     let slot = attempt.take_tx().map(|tx| {
         let slot = TxSlot::default();
@@ -307,7 +327,34 @@ where
     });
 
     fail::fail_point!("idemkit::after_claim");
-    let result = attempt.run(inner.call(req)).await;
+    let result = match attempt.deadline() {
+        // Single-step: the caller's deadline bounds the handler. Dropping it
+        // rolls its transaction (claim and business writes) back, exactly as
+        // when the caller hangs up at its deadline, so nothing happened and the
+        // key is free. Lease mode is never cut short: the claim is committed
+        // and the work detached, so it runs to completion and stores its answer
+        // for the caller's retry; the handler and its downstream calls get the
+        // remaining time (`IdempotencyContext::remaining`) to honour instead.
+        Some(deadline) if attempt.is_transactional() => {
+            match tokio::time::timeout_at(deadline.into(), attempt.run(inner.call(req))).await {
+                Ok(result) => result,
+                Err(_) => {
+                    // The handler's `Tx` guard put the transaction back when it was dropped.
+                    let tx = slot.and_then(|s| s.take());
+                    let counted = attempt.settle(tx, Disposition::Release).await;
+                    tracing::debug!(
+                        "idempotency: the caller's deadline passed; the handler's transaction was rolled back"
+                    );
+                    let problem = ProblemResponse::new(
+                        ErrorCode::DeadlineExceeded,
+                        "the caller's deadline passed while the handler ran; its transaction was rolled back, nothing was stored and the key is free",
+                    );
+                    return (counted, Ok(problem.into_response()));
+                }
+            }
+        }
+        _ => attempt.run(inner.call(req)).await,
+    };
     let tx = slot.and_then(|s| s.take());
     let span = tracing::info_span!(
         "idemkit.complete",

@@ -2,7 +2,7 @@
 
 use std::any::Any;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use idemkit_core::{
     ClaimRequest, ErrorCode, KeyStore, Lease, Policy, Problem, Scope, ServerErrorPolicy, StoreError,
@@ -96,6 +96,8 @@ pub struct Attempt {
     /// until the adapter hands it to the handler (behind a mutex only so that
     /// `&Attempt` is `Send` while the handler runs).
     tx: std::sync::Mutex<Option<Box<dyn Any + Send>>>,
+    /// The caller's deadline, if it sent one.
+    deadline: Option<Instant>,
 }
 
 impl std::fmt::Debug for Attempt {
@@ -113,13 +115,25 @@ impl Attempt {
         claim: ClaimRequest,
         lease: Lease,
         tx: Option<Box<dyn Any + Send>>,
+        deadline: Option<Instant>,
     ) -> Self {
         Self {
             engine,
             claim,
             lease,
             tx: std::sync::Mutex::new(tx),
+            deadline,
         }
+    }
+
+    /// The caller's deadline (`grpc-timeout` or the REST deadline header), if any.
+    pub fn deadline(&self) -> Option<Instant> {
+        self.deadline
+    }
+
+    /// The time left until the caller's deadline (zero once it has passed).
+    pub fn remaining(&self) -> Option<Duration> {
+        super::remaining(self.deadline)
     }
 
     /// (account, key).
@@ -146,7 +160,13 @@ impl Attempt {
     /// A handle to settle this lease-mode attempt with if the task running it
     /// dies (a panicking handler): the same claim and lease, no transaction.
     pub(crate) fn recovery_handle(&self) -> Attempt {
-        Attempt::new(self.engine.clone(), self.claim.clone(), self.lease.clone(), None)
+        Attempt::new(
+            self.engine.clone(),
+            self.claim.clone(),
+            self.lease.clone(),
+            None,
+            self.deadline,
+        )
     }
 
     /// Takes the claim's open transaction (single-step mode), to hand to the

@@ -14,7 +14,7 @@ mod attempt;
 mod erased;
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use idemkit_core::{
     ClaimOutcome, ClaimRequest, ErrorCode, FencingToken, Fingerprinter, IdempotencyKey, InFlightBehavior,
@@ -248,13 +248,32 @@ impl Engine {
         }
     }
 
+    /// Begins a request with no caller deadline: [`Engine::begin_until`] with `None`.
+    pub async fn begin(&self, claim: ClaimRequest) -> Result<Attempt, Refused> {
+        self.begin_until(claim, None).await
+    }
+
     /// Begins a request: claims its key (waiting for a live holder when the
     /// policy says so), in an `idemkit.claim` span recording the outcome and
     /// fencing token. `Ok` hands the caller the attempt to run its handler
     /// under; `Err` is the answer to give without running anything.
-    pub async fn begin(&self, claim: ClaimRequest) -> Result<Attempt, Refused> {
+    ///
+    /// `deadline` is the caller's (from `grpc-timeout` or the REST
+    /// [`idemkit_core::DEADLINE_HEADER`]). A request whose deadline has already
+    /// passed is refused with `deadline_exceeded` before its key is claimed:
+    /// nothing is written and the key stays free. Waiting for a live holder
+    /// (the `wait` in-flight behaviour) stops at the deadline. The attempt
+    /// carries the deadline so the adapter can hand the remaining time on.
+    pub async fn begin_until(
+        &self,
+        claim: ClaimRequest,
+        deadline: Option<Instant>,
+    ) -> Result<Attempt, Refused> {
+        if let Some(refused) = deadline_refusal(deadline) {
+            return Err(refused);
+        }
         let span = tracing::info_span!("idemkit.claim", outcome = Empty, token = Empty);
-        let result = self.acquire(&claim).instrument(span.clone()).await;
+        let result = self.acquire(&claim, deadline).instrument(span.clone()).await;
         match &result {
             Ok((lease, _)) => {
                 span.record("token", lease.token.0);
@@ -271,15 +290,20 @@ impl Engine {
                 span.record("outcome", refused.outcome);
             }
         }
-        result.map(|(lease, tx)| Attempt::new(self.clone(), claim, lease, tx))
+        result.map(|(lease, tx)| Attempt::new(self.clone(), claim, lease, tx, deadline))
     }
 
     async fn acquire(
         &self,
         claim: &ClaimRequest,
+        deadline: Option<Instant>,
     ) -> Result<(idemkit_core::Lease, Option<Box<dyn std::any::Any + Send>>), Refused> {
         let wait_until = match self.policy.in_flight {
-            InFlightBehavior::Wait(d) => Some(tokio::time::Instant::now() + d),
+            // Waiting past the caller's deadline helps nobody.
+            InFlightBehavior::Wait(d) => Some(match deadline {
+                Some(deadline) => (tokio::time::Instant::now() + d).min(deadline.into()),
+                None => tokio::time::Instant::now() + d,
+            }),
             _ => None,
         };
         let mut poll = Duration::from_millis(20);
@@ -388,6 +412,27 @@ impl Engine {
             }
         }
     }
+}
+
+/// The time left until `deadline` (zero once it has passed); `None` without one.
+pub fn remaining(deadline: Option<Instant>) -> Option<Duration> {
+    deadline.map(|d| d.saturating_duration_since(Instant::now()))
+}
+
+/// The refusal of a request whose deadline has already passed (before claiming).
+fn deadline_refusal(deadline: Option<Instant>) -> Option<Refused> {
+    let deadline = deadline?;
+    if Instant::now() < deadline {
+        return None;
+    }
+    tracing::debug!("idempotency: the caller's deadline has passed; refused before claiming");
+    Some(Refused::new(
+        outcome::REJECTED,
+        Refusal::problem(
+            ErrorCode::DeadlineExceeded,
+            "the caller's deadline had passed when the request arrived; nothing ran and the key was not claimed",
+        ),
+    ))
 }
 
 /// A stored response for a problem document (what a failure that must be

@@ -708,6 +708,7 @@ fn _tx_store_is_usable(s: Arc<SqliteStore>) -> Arc<dyn KeyStore> {
 }
 
 mod crash;
+mod deadlines;
 mod hardening;
 mod metrics;
 
