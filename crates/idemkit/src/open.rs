@@ -230,9 +230,16 @@ impl OpenedStore {
     }
 }
 
-/// Opens the key store `url` names (see the [module docs](self) for the
-/// schemes), as `options` allow. A store whose feature is off is an
-/// [`OpenError::FeatureDisabled`], never a silent fallback to another store.
+/// Opens the key store `url` names, as `options` allow. A store whose feature
+/// is off is an [`OpenError::FeatureDisabled`], never a silent fallback to
+/// another store.
+///
+/// | URL | store | feature |
+/// |-----|-------|---------|
+/// | `sqlite://PATH`, `sqlite:PATH` or a plain file path | [`SqliteStore`](crate::sqlite::SqliteStore) | `sqlite` |
+/// | `postgres://…`, `postgresql://…` | [`PgStore`](crate::postgres::PgStore) in [`OpenOptions::pg_schema`] | `postgres` |
+/// | `redis://…`, `rediss://…`, `redis+unix://…` | [`RedisStore`](crate::redis::RedisStore), one node | `redis` |
+/// | `redis+cluster://host:port,host:port` | [`RedisStore`](crate::redis::RedisStore) on a cluster (seed nodes) | `redis` |
 pub async fn open_store(url: &str, options: &OpenOptions) -> Result<OpenedStore, OpenError> {
     let kind = StoreKind::of(url);
     #[cfg(any(feature = "sqlite", feature = "postgres", feature = "redis"))]
