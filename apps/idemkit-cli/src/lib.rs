@@ -37,6 +37,7 @@ pub mod demo;
 pub mod docs;
 pub mod keys;
 pub mod lint_openapi;
+pub mod proxy;
 pub mod serve;
 
 /// The command line.
@@ -74,6 +75,8 @@ pub enum Command {
     /// List every state-changing operation of an OpenAPI document with where its
     /// idempotency key travels, one verdict each (exit 1 when a key is missing).
     LintOpenapi(lint_openapi::LintArgs),
+    /// Put the idempotency-key contract in front of an existing HTTP API (see `docs/proxy.md`).
+    Proxy(proxy::ProxyArgs),
 }
 
 /// Runs a parsed command line and returns the exit code it chose.
@@ -86,6 +89,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Docs(args) => docs::run(args),
         Command::Keys(args) => keys::run(args),
         Command::LintOpenapi(args) => lint_openapi::run(args),
+        Command::Proxy(args) => proxy::run(args),
     }
 }
 

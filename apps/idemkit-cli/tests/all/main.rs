@@ -16,6 +16,7 @@ mod labels;
 mod lint_openapi;
 mod metrics;
 mod policy;
+mod proxy;
 mod quickstart;
 mod readme;
 

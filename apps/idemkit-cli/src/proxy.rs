@@ -1,0 +1,629 @@
+//! `idemkit proxy`: the idempotency contract in front of an existing HTTP API
+//! (issue 18), built on the protocol-neutral engine (`idemkit_tower::engine`).
+//!
+//! What it does and what it cannot do is written down in `docs/proxy.md`. In
+//! short:
+//!
+//! - Keyed routes: with `--config`, the routes of the TOML file that are
+//!   `retry_safe` (exact method and path); without it, every `POST`, `PUT`,
+//!   `PATCH` and `DELETE` (the methods the layer guards by default). Every other
+//!   request, and every safe method, is streamed through untouched.
+//! - A keyed request needs the credential header (`--account-header`, default
+//!   `Authorization`): without it the proxy answers `401 unauthorized` and the
+//!   upstream never sees it. The scope's account is `HMAC-SHA256(secret,
+//!   credential)` in hex; the credential itself is never stored.
+//! - The key is validated as the layer does; the claim is a lease-mode engine
+//!   claim (fenced); the intent (`recovery_point = "forwarded"`) is recorded
+//!   before the request is forwarded with the caller's own key header; the
+//!   upstream's answer is stored or released by the route policy
+//!   (`Disposition::of`), with only the policy's allowlisted headers kept; replays
+//!   carry `Idempotent-Replayed: true`.
+//! - A record found with an intent and no answer (the proxy died, or the upstream
+//!   timed out, after forwarding) is re-sent with the same key only when the
+//!   upstream is declared key-honouring (`--upstream-honours-keys`); otherwise it
+//!   is parked (`409 idempotency_request_parked`) and never forwarded twice.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::{Request, State};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use http::request::Parts;
+use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri, header};
+use http_body_util::{BodyExt, Limited};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use idemkit_core::{
+    Account, ErrorCode, IdempotencyKey, KeyStore, PhaseUpdate, Policy, Problem, Scope, StoredHeader,
+    StoredResponse,
+};
+use idemkit_tower::config::IdemkitConfig;
+use idemkit_tower::engine::{
+    Attempt, Disposition, Engine, Finished, Incoming, Refusal, key_from_json, key_problem, replay_status,
+};
+use idemkit_tower::{IDEMPOTENT_REPLAYED, ProblemResponse};
+use sha2::{Digest, Sha256};
+
+/// The recovery point recorded just before a request is forwarded: the upstream
+/// may have executed it. A record found here without an answer is re-sent only
+/// to a key-honouring upstream, and parked otherwise.
+pub const FORWARDED: &str = "forwarded";
+
+/// The recovery point recorded when the upstream certainly did not execute the
+/// request (the connection failed before sending) or answered with a status the
+/// policy releases (validation-class 4xx, 5xx under `retry`): the next attempt
+/// forwards again.
+pub const ANSWERED_UNSTORED: &str = "answered-unstored";
+
+/// Request headers kept with the record (never credentials).
+const STORED_REQUEST_HEADERS: &[&str] = &["content-type", "accept", "content-language"];
+
+/// Hop-by-hop headers (RFC 9110 §7.6.1): never forwarded, never stored.
+const HOP_BY_HOP: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+
+/// Arguments of `idemkit proxy`.
+#[derive(Debug, clap::Args)]
+pub struct ProxyArgs {
+    /// Address to listen on, e.g. `127.0.0.1:8080`.
+    #[arg(long)]
+    pub listen: SocketAddr,
+    /// The upstream's base URL (`http://host:port`); the request's path and query
+    /// are appended.
+    #[arg(long)]
+    pub upstream: String,
+    /// The key store: `sqlite://FILE` (or a file path), `postgres://…`,
+    /// `redis://…`, `redis+cluster://…`.
+    #[arg(long, default_value = "sqlite://idemkit-proxy.db")]
+    pub database_url: String,
+    /// The idempotency configuration (TOML, the service's format): its
+    /// `retry_safe` routes are the keyed ones. Without it, every POST, PUT, PATCH
+    /// and DELETE is keyed with the default policy.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// The header carrying the caller's credential; the scope's account is a
+    /// keyed hash of its value.
+    #[arg(long, default_value = "Authorization")]
+    pub account_header: String,
+    /// The secret of the keyed hash that turns a credential into an account.
+    /// Every proxy sharing one store must use the same secret.
+    #[arg(long, env = "IDEMKIT_PROXY_SECRET", hide_env_values = true)]
+    pub scope_secret: String,
+    /// The upstream de-duplicates by `Idempotency-Key` itself: a request whose
+    /// outcome is unknown is re-sent with the same key instead of being parked.
+    #[arg(long)]
+    pub upstream_honours_keys: bool,
+    /// How long the upstream may take to answer a keyed request, in
+    /// milliseconds; past it the request is "maybe executed".
+    #[arg(long, default_value_t = 30_000)]
+    pub upstream_timeout_ms: u64,
+    /// The largest keyed request body accepted, in bytes.
+    #[arg(long, default_value_t = 1 << 20)]
+    pub max_request_body: usize,
+}
+
+/// Where a keyed route reads its key.
+#[derive(Debug, Clone)]
+enum KeySource {
+    Header(HeaderName),
+    JsonField(String),
+}
+
+#[derive(Debug)]
+struct Route {
+    method: Method,
+    /// `None`: every path (the default table).
+    path: Option<String>,
+    engine: Engine,
+    key: KeySource,
+}
+
+/// The proxy's state.
+struct Proxy {
+    routes: Vec<Route>,
+    store: Arc<dyn KeyStore>,
+    client: Client<HttpConnector, Body>,
+    upstream: String,
+    account_header: HeaderName,
+    secret: Vec<u8>,
+    honours_keys: bool,
+    timeout: Duration,
+    max_request_body: usize,
+}
+
+/// Runs the proxy until interrupted.
+pub fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(args.listen)
+            .await
+            .with_context(|| format!("binding {}", args.listen))?;
+        let app = router(args).await?;
+        println!("idemkit proxy listening on http://{}", listener.local_addr()?);
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async {
+                let _ = tokio::signal::ctrl_c().await;
+            })
+            .await?;
+        Ok::<_, anyhow::Error>(())
+    })?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The proxy's router: `GET /healthz` for the proxy itself, everything else to
+/// the upstream.
+pub async fn router(args: ProxyArgs) -> anyhow::Result<Router> {
+    anyhow::ensure!(!args.scope_secret.is_empty(), "--scope-secret must not be empty");
+    let upstream = args.upstream.trim_end_matches('/').to_owned();
+    let parsed: Uri = upstream
+        .parse()
+        .with_context(|| format!("--upstream {upstream}"))?;
+    anyhow::ensure!(
+        parsed.scheme_str() == Some("http") && parsed.authority().is_some(),
+        "--upstream must be an http://host:port URL"
+    );
+    let opened = idemkit::open_store(&args.database_url, &idemkit::OpenOptions::new())
+        .await
+        .with_context(|| format!("opening the key store {}", args.database_url))?;
+    let store = opened.key_store();
+    let routes = match &args.config {
+        Some(path) => {
+            let config = IdemkitConfig::from_toml(
+                &std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?,
+            )?;
+            let mut routes = Vec::new();
+            for r in config.routes.iter().filter(|r| r.retry_safe) {
+                let method = Method::from_bytes(r.method.to_ascii_uppercase().as_bytes())
+                    .with_context(|| format!("route method {}", r.method))?;
+                let key = match &r.key_field {
+                    Some(pointer) => KeySource::JsonField(pointer.clone()),
+                    None => KeySource::Header(
+                        HeaderName::from_bytes(r.key_header().as_bytes())
+                            .with_context(|| format!("key header {}", r.key_header()))?,
+                    ),
+                };
+                routes.push(Route {
+                    method,
+                    path: Some(r.path.clone()),
+                    engine: Engine::lease(store.clone(), r.policy())?,
+                    key,
+                });
+            }
+            routes
+        }
+        None => {
+            let engine = Engine::lease(store.clone(), Policy::new())?;
+            [Method::POST, Method::PUT, Method::PATCH, Method::DELETE]
+                .into_iter()
+                .map(|method| Route {
+                    method,
+                    path: None,
+                    engine: engine.clone(),
+                    key: KeySource::Header(HeaderName::from_static(idemkit_tower::IDEMPOTENCY_KEY)),
+                })
+                .collect()
+        }
+    };
+    let proxy = Proxy {
+        routes,
+        store,
+        client: Client::builder(TokioExecutor::new()).build_http(),
+        upstream,
+        account_header: HeaderName::from_bytes(args.account_header.as_bytes())
+            .with_context(|| format!("--account-header {}", args.account_header))?,
+        secret: args.scope_secret.into_bytes(),
+        honours_keys: args.upstream_honours_keys,
+        timeout: Duration::from_millis(args.upstream_timeout_ms),
+        max_request_body: args.max_request_body,
+    };
+    Ok(Router::new()
+        .route("/healthz", get(healthz))
+        .fallback(handle)
+        .with_state(Arc::new(proxy)))
+}
+
+async fn healthz() -> impl IntoResponse {
+    ([(header::CONTENT_TYPE, "application/json")], r#"{"status":"ok"}"#)
+}
+
+async fn handle(State(proxy): State<Arc<Proxy>>, req: Request) -> Response {
+    let route = proxy
+        .routes
+        .iter()
+        .position(|r| r.method == req.method() && r.path.as_deref().is_none_or(|p| p == req.uri().path()));
+    match route {
+        Some(i) => proxy.keyed(i, req).await,
+        None => match proxy.forward(req).await {
+            Ok(res) => res,
+            Err(e) => bad_gateway(&e),
+        },
+    }
+}
+
+fn problem(code: ErrorCode, detail: impl Into<String>) -> Response {
+    ProblemResponse::new(code, detail).into_response()
+}
+
+fn bad_gateway(e: &hyper_util::client::legacy::Error) -> Response {
+    tracing::warn!(error = %e, "proxy: upstream failed");
+    ProblemResponse::new(
+        ErrorCode::Internal,
+        format!("the upstream could not be reached: {e}"),
+    )
+    .with_status(502)
+    .into_response()
+}
+
+/// Removes the hop-by-hop headers, and those the `Connection` header names.
+fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect();
+    for name in named {
+        headers.remove(name);
+    }
+    for name in HOP_BY_HOP {
+        headers.remove(*name);
+    }
+}
+
+impl Proxy {
+    /// Sends `req` to the upstream, streaming both bodies.
+    async fn forward(&self, req: Request) -> Result<Response, hyper_util::client::legacy::Error> {
+        let (mut parts, body) = req.into_parts();
+        let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+        parts.uri = format!("{}{target}", self.upstream)
+            .parse()
+            .expect("an http base URL and a request target make a URI");
+        parts.version = http::Version::HTTP_11;
+        strip_hop_by_hop(&mut parts.headers);
+        parts.headers.remove(header::HOST);
+        let res = self.client.request(Request::from_parts(parts, body)).await?;
+        let (mut parts, body) = res.into_parts();
+        strip_hop_by_hop(&mut parts.headers);
+        Ok(Response::from_parts(parts, Body::new(body)))
+    }
+
+    /// The account of a credential: hex `HMAC-SHA256(secret, credential)`.
+    fn account(&self, credential: &[u8]) -> Account {
+        Account::new(hex::encode(hmac_sha256(&self.secret, credential)))
+    }
+
+    async fn keyed(self: &Arc<Self>, route: usize, req: Request) -> Response {
+        let route = &self.routes[route];
+        let (parts, body) = req.into_parts();
+        let Some(credential) = parts.headers.get(&self.account_header) else {
+            return problem(
+                ErrorCode::Unauthorized,
+                format!(
+                    "this route requires the `{}` header: idempotency keys are scoped to the caller",
+                    self.account_header
+                ),
+            );
+        };
+        let account = self.account(credential.as_bytes());
+        let header_key = match &route.key {
+            KeySource::Header(name) => Some(IdempotencyKey::from_header_values(
+                parts.headers.get_all(name).iter().map(HeaderValue::as_bytes),
+            )),
+            KeySource::JsonField(_) => None,
+        };
+        if let Some(Err(e)) = &header_key {
+            return ProblemResponse::from(key_problem(e)).into_response();
+        }
+        let bytes = match Limited::new(body, self.max_request_body).collect().await {
+            Ok(c) => c.to_bytes(),
+            Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+                return problem(
+                    ErrorCode::PayloadTooLarge,
+                    format!("the request body is larger than {} bytes", self.max_request_body),
+                );
+            }
+            Err(e) => {
+                return problem(
+                    ErrorCode::ValidationFailed,
+                    format!("could not read the request body: {e}"),
+                );
+            }
+        };
+        let key = match (header_key, &route.key) {
+            (Some(Ok(k)), _) => k,
+            (_, KeySource::JsonField(pointer)) => match key_from_json(&bytes, pointer) {
+                Ok(k) => k,
+                Err(p) => return ProblemResponse::from(p).into_response(),
+            },
+            _ => unreachable!("header keys were checked above"),
+        };
+        let target = parts
+            .uri
+            .path_and_query()
+            .map_or_else(|| parts.uri.path(), |p| p.as_str());
+        let claim = route.engine.claim_request(&Incoming {
+            scope: Scope::new(account, key),
+            method: parts.method.as_str(),
+            target,
+            headers: STORED_REQUEST_HEADERS
+                .iter()
+                .filter_map(|name| {
+                    parts.headers.get(*name).map(|v| StoredHeader {
+                        name: (*name).to_owned(),
+                        value: v.as_bytes().to_vec(),
+                    })
+                })
+                .collect(),
+            body: &bytes,
+            resume: None,
+        });
+        let policy = route.engine.policy().clone();
+        let attempt = match route.engine.begin(claim).await {
+            Ok(attempt) => attempt,
+            Err(refused) => return refusal_response(refused.refusal, &policy),
+        };
+        // The claim is committed: the forward and the store go on even if the
+        // caller hangs up, so its retry replays instead of finding a stuck key.
+        let this = self.clone();
+        match tokio::spawn(async move { this.execute(attempt, parts, bytes).await }).await {
+            Ok(res) => res,
+            Err(e) => {
+                tracing::error!(error = %e, "proxy: the forwarding task failed");
+                problem(ErrorCode::Internal, "the proxy failed while forwarding")
+            }
+        }
+    }
+
+    /// Forwards a claimed request and finishes its record.
+    async fn execute(&self, attempt: Attempt, parts: Parts, bytes: Bytes) -> Response {
+        let scope = attempt.scope().clone();
+        let token = attempt.lease().token;
+        let policy = attempt.policy().clone();
+        if attempt.lease().resumed_from.as_deref() == Some(FORWARDED) && !self.honours_keys {
+            return self
+                .park(
+                    &attempt,
+                    "the proxy forwarded this request and never stored the upstream's answer",
+                )
+                .await;
+        }
+        // The intent, before anything leaves the proxy.
+        let intent = serde_json::json!({
+            "intent": {
+                "method": parts.method.as_str(),
+                "target": parts.uri.path_and_query().map_or("/", |p| p.as_str()),
+                "upstream": self.upstream,
+                "key": "forwarded as sent",
+            }
+        });
+        let update = PhaseUpdate {
+            recovery_point: FORWARDED.to_owned(),
+            step: Some((format!("upstream-{}", token.0), intent)),
+        };
+        if let Err(e) = self.store.advance(&scope, token, &update).await {
+            attempt.settle(None, Disposition::Release).await;
+            return refusal_response(Refusal::store(&e), &policy);
+        }
+        let req = Request::from_parts(parts, Body::from(bytes));
+        let sent = attempt
+            .run(tokio::time::timeout(self.timeout, self.forward(req)))
+            .await;
+        #[cfg(feature = "failpoints")]
+        fail::fail_point!("idemkit::proxy::after_forward");
+        let res = match sent {
+            Ok(Ok(res)) => res,
+            Ok(Err(e)) if e.is_connect() => {
+                // Nothing was sent: the next attempt may forward.
+                self.mark_unstored(&scope, token, "not-sent").await;
+                attempt.settle(None, Disposition::Abandon).await;
+                return bad_gateway(&e);
+            }
+            Ok(Err(e)) => {
+                return self
+                    .maybe_executed(
+                        attempt,
+                        &format!("the upstream failed after the request was sent: {e}"),
+                        502,
+                    )
+                    .await;
+            }
+            Err(_) => {
+                return self
+                    .maybe_executed(attempt, "the upstream did not answer in time", 504)
+                    .await;
+            }
+        };
+        let status = res.status().as_u16();
+        match Disposition::of(status, None, &policy) {
+            Disposition::Store => store_response(attempt, res).await,
+            _ => {
+                // Validation-class 4xx, or 5xx under `retry`: not stored. The
+                // recorded intent keeps the record resumable, so it is marked
+                // answered and its lease ended; the same request forwards again.
+                self.mark_unstored(&scope, token, &status.to_string()).await;
+                attempt.settle(None, Disposition::Abandon).await;
+                res
+            }
+        }
+    }
+
+    async fn mark_unstored(&self, scope: &Scope, token: idemkit_core::FencingToken, what: &str) {
+        let update = PhaseUpdate {
+            recovery_point: ANSWERED_UNSTORED.to_owned(),
+            step: Some((
+                format!("upstream-{}-answer", token.0),
+                serde_json::json!({ "answer": what }),
+            )),
+        };
+        if let Err(e) = self.store.advance(scope, token, &update).await {
+            tracing::warn!(error = %e, "proxy: could not record the unstored answer");
+        }
+    }
+
+    /// The upstream may have executed the request and its answer is lost.
+    async fn maybe_executed(&self, attempt: Attempt, why: &str, status: u16) -> Response {
+        if !self.honours_keys {
+            return self.park(&attempt, why).await;
+        }
+        attempt.settle(None, Disposition::Abandon).await;
+        let mut p = Problem::new(
+            ErrorCode::Internal,
+            format!("{why}; its outcome is unknown. The upstream honours idempotency keys: retry with the same key"),
+        )
+        .with_status(status);
+        p.retryable = true;
+        ProblemResponse::from(p)
+            .retry_after(Duration::from_secs(1))
+            .into_response()
+    }
+
+    /// Parks the record for review and answers `idempotency_request_parked`.
+    async fn park(&self, attempt: &Attempt, why: &str) -> Response {
+        let reason = format!(
+            "{why}; the upstream does not honour idempotency keys, so the outcome is unknown and the request is not forwarded again"
+        );
+        if let Err(e) = self
+            .store
+            .park(attempt.scope(), attempt.lease().token, &reason)
+            .await
+        {
+            return refusal_response(Refusal::store(&e), attempt.policy());
+        }
+        problem(
+            ErrorCode::RequestParked,
+            format!("{reason}; it was parked for human review (`idemkit keys list --state parked`)"),
+        )
+    }
+}
+
+/// Collects the upstream's answer (up to the storage cap), stores it, and sends it.
+async fn store_response(attempt: Attempt, res: Response) -> Response {
+    let (parts, body) = res.into_parts();
+    let policy = attempt.policy().clone();
+    let cap = policy.max_stored_body;
+    let body = match Limited::new(body, cap).collect().await {
+        Ok(c) => c.to_bytes(),
+        Err(e) => {
+            let too_large = e.is::<http_body_util::LengthLimitError>();
+            let p = if too_large {
+                Problem::new(
+                    ErrorCode::ResponseTooLarge,
+                    format!(
+                        "the upstream's answer is larger than the {cap}-byte storage cap; this key answers this problem from now on"
+                    ),
+                )
+            } else {
+                Problem::new(ErrorCode::Internal, "the upstream's answer body failed")
+            };
+            let refused = attempt.unstorable(None, p, too_large).await;
+            return refusal_response(refused.refusal, &policy);
+        }
+    };
+    let stored = StoredResponse {
+        status: parts.status.as_u16(),
+        headers: parts
+            .headers
+            .iter()
+            .filter(|(name, _)| policy.replays_header(name.as_str()))
+            .map(|(name, value)| StoredHeader {
+                name: name.as_str().to_owned(),
+                value: value.as_bytes().to_vec(),
+            })
+            .collect(),
+        body: body.to_vec(),
+    };
+    match attempt.store(None, &stored).await {
+        Finished::Stored => Response::from_parts(parts, Body::from(body)),
+        Finished::Refused(refused) => refusal_response(refused.refusal, &policy),
+    }
+}
+
+/// The answer for a request the engine did not let through.
+fn refusal_response(refusal: Refusal, policy: &Policy) -> Response {
+    match refusal {
+        Refusal::Replay(stored) => {
+            let status = replay_status(&stored, policy);
+            let mut res = Response::new(Body::from(stored.body));
+            *res.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            for h in stored.headers {
+                if let (Ok(name), Ok(value)) = (
+                    HeaderName::from_bytes(h.name.as_bytes()),
+                    HeaderValue::from_bytes(&h.value),
+                ) {
+                    res.headers_mut().append(name, value);
+                }
+            }
+            res.headers_mut().insert(
+                HeaderName::from_static(IDEMPOTENT_REPLAYED),
+                HeaderValue::from_static("true"),
+            );
+            res
+        }
+        Refusal::Problem { problem, retry_after } => ProblemResponse { problem, retry_after }.into_response(),
+        // `accepted` has no status URL behind a proxy: answered as in progress.
+        Refusal::Accepted { retry_after } => ProblemResponse::new(
+            ErrorCode::RequestInProgress,
+            "a request with this idempotency key is in progress; retry later",
+        )
+        .retry_after(retry_after)
+        .into_response(),
+        _ => ProblemResponse::new(
+            ErrorCode::RequestInProgress,
+            "a request with this idempotency key is in progress; retry",
+        )
+        .retry_after(Duration::from_secs(1))
+        .into_response(),
+    }
+}
+
+/// HMAC-SHA256 (RFC 2104).
+fn hmac_sha256(secret: &[u8], message: &[u8]) -> [u8; 32] {
+    const BLOCK: usize = 64;
+    let mut key = [0u8; BLOCK];
+    if secret.len() > BLOCK {
+        key[..32].copy_from_slice(&Sha256::digest(secret));
+    } else {
+        key[..secret.len()].copy_from_slice(secret);
+    }
+    let pad = |byte: u8| key.map(|k| k ^ byte);
+    let inner = Sha256::new()
+        .chain_update(pad(0x36))
+        .chain_update(message)
+        .finalize();
+    Sha256::new()
+        .chain_update(pad(0x5c))
+        .chain_update(inner)
+        .finalize()
+        .into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hmac_matches_rfc_4231_case_2() {
+        assert_eq!(
+            hex::encode(hmac_sha256(b"Jefe", b"what do ya want for nothing?")),
+            "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
+        );
+    }
+}

@@ -1,0 +1,268 @@
+//! `idemkit proxy` in front of a deliberately naive upstream: it counts POSTs,
+//! ignores idempotency keys and duplicates every retried write. The proxy runs
+//! in-process on a private SQLite file.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::IntoResponse;
+use axum::routing::{get, post};
+use idemkit_cli::proxy::{ProxyArgs, router};
+use serde_json::Value;
+
+#[derive(Default)]
+struct Naive {
+    posts: AtomicU64,
+    keys: std::sync::Mutex<Vec<String>>,
+}
+
+async fn create(State(n): State<Arc<Naive>>, headers: HeaderMap, body: String) -> impl IntoResponse {
+    let id = n.posts.fetch_add(1, Ordering::SeqCst) + 1;
+    if let Some(k) = headers.get("idempotency-key") {
+        n.keys.lock().unwrap().push(k.to_str().unwrap().to_owned());
+    }
+    (
+        StatusCode::CREATED,
+        [
+            ("content-type", "application/json"),
+            ("set-cookie", "session=secret"),
+            ("location", "/orders/1"),
+        ],
+        format!(r#"{{"id":{id},"echo":{body}}}"#),
+    )
+}
+
+async fn slow(State(n): State<Arc<Naive>>) -> impl IntoResponse {
+    n.posts.fetch_add(1, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    (StatusCode::CREATED, "late")
+}
+
+async fn invalid(State(n): State<Arc<Naive>>) -> impl IntoResponse {
+    n.posts.fetch_add(1, Ordering::SeqCst);
+    (StatusCode::UNPROCESSABLE_ENTITY, "no")
+}
+
+async fn count(State(n): State<Arc<Naive>>, uri: axum::http::Uri) -> String {
+    format!("{} {}", n.posts.load(Ordering::SeqCst), uri.query().unwrap_or(""))
+}
+
+async fn serve(app: Router) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    format!("http://{addr}")
+}
+
+struct Setup {
+    naive: Arc<Naive>,
+    proxy: String,
+    http: reqwest::Client,
+}
+
+async fn setup(name: &str, honours_keys: bool) -> Setup {
+    let naive = Arc::new(Naive::default());
+    let upstream = serve(
+        Router::new()
+            .route("/orders", post(create))
+            .route("/slow", post(slow))
+            .route("/invalid", post(invalid))
+            .route("/count", get(count))
+            .with_state(naive.clone()),
+    )
+    .await;
+    let db = std::env::temp_dir().join(format!("idemkit-proxy-{name}-{}.db", std::process::id()));
+    let _ = std::fs::remove_file(&db);
+    let app = router(ProxyArgs {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        upstream,
+        database_url: format!("sqlite://{}", db.display()),
+        config: None,
+        account_header: "Authorization".into(),
+        scope_secret: "test-secret".into(),
+        upstream_honours_keys: honours_keys,
+        upstream_timeout_ms: 300,
+        max_request_body: 1 << 20,
+    })
+    .await
+    .unwrap();
+    Setup {
+        naive,
+        proxy: serve(app).await,
+        http: reqwest::Client::new(),
+    }
+}
+
+impl Setup {
+    async fn post(&self, path: &str, key: Option<&str>, auth: Option<&str>, body: &str) -> reqwest::Response {
+        let mut req = self
+            .http
+            .post(format!("{}{path}", self.proxy))
+            .header("content-type", "application/json")
+            .body(body.to_owned());
+        if let Some(k) = key {
+            req = req.header("Idempotency-Key", k);
+        }
+        if let Some(a) = auth {
+            req = req.header("Authorization", a);
+        }
+        req.send().await.unwrap()
+    }
+
+    fn posts(&self) -> u64 {
+        self.naive.posts.load(Ordering::SeqCst)
+    }
+}
+
+async fn code(res: reqwest::Response) -> (u16, String) {
+    let status = res.status().as_u16();
+    let doc: Value = res.json().await.unwrap();
+    (status, doc["code"].as_str().unwrap().to_owned())
+}
+
+#[tokio::test]
+async fn a_retried_post_reaches_the_upstream_once_and_replays_byte_identically() {
+    let s = setup("retry", false).await;
+    let first = s
+        .post("/orders", Some("k-1"), Some("Bearer a"), r#"{"sku":"A"}"#)
+        .await;
+    assert_eq!(first.status(), 201);
+    assert!(first.headers().get("idempotent-replayed").is_none());
+    assert_eq!(first.headers()["set-cookie"], "session=secret");
+    let body = first.bytes().await.unwrap();
+    for _ in 0..3 {
+        let again = s
+            .post("/orders", Some("k-1"), Some("Bearer a"), r#"{"sku":"A"}"#)
+            .await;
+        assert_eq!(again.status(), 201);
+        assert_eq!(again.headers()["idempotent-replayed"], "true");
+        assert_eq!(again.headers()["location"], "/orders/1");
+        assert!(
+            again.headers().get("set-cookie").is_none(),
+            "Set-Cookie is never stored"
+        );
+        assert_eq!(again.bytes().await.unwrap(), body);
+    }
+    assert_eq!(s.posts(), 1);
+    // The same key under another credential is another request.
+    let other = s
+        .post("/orders", Some("k-1"), Some("Bearer b"), r#"{"sku":"A"}"#)
+        .await;
+    assert_eq!(other.status(), 201);
+    assert!(other.headers().get("idempotent-replayed").is_none());
+    assert_eq!(s.posts(), 2);
+    // The upstream got the caller's own key.
+    assert_eq!(*s.naive.keys.lock().unwrap(), ["k-1", "k-1"]);
+}
+
+#[tokio::test]
+async fn twenty_concurrent_duplicates_make_one_upstream_call() {
+    let s = Arc::new(setup("storm", false).await);
+    let answers = futures::future::join_all((0..20).map(|_| {
+        let s = s.clone();
+        async move {
+            let res = s
+                .post("/orders", Some("storm"), Some("Bearer a"), r#"{"sku":"S"}"#)
+                .await;
+            (res.status().as_u16(), res.bytes().await.unwrap())
+        }
+    }))
+    .await;
+    assert_eq!(s.posts(), 1, "{answers:?}");
+    let winner = answers
+        .iter()
+        .find(|(st, _)| *st == 201)
+        .expect("one 201")
+        .1
+        .clone();
+    for (status, body) in &answers {
+        match status {
+            201 => assert_eq!(body, &winner),
+            409 => assert!(String::from_utf8_lossy(body).contains("idempotency_request_in_progress")),
+            other => panic!("unexpected {other}: {body:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn refusals_never_reach_the_upstream() {
+    let s = setup("refusals", false).await;
+    assert_eq!(
+        s.post("/orders", Some("k"), Some("Bearer a"), r#"{"sku":"A"}"#)
+            .await
+            .status(),
+        201
+    );
+    // Same key, another body: a client bug.
+    assert_eq!(
+        code(
+            s.post("/orders", Some("k"), Some("Bearer a"), r#"{"sku":"B"}"#)
+                .await
+        )
+        .await,
+        (409, "idempotency_key_reused".into())
+    );
+    // No credential: 401 from the proxy.
+    assert_eq!(
+        code(s.post("/orders", Some("k2"), None, "{}").await).await,
+        (401, "unauthorized".into())
+    );
+    // No key, a bad key.
+    assert_eq!(
+        code(s.post("/orders", None, Some("Bearer a"), "{}").await).await,
+        (400, "idempotency_key_missing".into())
+    );
+    assert_eq!(
+        code(s.post("/orders", Some("bad key"), Some("Bearer a"), "{}").await).await,
+        (400, "idempotency_key_invalid".into())
+    );
+    assert_eq!(s.posts(), 1);
+}
+
+#[tokio::test]
+async fn safe_methods_pass_through_and_healthz_answers() {
+    let s = setup("passthrough", false).await;
+    let res = s.http.get(format!("{}/count?x=1", s.proxy)).send().await.unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(res.text().await.unwrap(), "0 x=1");
+    let health = s.http.get(format!("{}/healthz", s.proxy)).send().await.unwrap();
+    assert_eq!(health.status(), 200);
+}
+
+#[tokio::test]
+async fn a_validation_answer_is_not_stored() {
+    let s = setup("invalid", false).await;
+    for _ in 0..2 {
+        let res = s.post("/invalid", Some("v"), Some("Bearer a"), "{}").await;
+        assert_eq!(res.status(), 422);
+        assert!(res.headers().get("idempotent-replayed").is_none());
+    }
+    assert_eq!(s.posts(), 2, "a released answer is forwarded again");
+}
+
+#[tokio::test]
+async fn an_unknown_outcome_is_parked_for_a_key_ignoring_upstream() {
+    let s = setup("parked", false).await;
+    for _ in 0..3 {
+        assert_eq!(
+            code(s.post("/slow", Some("p"), Some("Bearer a"), "{}").await).await,
+            (409, "idempotency_request_parked".into())
+        );
+    }
+    assert_eq!(s.posts(), 1, "never forwarded twice");
+}
+
+#[tokio::test]
+async fn an_unknown_outcome_is_resent_with_the_same_key_to_a_key_honouring_upstream() {
+    let s = setup("honours", true).await;
+    let first = s.post("/slow", Some("h"), Some("Bearer a"), "{}").await;
+    assert_eq!(first.status(), 504);
+    assert_eq!(s.posts(), 1);
+    let again = s.post("/slow", Some("h"), Some("Bearer a"), "{}").await;
+    assert_eq!(again.status(), 504);
+    assert_eq!(s.posts(), 2, "re-sent with the same key");
+}
