@@ -51,6 +51,46 @@ async fn count(State(n): State<Arc<Naive>>, uri: axum::http::Uri) -> String {
     format!("{} {}", n.posts.load(Ordering::SeqCst), uri.query().unwrap_or(""))
 }
 
+/// The checker's shape of the naive upstream: `POST /orders` (slow enough for
+/// duplicates to overlap) and a per-credential `GET /orders/count`.
+#[derive(Default)]
+struct Orders {
+    by_account: std::sync::Mutex<std::collections::HashMap<String, u64>>,
+}
+
+fn credential(headers: &HeaderMap) -> String {
+    headers
+        .get("authorization")
+        .map(|v| v.to_str().unwrap().to_owned())
+        .unwrap_or_default()
+}
+
+async fn order(State(o): State<Arc<Orders>>, headers: HeaderMap, body: String) -> impl IntoResponse {
+    let n = {
+        let mut map = o.by_account.lock().unwrap();
+        let n = map.entry(credential(&headers)).or_default();
+        *n += 1;
+        *n
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    (
+        StatusCode::CREATED,
+        [("content-type", "application/json"), ("location", "/orders/x")],
+        format!(r#"{{"n":{n},"order":{body}}}"#),
+    )
+}
+
+async fn order_count(State(o): State<Arc<Orders>>, headers: HeaderMap) -> String {
+    let n = o
+        .by_account
+        .lock()
+        .unwrap()
+        .get(&credential(&headers))
+        .copied()
+        .unwrap_or(0);
+    format!(r#"{{"count":{n}}}"#)
+}
+
 async fn serve(app: Router) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -265,4 +305,47 @@ async fn an_unknown_outcome_is_resent_with_the_same_key_to_a_key_honouring_upstr
     let again = s.post("/slow", Some("h"), Some("Bearer a"), "{}").await;
     assert_eq!(again.status(), 504);
     assert_eq!(s.posts(), 2, "re-sent with the same key");
+}
+
+/// The issue's acceptance over real processes (the checker is the real binary):
+/// the naive upstream fails the gates alone and passes all 7 behind the proxy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idemkit_check_passes_every_gate_through_the_proxy_and_fails_without_it() {
+    let upstream = serve(
+        Router::new()
+            .route("/orders", post(order))
+            .route("/orders/count", get(order_count))
+            .with_state(Arc::new(Orders::default())),
+    )
+    .await;
+    let naked = crate::idemkit(crate::check_args(&upstream, &["--json"])).await;
+    assert_eq!(naked.code, 1, "negative control: {naked:#?}");
+    assert!(
+        naked
+            .verdicts()
+            .iter()
+            .any(|(g, v)| g == "concurrency" && v == "fail"),
+        "{naked:#?}"
+    );
+    let db = std::env::temp_dir().join(format!("idemkit-proxy-check-{}.db", std::process::id()));
+    let _ = std::fs::remove_file(&db);
+    let app = router(ProxyArgs {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        upstream,
+        database_url: format!("sqlite://{}", db.display()),
+        config: None,
+        account_header: "Authorization".into(),
+        scope_secret: "test-secret".into(),
+        upstream_honours_keys: false,
+        upstream_timeout_ms: 10_000,
+        max_request_body: 1 << 20,
+    })
+    .await
+    .unwrap();
+    let proxy = serve(app).await;
+    let run = crate::idemkit(crate::check_args(&proxy, &["--json"])).await;
+    let verdicts = run.verdicts();
+    assert_eq!(verdicts.len(), 7, "{run:#?}");
+    assert!(verdicts.iter().all(|(_, v)| v == "pass"), "{run:#?}");
+    assert_eq!(run.code, 0, "{run:#?}");
 }
