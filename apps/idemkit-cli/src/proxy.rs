@@ -114,6 +114,11 @@ pub struct ProxyArgs {
     /// milliseconds; past it the request is "maybe executed".
     #[arg(long, default_value_t = 30_000)]
     pub upstream_timeout_ms: u64,
+    /// Overrides the lease of every keyed route, in milliseconds (default: the
+    /// configuration's, 30 s). A proxy that dies leaves its requests to the next
+    /// attempt after this long.
+    #[arg(long)]
+    pub lease_ms: Option<u64>,
     /// The largest keyed request body accepted, in bytes.
     #[arg(long, default_value_t = 1 << 20)]
     pub max_request_body: usize,
@@ -150,6 +155,7 @@ struct Proxy {
 
 /// Runs the proxy until interrupted.
 pub fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
+    install_crash_point();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async move {
         let listener = tokio::net::TcpListener::bind(args.listen)
@@ -165,6 +171,27 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
         Ok::<_, anyhow::Error>(())
     })?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// With the `failpoints` feature, `IDEMKIT_CRASH_AT=idemkit::proxy::after_forward`
+/// makes the process print `CRASHPOINT <name>` once the upstream has answered and
+/// before the answer is stored, and stop there until killed (crash tests).
+fn install_crash_point() {
+    #[cfg(feature = "failpoints")]
+    if let Ok(name) = std::env::var("IDEMKIT_CRASH_AT") {
+        let announced = name.clone();
+        let installed = fail::cfg_callback(name, move || {
+            use std::io::Write;
+            println!("CRASHPOINT {announced}");
+            let _ = std::io::stdout().flush();
+            loop {
+                std::thread::sleep(Duration::from_secs(3600));
+            }
+        });
+        if let Err(e) = installed {
+            eprintln!("IDEMKIT_CRASH_AT: {e}");
+        }
+    }
 }
 
 /// The proxy's router: `GET /healthz` for the proxy itself, everything else to
@@ -185,9 +212,12 @@ pub async fn router(args: ProxyArgs) -> anyhow::Result<Router> {
     let store = opened.key_store();
     let routes = match &args.config {
         Some(path) => {
-            let config = IdemkitConfig::from_toml(
+            let mut config = IdemkitConfig::from_toml(
                 &std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?,
             )?;
+            if let Some(ms) = args.lease_ms {
+                config = config.with_lease(Duration::from_millis(ms))?;
+            }
             let mut routes = Vec::new();
             for r in config.routes.iter().filter(|r| r.retry_safe) {
                 let method = Method::from_bytes(r.method.to_ascii_uppercase().as_bytes())
@@ -209,7 +239,11 @@ pub async fn router(args: ProxyArgs) -> anyhow::Result<Router> {
             routes
         }
         None => {
-            let engine = Engine::lease(store.clone(), Policy::new())?;
+            let mut policy = Policy::new();
+            if let Some(ms) = args.lease_ms {
+                policy = policy.with_lease(Duration::from_millis(ms));
+            }
+            let engine = Engine::lease(store.clone(), policy)?;
             [Method::POST, Method::PUT, Method::PATCH, Method::DELETE]
                 .into_iter()
                 .map(|method| Route {

@@ -126,6 +126,7 @@ async fn setup(name: &str, honours_keys: bool) -> Setup {
         scope_secret: "test-secret".into(),
         upstream_honours_keys: honours_keys,
         upstream_timeout_ms: 300,
+        lease_ms: None,
         max_request_body: 1 << 20,
     })
     .await
@@ -338,6 +339,7 @@ async fn idemkit_check_passes_every_gate_through_the_proxy_and_fails_without_it(
         scope_secret: "test-secret".into(),
         upstream_honours_keys: false,
         upstream_timeout_ms: 10_000,
+        lease_ms: None,
         max_request_body: 1 << 20,
     })
     .await
@@ -348,4 +350,170 @@ async fn idemkit_check_passes_every_gate_through_the_proxy_and_fails_without_it(
     assert_eq!(verdicts.len(), 7, "{run:#?}");
     assert!(verdicts.iter().all(|(_, v)| v == "pass"), "{run:#?}");
     assert_eq!(run.code, 0, "{run:#?}");
+}
+
+/// An upstream that honours keys: one effect per key, its first answer replayed.
+#[derive(Default)]
+struct Honouring {
+    effects: AtomicU64,
+    answers: std::sync::Mutex<std::collections::HashMap<String, String>>,
+}
+
+async fn honouring(State(h): State<Arc<Honouring>>, headers: HeaderMap) -> impl IntoResponse {
+    let key = headers["idempotency-key"].to_str().unwrap().to_owned();
+    let mut answers = h.answers.lock().unwrap();
+    let body = answers
+        .entry(key)
+        .or_insert_with(|| format!(r#"{{"effect":{}}}"#, h.effects.fetch_add(1, Ordering::SeqCst) + 1))
+        .clone();
+    (StatusCode::CREATED, [("content-type", "application/json")], body)
+}
+
+/// `idemkit proxy` as a real process; its stdout lines arrive on the channel.
+struct ProxyProcess {
+    child: std::process::Child,
+    base: String,
+    lines: std::sync::mpsc::Receiver<String>,
+}
+
+impl ProxyProcess {
+    fn start(upstream: &str, db: &std::path::Path, honours: bool, crash: bool) -> Self {
+        use std::io::BufRead;
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_idemkit"));
+        cmd.args([
+            "proxy",
+            "--listen",
+            "127.0.0.1:0",
+            "--upstream",
+            upstream,
+            "--lease-ms",
+            "500",
+        ])
+        .arg("--database-url")
+        .arg(format!("sqlite://{}", db.display()))
+        .env("IDEMKIT_PROXY_SECRET", "test-secret")
+        .env_remove("RUST_LOG")
+        .stdout(std::process::Stdio::piped());
+        if honours {
+            cmd.arg("--upstream-honours-keys");
+        }
+        if crash {
+            cmd.env("IDEMKIT_CRASH_AT", "idemkit::proxy::after_forward");
+        } else {
+            cmd.env_remove("IDEMKIT_CRASH_AT");
+        }
+        let mut child = cmd.spawn().expect("spawn idemkit proxy");
+        let stdout = child.stdout.take().unwrap();
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout).lines() {
+                let Ok(line) = line else { return };
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        let first = lines
+            .recv_timeout(Duration::from_secs(30))
+            .expect("the proxy starts");
+        let base = first
+            .strip_prefix("idemkit proxy listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line {first}"))
+            .to_owned();
+        Self { child, base, lines }
+    }
+}
+
+impl Drop for ProxyProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// SIGKILL between forwarding and storing, then a retry on a restarted proxy.
+/// Returns the retry's answer and the proxy's database.
+async fn kill_after_forward(
+    name: &str,
+    upstream: &str,
+    honours: bool,
+) -> (reqwest::Response, std::path::PathBuf) {
+    let db = std::env::temp_dir().join(format!("idemkit-proxy-kill-{name}-{}.db", std::process::id()));
+    let _ = std::fs::remove_file(&db);
+    let http = reqwest::Client::new();
+    let send = |base: String| {
+        http.post(format!("{base}/orders"))
+            .header("authorization", "Bearer a")
+            .header("idempotency-key", "kill-1")
+            .header("content-type", "application/json")
+            .body(r#"{"sku":"K"}"#)
+            .send()
+    };
+    let mut crashing = ProxyProcess::start(upstream, &db, honours, true);
+    let pending = tokio::spawn(send(crashing.base.clone()));
+    let lines = std::mem::replace(&mut crashing.lines, std::sync::mpsc::channel().1);
+    let line = tokio::task::spawn_blocking(move || lines.recv_timeout(Duration::from_secs(30)))
+        .await
+        .unwrap()
+        .expect("the crash point is reached");
+    assert_eq!(line, "CRASHPOINT idemkit::proxy::after_forward");
+    crashing.child.kill().unwrap(); // SIGKILL
+    crashing.child.wait().unwrap();
+    assert!(pending.await.unwrap().is_err(), "the caller lost its answer");
+    let restarted = ProxyProcess::start(upstream, &db, honours, false);
+    // The dead proxy's lease (500 ms) must run out before the retry may take over.
+    let mut answer = send(restarted.base.clone()).await.unwrap();
+    for _ in 0..50 {
+        if answer.status() != 409 || answer.headers().get("retry-after").is_none() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        answer = send(restarted.base.clone()).await.unwrap();
+    }
+    (answer, db)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_between_forward_and_store_parks_the_request_of_a_key_ignoring_upstream() {
+    let naive = Arc::new(Naive::default());
+    let upstream = serve(
+        Router::new()
+            .route("/orders", post(create))
+            .with_state(naive.clone()),
+    )
+    .await;
+    let (answer, db) = kill_after_forward("naive", &upstream, false).await;
+    assert_eq!(code(answer).await, (409, "idempotency_request_parked".into()));
+    assert_eq!(
+        naive.posts.load(Ordering::SeqCst),
+        1,
+        "the upstream saw one request"
+    );
+    let listed = crate::idemkit(vec![
+        "keys".into(),
+        "list".into(),
+        "--state".into(),
+        "parked".into(),
+        "--database-url".into(),
+        format!("sqlite://{}", db.display()),
+        "--json".into(),
+    ])
+    .await;
+    assert_eq!(listed.code, 0, "{listed:#?}");
+    assert!(listed.stdout.contains("kill-1"), "{listed:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_between_forward_and_store_resends_the_same_key_to_a_key_honouring_upstream() {
+    let honouring_upstream = Arc::new(Honouring::default());
+    let upstream = serve(
+        Router::new()
+            .route("/orders", post(honouring))
+            .with_state(honouring_upstream.clone()),
+    )
+    .await;
+    let (answer, _db) = kill_after_forward("honours", &upstream, true).await;
+    assert_eq!(answer.status(), 201);
+    assert_eq!(answer.text().await.unwrap(), r#"{"effect":1}"#);
+    assert_eq!(honouring_upstream.effects.load(Ordering::SeqCst), 1, "one effect");
 }
