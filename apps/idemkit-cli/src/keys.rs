@@ -177,6 +177,11 @@ pub struct CompleteArgs {
     /// The labels service's idempotency configuration (TOML); default: its own `idemkit.toml`.
     #[arg(long, env = "IDEMKIT_CONFIG")]
     pub config: Option<PathBuf>,
+    /// With a Redis key store (`--database-url redis://…`, the service's
+    /// `--keys-url`): the labels rows' database, the service's `--database-url`
+    /// (`postgres://…`, `sqlite://…` or an existing SQLite file).
+    #[arg(long, value_name = "URL")]
+    pub labels_database_url: Option<String>,
 }
 
 /// Arguments of `idemkit keys reap`.
@@ -841,12 +846,31 @@ async fn complete(
     url: &str,
     c: &CompleteArgs,
 ) -> anyhow::Result<ExitCode> {
-    if is_postgres(url) {
+    // Keys on Redis: the labels rows live in their own SQL database.
+    let (rows, keys) = if StoreKind::of(url) == StoreKind::Redis {
+        let rows = c.labels_database_url.clone().context(
+            "with a Redis key store, pass --labels-database-url: the labels rows' database \
+             (the service's --database-url)",
+        )?;
+        anyhow::ensure!(
+            StoreKind::of(&rows) != StoreKind::Redis,
+            "--labels-database-url names the labels rows' SQL database, not Redis"
+        );
+        (rows, Some(url.to_owned()))
+    } else {
+        anyhow::ensure!(
+            c.labels_database_url.is_none(),
+            "--labels-database-url is for a Redis key store; with a SQL key store the labels rows \
+             live in --database-url"
+        );
+        (url.to_owned(), None)
+    };
+    if is_postgres(&rows) {
         // The pass builds the labels service on the store named by --pg-schema;
         // like every `keys` command it never creates one.
-        drop(open_pg(url, &args.pg_schema, Access::Write).await?);
-    } else if !url.starts_with("sqlite:") && !std::path::Path::new(url).exists() {
-        return Err(OpenError::NoSqliteFile(url.to_owned()).into());
+        drop(open_pg(&rows, &args.pg_schema, Access::Write).await?);
+    } else if !rows.starts_with("sqlite:") && !std::path::Path::new(&rows).exists() {
+        return Err(OpenError::NoSqliteFile(rows).into());
     }
     let idempotency = match &c.config {
         Some(path) => idemkit_tower::config::IdemkitConfig::from_toml(
@@ -855,7 +879,8 @@ async fn complete(
         None => idemkit_labels::docs::default_config(),
     };
     let config = LabelsConfig {
-        database: url.to_owned(),
+        database: rows,
+        keys,
         courier_url: c.courier_url.trim_end_matches('/').to_owned(),
         lease: Duration::from_millis(c.lease_ms),
         // The completer replays with the record's own account; no caller signs in.

@@ -19,6 +19,12 @@ pub struct ServeArgs {
     /// `postgres://…`, `sqlite://…` or a SQLite file path (default `labels.db`).
     #[arg(long)]
     pub database_url: Option<String>,
+    /// Keep the idempotency keys in Redis (`redis://…`, `redis+cluster://…`; a
+    /// `?prefix=` parameter namespaces them) while the labels rows stay in
+    /// `--database-url` (SQLite or PostgreSQL). The completer and the reaper run
+    /// on this store. Without it, the keys live with the labels rows.
+    #[arg(long, env = "IDEMKIT_KEYS_URL")]
+    pub keys_url: Option<String>,
     /// The courier's base URL (run one with `idemkit courier`).
     #[arg(long, default_value = "http://127.0.0.1:8081")]
     pub courier_url: String,
@@ -103,6 +109,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let lease = Duration::from_millis(args.lease_ms);
     let config = LabelsConfig {
         database: args.database_url.unwrap_or_else(|| "labels.db".into()),
+        keys: args.keys_url.filter(|k| !k.is_empty()),
         courier_url: args.courier_url.trim_end_matches('/').to_owned(),
         lease,
         tokens,

@@ -3,6 +3,7 @@
 //! shipment. Built on idemkit's lease mode with phases (the courier call cannot be
 //! rolled back), and idemkit's client for the courier call.
 
+mod keyed;
 mod model;
 mod openapi;
 
@@ -37,8 +38,14 @@ pub const DEMO_TOKENS: &[(&str, &str)] = &[("demo-token-acme", "acme"), ("demo-t
 /// How the service runs.
 #[derive(Debug, Clone)]
 pub struct LabelsConfig {
-    /// `postgres://…`, `sqlite://…` or a SQLite file path.
+    /// `postgres://…`, `sqlite://…` or a SQLite file path: the labels rows, and
+    /// the key store unless [`LabelsConfig::keys`] names another.
     pub database: String,
+    /// `redis://…` or `redis+cluster://…` (a `?prefix=` parameter namespaces the
+    /// keys): the key store in Redis while the labels rows stay in `database`.
+    /// `None`: the keys live in `database`, in each phase's own transaction.
+    /// See `docs/redis.md` (*The labels service with keys on Redis*).
+    pub keys: Option<String>,
     /// The courier's base URL.
     pub courier_url: String,
     /// Lease length of a label request.
@@ -130,7 +137,10 @@ impl AccountResolver for Tokens {
 
 #[derive(Clone)]
 struct App<S> {
+    /// The labels rows' database (and, without a separate key store, the keys).
     store: Arc<S>,
+    /// The key store: `store` itself, or Redis.
+    keys: Arc<dyn idemkit_core::KeyStore>,
     tokens: Tokens,
     courier_url: String,
     courier: reqwest_middleware::ClientWithMiddleware,
@@ -224,6 +234,15 @@ mod sql {
     pub(super) const CREATED: &str = "UPDATE labels SET status = 'created', courier_order = $1, courier_tracking = $2, \
          courier_shipment = $3, error = NULL WHERE id = $4";
     pub(super) const FAILED: &str = "UPDATE labels SET status = 'failed', error = $1 WHERE id = $2";
+    /// With keys on Redis: the label row's id is derived from the request's
+    /// downstream key, so a re-run of the phase (a takeover after a crash
+    /// before its result was recorded) writes nothing.
+    pub(super) const INSERT_KEYED: &str = "INSERT INTO labels (id, account, courier, status, request, created_at) \
+         VALUES ($1, $2, $3, 'pending', $4, $5) ON CONFLICT (id) DO NOTHING";
+    /// With keys on Redis the write is not fenced by a transaction: a stale
+    /// holder may never turn a created label back into a failed one.
+    pub(super) const FAILED_UNLESS_CREATED: &str =
+        "UPDATE labels SET status = 'failed', error = $1 WHERE id = $2 AND status <> 'created'";
     pub(super) const SELECT: &str = "SELECT id, courier, status, courier_order, courier_tracking, error, courier_shipment \
          FROM labels WHERE account = $1 AND (id = $2 OR courier_tracking = $2)";
     pub(super) const TABLE_SQLITE: &str = "CREATE TABLE IF NOT EXISTS labels (id TEXT PRIMARY KEY, account TEXT NOT NULL, \
@@ -454,6 +473,118 @@ macro_rules! handlers {
 handlers!(create_sqlite, get_sqlite, track_sqlite, SqliteStore);
 handlers!(create_pg, get_pg, track_pg, PgStore);
 
+/// `POST /labels` with the keys in a store that is not the labels rows'
+/// database (Redis): the same steps and answers as the transactional handler,
+/// with each SQL write committed on its own, keyed by the step's downstream key
+/// (or guarded by the row's status), before its result is recorded with the
+/// fenced `KeyStore::advance`; the layer stores the response (see
+/// `docs/redis.md`).
+macro_rules! keyed_handler {
+    ($create:ident, $store:ty) => {
+        async fn $create(
+            State(app): State<App<$store>>,
+            ctx: IdempotencyContext,
+            body: bytes::Bytes,
+        ) -> Result<Response, PhaseError<Response>> {
+            let req = CreateLabel::parse(&body).map_err(|p| PhaseError::Work(p.into_response()))?;
+            let account = ctx.scope.account.as_str().to_owned();
+            let courier = serde_json::to_value(req.courier)
+                .unwrap_or_default()
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            let pool = app.store.pool();
+            let mut phases = keyed::KeyedPhases::begin(app.keys.clone(), &ctx).await?;
+            let label_id: String = phases
+                .phase("label", async |key| {
+                    let id = format!("lbl_{}", key.as_str());
+                    sqlx::query(sql::INSERT_KEYED)
+                        .bind(&id)
+                        .bind(&account)
+                        .bind(&courier)
+                        .bind(String::from_utf8_lossy(&body).into_owned())
+                        .bind(now_ms())
+                        .execute(pool)
+                        .await
+                        .map_err(failed)?;
+                    Ok(id)
+                })
+                .await?;
+            let booked = phases
+                .external("courier", async |key| {
+                    book(&app, key.as_str(), &label_id, &req).await
+                })
+                .await;
+            let mut label = Label {
+                id: label_id.clone(),
+                status: "created".into(),
+                courier: courier.clone(),
+                courier_order_number: None,
+                courier_tracking_number: None,
+                error: None,
+            };
+            match booked {
+                Ok(s) => {
+                    // The same values on every attempt (the courier replays the
+                    // shipment for the same key): idempotent as it stands.
+                    label.courier_order_number = Some(s.order_number.clone());
+                    label.courier_tracking_number = Some(s.tracking_number.clone());
+                    sqlx::query(sql::CREATED)
+                        .bind(&s.order_number)
+                        .bind(&s.tracking_number)
+                        .bind(s.shipment)
+                        .bind(&label_id)
+                        .execute(pool)
+                        .await
+                        .map_err(|e| PhaseError::Work(failed(e)))?;
+                    fail::fail_point!("labels::after_finish_write");
+                    Ok(label_response(StatusCode::CREATED, &label))
+                }
+                Err(PhaseError::Call(CourierFailure::Rejected(error))) => {
+                    label.status = "failed".into();
+                    label.error = Some(error);
+                    let error_json = serde_json::to_string(&label.error).unwrap_or_default();
+                    sqlx::query(sql::FAILED_UNLESS_CREATED)
+                        .bind(&error_json)
+                        .bind(&label_id)
+                        .execute(pool)
+                        .await
+                        .map_err(|e| PhaseError::Work(failed(e)))?;
+                    Ok(label_response(StatusCode::BAD_GATEWAY, &label))
+                }
+                Err(PhaseError::Call(CourierFailure::Transient(message))) => {
+                    label.status = "failed".into();
+                    label.error = Some(LabelError {
+                        code: "courier_unavailable".into(),
+                        message,
+                        retryable: true,
+                    });
+                    let error_json = serde_json::to_string(&label.error).unwrap_or_default();
+                    sqlx::query(sql::FAILED_UNLESS_CREATED)
+                        .bind(&error_json)
+                        .bind(&label_id)
+                        .execute(pool)
+                        .await
+                        .map_err(|e| PhaseError::Work(failed(e)))?;
+                    // Fenced: a stale attempt learns here that it lost the key.
+                    phases
+                        .mark::<Response>(&format!("courier-failed-{}", ctx.token.0))
+                        .await?;
+                    Ok((
+                        Outcome::Retryable,
+                        label_response(StatusCode::BAD_GATEWAY, &label),
+                    )
+                        .into_response())
+                }
+                Err(other) => Err(other.map_work(|e| failed(format!("{e:?}")))),
+            }
+        }
+    };
+}
+
+keyed_handler!(create_keyed_sqlite, SqliteStore);
+keyed_handler!(create_keyed_pg, PgStore);
+
 fn idempotency(
     store: Arc<impl idemkit_core::KeyStore>,
     tokens: Tokens,
@@ -628,12 +759,15 @@ pub async fn build(config: LabelsConfig) -> anyhow::Result<Service> {
         .method_not_allowed_fallback(idemkit_tower::method_not_allowed);
     // The same routes over either store; only the handler instances differ.
     macro_rules! mount {
-        ($store:expr, $table:expr, $create:ident, $get:ident, $track:ident) => {{
+        ($store:expr, $keys:expr, $table:expr, $create:ident, $get:ident, $track:ident) => {{
             let store = $store;
+            let keys = $keys;
             sqlx::query($table).execute(store.pool()).await?;
-            let layer = idempotency(store.clone(), tokens.clone(), &idem)?;
+            let layer = idempotency(keys.clone(), tokens.clone(), &idem)?;
+            let keys: Arc<dyn idemkit_core::KeyStore> = keys;
             let app = App {
                 store: store.clone(),
+                keys: keys.clone(),
                 tokens,
                 courier_url: config.courier_url,
                 courier,
@@ -645,7 +779,7 @@ pub async fn build(config: LabelsConfig) -> anyhow::Result<Service> {
                 .route("/tracking/{id}", get($track))
                 .with_state(app)
                 .merge(common);
-            Ok(Service { router, keys: store })
+            Ok(Service { router, keys })
         }};
     }
     let schema = config
@@ -653,20 +787,116 @@ pub async fn build(config: LabelsConfig) -> anyhow::Result<Service> {
         .clone()
         .or_else(|| std::env::var("IDEMKIT_PG_SCHEMA").ok())
         .unwrap_or_else(|| DEFAULT_PG_SCHEMA.into());
-    match idemkit::open_store(&config.database, &OpenOptions::new().with_pg_schema(schema)).await? {
-        OpenedStore::Postgres(store) => mount!(store, sql::TABLE_PG, create_pg, get_pg, track_pg),
-        OpenedStore::Sqlite(store) => {
-            mount!(store, sql::TABLE_SQLITE, create_sqlite, get_sqlite, track_sqlite)
+    let rows = idemkit::open_store(&config.database, &OpenOptions::new().with_pg_schema(schema)).await?;
+    let keys = match config.keys.as_deref().filter(|k| !k.is_empty()) {
+        None => None,
+        Some(url) if idemkit::StoreKind::of(url) == idemkit::StoreKind::Redis => {
+            let (base, prefix) = redis_prefix(url)?;
+            let mut options = OpenOptions::new();
+            if let Some(prefix) = prefix {
+                options = options.with_redis_prefix(prefix);
+            }
+            match idemkit::open_store(&base, &options)
+                .await
+                .context("connecting to the Redis key store")?
+            {
+                OpenedStore::Redis(keys) => Some(keys),
+                other => anyhow::bail!("{url} opened {}, not Redis", other.kind()),
+            }
         }
-        other => anyhow::bail!(
-            "the labels service keeps its labels and keys in one SQL database; {} is not one",
+        Some(_) => anyhow::bail!(
+            "a separate key store must be Redis (redis://… or redis+cluster://…); with a SQL key \
+             store the keys live with the labels rows: leave the key store URL out"
+        ),
+    };
+    match (rows, keys) {
+        (OpenedStore::Postgres(store), None) => {
+            mount!(store.clone(), store, sql::TABLE_PG, create_pg, get_pg, track_pg)
+        }
+        (OpenedStore::Sqlite(store), None) => {
+            mount!(
+                store.clone(),
+                store,
+                sql::TABLE_SQLITE,
+                create_sqlite,
+                get_sqlite,
+                track_sqlite
+            )
+        }
+        (OpenedStore::Postgres(store), Some(keys)) => {
+            mount!(store, keys, sql::TABLE_PG, create_keyed_pg, get_pg, track_pg)
+        }
+        (OpenedStore::Sqlite(store), Some(keys)) => {
+            mount!(
+                store,
+                keys,
+                sql::TABLE_SQLITE,
+                create_keyed_sqlite,
+                get_sqlite,
+                track_sqlite
+            )
+        }
+        (other, _) => anyhow::bail!(
+            "the labels service keeps its labels rows in SQLite or PostgreSQL; {} is not one \
+             (to keep the keys in Redis, pass the Redis URL as the key store and a SQL database for the rows)",
             other.kind()
         ),
     }
 }
 
+/// A Redis key store URL without its `prefix` query parameter, and the key
+/// prefix: that parameter (percent-decoded), else `IDEMKIT_REDIS_PREFIX`, else
+/// none (the library's default) — as `idemkit keys` reads them.
+fn redis_prefix(url: &str) -> anyhow::Result<(String, Option<String>)> {
+    let (base, query) = url.split_once('?').unwrap_or((url, ""));
+    let mut prefix = std::env::var("IDEMKIT_REDIS_PREFIX")
+        .ok()
+        .filter(|p| !p.is_empty());
+    let mut rest = Vec::new();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        match pair.strip_prefix("prefix=") {
+            Some(p) => prefix = Some(percent_decode(p).context("the `prefix` of the Redis URL")?),
+            None => rest.push(pair),
+        }
+    }
+    let base = if rest.is_empty() {
+        base.to_owned()
+    } else {
+        format!("{base}?{}", rest.join("&"))
+    };
+    Ok((base, prefix))
+}
+
+/// `%XX` escapes decoded; the result must be UTF-8.
+fn percent_decode(s: &str) -> anyhow::Result<String> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = s.get(i + 1..i + 3).context("a `%` without two hex digits")?;
+            out.push(u8::from_str_radix(hex, 16).context("a `%` without two hex digits")?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).context("not UTF-8")
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_redis_prefix_comes_from_the_url() {
+        let (base, prefix) = super::redis_prefix("redis://127.0.0.1:6379?prefix=t%2D1&db=0").unwrap();
+        assert_eq!(base, "redis://127.0.0.1:6379?db=0");
+        assert_eq!(prefix.as_deref(), Some("t-1"));
+        let (base, _) = super::redis_prefix("redis://h:1").unwrap();
+        assert_eq!(base, "redis://h:1");
+        assert!(super::redis_prefix("redis://h:1?prefix=%zz").is_err());
+    }
+
     use super::*;
 
     #[test]
