@@ -721,11 +721,6 @@ fn pending_intents(r: &Record) -> Vec<String> {
         .collect()
 }
 
-/// Whether `r` holds progress a rerun resumes from (what `force_release` keeps).
-fn has_progress(r: &Record) -> bool {
-    r.recovery_point.is_some() || !r.step_outputs.is_empty()
-}
-
 async fn release(
     out: &mut impl Write,
     args: &KeysArgs,
@@ -753,7 +748,7 @@ async fn release(
     };
     // The operator says an unfinished call did nothing: discard the progress so
     // the key reruns as a first attempt; otherwise keep it (the rerun resumes).
-    let discard = a.downstream_did_nothing && before.as_ref().is_some_and(has_progress);
+    let discard = a.downstream_did_nothing && before.as_ref().is_some_and(Record::has_progress);
     let released = match refused {
         Some(_) => false,
         None if discard => store

@@ -116,6 +116,15 @@ pub struct Record {
     pub last_error: Option<String>,
 }
 
+impl Record {
+    /// Whether an attempt recorded progress: a recovery point or any step
+    /// output (an external call's intent included). Such a record is never
+    /// released as if nothing happened: it stays resumable.
+    pub fn has_progress(&self) -> bool {
+        self.recovery_point.is_some() || !self.step_outputs.is_empty()
+    }
+}
+
 /// A record as SQL stores persist it, one value per column, before validation.
 /// Stores read their row into this and convert with `Record::try_from`, so the
 /// parsing and its error messages are the same for every SQL backend.

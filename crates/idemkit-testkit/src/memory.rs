@@ -225,7 +225,7 @@ impl KeyStore for MemoryStore {
 
     async fn release(&self, scope: &Scope, token: FencingToken) -> StoreResult<()> {
         self.with_held_bumping(scope, token, true, |r, now| {
-            if r.recovery_point.is_some() || !r.step_outputs.is_empty() {
+            if r.has_progress() {
                 // Progress was recorded: keep it (see `KeyStore::release`).
                 r.lease_expires_at = now;
                 r.last_error = Some(RELEASE_REFUSED.to_owned());
@@ -389,7 +389,7 @@ impl KeyStore for MemoryStore {
         if unheld {
             r.fencing_token = next;
             r.last_error = Some(FORCE_RELEASED.to_owned());
-            if r.recovery_point.is_some() || !r.step_outputs.is_empty() {
+            if r.has_progress() {
                 // Recorded progress (an intent above all) survives: the record
                 // becomes resumable, and a rerun parks again at an unfinished call
                 // to a downstream that ignores keys.

@@ -99,10 +99,6 @@ impl MutantStore {
     }
 }
 
-fn has_progress(r: &Record) -> bool {
-    r.recovery_point.is_some() || !r.step_outputs.is_empty()
-}
-
 #[async_trait]
 impl KeyStore for MutantStore {
     async fn claim(&self, req: &ClaimRequest) -> StoreResult<ClaimOutcome> {
@@ -194,7 +190,7 @@ impl KeyStore for MutantStore {
             && let Some(r) = self.inner.get(scope).await?
             && r.fencing_token == token
             && r.state == RecordState::InFlight
-            && has_progress(&r)
+            && r.has_progress()
         {
             // What an unconditional release did: the key is absent in effect.
             self.inner.remove(scope);

@@ -329,7 +329,7 @@ impl Attempt {
             // exist, so the record is abandoned, never released; and the store's
             // release itself refuses to wipe recorded progress.
             _ => match timed(op::GET, store.get(scope)).await {
-                Ok(Some(r)) if r.recovery_point.is_none() && r.step_outputs.is_empty() => (
+                Ok(Some(r)) if !r.has_progress() => (
                     outcome::RELEASED,
                     timed(op::RELEASE, store.release(scope, token)).await,
                 ),
