@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context;
+use axum::response::IntoResponse;
 use idemkit_labels::service::{LabelsConfig, build};
 use idemkit_tower::{Completer, Reaper};
 
@@ -16,6 +17,13 @@ pub struct ServeArgs {
     /// Address to listen on, e.g. `127.0.0.1:8080`.
     #[arg(long)]
     pub listen: SocketAddr,
+    /// A listener of its own for the gRPC API (`labels.v1.Labels` and server
+    /// reflection), e.g. `127.0.0.1:50051`. Without it, gRPC is served on
+    /// `--listen` beside REST (multiplexed by path; clients use HTTP/2 without
+    /// TLS, as `grpcurl -plaintext` does). With keys in Redis (`--keys-url`)
+    /// only REST is served.
+    #[arg(long)]
+    pub grpc_listen: Option<SocketAddr>,
     /// `postgres://…`, `sqlite://…` or a SQLite file path (default `labels.db`).
     #[arg(long)]
     pub database_url: Option<String>,
@@ -102,6 +110,20 @@ fn tokens(args: &ServeArgs) -> anyhow::Result<HashMap<String, String>> {
     }
 }
 
+/// A gRPC `UNIMPLEMENTED` answer (trailers-only) for a method the gRPC
+/// listener does not serve.
+fn tonic_unimplemented() -> axum::response::Response {
+    (
+        [
+            ("content-type", "application/grpc"),
+            ("grpc-status", "12"),
+            ("grpc-message", "no such method"),
+        ],
+        "",
+    )
+        .into_response()
+}
+
 /// Runs the service until interrupted.
 pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     install_crash_point();
@@ -144,6 +166,17 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
             .spawn(every);
         Reaper::with_threshold(service.keys.clone(), reap_threshold, replay_window)?
             .spawn(Duration::from_secs(3600));
+        if let Some(addr) = args.grpc_listen {
+            let grpc = service.grpc.clone().context(
+                "--grpc-listen: gRPC is served only with the keys in the labels rows' database (no --keys-url)",
+            )?;
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("binding {addr}"))?;
+            println!("labels gRPC listening on {}", listener.local_addr()?);
+            let grpc = grpc.fallback(|| async { tonic_unimplemented() });
+            tokio::spawn(async move { axum::serve(listener, grpc).await });
+        }
         let listener = tokio::net::TcpListener::bind(args.listen)
             .await
             .with_context(|| format!("binding {}", args.listen))?;

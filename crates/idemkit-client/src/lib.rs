@@ -123,7 +123,7 @@ pub use crate::grpc::{
 };
 #[cfg(feature = "reqwest")]
 #[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
-pub use crate::reqwest::{ReqwestRetryError, RetryErrorExt, RetryMiddleware};
+pub use crate::reqwest::{CallDeadline, ReqwestRetryError, RetryErrorExt, RetryMiddleware};
 #[cfg(feature = "tower")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
 pub use crate::tower::{ReplayBody, ResponseFuture, RetryBody, RetryLayer, RetryService, TowerRetryError};

@@ -498,6 +498,7 @@ impl RetryPolicy {
             last_attempt: Duration::ZERO,
             previous_sleep: Duration::ZERO,
             withdrawal: None,
+            deadline: config.deadline,
         }
     }
 }
@@ -543,6 +544,8 @@ pub struct Call {
     last_attempt: Duration,
     previous_sleep: Duration,
     withdrawal: Option<Withdrawal>,
+    /// The overall deadline: the config's, or less (see [`Call::limit_deadline`]).
+    deadline: Option<Duration>,
 }
 
 impl Call {
@@ -564,12 +567,31 @@ impl Call {
         self.attempts
     }
 
+    /// Shortens this call's overall deadline to `deadline` (from the call's
+    /// start) when that is sooner than the configured one: a server hands its
+    /// caller's remaining time to a downstream call this way, so every attempt
+    /// (and its `Request-Timeout`) fits in what the caller will still wait for.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use http::{HeaderMap, Method};
+    /// use idemkit_client::RetryPolicy;
+    ///
+    /// let policy = RetryPolicy::default();
+    /// let mut call = policy.start(&Method::POST, &HeaderMap::new(), true);
+    /// call.limit_deadline(Duration::from_millis(1500));
+    /// assert_eq!(call.before_attempt(Duration::ZERO).remaining(), Some(Duration::from_millis(1500)));
+    /// ```
+    pub fn limit_deadline(&mut self, deadline: Duration) {
+        self.deadline = Some(self.deadline.map_or(deadline, |d| d.min(deadline)));
+    }
+
     /// Plans the next attempt at `elapsed` since the call started.
     pub fn before_attempt(&mut self, elapsed: Duration) -> AttemptPlan {
         let config = &self.policy.inner.config;
         self.attempts += 1;
         self.attempt_started = Some(elapsed);
-        let remaining = config.deadline.map(|d| d.saturating_sub(elapsed));
+        let remaining = self.deadline.map(|d| d.saturating_sub(elapsed));
         let mut timeout = self.policy.current_attempt_timeout();
         if let Some(remaining) = remaining {
             timeout = timeout.min(remaining);
@@ -641,7 +663,7 @@ impl Call {
         // clients told the same value do not come back at the same instant.
         let floor = retry_after.unwrap_or(Duration::ZERO);
         let mut delay = floor.saturating_add(computed);
-        if let Some(deadline) = config.deadline {
+        if let Some(deadline) = self.deadline {
             // Never sleep into an attempt that could not finish before the deadline.
             let remaining = deadline.saturating_sub(elapsed);
             let needed = config.min_attempt_time.max(self.last_attempt);

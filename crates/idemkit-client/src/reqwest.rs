@@ -4,6 +4,7 @@ use http::Extensions;
 use http_body_util::{BodyExt, Limited};
 use reqwest::{Request, Response, ResponseBuilderExt};
 use reqwest_middleware::{Middleware, Next};
+use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::classify::{Answer, Outcome, classify_error, needs_problem_code, problem_code};
@@ -80,6 +81,30 @@ impl RetryErrorExt for reqwest_middleware::Error {
     }
 }
 
+/// A shorter overall deadline for one call through [`RetryMiddleware`]: the
+/// time the caller's own caller still waits (a server passing its remaining
+/// budget downstream). Attach it with
+/// `reqwest_middleware::RequestBuilder::with_extension`; the call's deadline
+/// becomes the sooner of this and the policy's, and every attempt's
+/// `Request-Timeout` fits in it.
+///
+/// ```no_run
+/// # async fn run(client: reqwest_middleware::ClientWithMiddleware) -> reqwest_middleware::Result<()> {
+/// use std::time::Duration;
+/// use idemkit_client::CallDeadline;
+///
+/// let left = Duration::from_millis(1800); // e.g. `IdempotencyContext::remaining()`
+/// client
+///     .post("http://127.0.0.1:8081/shipments")
+///     .with_extension(CallDeadline(left))
+///     .send()
+///     .await?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CallDeadline(pub Duration);
+
 /// A `reqwest-middleware` middleware that retries with a [`RetryPolicy`].
 ///
 /// Returns `Ok(response)` for successes and for answers that are never retried (400,
@@ -140,6 +165,9 @@ impl Middleware for RetryMiddleware {
         let start = Instant::now();
         let replayable = req.try_clone().is_some();
         let mut call = self.policy.start(req.method(), req.headers(), replayable);
+        if let Some(CallDeadline(deadline)) = extensions.get::<CallDeadline>() {
+            call.limit_deadline(*deadline);
+        }
         let mut original = Some(req);
         loop {
             let plan = call.before_attempt(start.elapsed());

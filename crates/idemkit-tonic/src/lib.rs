@@ -51,12 +51,14 @@ mod body;
 mod deadline;
 mod frame;
 mod layer;
+mod outcome;
 mod resolver;
 mod service;
 mod status;
 
 pub use deadline::{GRPC_TIMEOUT, parse_grpc_timeout};
 pub use layer::{ConfigError, IdempotencyLayer, IdempotencyLayerBuilder};
+pub use outcome::{OUTCOME_METADATA, with_outcome};
 pub use resolver::{BearerTokenAccount, MetadataAccountResolver, TrustedMetadataAccount};
 pub use service::{Idempotency, ResponseFuture};
 pub use status::{ERROR_DOMAIN, code_for, disposition, http_equivalent, status_for};

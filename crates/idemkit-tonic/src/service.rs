@@ -46,6 +46,12 @@ pub struct Idempotency<S> {
     shared: Arc<Shared>,
 }
 
+/// The wrapped service keeps its gRPC service name, so the layered service can
+/// be added to a tonic router (`Routes::add_service`, `Server::add_service`).
+impl<S: tonic::server::NamedService> tonic::server::NamedService for Idempotency<S> {
+    const NAME: &'static str = S::NAME;
+}
+
 impl<S> std::fmt::Debug for Idempotency<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Idempotency").finish_non_exhaustive()
@@ -143,6 +149,14 @@ async fn prepare(
     body: Body,
     key_field: KeyField,
 ) -> Result<(ClaimRequest, Bytes), tonic::Status> {
+    // The completer replays a stored call in-process for its record's own
+    // (account, key) and the token it saw.
+    if let Some((scope, token)) = idemkit_tower::completer_resume(&parts.extensions) {
+        let bytes = read_body(body, shared.max_request_message.saturating_add(5)).await?;
+        let mut claim = claim_for(shared, parts, scope.clone(), &bytes);
+        claim.resume = Some(token);
+        return Ok((claim, bytes));
+    }
     let account = shared.resolver.resolve(&parts.headers)?;
     // A metadata key is checked before the message is read: a bad key costs nothing.
     let mut values = parts.headers.get_all(&shared.key_metadata).iter().peekable();
@@ -183,13 +197,18 @@ async fn prepare(
         (Some(key), _) | (None, Some(key)) => key,
         (None, None) => return Err(key_status(&KeyError::Missing)),
     };
-    let path = parts.uri.path();
-    // A gRPC call is a POST to its full method name; the fingerprint covers the
-    // method name and the whole frame (prefix and message bytes).
-    let claim = shared.engine.claim_request(&Incoming {
-        scope: Scope::new(account, key),
+    let claim = claim_for(shared, parts, Scope::new(account, key), &bytes);
+    Ok((claim, bytes))
+}
+
+/// The claim of a call: a gRPC call is a POST to its full method name; the
+/// fingerprint covers the method name and the whole frame (prefix and message
+/// bytes).
+fn claim_for(shared: &Shared, parts: &Parts, scope: Scope, bytes: &Bytes) -> ClaimRequest {
+    shared.engine.claim_request(&Incoming {
+        scope,
         method: "POST",
-        target: path,
+        target: parts.uri.path(),
         headers: STORED_REQUEST_HEADERS
             .iter()
             .filter_map(|name| {
@@ -199,10 +218,9 @@ async fn prepare(
                 })
             })
             .collect(),
-        body: &bytes,
+        body: bytes,
         resume: None,
-    });
-    Ok((claim, bytes))
+    })
 }
 
 async fn read_body(body: Body, limit: usize) -> Result<Bytes, tonic::Status> {
@@ -249,8 +267,8 @@ where
             return Err(e);
         }
     };
-    let handler_outcome = response.extensions().get::<Outcome>().copied();
-    let (parts, body) = response.into_parts();
+    let mut handler_outcome = response.extensions().get::<Outcome>().copied();
+    let (mut parts, body) = response.into_parts();
     let policy = attempt.policy().clone();
     let cap = policy.max_stored_body;
     let collected = match Limited::new(body, cap).collect().await {
@@ -269,8 +287,13 @@ where
             return Ok(refusal_response(refused.refusal));
         }
     };
-    let trailers = collected.trailers().cloned();
+    let mut trailers = collected.trailers().cloned();
     let data = collected.to_bytes();
+    if let Some(marked) =
+        crate::outcome::take(&mut parts.headers).or_else(|| trailers.as_mut().and_then(crate::outcome::take))
+    {
+        handler_outcome = Some(marked);
+    }
     let code = grpc_code(trailers.as_ref(), &parts.headers);
     let how = disposition(code, handler_outcome, &policy);
     tracing::debug!(?code, disposition = how.label(), "idempotency: handler answered");

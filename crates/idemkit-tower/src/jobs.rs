@@ -23,6 +23,17 @@ pub(crate) struct Resume {
     pub(crate) token: FencingToken,
 }
 
+/// When this request is a [`Completer`]'s replay of an abandoned record: that
+/// record's scope (account and key) and the fencing token the completer saw.
+/// The HTTP layer claims with them itself; other protocol adapters over the
+/// [`engine`](crate::engine) (`idemkit-tonic`) do the same: claim
+/// `ClaimRequest { scope, resume: Some(token), .. }` instead of resolving an
+/// account, so a record that changed since the completer read it runs nothing.
+/// Only code in the process can set request extensions; clients cannot forge it.
+pub fn completer_resume(extensions: &http::Extensions) -> Option<(&Scope, FencingToken)> {
+    extensions.get::<Resume>().map(|r| (&r.scope, r.token))
+}
+
 /// What one completer pass did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct CompleterReport {

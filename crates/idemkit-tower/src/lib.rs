@@ -51,7 +51,7 @@ mod status;
 
 pub use extract::{IdempotencyContext, Tx};
 pub use future::ResponseFuture;
-pub use jobs::{Completer, CompleterReport, ReapThresholdTooShort, Reaper};
+pub use jobs::{Completer, CompleterReport, ReapThresholdTooShort, Reaper, completer_resume};
 pub use layer::{ConfigError, IdempotencyLayer, IdempotencyLayerBuilder};
 pub use outcome::Outcome;
 pub use phases::{CallError, Downstream, PhaseError, Phases};

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-struct Proc(Child);
+pub(crate) struct Proc(Child);
 
 impl Drop for Proc {
     fn drop(&mut self) {
@@ -55,14 +55,16 @@ pub(crate) struct Labels {
     pub(crate) base: String,
     pub(crate) courier: String,
     dir: std::path::PathBuf,
-    service: Option<(Proc, std::sync::mpsc::Receiver<String>)>,
+    pub(crate) service: Option<(Proc, std::sync::mpsc::Receiver<String>)>,
     _courier: Proc,
     port: u16,
     /// Run with the tests' short lease and courier deadline (the default), or
     /// with the service's own defaults.
-    short_lease: bool,
+    pub(crate) short_lease: bool,
     /// `--keys-url`: the keys in Redis (a fresh prefix), the labels rows in `db()`.
     keys_url: Option<String>,
+    /// More `idemkit serve` arguments (`--grpc-listen …`).
+    pub(crate) extra_args: Vec<String>,
 }
 
 impl Labels {
@@ -84,7 +86,7 @@ impl Labels {
         labels
     }
 
-    fn courier_only() -> Self {
+    pub(crate) fn courier_only() -> Self {
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap()
@@ -111,6 +113,7 @@ impl Labels {
             port: free_port(),
             short_lease: true,
             keys_url: None,
+            extra_args: Vec::new(),
         }
     }
 
@@ -153,6 +156,7 @@ impl Labels {
         if let Some(keys) = &self.keys_url {
             args.extend(["--keys-url", keys]);
         }
+        args.extend(self.extra_args.iter().map(String::as_str));
         // The public demo tokens, unless the test configures its own.
         if !env.iter().any(|(k, _)| *k == "IDEMKIT_TOKENS") {
             args.push("--demo-tokens");
@@ -486,8 +490,8 @@ async fn openapi_describes_the_contract() {
 /// A label row of the service's database.
 #[cfg(feature = "failpoints")]
 #[derive(Debug, Clone, PartialEq)]
-struct LabelRow {
-    id: String,
+pub(crate) struct LabelRow {
+    pub(crate) id: String,
     status: String,
     order: Option<String>,
     tracking: Option<String>,
@@ -496,7 +500,7 @@ struct LabelRow {
 
 /// The label rows written for one idempotency key, oldest first.
 #[cfg(feature = "failpoints")]
-async fn label_rows(labels: &Labels, key: &str) -> Vec<LabelRow> {
+pub(crate) async fn label_rows(labels: &Labels, key: &str) -> Vec<LabelRow> {
     let url = format!("sqlite://{}?mode=ro", labels.db().display());
     let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
     type Raw = (String, String, Option<String>, Option<String>, Option<i64>);

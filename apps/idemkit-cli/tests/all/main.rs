@@ -11,6 +11,7 @@ mod claims;
 mod cli;
 mod courier;
 mod fixtures;
+mod grpc;
 mod keys;
 mod labels;
 mod lint_openapi;

@@ -256,6 +256,8 @@ struct Inner {
     faults: Mutex<Faults>,
     calls: AtomicU64,
     duplicates: AtomicU64,
+    /// The last call's `Request-Timeout`; `u64::MAX` when it had none.
+    last_request_timeout: AtomicU64,
     /// Last, so the store is dropped before its directory goes.
     _temp: Option<db::TempDir>,
 }
@@ -289,6 +291,7 @@ impl Courier {
                 faults: Mutex::new(Faults::default()),
                 calls: AtomicU64::new(0),
                 duplicates: AtomicU64::new(0),
+                last_request_timeout: AtomicU64::new(u64::MAX),
                 _temp: opened.temp,
             }),
         })
@@ -307,6 +310,16 @@ impl Courier {
             calls: self.inner.calls.load(Ordering::Relaxed),
             duplicates_suppressed: self.inner.duplicates.load(Ordering::Relaxed),
         })
+    }
+
+    /// The `Request-Timeout` (milliseconds its caller still waited) of the last
+    /// `POST /shipments` call, if it sent one (`GET /_deadline`): how tests see
+    /// that the labels service hands its caller's remaining deadline to the
+    /// courier.
+    pub fn last_request_timeout(&self) -> Option<Duration> {
+        Some(self.inner.last_request_timeout.load(Ordering::Relaxed))
+            .filter(|ms| *ms != u64::MAX)
+            .map(Duration::from_millis)
     }
 
     /// The faults in force.

@@ -50,6 +50,7 @@ pub(crate) fn router(courier: &Courier, wait: Duration) -> anyhow::Result<Router
         .route("/shipments/{n}/events", get(events))
         .route("/_faults", get(faults).post(set_faults))
         .route("/_stats", get(stats))
+        .route("/_deadline", get(deadline))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(courier.clone()))
@@ -68,6 +69,13 @@ fn courier_account(_: &Parts) -> Result<Account, ProblemResponse> {
 async fn gate(State(courier): State<Courier>, req: Request, next: Next) -> Response {
     let inner = &courier.inner;
     inner.calls.fetch_add(1, Ordering::Relaxed);
+    let budget = req
+        .headers()
+        .get(idemkit_core::DEADLINE_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(idemkit_core::parse_deadline_header)
+        .map_or(u64::MAX, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX - 1));
+    inner.last_request_timeout.store(budget, Ordering::Relaxed);
     match courier.lock_faults().gate() {
         Gate::Fail(status) => return injected_failure(status),
         Gate::Reject => return rejected(),
@@ -236,6 +244,13 @@ async fn set_faults(State(courier): State<Courier>, body: Bytes) -> Result<Respo
 async fn stats(State(courier): State<Courier>) -> Result<Response, ProblemResponse> {
     let stats = courier.stats().await.map_err(database)?;
     Ok(axum::Json(stats).into_response())
+}
+
+/// `GET /_deadline`: `{"lastRequestTimeoutMs": n}` (`null` when the last
+/// `POST /shipments` sent no `Request-Timeout`, or there was none).
+async fn deadline(State(courier): State<Courier>) -> Response {
+    let ms = courier.last_request_timeout().map(|d| d.as_millis() as u64);
+    axum::Json(serde_json::json!({ "lastRequestTimeoutMs": ms })).into_response()
 }
 
 fn database(e: sqlx::Error) -> ProblemResponse {

@@ -3,9 +3,13 @@
 //! shipment. Built on idemkit's lease mode with phases (the courier call cannot be
 //! rolled back), and idemkit's client for the courier call.
 
+mod create;
+mod db;
+mod grpc;
 mod keyed;
 mod model;
 mod openapi;
+mod read;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -13,21 +17,15 @@ use std::time::Duration;
 
 use anyhow::Context;
 use axum::Router;
-use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use http::StatusCode;
 use http::request::Parts;
 use idemkit::{OpenOptions, OpenedStore};
-use idemkit_client::{ReqwestRetryError, RetryConfig, RetryMiddleware};
+use idemkit_client::{RetryConfig, RetryMiddleware};
 use idemkit_core::{Account, ErrorCode, IdempotencyKey, KeyError};
-use idemkit_postgres::PgStore;
-use idemkit_sqlite::SqliteStore;
-use idemkit_tower::{
-    AccountResolver, CallError, Downstream, IdempotencyContext, IdempotencyLayer, Outcome, PhaseError,
-    Phases, ProblemResponse, bearer_token,
-};
+use idemkit_tower::{AccountResolver, IdempotencyLayer, ProblemResponse, bearer_token};
 
+pub use grpc::LABELS_DOMAIN;
 pub use model::{Address, CourierName, CreateLabel, Label, LabelError, Parcel, Tracking, TrackingEvent};
 pub use openapi::{openapi, openapi_json};
 
@@ -135,7 +133,6 @@ impl AccountResolver for Tokens {
     }
 }
 
-#[derive(Clone)]
 struct App<S> {
     /// The labels rows' database (and, without a separate key store, the keys).
     store: Arc<S>,
@@ -147,13 +144,17 @@ struct App<S> {
     http: reqwest::Client,
 }
 
-/// How the courier call ended, when it did not produce a shipment.
-#[derive(Debug)]
-enum CourierFailure {
-    /// The courier refused the label for good (bad address, …).
-    Rejected(LabelError),
-    /// The courier was unavailable through every retry the deadline allowed.
-    Transient(String),
+impl<S> Clone for App<S> {
+    fn clone(&self) -> Self {
+        Self {
+            store: self.store.clone(),
+            keys: self.keys.clone(),
+            tokens: self.tokens.clone(),
+            courier_url: self.courier_url.clone(),
+            courier: self.courier.clone(),
+            http: self.http.clone(),
+        }
+    }
 }
 
 #[derive(serde::Serialize, serde::Deserialize)]
@@ -164,429 +165,8 @@ struct Shipment {
     shipment: i64,
 }
 
-async fn book(
-    app: &App<impl Send + Sync>,
-    key: &str,
-    label_id: &str,
-    req: &CreateLabel,
-) -> Result<Shipment, CallError<CourierFailure>> {
-    let body = serde_json::json!({
-        "reference": label_id, "courier": req.courier, "shipFrom": req.ship_from, "shipTo": req.ship_to, "parcel": req.parcel,
-    });
-    let sent = app
-        .courier
-        .post(format!("{}/shipments", app.courier_url))
-        .header("idempotency-key", key)
-        .header("content-type", "application/json")
-        .body(body.to_string())
-        .send()
-        .await;
-    match sent {
-        Ok(res) if res.status().is_success() => res
-            .json()
-            .await
-            .map_err(|e| CallError::Unknown(CourierFailure::Transient(format!("courier answer: {e}")))),
-        Ok(res) if res.status().is_client_error() => {
-            let status = res.status();
-            let problem: serde_json::Value = res.json().await.unwrap_or_default();
-            Err(CallError::NotExecuted(CourierFailure::Rejected(LabelError {
-                code: problem["code"].as_str().unwrap_or("courier_rejected").to_owned(),
-                message: format!(
-                    "the courier rejected the label ({status}): {}; correct the request and send it with a new idempotency key",
-                    problem["detail"].as_str().unwrap_or("no detail")
-                ),
-                retryable: false,
-            })))
-        }
-        Ok(res) => Err(CallError::NotExecuted(CourierFailure::Transient(format!(
-            "courier answered {}",
-            res.status()
-        )))),
-        Err(reqwest_middleware::Error::Middleware(e)) => {
-            let message = format!("courier unavailable: {e}");
-            match e.downcast_ref::<ReqwestRetryError>().map(|r| r.outcome()) {
-                // It answered (503 …): nothing was created.
-                Some(idemkit_client::Outcome::Answered(_)) | Some(idemkit_client::Outcome::NotSent) => {
-                    Err(CallError::NotExecuted(CourierFailure::Transient(message)))
-                }
-                _ => Err(CallError::Unknown(CourierFailure::Transient(message))),
-            }
-        }
-        Err(e) => Err(CallError::Unknown(CourierFailure::Transient(format!(
-            "courier unreachable: {e}"
-        )))),
-    }
-}
-
-fn label_response(status: StatusCode, label: &Label) -> Response {
-    (status, axum::Json(label)).into_response()
-}
-
-fn failed(e: impl std::fmt::Display) -> Response {
-    ProblemResponse::new(ErrorCode::Internal, format!("internal failure: {e}")).into_response()
-}
-
-/// The SQL both databases run (placeholders in order of first use, so SQLite's
-/// `$n` names bind like PostgreSQL's positions).
-mod sql {
-    pub(super) const INSERT: &str = "INSERT INTO labels (id, account, courier, status, request, created_at) \
-         VALUES ($1, $2, $3, 'pending', $4, $5)";
-    pub(super) const CREATED: &str = "UPDATE labels SET status = 'created', courier_order = $1, courier_tracking = $2, \
-         courier_shipment = $3, error = NULL WHERE id = $4";
-    pub(super) const FAILED: &str = "UPDATE labels SET status = 'failed', error = $1 WHERE id = $2";
-    /// With keys on Redis: the label row's id is derived from the request's
-    /// downstream key, so a re-run of the phase (a takeover after a crash
-    /// before its result was recorded) writes nothing.
-    pub(super) const INSERT_KEYED: &str = "INSERT INTO labels (id, account, courier, status, request, created_at) \
-         VALUES ($1, $2, $3, 'pending', $4, $5) ON CONFLICT (id) DO NOTHING";
-    /// With keys on Redis the write is not fenced by a transaction: a stale
-    /// holder may never turn a created label back into a failed one.
-    pub(super) const FAILED_UNLESS_CREATED: &str =
-        "UPDATE labels SET status = 'failed', error = $1 WHERE id = $2 AND status <> 'created'";
-    pub(super) const SELECT: &str = "SELECT id, courier, status, courier_order, courier_tracking, error, courier_shipment \
-         FROM labels WHERE account = $1 AND (id = $2 OR courier_tracking = $2)";
-    pub(super) const TABLE_SQLITE: &str = "CREATE TABLE IF NOT EXISTS labels (id TEXT PRIMARY KEY, account TEXT NOT NULL, \
-         courier TEXT NOT NULL, status TEXT NOT NULL, request TEXT NOT NULL, courier_order TEXT, courier_tracking TEXT, \
-         courier_shipment INTEGER, error TEXT, created_at INTEGER NOT NULL)";
-    pub(super) const TABLE_PG: &str = "CREATE TABLE IF NOT EXISTS labels (id TEXT PRIMARY KEY, account TEXT NOT NULL, \
-         courier TEXT NOT NULL, status TEXT NOT NULL, request TEXT NOT NULL, courier_order TEXT, courier_tracking TEXT, \
-         courier_shipment BIGINT, error TEXT, created_at BIGINT NOT NULL)";
-}
-
-type Row = (
-    String,
-    String,
-    String,
-    Option<String>,
-    Option<String>,
-    Option<String>,
-    Option<i64>,
-);
-
-fn label_of(row: Row) -> (Label, Option<i64>) {
-    let (id, courier, status, order, tracking, error, shipment) = row;
-    let error = error.and_then(|e| serde_json::from_str(&e).ok());
-    (
-        Label {
-            id,
-            status,
-            courier,
-            courier_order_number: order,
-            courier_tracking_number: tracking,
-            error,
-        },
-        shipment,
-    )
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
-}
-
-/// The handlers, once per database type.
-macro_rules! handlers {
-    ($create:ident, $get:ident, $track:ident, $store:ty) => {
-        async fn $create(
-            State(app): State<App<$store>>,
-            ctx: IdempotencyContext,
-            body: bytes::Bytes,
-        ) -> Result<Response, PhaseError<Response>> {
-            // Validated before the key was looked up; parsing again cannot fail.
-            let req = CreateLabel::parse(&body).map_err(|p| PhaseError::Work(p.into_response()))?;
-            let account = ctx.scope.account.as_str().to_owned();
-            let courier = serde_json::to_value(req.courier)
-                .unwrap_or_default()
-                .as_str()
-                .unwrap_or_default()
-                .to_owned();
-            let mut phases = Phases::begin(app.store.clone(), &ctx).await?;
-            let label_id: String = phases
-                .phase("label", async |tx| {
-                    let id = format!("lbl_{}", uuid::Uuid::new_v4().simple());
-                    sqlx::query(sql::INSERT)
-                        .bind(&id)
-                        .bind(&account)
-                        .bind(&courier)
-                        .bind(String::from_utf8_lossy(&body).into_owned())
-                        .bind(now_ms())
-                        .execute(&mut **tx)
-                        .await
-                        .map_err(failed)?;
-                    Ok(id)
-                })
-                .await?;
-            let booked = phases
-                .external("courier", Downstream::HonoursKeys, async |key| {
-                    book(&app, key.as_str(), &label_id, &req).await
-                })
-                .await;
-            let mut label = Label {
-                id: label_id.clone(),
-                status: "created".into(),
-                courier: courier.clone(),
-                courier_order_number: None,
-                courier_tracking_number: None,
-                error: None,
-            };
-            match booked {
-                Ok(s) => {
-                    label.courier_order_number = Some(s.order_number.clone());
-                    label.courier_tracking_number = Some(s.tracking_number.clone());
-                    phases
-                        .finish("created", async |tx| {
-                            sqlx::query(sql::CREATED)
-                                .bind(&s.order_number)
-                                .bind(&s.tracking_number)
-                                .bind(s.shipment)
-                                .bind(&label_id)
-                                .execute(&mut **tx)
-                                .await
-                                .map_err(failed)?;
-                            Ok(label_response(StatusCode::CREATED, &label))
-                        })
-                        .await
-                }
-                Err(PhaseError::Call(CourierFailure::Rejected(error))) => {
-                    // Permanent: stored and replayed; a corrected request needs a new key.
-                    label.status = "failed".into();
-                    label.error = Some(error);
-                    let error_json = serde_json::to_string(&label.error).unwrap_or_default();
-                    phases
-                        .finish("rejected", async |tx| {
-                            sqlx::query(sql::FAILED)
-                                .bind(&error_json)
-                                .bind(&label_id)
-                                .execute(&mut **tx)
-                                .await
-                                .map_err(failed)?;
-                            Ok(label_response(StatusCode::BAD_GATEWAY, &label))
-                        })
-                        .await
-                }
-                Err(PhaseError::Call(CourierFailure::Transient(message))) => {
-                    // Retryable: the label is stored failed and the lease ends at once;
-                    // a retry re-attempts the courier with the same downstream key.
-                    label.status = "failed".into();
-                    label.error = Some(LabelError {
-                        code: "courier_unavailable".into(),
-                        message,
-                        retryable: true,
-                    });
-                    let error_json = serde_json::to_string(&label.error).unwrap_or_default();
-                    let step = format!("courier-failed-{}", ctx.token.0);
-                    phases
-                        .phase(&step, async |tx| {
-                            sqlx::query(sql::FAILED)
-                                .bind(&error_json)
-                                .bind(&label_id)
-                                .execute(&mut **tx)
-                                .await
-                                .map_err(failed)
-                                .map(|_| ())
-                        })
-                        .await?;
-                    Ok((
-                        Outcome::Retryable,
-                        label_response(StatusCode::BAD_GATEWAY, &label),
-                    )
-                        .into_response())
-                }
-                Err(other) => Err(other.map_work(|e| failed(format!("{e:?}")))),
-            }
-        }
-
-        async fn $get(State(app): State<App<$store>>, parts: Parts, Path(id): Path<String>) -> Response {
-            let account = match app.tokens.resolve(&parts) {
-                Ok(a) => a,
-                Err(p) => return p.into_response(),
-            };
-            let row: Result<Option<Row>, _> = sqlx::query_as(sql::SELECT)
-                .bind(account.as_str())
-                .bind(&id)
-                .fetch_optional(app.store.pool())
-                .await;
-            match row {
-                Ok(Some(row)) if row.0 == id => label_response(StatusCode::OK, &label_of(row).0),
-                Ok(_) => ProblemResponse::new(ErrorCode::NotFound, "no label with this id").into_response(),
-                Err(e) => failed(e),
-            }
-        }
-
-        async fn $track(State(app): State<App<$store>>, parts: Parts, Path(id): Path<String>) -> Response {
-            let account = match app.tokens.resolve(&parts) {
-                Ok(a) => a,
-                Err(p) => return p.into_response(),
-            };
-            let row: Result<Option<Row>, _> = sqlx::query_as(sql::SELECT)
-                .bind(account.as_str())
-                .bind(&id)
-                .fetch_optional(app.store.pool())
-                .await;
-            let (label, shipment) = match row {
-                Ok(Some(row)) => label_of(row),
-                Ok(None) => {
-                    return ProblemResponse::new(
-                        ErrorCode::NotFound,
-                        "no label with this id or tracking number",
-                    )
-                    .into_response()
-                }
-                Err(e) => return failed(e),
-            };
-            let (Some(tracking), Some(n)) = (label.courier_tracking_number, shipment) else {
-                return ProblemResponse::new(ErrorCode::NotFound, "this label has no shipment yet")
-                    .into_response();
-            };
-            let events = app
-                .http
-                .get(format!("{}/shipments/{n}/events", app.courier_url))
-                .send()
-                .await;
-            let events: Vec<TrackingEvent> = match events {
-                Ok(res) if res.status().is_success() => match res.json::<serde_json::Value>().await {
-                    Ok(v) => serde_json::from_value(v["events"].clone()).unwrap_or_default(),
-                    Err(e) => return failed(e),
-                },
-                _ => {
-                    return ProblemResponse::new(
-                        ErrorCode::StoreUnavailable,
-                        "the courier's tracking is unavailable; retry",
-                    )
-                    .into_response()
-                }
-            };
-            (
-                StatusCode::OK,
-                axum::Json(Tracking {
-                    tracking_number: tracking,
-                    events,
-                }),
-            )
-                .into_response()
-        }
-    };
-}
-
-handlers!(create_sqlite, get_sqlite, track_sqlite, SqliteStore);
-handlers!(create_pg, get_pg, track_pg, PgStore);
-
-/// `POST /labels` with the keys in a store that is not the labels rows'
-/// database (Redis): the same steps and answers as the transactional handler,
-/// with each SQL write committed on its own, keyed by the step's downstream key
-/// (or guarded by the row's status), before its result is recorded with the
-/// fenced `KeyStore::advance`; the layer stores the response (see
-/// `docs/redis.md`).
-macro_rules! keyed_handler {
-    ($create:ident, $store:ty) => {
-        async fn $create(
-            State(app): State<App<$store>>,
-            ctx: IdempotencyContext,
-            body: bytes::Bytes,
-        ) -> Result<Response, PhaseError<Response>> {
-            let req = CreateLabel::parse(&body).map_err(|p| PhaseError::Work(p.into_response()))?;
-            let account = ctx.scope.account.as_str().to_owned();
-            let courier = serde_json::to_value(req.courier)
-                .unwrap_or_default()
-                .as_str()
-                .unwrap_or_default()
-                .to_owned();
-            let pool = app.store.pool();
-            let mut phases = keyed::KeyedPhases::begin(app.keys.clone(), &ctx).await?;
-            let label_id: String = phases
-                .phase("label", async |key| {
-                    let id = format!("lbl_{}", key.as_str());
-                    sqlx::query(sql::INSERT_KEYED)
-                        .bind(&id)
-                        .bind(&account)
-                        .bind(&courier)
-                        .bind(String::from_utf8_lossy(&body).into_owned())
-                        .bind(now_ms())
-                        .execute(pool)
-                        .await
-                        .map_err(failed)?;
-                    Ok(id)
-                })
-                .await?;
-            let booked = phases
-                .external("courier", async |key| {
-                    book(&app, key.as_str(), &label_id, &req).await
-                })
-                .await;
-            let mut label = Label {
-                id: label_id.clone(),
-                status: "created".into(),
-                courier: courier.clone(),
-                courier_order_number: None,
-                courier_tracking_number: None,
-                error: None,
-            };
-            match booked {
-                Ok(s) => {
-                    // The same values on every attempt (the courier replays the
-                    // shipment for the same key): idempotent as it stands.
-                    label.courier_order_number = Some(s.order_number.clone());
-                    label.courier_tracking_number = Some(s.tracking_number.clone());
-                    sqlx::query(sql::CREATED)
-                        .bind(&s.order_number)
-                        .bind(&s.tracking_number)
-                        .bind(s.shipment)
-                        .bind(&label_id)
-                        .execute(pool)
-                        .await
-                        .map_err(|e| PhaseError::Work(failed(e)))?;
-                    fail::fail_point!("labels::after_finish_write");
-                    Ok(label_response(StatusCode::CREATED, &label))
-                }
-                Err(PhaseError::Call(CourierFailure::Rejected(error))) => {
-                    label.status = "failed".into();
-                    label.error = Some(error);
-                    let error_json = serde_json::to_string(&label.error).unwrap_or_default();
-                    sqlx::query(sql::FAILED_UNLESS_CREATED)
-                        .bind(&error_json)
-                        .bind(&label_id)
-                        .execute(pool)
-                        .await
-                        .map_err(|e| PhaseError::Work(failed(e)))?;
-                    Ok(label_response(StatusCode::BAD_GATEWAY, &label))
-                }
-                Err(PhaseError::Call(CourierFailure::Transient(message))) => {
-                    label.status = "failed".into();
-                    label.error = Some(LabelError {
-                        code: "courier_unavailable".into(),
-                        message,
-                        retryable: true,
-                    });
-                    let error_json = serde_json::to_string(&label.error).unwrap_or_default();
-                    sqlx::query(sql::FAILED_UNLESS_CREATED)
-                        .bind(&error_json)
-                        .bind(&label_id)
-                        .execute(pool)
-                        .await
-                        .map_err(|e| PhaseError::Work(failed(e)))?;
-                    // Fenced: a stale attempt learns here that it lost the key.
-                    phases
-                        .mark::<Response>(&format!("courier-failed-{}", ctx.token.0))
-                        .await?;
-                    Ok((
-                        Outcome::Retryable,
-                        label_response(StatusCode::BAD_GATEWAY, &label),
-                    )
-                        .into_response())
-                }
-                Err(other) => Err(other.map_work(|e| failed(format!("{e:?}")))),
-            }
-        }
-    };
-}
-
-keyed_handler!(create_keyed_sqlite, SqliteStore);
-keyed_handler!(create_keyed_pg, PgStore);
-
 fn idempotency(
-    store: Arc<impl idemkit_core::KeyStore>,
+    store: Arc<dyn idemkit_core::KeyStore>,
     tokens: Tokens,
     config: &idemkit_tower::config::IdemkitConfig,
 ) -> anyhow::Result<IdempotencyLayer> {
@@ -717,8 +297,14 @@ async fn metrics_endpoint() -> Response {
 
 /// The running service's parts, for the binary and tests.
 pub struct Service {
-    /// The HTTP routes.
+    /// Every route: REST, and the gRPC service and reflection (multiplexed on
+    /// the same listener by path; gRPC needs HTTP/2, which `axum::serve`
+    /// speaks without TLS, as gRPC clients' `h2c`).
     pub router: Router,
+    /// The gRPC routes alone (`labels.v1.Labels`, reflection v1 and v1alpha),
+    /// for a listener of their own (`idemkit serve --grpc-listen`); `None`
+    /// with keys in Redis, where only REST is served.
+    pub grpc: Option<Router>,
     /// The key store, for the completer and the reaper.
     pub keys: Arc<dyn idemkit_core::KeyStore>,
 }
@@ -727,6 +313,45 @@ impl std::fmt::Debug for Service {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Service").finish_non_exhaustive()
     }
+}
+
+/// The gRPC routes over `app`: `labels.v1.Labels` behind `idemkit-tonic`'s
+/// layer (the same key store and route policy as `POST /labels`; the key in
+/// `CreateLabelRequest.idempotency_key`, or `idempotency-key` metadata), and
+/// server reflection (v1 and v1alpha).
+fn grpc_routes<S: db::LabelsDb>(
+    app: App<S>,
+    config: &idemkit_tower::config::IdemkitConfig,
+) -> anyhow::Result<Router> {
+    use tower::{Layer, ServiceExt};
+    let route = config
+        .route("POST", "/labels")
+        .context("the configuration has no `POST /labels` route")?;
+    let layer = idemkit_tonic::IdempotencyLayer::builder(app.keys.clone())
+        .policy(route.policy())
+        .resolver(app.tokens.clone())
+        .unary_with_key_field(crate::proto::CREATE_LABEL, crate::proto::KEY_FIELD_NUMBER)
+        .max_request_message(64 * 1024)
+        .build()?;
+    let labels = layer
+        .layer(crate::proto::labels_server::LabelsServer::new(grpc::LabelsGrpc {
+            app,
+        }))
+        .map_request(|r: http::Request<axum::body::Body>| r.map(tonic::body::Body::new));
+    let reflection = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(crate::proto::FILE_DESCRIPTOR_SET)
+    };
+    Ok(Router::new()
+        .route_service(&format!("/{}/{{*method}}", crate::proto::SERVICE), labels)
+        .route_service(
+            "/grpc.reflection.v1.ServerReflection/{*method}",
+            reflection().build_v1()?,
+        )
+        .route_service(
+            "/grpc.reflection.v1alpha.ServerReflection/{*method}",
+            reflection().build_v1alpha()?,
+        ))
 }
 
 /// Opens the database, creates the tables and builds the routes.
@@ -757,38 +382,13 @@ pub async fn build(config: LabelsConfig) -> anyhow::Result<Service> {
         )
         .fallback(idemkit_tower::not_found)
         .method_not_allowed_fallback(idemkit_tower::method_not_allowed);
-    // The same routes over either store; only the handler instances differ.
-    macro_rules! mount {
-        ($store:expr, $keys:expr, $table:expr, $create:ident, $get:ident, $track:ident) => {{
-            let store = $store;
-            let keys = $keys;
-            sqlx::query($table).execute(store.pool()).await?;
-            let layer = idempotency(keys.clone(), tokens.clone(), &idem)?;
-            let keys: Arc<dyn idemkit_core::KeyStore> = keys;
-            let app = App {
-                store: store.clone(),
-                keys: keys.clone(),
-                tokens,
-                courier_url: config.courier_url,
-                courier,
-                http,
-            };
-            let router = Router::new()
-                .route("/labels", post($create).layer(layer))
-                .route("/labels/{id}", get($get))
-                .route("/tracking/{id}", get($track))
-                .with_state(app)
-                .merge(common);
-            Ok(Service { router, keys })
-        }};
-    }
     let schema = config
         .pg_schema
         .clone()
         .or_else(|| std::env::var("IDEMKIT_PG_SCHEMA").ok())
         .unwrap_or_else(|| DEFAULT_PG_SCHEMA.into());
     let rows = idemkit::open_store(&config.database, &OpenOptions::new().with_pg_schema(schema)).await?;
-    let keys = match config.keys.as_deref().filter(|k| !k.is_empty()) {
+    let separate_keys = match config.keys.as_deref().filter(|k| !k.is_empty()) {
         None => None,
         Some(url) if idemkit::StoreKind::of(url) == idemkit::StoreKind::Redis => {
             let (base, prefix) = redis_prefix(url)?;
@@ -800,7 +400,7 @@ pub async fn build(config: LabelsConfig) -> anyhow::Result<Service> {
                 .await
                 .context("connecting to the Redis key store")?
             {
-                OpenedStore::Redis(keys) => Some(keys),
+                OpenedStore::Redis(keys) => Some(keys as Arc<dyn idemkit_core::KeyStore>),
                 other => anyhow::bail!("{url} opened {}, not Redis", other.kind()),
             }
         }
@@ -809,39 +409,74 @@ pub async fn build(config: LabelsConfig) -> anyhow::Result<Service> {
              store the keys live with the labels rows: leave the key store URL out"
         ),
     };
-    match (rows, keys) {
-        (OpenedStore::Postgres(store), None) => {
-            mount!(store.clone(), store, sql::TABLE_PG, create_pg, get_pg, track_pg)
-        }
-        (OpenedStore::Sqlite(store), None) => {
-            mount!(
-                store.clone(),
-                store,
-                sql::TABLE_SQLITE,
-                create_sqlite,
-                get_sqlite,
-                track_sqlite
-            )
-        }
-        (OpenedStore::Postgres(store), Some(keys)) => {
-            mount!(store, keys, sql::TABLE_PG, create_keyed_pg, get_pg, track_pg)
-        }
-        (OpenedStore::Sqlite(store), Some(keys)) => {
-            mount!(
-                store,
-                keys,
-                sql::TABLE_SQLITE,
-                create_keyed_sqlite,
-                get_sqlite,
-                track_sqlite
-            )
-        }
-        (other, _) => anyhow::bail!(
+    let parts = Prepared {
+        tokens,
+        courier_url: config.courier_url,
+        courier,
+        http,
+        idem,
+        common,
+    };
+    match rows {
+        OpenedStore::Postgres(store) => mount(store, separate_keys, parts).await,
+        OpenedStore::Sqlite(store) => mount(store, separate_keys, parts).await,
+        other => anyhow::bail!(
             "the labels service keeps its labels rows in SQLite or PostgreSQL; {} is not one \
              (to keep the keys in Redis, pass the Redis URL as the key store and a SQL database for the rows)",
             other.kind()
         ),
     }
+}
+
+/// What [`build`] prepared for [`mount`].
+struct Prepared {
+    tokens: Tokens,
+    courier_url: String,
+    courier: reqwest_middleware::ClientWithMiddleware,
+    http: reqwest::Client,
+    idem: idemkit_tower::config::IdemkitConfig,
+    common: Router,
+}
+
+/// The routes over one labels database, with the keys in it (REST and gRPC)
+/// or in `separate_keys` (REST only).
+async fn mount<S: db::LabelsDb>(
+    store: Arc<S>,
+    separate_keys: Option<Arc<dyn idemkit_core::KeyStore>>,
+    parts: Prepared,
+) -> anyhow::Result<Service> {
+    store.create_table().await?;
+    let in_rows = separate_keys.is_none();
+    let keys = separate_keys.unwrap_or_else(|| store.clone() as Arc<dyn idemkit_core::KeyStore>);
+    let layer = idempotency(keys.clone(), parts.tokens.clone(), &parts.idem)?;
+    let app = App {
+        store,
+        keys: keys.clone(),
+        tokens: parts.tokens,
+        courier_url: parts.courier_url,
+        courier: parts.courier,
+        http: parts.http,
+    };
+    let create = if in_rows {
+        post(create::create::<S>)
+    } else {
+        post(create::create_keyed::<S>)
+    };
+    let grpc = if in_rows {
+        Some(grpc_routes(app.clone(), &parts.idem)?)
+    } else {
+        None
+    };
+    let mut router = Router::new()
+        .route("/labels", create.layer(layer))
+        .route("/labels/{id}", get(read::get::<S>))
+        .route("/tracking/{id}", get(read::track::<S>))
+        .with_state(app)
+        .merge(parts.common);
+    if let Some(grpc) = &grpc {
+        router = router.merge(grpc.clone());
+    }
+    Ok(Service { router, grpc, keys })
 }
 
 /// A Redis key store URL without its `prefix` query parameter, and the key

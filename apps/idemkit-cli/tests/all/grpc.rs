@@ -1,0 +1,318 @@
+//! The labels contract over gRPC, with real processes: `idemkit serve` and
+//! `idemkit courier` from the built binary, called with the generated tonic
+//! client (`labels.v1.Labels`) over HTTP/2.
+
+use std::time::Duration;
+
+use idemkit_labels::proto::labels_client::LabelsClient;
+use idemkit_labels::proto::{self, CreateLabelRequest, GetLabelRequest};
+use prost::Message;
+use tonic::transport::Channel;
+use tonic::{Code, Request, Status};
+use tonic_types::StatusExt;
+
+use crate::labels::{Labels, body};
+
+const TOKEN: &str = "demo-token-acme";
+
+async fn client(base: &str) -> LabelsClient<Channel> {
+    let channel = Channel::from_shared(base.to_owned())
+        .unwrap()
+        .connect()
+        .await
+        .expect("connect over h2c");
+    LabelsClient::new(channel)
+}
+
+/// The REST fixture body as the gRPC request (its proto3 JSON mapping).
+fn create(key: &str) -> CreateLabelRequest {
+    proto::from_json(&body(key, "GB").to_string()).expect("the REST body is the request's JSON mapping")
+}
+
+fn call<T>(message: T, token: &str) -> Request<T> {
+    let mut req = Request::new(message);
+    req.metadata_mut()
+        .insert("authorization", format!("Bearer {token}").parse().unwrap());
+    req.set_timeout(Duration::from_secs(20));
+    req
+}
+
+fn reason(status: &Status) -> String {
+    status
+        .get_error_details()
+        .error_info()
+        .map(|i| i.reason.clone())
+        .unwrap_or_default()
+}
+
+/// One answer, reduced to what a replay must reproduce.
+#[derive(Debug, PartialEq)]
+enum Answer {
+    Ok { bytes: Vec<u8>, replayed: bool },
+    Err { code: Code, reason: String },
+}
+
+async fn create_label(c: &mut LabelsClient<Channel>, message: CreateLabelRequest) -> Answer {
+    match c.create_label(call(message, TOKEN)).await {
+        Ok(res) => Answer::Ok {
+            replayed: res
+                .metadata()
+                .get("idempotent-replayed")
+                .is_some_and(|v| v == "true"),
+            bytes: res.into_inner().encode_to_vec(),
+        },
+        Err(s) => Answer::Err {
+            code: s.code(),
+            reason: reason(&s),
+        },
+    }
+}
+
+async fn shipments(labels: &Labels) -> u64 {
+    labels.stats().await["shipments"].as_u64().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sixty_four_concurrent_calls_with_one_key_make_one_label_and_one_shipment() {
+    let labels = Labels::start();
+    let c = client(&labels.base).await;
+    let message = create("grpc-64");
+    let answers = futures::future::join_all((0..64).map(|_| {
+        let mut c = c.clone();
+        let m = message.clone();
+        async move { create_label(&mut c, m).await }
+    }))
+    .await;
+    let mut winner: Option<Vec<u8>> = None;
+    let (mut ok, mut aborted) = (0, 0);
+    for a in &answers {
+        match a {
+            Answer::Ok { bytes, .. } => {
+                ok += 1;
+                match &winner {
+                    Some(w) => assert_eq!(w, bytes, "every OK answer is the winner's label, byte for byte"),
+                    None => winner = Some(bytes.clone()),
+                }
+            }
+            Answer::Err {
+                code: Code::Aborted,
+                reason,
+            } => {
+                assert_eq!(reason, "idempotency_request_in_progress");
+                aborted += 1;
+            }
+            other => panic!("unexpected answer {other:?}"),
+        }
+    }
+    assert!(ok >= 1, "{answers:?}");
+    assert_eq!(ok + aborted, 64);
+    assert_eq!(shipments(&labels).await, 1, "one courier shipment");
+    // After the fact, a retry is the stored answer, marked.
+    let mut c2 = c.clone();
+    let again = create_label(&mut c2, message).await;
+    let Answer::Ok { bytes, replayed } = again else {
+        panic!("{again:?}")
+    };
+    assert!(replayed, "a retry is marked idempotent-replayed");
+    assert_eq!(Some(bytes.clone()), winner, "the replay is byte-identical");
+    let label = proto::Label::decode(bytes.as_slice()).unwrap();
+    assert_eq!(label.status, "created");
+    // The same label over REST, and its JSON mapping is the REST document.
+    let rest: serde_json::Value = reqwest::Client::new()
+        .get(format!("{}/labels/{}", labels.base, label.id))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let mapped: serde_json::Value = serde_json::from_str(&proto::to_json(&label)).unwrap();
+    for (k, v) in mapped.as_object().unwrap() {
+        assert_eq!(&rest[k], v, "field {k}: REST {rest} vs gRPC {mapped}");
+    }
+    let got = c
+        .clone()
+        .get_label(call(GetLabelRequest { id: label.id.clone() }, TOKEN))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(got, label);
+    assert_eq!(shipments(&labels).await, 1);
+}
+
+#[tokio::test]
+async fn refusals_carry_the_stable_codes() {
+    let labels = Labels::start();
+    let mut c = client(&labels.base).await;
+    assert!(matches!(
+        create_label(&mut c, create("grpc-reuse")).await,
+        Answer::Ok { replayed: false, .. }
+    ));
+    // The same key with another request.
+    let mut other = create("grpc-reuse");
+    other.parcel.as_mut().unwrap().weight_grams += 1;
+    assert_eq!(
+        create_label(&mut c, other).await,
+        Answer::Err {
+            code: Code::FailedPrecondition,
+            reason: "idempotency_key_reused".into()
+        }
+    );
+    // No key in the field and none in metadata.
+    assert_eq!(
+        create_label(&mut c, create("")).await,
+        Answer::Err {
+            code: Code::InvalidArgument,
+            reason: "idempotency_key_missing".into()
+        }
+    );
+    // A key with a control character.
+    assert_eq!(
+        create_label(&mut c, create("bad\u{7}key")).await,
+        Answer::Err {
+            code: Code::InvalidArgument,
+            reason: "idempotency_key_invalid".into()
+        }
+    );
+    // An invalid label: validated like the REST body, nothing stored.
+    let mut bad = create("grpc-bad-country");
+    bad.ship_to.as_mut().unwrap().country = "XX".into();
+    assert_eq!(
+        create_label(&mut c, bad).await,
+        Answer::Err {
+            code: Code::InvalidArgument,
+            reason: "validation_failed".into()
+        }
+    );
+    // The key in metadata when the field is empty.
+    let mut req = call(create(""), TOKEN);
+    req.metadata_mut()
+        .insert("idempotency-key", "grpc-meta".parse().unwrap());
+    assert!(c.create_label(req).await.is_ok());
+    // A wrong token.
+    let s = c.create_label(call(create("grpc-x"), "nope")).await.unwrap_err();
+    assert_eq!(s.code(), Code::Unauthenticated);
+    assert_eq!(shipments(&labels).await, 2);
+}
+
+#[tokio::test]
+async fn the_client_deadline_reaches_the_courier_as_the_remainder() {
+    // The service's own courier deadline (10 s) is longer than the caller's.
+    let labels = Labels::start_with_defaults();
+    let mut c = client(&labels.base).await;
+    let deadline = || async {
+        let v: serde_json::Value = reqwest::get(format!("{}/_deadline", labels.courier))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        v["lastRequestTimeoutMs"]
+            .as_u64()
+            .expect("the courier saw a Request-Timeout")
+    };
+    let mut req = call(create("grpc-deadline"), TOKEN);
+    req.set_timeout(Duration::from_secs(2));
+    c.create_label(req).await.expect("created within 2 s");
+    let seen = deadline().await;
+    assert!(
+        seen > 0 && seen <= 2000,
+        "the courier got {seen} ms: only what was left of the caller's 2 s"
+    );
+    // Control: without a caller deadline the courier gets the service's own.
+    let mut req = call(create("grpc-no-deadline"), TOKEN);
+    req.set_timeout(Duration::from_secs(60));
+    c.create_label(req).await.unwrap();
+    let seen = deadline().await;
+    assert!(seen > 2000 && seen <= 10_000, "{seen}");
+}
+
+#[tokio::test]
+async fn reflection_lists_the_service_on_the_grpc_listener() {
+    use tonic_reflection::pb::{v1, v1alpha};
+    let mut labels = Labels::courier_only();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    labels.extra_args = vec!["--grpc-listen".into(), format!("127.0.0.1:{port}")];
+    labels.start_service(&[]);
+    let base = format!("http://127.0.0.1:{port}");
+    let channel = Channel::from_shared(base.clone())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let request = v1::ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(v1::server_reflection_request::MessageRequest::ListServices(
+            String::new(),
+        )),
+    };
+    let mut stream = v1::server_reflection_client::ServerReflectionClient::new(channel.clone())
+        .server_reflection_info(futures::stream::iter([request]))
+        .await
+        .unwrap()
+        .into_inner();
+    let listed = format!("{:?}", stream.message().await.unwrap().unwrap());
+    assert!(listed.contains(proto::SERVICE), "{listed}");
+    let request = v1alpha::ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(
+            v1alpha::server_reflection_request::MessageRequest::FileContainingSymbol(
+                "labels.v1.CreateLabelRequest".into(),
+            ),
+        ),
+    };
+    let mut stream = v1alpha::server_reflection_client::ServerReflectionClient::new(channel)
+        .server_reflection_info(futures::stream::iter([request]))
+        .await
+        .unwrap()
+        .into_inner();
+    let file = format!("{:?}", stream.message().await.unwrap().unwrap());
+    assert!(file.contains("FileDescriptorResponse"), "{file}");
+    // The API itself on the gRPC listener.
+    let mut c = client(&base).await;
+    assert!(matches!(
+        create_label(&mut c, create("grpc-own-port")).await,
+        Answer::Ok { .. }
+    ));
+}
+
+#[cfg(feature = "failpoints")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_mid_call_then_restart_and_retry_makes_one_label() {
+    for boundary in ["idemkit::after_intent", "idemkit::after_call"] {
+        let mut labels = Labels::courier_only();
+        labels.start_service(&[("IDEMKIT_CRASH_AT", boundary)]);
+        let base = labels.base.clone();
+        let message = create("grpc-crash");
+        let first = tokio::spawn({
+            let m = message.clone();
+            async move {
+                let mut c = client(&base).await;
+                c.create_label(call(m, TOKEN)).await
+            }
+        });
+        labels.wait_line(&format!("CRASHPOINT {boundary}"));
+        labels.kill9();
+        assert!(first.await.unwrap().is_err(), "the call died with the process");
+        labels.start_service(&[]);
+        let mut c = client(&labels.base).await;
+        // The lease (400 ms) must lapse before the retry takes the request over.
+        let label = loop {
+            match c.create_label(call(message.clone(), TOKEN)).await {
+                Ok(res) => break res.into_inner(),
+                Err(s) if s.code() == Code::Aborted => tokio::time::sleep(Duration::from_millis(200)).await,
+                Err(s) => panic!("{boundary}: {s:?}"),
+            }
+        };
+        assert_eq!(label.status, "created", "{boundary}");
+        assert_eq!(shipments(&labels).await, 1, "{boundary}: one courier shipment");
+        let rows = crate::labels::label_rows(&labels, "grpc-crash").await;
+        assert_eq!(rows.len(), 1, "{boundary}: one label row: {rows:?}");
+        assert_eq!(rows[0].id, label.id, "{boundary}");
+    }
+}

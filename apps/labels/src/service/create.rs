@@ -1,0 +1,337 @@
+//! Creating a label: one flow (a label row, then the courier call with the
+//! step's downstream key and the caller's remaining time), finished by each
+//! protocol: `POST /labels` here, `CreateLabel` in [`super::grpc`].
+
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use http::StatusCode;
+use idemkit_client::{CallDeadline, ReqwestRetryError};
+use idemkit_core::{ErrorCode, Problem};
+use idemkit_tower::{
+    CallError, Downstream, IdempotencyContext, Outcome, PhaseError, Phases, ProblemResponse,
+};
+
+use super::db::{LabelsDb, NewLabel};
+use super::keyed::KeyedPhases;
+use super::{App, CreateLabel, Label, LabelError, Shipment};
+
+/// How the courier call ended, when it did not produce a shipment.
+#[derive(Debug)]
+pub(super) enum CourierFailure {
+    /// The courier refused the label for good (bad address, …).
+    Rejected(LabelError),
+    /// The courier was unavailable through every retry the deadline allowed.
+    Transient(String),
+}
+
+/// What the courier step came to.
+pub(super) enum Booked {
+    /// Booked: the label is created.
+    Created(Shipment),
+    /// Refused for good: stored and replayed; a corrected request needs a new key.
+    Rejected(LabelError),
+    /// Unavailable: the label is failed for now and a retry with the same key
+    /// re-attempts the courier with the same downstream key.
+    Transient(LabelError),
+}
+
+impl Booked {
+    fn of(booked: Result<Shipment, PhaseError<CourierFailure>>) -> Result<Self, PhaseError<Problem>> {
+        match booked {
+            Ok(s) => Ok(Self::Created(s)),
+            Err(PhaseError::Call(CourierFailure::Rejected(e))) => Ok(Self::Rejected(e)),
+            Err(PhaseError::Call(CourierFailure::Transient(message))) => Ok(Self::Transient(LabelError {
+                code: "courier_unavailable".into(),
+                message,
+                retryable: true,
+            })),
+            Err(other) => Err(other.map_work(|e| internal(format!("{e:?}")))),
+        }
+    }
+
+    /// The label as this outcome leaves it.
+    pub(super) fn apply(&self, label: &mut Label) {
+        match self {
+            Self::Created(s) => {
+                label.status = "created".into();
+                label.courier_order_number = Some(s.order_number.clone());
+                label.courier_tracking_number = Some(s.tracking_number.clone());
+            }
+            Self::Rejected(e) | Self::Transient(e) => {
+                label.status = "failed".into();
+                label.error = Some(e.clone());
+            }
+        }
+    }
+}
+
+/// An internal failure as a problem.
+pub(super) fn internal(e: impl std::fmt::Display) -> Problem {
+    Problem::new(ErrorCode::Internal, format!("internal failure: {e}"))
+}
+
+fn courier_name(req: &CreateLabel) -> String {
+    serde_json::to_value(req.courier)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default()
+}
+
+fn new_label(id: &str, req: &CreateLabel) -> Label {
+    Label {
+        id: id.to_owned(),
+        status: "pending".into(),
+        courier: courier_name(req),
+        courier_order_number: None,
+        courier_tracking_number: None,
+        error: None,
+    }
+}
+
+/// The step of the label row marked failed for an unavailable courier: one per
+/// attempt (its token), so every attempt records its own.
+pub(super) fn courier_failed_step(ctx: &IdempotencyContext) -> String {
+    format!("courier-failed-{}", ctx.token.0)
+}
+
+/// Books the shipment with the courier, with `key` (the step's downstream key)
+/// and at most `remaining` (the caller's time left) for the whole call,
+/// retries included.
+async fn book(
+    app: &App<impl Send + Sync>,
+    key: &str,
+    label_id: &str,
+    req: &CreateLabel,
+    remaining: Option<Duration>,
+) -> Result<Shipment, CallError<CourierFailure>> {
+    if remaining == Some(Duration::ZERO) {
+        return Err(CallError::NotExecuted(CourierFailure::Transient(
+            "the caller's deadline passed before the courier was called".into(),
+        )));
+    }
+    let body = serde_json::json!({
+        "reference": label_id, "courier": req.courier, "shipFrom": req.ship_from, "shipTo": req.ship_to, "parcel": req.parcel,
+    });
+    let mut call = app
+        .courier
+        .post(format!("{}/shipments", app.courier_url))
+        .header("idempotency-key", key)
+        .header("content-type", "application/json")
+        .body(body.to_string());
+    if let Some(left) = remaining {
+        call = call.with_extension(CallDeadline(left));
+    }
+    match call.send().await {
+        Ok(res) if res.status().is_success() => res
+            .json()
+            .await
+            .map_err(|e| CallError::Unknown(CourierFailure::Transient(format!("courier answer: {e}")))),
+        Ok(res) if res.status().is_client_error() => {
+            let status = res.status();
+            let problem: serde_json::Value = res.json().await.unwrap_or_default();
+            Err(CallError::NotExecuted(CourierFailure::Rejected(LabelError {
+                code: problem["code"].as_str().unwrap_or("courier_rejected").to_owned(),
+                message: format!(
+                    "the courier rejected the label ({status}): {}; correct the request and send it with a new idempotency key",
+                    problem["detail"].as_str().unwrap_or("no detail")
+                ),
+                retryable: false,
+            })))
+        }
+        Ok(res) => Err(CallError::NotExecuted(CourierFailure::Transient(format!(
+            "courier answered {}",
+            res.status()
+        )))),
+        Err(reqwest_middleware::Error::Middleware(e)) => {
+            let message = format!("courier unavailable: {e}");
+            match e.downcast_ref::<ReqwestRetryError>().map(|r| r.outcome()) {
+                // It answered (503 …): nothing was created.
+                Some(idemkit_client::Outcome::Answered(_)) | Some(idemkit_client::Outcome::NotSent) => {
+                    Err(CallError::NotExecuted(CourierFailure::Transient(message)))
+                }
+                _ => Err(CallError::Unknown(CourierFailure::Transient(message))),
+            }
+        }
+        Err(e) => Err(CallError::Unknown(CourierFailure::Transient(format!(
+            "courier unreachable: {e}"
+        )))),
+    }
+}
+
+/// The steps both protocols share, with the keys in the labels rows' database:
+/// the label row (phase `label`), then the courier call (external step
+/// `courier`, keyed, within the caller's remaining time). The caller finishes
+/// with the label's final write.
+pub(super) async fn label_and_courier<S: LabelsDb>(
+    app: &App<S>,
+    ctx: &IdempotencyContext,
+    req: &CreateLabel,
+    request_json: &str,
+) -> Result<(Phases<S>, Label, Booked), PhaseError<Problem>> {
+    let account = ctx.scope.account.as_str();
+    let courier = courier_name(req);
+    let mut phases = Phases::begin(app.store.clone(), ctx).await?;
+    let label_id: String = phases
+        .phase("label", async |tx| {
+            let id = format!("lbl_{}", uuid::Uuid::new_v4().simple());
+            let row = NewLabel {
+                id: &id,
+                account,
+                courier: &courier,
+                request: request_json,
+                created_at: now_ms(),
+            };
+            S::insert(tx, &row).await.map_err(internal)?;
+            Ok(id)
+        })
+        .await?;
+    let booked = phases
+        .external_with_deadline("courier", Downstream::HonoursKeys, async |key, left| {
+            book(app, key.as_str(), &label_id, req, left).await
+        })
+        .await;
+    let booked = Booked::of(booked)?;
+    Ok((phases, new_label(&label_id, req), booked))
+}
+
+fn label_response(status: StatusCode, label: &Label) -> Response {
+    (status, axum::Json(label)).into_response()
+}
+
+fn failed(e: impl std::fmt::Display) -> Response {
+    ProblemResponse::from(internal(e)).into_response()
+}
+
+fn rest_error(e: PhaseError<Problem>) -> PhaseError<Response> {
+    e.map_work(|p| ProblemResponse::from(p).into_response())
+}
+
+/// `POST /labels` with the keys in the labels rows' database: every step
+/// commits with its recovery point, and the final write commits with the
+/// stored answer.
+pub(super) async fn create<S: LabelsDb>(
+    State(app): State<App<S>>,
+    ctx: IdempotencyContext,
+    body: Bytes,
+) -> Result<Response, PhaseError<Response>> {
+    // Validated before the key was looked up; parsing again cannot fail.
+    let req = CreateLabel::parse(&body).map_err(|p| PhaseError::Work(p.into_response()))?;
+    let (mut phases, mut label, booked) =
+        label_and_courier(&app, &ctx, &req, &String::from_utf8_lossy(&body))
+            .await
+            .map_err(rest_error)?;
+    booked.apply(&mut label);
+    let error_json = serde_json::to_string(&label.error).unwrap_or_default();
+    match &booked {
+        Booked::Created(s) => {
+            phases
+                .finish("created", async |tx| {
+                    S::mark_created(tx, &label.id, s).await.map_err(failed)?;
+                    Ok(label_response(StatusCode::CREATED, &label))
+                })
+                .await
+        }
+        Booked::Rejected(_) => {
+            phases
+                .finish("rejected", async |tx| {
+                    S::mark_failed(tx, &label.id, &error_json).await.map_err(failed)?;
+                    Ok(label_response(StatusCode::BAD_GATEWAY, &label))
+                })
+                .await
+        }
+        Booked::Transient(_) => {
+            phases
+                .phase(&courier_failed_step(&ctx), async |tx| {
+                    S::mark_failed(tx, &label.id, &error_json).await.map_err(failed)
+                })
+                .await?;
+            Ok((
+                Outcome::Retryable,
+                label_response(StatusCode::BAD_GATEWAY, &label),
+            )
+                .into_response())
+        }
+    }
+}
+
+/// `POST /labels` with the keys in a store that is not the labels rows'
+/// database (Redis): the same steps and answers as [`create`], with each SQL
+/// write committed on its own, keyed by the step's downstream key (or guarded
+/// by the row's status), before its result is recorded with the fenced
+/// `KeyStore::advance`; the layer stores the response (see `docs/redis.md`).
+pub(super) async fn create_keyed<S: LabelsDb>(
+    State(app): State<App<S>>,
+    ctx: IdempotencyContext,
+    body: Bytes,
+) -> Result<Response, PhaseError<Response>> {
+    let req = CreateLabel::parse(&body).map_err(|p| PhaseError::Work(p.into_response()))?;
+    let account = ctx.scope.account.as_str();
+    let courier = courier_name(&req);
+    let request = String::from_utf8_lossy(&body);
+    let mut phases = KeyedPhases::begin(app.keys.clone(), &ctx).await?;
+    let label_id: String = phases
+        .phase("label", async |key| {
+            let id = format!("lbl_{}", key.as_str());
+            let row = NewLabel {
+                id: &id,
+                account,
+                courier: &courier,
+                request: &request,
+                created_at: now_ms(),
+            };
+            app.store.insert_keyed(&row).await.map_err(failed)?;
+            Ok(id)
+        })
+        .await?;
+    let booked = phases
+        .external("courier", async |key| {
+            book(&app, key.as_str(), &label_id, &req, ctx.remaining()).await
+        })
+        .await;
+    let booked = Booked::of(booked).map_err(rest_error)?;
+    let mut label = new_label(&label_id, &req);
+    booked.apply(&mut label);
+    let error_json = serde_json::to_string(&label.error).unwrap_or_default();
+    match &booked {
+        Booked::Created(s) => {
+            // The same values on every attempt (the courier replays the
+            // shipment for the same key): idempotent as it stands.
+            app.store
+                .mark_created_keyed(&label.id, s)
+                .await
+                .map_err(|e| PhaseError::Work(failed(e)))?;
+            fail::fail_point!("labels::after_finish_write");
+            Ok(label_response(StatusCode::CREATED, &label))
+        }
+        Booked::Rejected(_) => {
+            app.store
+                .mark_failed_unless_created(&label.id, &error_json)
+                .await
+                .map_err(|e| PhaseError::Work(failed(e)))?;
+            Ok(label_response(StatusCode::BAD_GATEWAY, &label))
+        }
+        Booked::Transient(_) => {
+            app.store
+                .mark_failed_unless_created(&label.id, &error_json)
+                .await
+                .map_err(|e| PhaseError::Work(failed(e)))?;
+            // Fenced: a stale attempt learns here that it lost the key.
+            phases.mark::<Response>(&courier_failed_step(&ctx)).await?;
+            Ok((
+                Outcome::Retryable,
+                label_response(StatusCode::BAD_GATEWAY, &label),
+            )
+                .into_response())
+        }
+    }
+}
+
+pub(super) fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}

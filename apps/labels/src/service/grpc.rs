@@ -1,0 +1,216 @@
+//! `labels.v1.Labels` over gRPC: the same flow, store, accounts, courier and
+//! recovery points as the REST routes, behind `idemkit-tonic`'s layer.
+//!
+//! `CreateLabel` answers (ErrorInfo `domain` = [`LABELS_DOMAIN`] for the
+//! label's own outcomes, `idemkit` for the layer's refusals):
+//!
+//! | outcome | REST | gRPC | stored |
+//! |---|---|---|---|
+//! | created | `201` label | `OK` label | yes |
+//! | courier refused the label | `502` failed label | `FAILED_PRECONDITION`, ErrorInfo reason = the courier's code | yes (`final`) |
+//! | courier unavailable | `502` failed label, retryable | `UNAVAILABLE`, reason `courier_unavailable`, RetryInfo | no (`retryable`: a retry resumes) |
+//! | invalid label | `400 validation_failed` | `INVALID_ARGUMENT`, reason `validation_failed` | no |
+
+use std::time::Duration;
+
+use http::HeaderMap;
+use idemkit_core::{Account, Problem};
+use idemkit_tonic::{BearerTokenAccount, MetadataAccountResolver, status_for, with_outcome};
+use idemkit_tower::engine::Outcome;
+use idemkit_tower::{IdempotencyContext, PhaseError};
+use tonic::{Code, Request, Response, Status};
+use tonic_types::{ErrorDetails, StatusExt};
+
+use super::create::{Booked, courier_failed_step, internal, label_and_courier};
+use super::db::LabelsDb;
+use super::{App, CreateLabel, Label, Tokens, read};
+use crate::proto;
+
+/// The ErrorInfo domain of the label's own outcomes (a courier's refusal or
+/// outage), as opposed to the idempotency layer's (`idemkit`).
+pub const LABELS_DOMAIN: &str = "labels.v1";
+
+/// The gRPC service over one labels database.
+pub(super) struct LabelsGrpc<S> {
+    pub(super) app: App<S>,
+}
+
+impl MetadataAccountResolver for Tokens {
+    fn resolve(&self, metadata: &HeaderMap) -> Result<Account, Status> {
+        let token = BearerTokenAccount.resolve(metadata)?;
+        self.0
+            .get(token.as_str())
+            .map(Account::new)
+            .ok_or_else(|| Status::unauthenticated("send `authorization: Bearer <token>` with a valid token"))
+    }
+}
+
+fn status(p: &Problem) -> Status {
+    status_for(p, None)
+}
+
+/// A phase error as the call's status: the layer's mapping for its own
+/// refusals (parked, lease lost, store), marked so the layer leaves a record
+/// the phases already settled as it is.
+fn phase_status(e: PhaseError<Problem>) -> Status {
+    match e {
+        PhaseError::Work(p) | PhaseError::Call(p) => status(&p),
+        PhaseError::Parked(reason) => with_outcome(
+            status(&Problem::new(idemkit_core::ErrorCode::RequestParked, reason)),
+            Outcome::Settled,
+        ),
+        PhaseError::Store(idemkit_core::StoreError::Fenced) => with_outcome(
+            status_for(
+                &Problem::new(
+                    idemkit_core::ErrorCode::LeaseLost,
+                    "this attempt's lease was taken over by a later attempt; retry to get its result",
+                ),
+                Some(Duration::from_secs(1)),
+            ),
+            Outcome::Settled,
+        ),
+        PhaseError::Store(e) => status(&Problem::new(
+            if matches!(e, idemkit_core::StoreError::Unavailable(_)) {
+                idemkit_core::ErrorCode::StoreUnavailable
+            } else {
+                idemkit_core::ErrorCode::Internal
+            },
+            e.to_string(),
+        )),
+        other => status(&internal(format!("{other:?}"))),
+    }
+}
+
+/// A failed label as a status: ErrorInfo with the label's error code and id.
+fn failed_label(code: Code, label: &Label, retry_after: Option<Duration>) -> Status {
+    let error = label.error.clone().unwrap_or_else(|| super::LabelError {
+        code: "failed".into(),
+        message: "the label failed".into(),
+        retryable: false,
+    });
+    let mut details = ErrorDetails::with_error_info(
+        error.code.clone(),
+        LABELS_DOMAIN,
+        [
+            ("label_id".to_owned(), label.id.clone()),
+            ("retryable".to_owned(), error.retryable.to_string()),
+        ],
+    );
+    if let Some(d) = retry_after {
+        details.set_retry_info(Some(d));
+    }
+    Status::with_error_details(code, error.message, details)
+}
+
+/// The label as its message.
+fn to_message(label: &Label) -> proto::Label {
+    proto::Label {
+        id: label.id.clone(),
+        status: label.status.clone(),
+        courier: label.courier.clone(),
+        courier_order_number: label.courier_order_number.clone(),
+        courier_tracking_number: label.courier_tracking_number.clone(),
+        error: label.error.as_ref().map(|e| proto::LabelError {
+            code: e.code.clone(),
+            message: e.message.clone(),
+            retryable: e.retryable,
+        }),
+    }
+}
+
+#[tonic::async_trait]
+impl<S: LabelsDb> proto::labels_server::Labels for LabelsGrpc<S> {
+    async fn create_label(
+        &self,
+        request: Request<proto::CreateLabelRequest>,
+    ) -> Result<Response<proto::Label>, Status> {
+        let ctx = request
+            .extensions()
+            .get::<IdempotencyContext>()
+            .cloned()
+            .ok_or_else(|| Status::internal("CreateLabel runs behind the idempotency layer"))?;
+        // The REST body is this message's JSON mapping: one validation for both.
+        // A key sent as metadata goes into the field, as the layer read it.
+        let mut message = request.into_inner();
+        if message.idempotency_key.is_empty() {
+            message.idempotency_key = ctx.scope.key.as_str().to_owned();
+        }
+        let json = proto::to_json(&message);
+        let req = CreateLabel::parse(json.as_bytes()).map_err(|p| status(&p.problem))?;
+        let (mut phases, mut label, booked) = label_and_courier(&self.app, &ctx, &req, &json)
+            .await
+            .map_err(phase_status)?;
+        booked.apply(&mut label);
+        let error_json = serde_json::to_string(&label.error).unwrap_or_default();
+        // The final write is a phase of its own; the layer stores the answer
+        // (a crash between the two resumes with every step saved).
+        match &booked {
+            Booked::Created(s) => {
+                phases
+                    .phase("created", async |tx| {
+                        S::mark_created(tx, &label.id, s).await.map_err(internal)
+                    })
+                    .await
+                    .map_err(phase_status)?;
+                Ok(Response::new(to_message(&label)))
+            }
+            Booked::Rejected(_) => {
+                phases
+                    .phase("rejected", async |tx| {
+                        S::mark_failed(tx, &label.id, &error_json).await.map_err(internal)
+                    })
+                    .await
+                    .map_err(phase_status)?;
+                Err(with_outcome(
+                    failed_label(Code::FailedPrecondition, &label, None),
+                    Outcome::Final,
+                ))
+            }
+            Booked::Transient(_) => {
+                phases
+                    .phase(&courier_failed_step(&ctx), async |tx| {
+                        S::mark_failed(tx, &label.id, &error_json).await.map_err(internal)
+                    })
+                    .await
+                    .map_err(phase_status)?;
+                Err(with_outcome(
+                    failed_label(Code::Unavailable, &label, Some(Duration::from_secs(1))),
+                    Outcome::Retryable,
+                ))
+            }
+        }
+    }
+
+    async fn get_label(
+        &self,
+        request: Request<proto::GetLabelRequest>,
+    ) -> Result<Response<proto::Label>, Status> {
+        let account = self.app.tokens.resolve(request.metadata().as_ref())?;
+        read::label(&self.app, account.as_str(), &request.get_ref().id)
+            .await
+            .map(|l| Response::new(to_message(&l)))
+            .map_err(|p| status(&p))
+    }
+
+    async fn get_tracking(
+        &self,
+        request: Request<proto::GetTrackingRequest>,
+    ) -> Result<Response<proto::Tracking>, Status> {
+        let account = self.app.tokens.resolve(request.metadata().as_ref())?;
+        let t = read::tracking(&self.app, account.as_str(), &request.get_ref().id)
+            .await
+            .map_err(|p| status(&p))?;
+        Ok(Response::new(proto::Tracking {
+            tracking_number: t.tracking_number,
+            events: t
+                .events
+                .into_iter()
+                .map(|e| proto::TrackingEvent {
+                    at: e.at,
+                    status: e.status,
+                    description: e.description,
+                })
+                .collect(),
+        }))
+    }
+}
