@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use idemkit_client::{IdempotencyKey, RetryConfig, RetryMiddleware};
+use idemkit_labels::proto::{self, labels_client::LabelsClient};
 use serde_json::{Value, json};
 
 /// Arguments of `idemkit demo`.
@@ -428,12 +429,226 @@ async fn play(world: &mut World) -> anyhow::Result<Vec<Row>> {
         (saw.describe(), saw.status == 201)
     });
 
+    play_grpc(world, &mut rows, &db).await?;
+
     for r in &mut rows {
         // Every scenario must end with exactly one label and one shipment, except the
         // mismatch (one request executed) and the validation error (nothing for it).
         r.pass &= r.labels_created == 1 && r.courier_shipments == 1;
     }
     Ok(rows)
+}
+
+/// A gRPC client of the labels service: raw (one call) and retrying
+/// (idemkit's [`GrpcRetryService`](idemkit_client::GrpcRetryService), which
+/// retries `UNAVAILABLE`, `ABORTED` in progress and lost calls with the same key).
+struct GrpcClient {
+    raw: LabelsClient<tonic::transport::Channel>,
+    retrying: LabelsClient<idemkit_client::GrpcRetryService<tonic::transport::Channel>>,
+}
+
+/// What a gRPC call came back with, for the table.
+struct GrpcSaw {
+    label: Option<proto::Label>,
+    code: tonic::Code,
+    reason: String,
+    replayed: bool,
+}
+
+impl GrpcSaw {
+    fn describe(&self) -> String {
+        match &self.label {
+            Some(l) => format!("OK{} {}", if self.replayed { " (replay)" } else { "" }, l.status),
+            None => format!("{:?} {}", self.code, self.reason),
+        }
+    }
+}
+
+fn grpc_request(key: &str, country: &str) -> anyhow::Result<proto::CreateLabelRequest> {
+    // The REST body is the request's proto3 JSON mapping.
+    Ok(proto::from_json(&label_body(key, country).to_string())?)
+}
+
+/// The call: the bearer token, and the key also as metadata so the retrying
+/// client knows the call is protected by one.
+fn grpc_call(
+    message: &proto::CreateLabelRequest,
+) -> anyhow::Result<tonic::Request<proto::CreateLabelRequest>> {
+    let mut req = tonic::Request::new(message.clone());
+    req.metadata_mut()
+        .insert("authorization", "Bearer demo-token-acme".parse()?);
+    req.metadata_mut()
+        .insert("idempotency-key", message.idempotency_key.parse()?);
+    req.set_timeout(Duration::from_secs(10));
+    Ok(req)
+}
+
+fn grpc_saw(result: Result<tonic::Response<proto::Label>, tonic::Status>) -> GrpcSaw {
+    use tonic_types::StatusExt;
+    match result {
+        Ok(res) => GrpcSaw {
+            replayed: res.metadata().get("idempotent-replayed").is_some(),
+            label: Some(res.into_inner()),
+            code: tonic::Code::Ok,
+            reason: String::new(),
+        },
+        Err(s) => GrpcSaw {
+            label: None,
+            code: s.code(),
+            reason: s
+                .get_error_details()
+                .error_info()
+                .map(|i| i.reason.clone())
+                .unwrap_or_default(),
+            replayed: false,
+        },
+    }
+}
+
+impl GrpcClient {
+    async fn connect(base: &str) -> anyhow::Result<Self> {
+        let channel = tonic::transport::Channel::from_shared(base.to_owned())?
+            .connect()
+            .await?;
+        let policy = RetryConfig::new()
+            .with_max_attempts(12)
+            .with_deadline(Duration::from_secs(20));
+        Ok(Self {
+            raw: LabelsClient::new(channel.clone()),
+            retrying: LabelsClient::new(idemkit_client::GrpcRetryService::new(channel, policy)),
+        })
+    }
+
+    async fn create(&self, message: &proto::CreateLabelRequest) -> anyhow::Result<GrpcSaw> {
+        Ok(grpc_saw(self.raw.clone().create_label(grpc_call(message)?).await))
+    }
+
+    async fn create_until_final(&self, message: &proto::CreateLabelRequest) -> anyhow::Result<GrpcSaw> {
+        Ok(grpc_saw(
+            self.retrying.clone().create_label(grpc_call(message)?).await,
+        ))
+    }
+}
+
+/// The same failures over gRPC (`labels.v1.Labels/CreateLabel`, served on the
+/// same port), with the same store, courier and counts.
+async fn play_grpc(world: &mut World, rows: &mut Vec<Row>, db: &Path) -> anyhow::Result<()> {
+    let http = reqwest::Client::new();
+    let key = |name: &str| {
+        IdempotencyKey::derived("demo-grpc", format!("{name}-{}", std::process::id()))
+            .as_str()
+            .to_owned()
+    };
+    let shipments = async |http: &reqwest::Client, courier: &str| -> anyhow::Result<i64> {
+        Ok(courier_json(http, courier, "/_stats", None).await?["shipments"]
+            .as_i64()
+            .unwrap_or(-1))
+    };
+    let mut client = GrpcClient::connect(&world.base()).await?;
+    macro_rules! scenario {
+        ($name:literal, $body:block) => {{
+            let labels_before = count_labels(db).await.unwrap_or(0);
+            let ships_before = shipments(&http, &world.courier).await?;
+            let (saw, ok): (String, bool) = $body;
+            rows.push(Row {
+                scenario: $name,
+                client_saw: saw,
+                labels_created: count_labels(db).await? - labels_before,
+                courier_shipments: shipments(&http, &world.courier).await? - ships_before,
+                pass: ok,
+            });
+        }};
+    }
+
+    scenario!("gRPC: lost response", {
+        let m = grpc_request(&key("lost"), "GB")?;
+        let first = client.create(&m).await?;
+        let retry = client.create(&m).await?;
+        let ok = first.label.is_some() && retry.replayed && retry.label == first.label;
+        (format!("{} then {}", first.describe(), retry.describe()), ok)
+    });
+
+    scenario!("gRPC: 50 concurrent duplicates", {
+        let m = Arc::new(grpc_request(&key("storm"), "GB")?);
+        let tasks: Vec<_> = (0..50)
+            .map(|_| {
+                let (c, m) = (client.raw.clone(), m.clone());
+                tokio::spawn(
+                    async move { anyhow::Ok(grpc_saw(c.clone().create_label(grpc_call(&m)?).await)) },
+                )
+            })
+            .collect();
+        let (mut ok, mut aborted, mut ids) = (0, 0, std::collections::BTreeSet::new());
+        for t in tasks {
+            let s = t.await??;
+            match (&s.label, s.code) {
+                (Some(l), _) => {
+                    ok += 1;
+                    ids.insert(l.id.clone());
+                }
+                (None, tonic::Code::Aborted) => aborted += 1,
+                _ => bail!("unexpected answer {}", s.describe()),
+            }
+        }
+        (
+            format!("{ok}×OK (one label id), {aborted}×ABORTED in progress"),
+            ids.len() == 1,
+        )
+    });
+
+    scenario!("gRPC: payload mismatch", {
+        let k = key("mismatch");
+        let first = client.create(&grpc_request(&k, "GB")?).await?;
+        let other = client.create(&grpc_request(&k, "FR")?).await?;
+        let ok = first.label.is_some()
+            && other.code == tonic::Code::FailedPrecondition
+            && other.reason == "idempotency_key_reused";
+        (format!("{} then {}", first.describe(), other.describe()), ok)
+    });
+
+    scenario!("gRPC: courier UNAVAILABLE then retry", {
+        let m = grpc_request(&key("outage"), "GB")?;
+        courier_json(
+            &http,
+            &world.courier,
+            "/_faults",
+            Some(json!({"failNext": 100, "status": 503})),
+        )
+        .await?;
+        let failed = client.create(&m).await?;
+        courier_json(&http, &world.courier, "/_faults", Some(json!({"reset": true}))).await?;
+        let retry = client.create_until_final(&m).await?;
+        let ok = failed.code == tonic::Code::Unavailable
+            && failed.reason == "courier_unavailable"
+            && retry.label.is_some();
+        (format!("{} then {}", failed.describe(), retry.describe()), ok)
+    });
+
+    scenario!("gRPC: server killed mid-call", {
+        let m = grpc_request(&key("killed"), "GB")?;
+        courier_json(
+            &http,
+            &world.courier,
+            "/_faults",
+            Some(json!({"latencyMs": 1500})),
+        )
+        .await?;
+        let in_flight = tokio::spawn({
+            let (c, m) = (client.raw.clone(), m.clone());
+            async move { anyhow::Ok(grpc_saw(c.clone().create_label(grpc_call(&m)?).await)) }
+        });
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        world.kill_service();
+        let lost = in_flight.await??.label.is_none();
+        courier_json(&http, &world.courier, "/_faults", Some(json!({"reset": true}))).await?;
+        world.start_service()?;
+        client = GrpcClient::connect(&world.base()).await?;
+        let retry = client.create_until_final(&m).await?;
+        let again = client.create(&m).await?;
+        let ok = lost && retry.label.is_some() && again.replayed && again.label == retry.label;
+        (format!("call lost, then {}", retry.describe()), ok)
+    });
+    Ok(())
 }
 
 /// Runs the demo.

@@ -316,3 +316,50 @@ async fn sigkill_mid_call_then_restart_and_retry_makes_one_label() {
         assert_eq!(rows[0].id, label.id, "{boundary}");
     }
 }
+
+/// A call abandoned by a crash is finished by the restarted service's
+/// completer, with no client retry; the client's later call is the replay.
+#[cfg(feature = "failpoints")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_completer_finishes_an_abandoned_call_with_no_retry() {
+    let mut labels = Labels::courier_only();
+    labels.start_service(&[("IDEMKIT_CRASH_AT", "idemkit::after_intent")]);
+    let base = labels.base.clone();
+    let message = create("grpc-completer");
+    let first = tokio::spawn({
+        let m = message.clone();
+        async move { client(&base).await.create_label(call(m, TOKEN)).await }
+    });
+    labels.wait_line("CRASHPOINT idemkit::after_intent");
+    labels.kill9();
+    assert!(first.await.unwrap().is_err());
+    assert_eq!(
+        shipments(&labels).await,
+        0,
+        "the crash came before the courier call"
+    );
+    labels.start_service(&[]);
+    let started = std::time::Instant::now();
+    let row = loop {
+        let rows = crate::labels::label_rows(&labels, "grpc-completer").await;
+        if rows.first().is_some_and(|r| r.status == "created") {
+            break rows[0].clone();
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "not completed: {rows:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(shipments(&labels).await, 1);
+    let mut c = client(&labels.base).await;
+    let Answer::Ok { bytes, replayed } = create_label(&mut c, message).await else {
+        panic!("the stored answer")
+    };
+    assert!(
+        replayed,
+        "the completer stored the answer; the client's call replays it"
+    );
+    assert_eq!(proto::Label::decode(bytes.as_slice()).unwrap().id, row.id);
+    assert_eq!(shipments(&labels).await, 1);
+}

@@ -492,7 +492,7 @@ async fn openapi_describes_the_contract() {
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct LabelRow {
     pub(crate) id: String,
-    status: String,
+    pub(crate) status: String,
     order: Option<String>,
     tracking: Option<String>,
     shipment: Option<i64>,
