@@ -50,7 +50,7 @@ use idemkit_tower::engine::{
     Attempt, Disposition, Engine, Finished, Incoming, Refusal, key_from_json, key_problem, replay_status,
 };
 use idemkit_tower::{IDEMPOTENT_REPLAYED, ProblemResponse};
-use sha2::{Digest, Sha256};
+use sha2::Sha256;
 
 /// The recovery point recorded just before a request is forwarded: the upstream
 /// may have executed it. A record found here without an answer is re-sent only
@@ -465,9 +465,8 @@ impl Proxy {
         let res = match sent {
             Ok(Ok(res)) => res,
             Ok(Err(e)) if e.is_connect() => {
-                // Nothing was sent: the next attempt may forward.
-                self.mark_unstored(&scope, token, "not-sent").await;
-                attempt.settle(None, Disposition::Abandon).await;
+                // Nothing was sent: the key is free again.
+                self.withdraw(attempt, "not-sent").await;
                 return bad_gateway(&e);
             }
             Ok(Err(e)) => {
@@ -489,12 +488,30 @@ impl Proxy {
         match Disposition::of(status, None, &policy) {
             Disposition::Store => store_response(attempt, res).await,
             _ => {
-                // Validation-class 4xx, or 5xx under `retry`: not stored. The
-                // recorded intent keeps the record resumable, so it is marked
-                // answered and its lease ended; the same request forwards again.
-                self.mark_unstored(&scope, token, &status.to_string()).await;
-                attempt.settle(None, Disposition::Abandon).await;
+                // Validation-class 4xx, or 5xx under `retry`: not stored, and the
+                // key is free again, as the layer leaves it (a corrected request
+                // may reuse it).
+                self.withdraw(attempt, &status.to_string()).await;
                 res
+            }
+        }
+    }
+
+    /// Ends an attempt whose request the upstream certainly did not execute
+    /// (never sent, or answered with a status the policy releases): the record
+    /// is marked answered (so a takeover forwards again rather than parking),
+    /// its lease ends, and its recorded intent is discarded so the key is
+    /// released. The discard applies only to a record nobody holds: a retry
+    /// that took it over in between keeps it, and forwards again itself.
+    async fn withdraw(&self, attempt: Attempt, answer: &str) {
+        let scope = attempt.scope().clone();
+        self.mark_unstored(&scope, attempt.lease().token, answer).await;
+        attempt.settle(None, Disposition::Abandon).await;
+        match self.store.discard_progress(&scope).await {
+            Ok(true) => {}
+            Ok(false) => tracing::debug!("proxy: the record was taken over before its intent was withdrawn"),
+            Err(e) => {
+                tracing::warn!(error = %e, "proxy: could not withdraw the intent; the key stays resumable")
             }
         }
     }
@@ -628,25 +645,12 @@ fn refusal_response(refusal: Refusal, policy: &Policy) -> Response {
     }
 }
 
-/// HMAC-SHA256 (RFC 2104).
+/// HMAC-SHA256 (RFC 2104), with the `hmac` crate.
 fn hmac_sha256(secret: &[u8], message: &[u8]) -> [u8; 32] {
-    const BLOCK: usize = 64;
-    let mut key = [0u8; BLOCK];
-    if secret.len() > BLOCK {
-        key[..32].copy_from_slice(&Sha256::digest(secret));
-    } else {
-        key[..secret.len()].copy_from_slice(secret);
-    }
-    let pad = |byte: u8| key.map(|k| k ^ byte);
-    let inner = Sha256::new()
-        .chain_update(pad(0x36))
-        .chain_update(message)
-        .finalize();
-    Sha256::new()
-        .chain_update(pad(0x5c))
-        .chain_update(inner)
-        .finalize()
-        .into()
+    use hmac::{KeyInit, Mac};
+    let mut mac = hmac::Hmac::<Sha256>::new_from_slice(secret).expect("HMAC takes a key of any length");
+    mac.update(message);
+    mac.finalize().into_bytes().into()
 }
 
 #[cfg(test)]

@@ -192,7 +192,10 @@ async fn refusals_carry_the_stable_codes() {
     assert!(c.create_label(req).await.is_ok());
     // A wrong token.
     let s = c.create_label(call(create("grpc-x"), "nope")).await.unwrap_err();
-    assert_eq!(s.code(), Code::Unauthenticated);
+    assert_eq!(
+        (s.code(), reason(&s).as_str()),
+        (Code::Unauthenticated, "unauthorized")
+    );
     assert_eq!(shipments(&labels).await, 2);
 }
 

@@ -43,7 +43,7 @@ fn unique(prefix: &str) -> String {
     format!("{prefix}_{}_{nanos}", std::process::id())
 }
 
-fn postgres_url() -> Option<String> {
+pub(crate) fn postgres_url() -> Option<String> {
     match std::env::var("IDEMKIT_TEST_POSTGRES_URL") {
         Ok(url) if !url.is_empty() => Some(url),
         _ if std::env::var_os("CI").is_some() => {

@@ -219,7 +219,7 @@ impl Drop for Labels {
 }
 
 /// The test Redis (`IDEMKIT_TEST_REDIS_URL`); unset is a skip, except under CI.
-fn redis_url() -> Option<String> {
+pub(crate) fn redis_url() -> Option<String> {
     match std::env::var("IDEMKIT_TEST_REDIS_URL") {
         Ok(url) if !url.is_empty() => Some(url),
         _ if std::env::var_os("CI").is_some() => {

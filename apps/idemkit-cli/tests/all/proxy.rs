@@ -261,7 +261,20 @@ async fn refusals_never_reach_the_upstream() {
         code(s.post("/orders", Some("bad key"), Some("Bearer a"), "{}").await).await,
         (400, "idempotency_key_invalid".into())
     );
-    assert_eq!(s.posts(), 1);
+    // A body over --max-request-body (1 MiB here): 413, nothing claimed.
+    let huge = format!(r#"{{"pad":"{}"}}"#, "x".repeat((1 << 20) + 1));
+    assert_eq!(
+        code(s.post("/orders", Some("huge"), Some("Bearer a"), &huge).await).await,
+        (413, "payload_too_large".into())
+    );
+    assert_eq!(
+        s.post("/orders", Some("huge"), Some("Bearer a"), r#"{"sku":"small"}"#)
+            .await
+            .status(),
+        201,
+        "the key was never claimed"
+    );
+    assert_eq!(s.posts(), 2);
 }
 
 #[tokio::test]
@@ -283,6 +296,12 @@ async fn a_validation_answer_is_not_stored() {
         assert!(res.headers().get("idempotent-replayed").is_none());
     }
     assert_eq!(s.posts(), 2, "a released answer is forwarded again");
+    // The key is free: a corrected request (another body) may reuse it.
+    let fixed = s
+        .post("/orders", Some("v"), Some("Bearer a"), r#"{"sku":"fixed"}"#)
+        .await;
+    assert_eq!(fixed.status(), 201, "{:?}", fixed.text().await);
+    assert_eq!(s.posts(), 3);
 }
 
 #[tokio::test]
@@ -378,6 +397,16 @@ struct ProxyProcess {
 
 impl ProxyProcess {
     fn start(upstream: &str, db: &std::path::Path, honours: bool, crash: bool) -> Self {
+        Self::start_on(
+            upstream,
+            &format!("sqlite://{}", db.display()),
+            "test-secret",
+            honours,
+            crash,
+        )
+    }
+
+    fn start_on(upstream: &str, database_url: &str, secret: &str, honours: bool, crash: bool) -> Self {
         use std::io::BufRead;
         let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_idemkit"));
         cmd.args([
@@ -390,8 +419,8 @@ impl ProxyProcess {
             "500",
         ])
         .arg("--database-url")
-        .arg(format!("sqlite://{}", db.display()))
-        .env("IDEMKIT_PROXY_SECRET", "test-secret")
+        .arg(database_url)
+        .env("IDEMKIT_PROXY_SECRET", secret)
         .env_remove("RUST_LOG")
         .stdout(std::process::Stdio::piped());
         if honours {
@@ -516,4 +545,102 @@ async fn sigkill_between_forward_and_store_resends_the_same_key_to_a_key_honouri
     assert_eq!(answer.status(), 201);
     assert_eq!(answer.text().await.unwrap(), r#"{"effect":1}"#);
     assert_eq!(honouring_upstream.effects.load(Ordering::SeqCst), 1, "one effect");
+}
+
+/// A TCP round-robin balancer in front of `backends` (`http://host:port`):
+/// each connection goes to the next backend. Returns its base URL and the
+/// connections each backend got.
+async fn balancer(backends: Vec<String>) -> (String, Arc<Vec<AtomicU64>>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let counts: Arc<Vec<AtomicU64>> = Arc::new(backends.iter().map(|_| AtomicU64::new(0)).collect());
+    let addrs: Vec<String> = backends
+        .iter()
+        .map(|b| b.trim_start_matches("http://").to_owned())
+        .collect();
+    let seen = counts.clone();
+    tokio::spawn(async move {
+        for i in 0usize.. {
+            let Ok((mut inbound, _)) = listener.accept().await else {
+                return;
+            };
+            let n = i % addrs.len();
+            seen[n].fetch_add(1, Ordering::SeqCst);
+            let addr = addrs[n].clone();
+            tokio::spawn(async move {
+                if let Ok(mut outbound) = tokio::net::TcpStream::connect(addr).await {
+                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                }
+            });
+        }
+    });
+    (base, counts)
+}
+
+/// The checker against `proxies` (through a round-robin balancer), in front of
+/// the naive orders upstream, and the negative control without them.
+async fn check_through(proxies: &[ProxyProcess]) {
+    let (front, counts) = balancer(proxies.iter().map(|p| p.base.clone()).collect()).await;
+    let run = crate::idemkit(crate::check_args(&front, &["--json"])).await;
+    let verdicts = run.verdicts();
+    assert_eq!(verdicts.len(), 7, "{run:#?}");
+    assert!(verdicts.iter().all(|(_, v)| v == "pass"), "{run:#?}");
+    assert_eq!(run.code, 0, "{run:#?}");
+    for (i, c) in counts.iter().enumerate() {
+        assert!(c.load(Ordering::SeqCst) > 0, "proxy {i} served no connection");
+    }
+}
+
+async fn orders_upstream() -> String {
+    serve(
+        Router::new()
+            .route("/orders", post(order))
+            .route("/orders/count", get(order_count))
+            .with_state(Arc::new(Orders::default())),
+    )
+    .await
+}
+
+/// A secret of its own per run: the scopes (keyed hashes of the credentials)
+/// never meet another run's in a shared store.
+fn fresh_secret(name: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!("{name}-{}-{nanos}", std::process::id())
+}
+
+/// All 7 gates through two proxy processes sharing one PostgreSQL, every
+/// connection alternating between them (so concurrent duplicates meet across
+/// processes); the same upstream alone fails (see the SQLite test's control).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idemkit_check_passes_through_two_proxy_processes_sharing_postgres() {
+    let Some(url) = crate::keys::postgres_url() else {
+        return;
+    };
+    let upstream = orders_upstream().await;
+    let naked = crate::idemkit(crate::check_args(&upstream, &["--json"])).await;
+    assert_eq!(naked.code, 1, "negative control: {naked:#?}");
+    let secret = fresh_secret("pg");
+    let proxies = [
+        ProxyProcess::start_on(&upstream, &url, &secret, false, false),
+        ProxyProcess::start_on(&upstream, &url, &secret, false, false),
+    ];
+    check_through(&proxies).await;
+}
+
+/// All 7 gates through two proxy processes sharing one Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idemkit_check_passes_through_two_proxy_processes_sharing_redis() {
+    let Some(url) = crate::labels::redis_url() else {
+        return;
+    };
+    let upstream = orders_upstream().await;
+    let secret = fresh_secret("redis");
+    let proxies = [
+        ProxyProcess::start_on(&upstream, &url, &secret, false, false),
+        ProxyProcess::start_on(&upstream, &url, &secret, false, false),
+    ];
+    check_through(&proxies).await;
 }

@@ -37,11 +37,16 @@ pub(super) struct LabelsGrpc<S> {
 
 impl MetadataAccountResolver for Tokens {
     fn resolve(&self, metadata: &HeaderMap) -> Result<Account, Status> {
-        let token = BearerTokenAccount.resolve(metadata)?;
-        self.0
-            .get(token.as_str())
-            .map(Account::new)
-            .ok_or_else(|| Status::unauthenticated("send `authorization: Bearer <token>` with a valid token"))
+        BearerTokenAccount
+            .resolve(metadata)
+            .ok()
+            .and_then(|token| self.0.get(token.as_str()).map(Account::new))
+            .ok_or_else(|| {
+                status(&Problem::new(
+                    idemkit_core::ErrorCode::Unauthorized,
+                    "send `authorization: Bearer <token>` with a valid token",
+                ))
+            })
     }
 }
 
@@ -69,14 +74,11 @@ fn phase_status(e: PhaseError<Problem>) -> Status {
             ),
             Outcome::Settled,
         ),
-        PhaseError::Store(e) => status(&Problem::new(
-            if matches!(e, idemkit_core::StoreError::Unavailable(_)) {
-                idemkit_core::ErrorCode::StoreUnavailable
-            } else {
-                idemkit_core::ErrorCode::Internal
-            },
-            e.to_string(),
-        )),
+        PhaseError::Store(e @ idemkit_core::StoreError::Unavailable(_)) => status_for(
+            &Problem::new(idemkit_core::ErrorCode::StoreUnavailable, e.to_string()),
+            Some(Duration::from_secs(1)),
+        ),
+        PhaseError::Store(e) => status(&Problem::new(idemkit_core::ErrorCode::Internal, e.to_string())),
         other => status(&internal(format!("{other:?}"))),
     }
 }

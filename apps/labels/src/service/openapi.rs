@@ -21,7 +21,9 @@ struct Problem {
     /// Stable machine code: `validation_failed`, `unauthorized`, `not_found`,
     /// `idempotency_key_missing`, `idempotency_key_invalid`, `idempotency_key_reused`,
     /// `idempotency_request_in_progress`, `idempotency_request_parked`,
-    /// `idempotency_store_unavailable`, `idempotency_lease_lost`, `internal_error`.
+    /// `idempotency_store_unavailable`, `idempotency_lease_lost`,
+    /// `idempotency_response_too_large`, `deadline_exceeded`, `payload_too_large`,
+    /// `unsupported_media_type`, `internal_error`.
     code: String,
     /// Whether the same request may be retried with the same key.
     retryable: bool,
@@ -43,10 +45,16 @@ struct Problem {
 /// A courier outage is `502` with the label (status `failed`, `error.retryable:
 /// true`): retry with the same key and body. A courier rejection is `502` with
 /// `error.retryable: false`: correct the request and use a new key.
+/// With `Request-Timeout` (the milliseconds left of your deadline) already spent,
+/// nothing runs and the key is not claimed: `504 deadline_exceeded`.
 #[utoipa::path(
     post,
     path = "/labels",
     request_body = CreateLabel,
+    params(
+        ("Request-Timeout" = Option<u64>, Header, nullable = false, minimum = 0, maximum = 9_999_999_999_u64,
+            description = "The time left of your deadline, in whole milliseconds (1 to 10 digits, no unit; round down), counted from when the request arrives; send what is left on every retry. `0` (already spent) is `504 deadline_exceeded`: nothing runs and the key is not claimed. Otherwise the request runs to its end and the handler passes the remaining time on to the courier. A malformed value is ignored."),
+    ),
     security(("bearer" = [])),
     responses(
         (status = 201, description = "Label created", body = Label),
@@ -61,6 +69,7 @@ struct Problem {
         (status = 500, description = "Internal failure; retry with the same key", body = Problem, content_type = "application/problem+json"),
         (status = 502, description = "The courier failed (`error.retryable` says whether to retry with the same key)", body = Label),
         (status = 503, description = "Key store unavailable; retry with the same key", body = Problem, content_type = "application/problem+json"),
+        (status = 504, description = "`deadline_exceeded`: the `Request-Timeout` budget was already spent; nothing ran and the key was not claimed (a later call with a fresh budget may use it)", body = Problem, content_type = "application/problem+json"),
     )
 )]
 fn create_label() {}
@@ -136,4 +145,62 @@ pub fn openapi_json(config: &idemkit_tower::config::IdemkitConfig) -> serde_json
         }
     }
     doc
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{Value, json};
+
+    use super::*;
+
+    #[test]
+    fn post_labels_declares_the_deadline_header_and_its_504() {
+        let doc = openapi_json(&crate::docs::default_config());
+        let op = &doc["paths"]["/labels"]["post"];
+        let params = op["parameters"].as_array().expect("POST /labels has parameters");
+        let deadline: Vec<&Value> = params
+            .iter()
+            .filter(|p| {
+                p["in"] == "header"
+                    && p["name"]
+                        .as_str()
+                        .is_some_and(|n| n.eq_ignore_ascii_case(idemkit_core::DEADLINE_HEADER))
+            })
+            .collect();
+        assert_eq!(deadline.len(), 1, "{params:?}");
+        let p = deadline[0];
+        assert_eq!(p["name"], crate::docs::DEADLINE_HEADER_DISPLAY);
+        assert_ne!(p["required"], json!(true), "the header is optional");
+        let schema = &p["schema"];
+        assert_eq!(schema["type"], "integer", "a header is never null: {schema}");
+        // 1 to DEADLINE_HEADER_MAX_DIGITS digits.
+        let digits = u32::try_from(idemkit_core::DEADLINE_HEADER_MAX_DIGITS).unwrap();
+        assert_eq!(schema["minimum"], json!(0));
+        assert_eq!(schema["maximum"], json!(10_u64.pow(digits) - 1));
+        assert!(p["description"].as_str().unwrap().contains("deadline_exceeded"));
+
+        let gateway_timeout = &op["responses"]["504"];
+        assert_eq!(
+            gateway_timeout["content"]["application/problem+json"]["schema"]["$ref"],
+            "#/components/schemas/Problem"
+        );
+        assert!(
+            gateway_timeout["description"]
+                .as_str()
+                .unwrap()
+                .contains("deadline_exceeded")
+        );
+        assert!(
+            op.get("x-idempotency").is_some(),
+            "the policy extension is still there"
+        );
+        // Only the create route takes a deadline.
+        assert!(
+            doc["paths"]["/labels/{id}"]["get"]["parameters"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|p| p["in"] != "header")
+        );
+    }
 }
