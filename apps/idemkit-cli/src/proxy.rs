@@ -47,10 +47,13 @@ use idemkit_core::{
 };
 use idemkit_tower::config::IdemkitConfig;
 use idemkit_tower::engine::{
-    Attempt, Disposition, Engine, Finished, Incoming, Refusal, key_from_json, key_problem, replay_status,
+    Attempt, Disposition, Engine, Finished, Incoming, Refusal, Refused, key_from_json, key_problem,
+    replay_status,
 };
+use idemkit_tower::metrics::outcome;
 use idemkit_tower::{IDEMPOTENT_REPLAYED, ProblemResponse};
 use sha2::Sha256;
+use tracing::Instrument;
 
 /// The recovery point recorded just before a request is forwarded: the upstream
 /// may have executed it. A record found here without an answer is re-sent only
@@ -62,6 +65,11 @@ pub const FORWARDED: &str = "forwarded";
 /// policy releases (validation-class 4xx, 5xx under `retry`): the next attempt
 /// forwards again.
 pub const ANSWERED_UNSTORED: &str = "answered-unstored";
+
+/// The proxy's own Prometheus metrics (the layer's series: requests by
+/// outcome, store latency, fenced writes, …), out of the way of the upstream's
+/// paths; `/healthz` is the proxy's too. Every other path goes upstream.
+pub const METRICS_PATH: &str = "/_idemkit/metrics";
 
 /// Request headers kept with the record (never credentials).
 const STORED_REQUEST_HEADERS: &[&str] = &["content-type", "accept", "content-language"];
@@ -158,6 +166,14 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
     install_crash_point();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async move {
+        let metrics = idemkit_labels::service::install_metrics()?;
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(5));
+            loop {
+                tick.tick().await;
+                metrics.run_upkeep();
+            }
+        });
         let listener = tokio::net::TcpListener::bind(args.listen)
             .await
             .with_context(|| format!("binding {}", args.listen))?;
@@ -269,6 +285,7 @@ pub async fn router(args: ProxyArgs) -> anyhow::Result<Router> {
     };
     Ok(Router::new()
         .route("/healthz", get(healthz))
+        .route(METRICS_PATH, get(idemkit_labels::service::metrics_endpoint))
         .fallback(handle)
         .with_state(Arc::new(proxy)))
 }
@@ -288,6 +305,15 @@ async fn handle(State(proxy): State<Arc<Proxy>>, req: Request) -> Response {
             Ok(res) => res,
             Err(e) => bad_gateway(&e),
         },
+    }
+}
+
+/// The `outcome` a refused key counts as.
+fn key_outcome(e: &idemkit_core::KeyError) -> &'static str {
+    match e.code() {
+        ErrorCode::KeyMissing => outcome::KEY_MISSING,
+        ErrorCode::KeyInvalid => outcome::KEY_INVALID,
+        _ => outcome::REJECTED,
     }
 }
 
@@ -344,15 +370,34 @@ impl Proxy {
         Account::new(hex::encode(hmac_sha256(&self.secret, credential)))
     }
 
+    /// One keyed request: counted once in `idemkit_requests_total` by outcome
+    /// and traced as an `idemkit.request` span (method, path, outcome), as
+    /// the layer does.
     async fn keyed(self: &Arc<Self>, route: usize, req: Request) -> Response {
+        let span = tracing::info_span!(
+            "idemkit.request",
+            method = %req.method(),
+            path = req.uri().path(),
+            outcome = tracing::field::Empty
+        );
+        let (outcome, res) = self.keyed_inner(route, req).instrument(span.clone()).await;
+        span.record("outcome", outcome);
+        idemkit_tower::metrics::request(outcome);
+        res
+    }
+
+    async fn keyed_inner(self: &Arc<Self>, route: usize, req: Request) -> (&'static str, Response) {
         let route = &self.routes[route];
         let (parts, body) = req.into_parts();
         let Some(credential) = parts.headers.get(&self.account_header) else {
-            return problem(
-                ErrorCode::Unauthorized,
-                format!(
-                    "this route requires the `{}` header: idempotency keys are scoped to the caller",
-                    self.account_header
+            return (
+                outcome::REJECTED,
+                problem(
+                    ErrorCode::Unauthorized,
+                    format!(
+                        "this route requires the `{}` header: idempotency keys are scoped to the caller",
+                        self.account_header
+                    ),
                 ),
             );
         };
@@ -364,20 +409,29 @@ impl Proxy {
             KeySource::JsonField(_) => None,
         };
         if let Some(Err(e)) = &header_key {
-            return ProblemResponse::from(key_problem(e)).into_response();
+            return (
+                key_outcome(e),
+                ProblemResponse::from(key_problem(e)).into_response(),
+            );
         }
         let bytes = match Limited::new(body, self.max_request_body).collect().await {
             Ok(c) => c.to_bytes(),
             Err(e) if e.is::<http_body_util::LengthLimitError>() => {
-                return problem(
-                    ErrorCode::PayloadTooLarge,
-                    format!("the request body is larger than {} bytes", self.max_request_body),
+                return (
+                    outcome::REJECTED,
+                    problem(
+                        ErrorCode::PayloadTooLarge,
+                        format!("the request body is larger than {} bytes", self.max_request_body),
+                    ),
                 );
             }
             Err(e) => {
-                return problem(
-                    ErrorCode::ValidationFailed,
-                    format!("could not read the request body: {e}"),
+                return (
+                    outcome::REJECTED,
+                    problem(
+                        ErrorCode::ValidationFailed,
+                        format!("could not read the request body: {e}"),
+                    ),
                 );
             }
         };
@@ -385,7 +439,14 @@ impl Proxy {
             (Some(Ok(k)), _) => k,
             (_, KeySource::JsonField(pointer)) => match key_from_json(&bytes, pointer) {
                 Ok(k) => k,
-                Err(p) => return ProblemResponse::from(p).into_response(),
+                Err(p) => {
+                    let counted = match p.code {
+                        ErrorCode::KeyMissing => outcome::KEY_MISSING,
+                        ErrorCode::KeyInvalid => outcome::KEY_INVALID,
+                        _ => outcome::REJECTED,
+                    };
+                    return (counted, ProblemResponse::from(p).into_response());
+                }
             },
             _ => unreachable!("header keys were checked above"),
         };
@@ -412,7 +473,7 @@ impl Proxy {
         let policy = route.engine.policy().clone();
         let attempt = match route.engine.begin(claim).await {
             Ok(attempt) => attempt,
-            Err(refused) => return refusal_response(refused.refusal, &policy),
+            Err(refused) => return (refused.outcome, refusal_response(refused.refusal, &policy)),
         };
         // The claim is committed: the forward and the store go on even if the
         // caller hangs up, so its retry replays instead of finding a stuck key.
@@ -421,13 +482,16 @@ impl Proxy {
             Ok(res) => res,
             Err(e) => {
                 tracing::error!(error = %e, "proxy: the forwarding task failed");
-                problem(ErrorCode::Internal, "the proxy failed while forwarding")
+                (
+                    outcome::ERROR,
+                    problem(ErrorCode::Internal, "the proxy failed while forwarding"),
+                )
             }
         }
     }
 
     /// Forwards a claimed request and finishes its record.
-    async fn execute(&self, attempt: Attempt, parts: Parts, bytes: Bytes) -> Response {
+    async fn execute(&self, attempt: Attempt, parts: Parts, bytes: Bytes) -> (&'static str, Response) {
         let scope = attempt.scope().clone();
         let token = attempt.lease().token;
         let policy = attempt.policy().clone();
@@ -454,7 +518,8 @@ impl Proxy {
         };
         if let Err(e) = self.store.advance(&scope, token, &update).await {
             attempt.settle(None, Disposition::Release).await;
-            return refusal_response(Refusal::store(&e), &policy);
+            let refused = Refused::store(&e);
+            return (refused.outcome, refusal_response(refused.refusal, &policy));
         }
         let req = Request::from_parts(parts, Body::from(bytes));
         let sent = attempt
@@ -467,7 +532,7 @@ impl Proxy {
             Ok(Err(e)) if e.is_connect() => {
                 // Nothing was sent: the key is free again.
                 self.withdraw(attempt, "not-sent").await;
-                return bad_gateway(&e);
+                return (outcome::RELEASED, bad_gateway(&e));
             }
             Ok(Err(e)) => {
                 return self
@@ -492,7 +557,7 @@ impl Proxy {
                 // key is free again, as the layer leaves it (a corrected request
                 // may reuse it).
                 self.withdraw(attempt, &status.to_string()).await;
-                res
+                (outcome::RELEASED, res)
             }
         }
     }
@@ -530,7 +595,7 @@ impl Proxy {
     }
 
     /// The upstream may have executed the request and its answer is lost.
-    async fn maybe_executed(&self, attempt: Attempt, why: &str, status: u16) -> Response {
+    async fn maybe_executed(&self, attempt: Attempt, why: &str, status: u16) -> (&'static str, Response) {
         if !self.honours_keys {
             return self.park(&attempt, why).await;
         }
@@ -541,13 +606,16 @@ impl Proxy {
         )
         .with_status(status);
         p.retryable = true;
-        ProblemResponse::from(p)
-            .retry_after(Duration::from_secs(1))
-            .into_response()
+        (
+            outcome::ABANDONED,
+            ProblemResponse::from(p)
+                .retry_after(Duration::from_secs(1))
+                .into_response(),
+        )
     }
 
     /// Parks the record for review and answers `idempotency_request_parked`.
-    async fn park(&self, attempt: &Attempt, why: &str) -> Response {
+    async fn park(&self, attempt: &Attempt, why: &str) -> (&'static str, Response) {
         let reason = format!(
             "{why}; the upstream does not honour idempotency keys, so the outcome is unknown and the request is not forwarded again"
         );
@@ -556,17 +624,24 @@ impl Proxy {
             .park(attempt.scope(), attempt.lease().token, &reason)
             .await
         {
-            return refusal_response(Refusal::store(&e), attempt.policy());
+            let refused = Refused::store(&e);
+            return (
+                refused.outcome,
+                refusal_response(refused.refusal, attempt.policy()),
+            );
         }
-        problem(
-            ErrorCode::RequestParked,
-            format!("{reason}; it was parked for human review (`idemkit keys list --state parked`)"),
+        (
+            outcome::PARKED,
+            problem(
+                ErrorCode::RequestParked,
+                format!("{reason}; it was parked for human review (`idemkit keys list --state parked`)"),
+            ),
         )
     }
 }
 
 /// Collects the upstream's answer (up to the storage cap), stores it, and sends it.
-async fn store_response(attempt: Attempt, res: Response) -> Response {
+async fn store_response(attempt: Attempt, res: Response) -> (&'static str, Response) {
     let (parts, body) = res.into_parts();
     let policy = attempt.policy().clone();
     let cap = policy.max_stored_body;
@@ -585,7 +660,7 @@ async fn store_response(attempt: Attempt, res: Response) -> Response {
                 Problem::new(ErrorCode::Internal, "the upstream's answer body failed")
             };
             let refused = attempt.unstorable(None, p, too_large).await;
-            return refusal_response(refused.refusal, &policy);
+            return (refused.outcome, refusal_response(refused.refusal, &policy));
         }
     };
     let stored = StoredResponse {
@@ -602,8 +677,8 @@ async fn store_response(attempt: Attempt, res: Response) -> Response {
         body: body.to_vec(),
     };
     match attempt.store(None, &stored).await {
-        Finished::Stored => Response::from_parts(parts, Body::from(body)),
-        Finished::Refused(refused) => refusal_response(refused.refusal, &policy),
+        Finished::Stored => (outcome::EXECUTED, Response::from_parts(parts, Body::from(body))),
+        Finished::Refused(refused) => (refused.outcome, refusal_response(refused.refusal, &policy)),
     }
 }
 

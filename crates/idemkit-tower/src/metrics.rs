@@ -243,7 +243,10 @@ pub fn start_at_zero() {
     gauge!(ORPHANED_KEYS).increment(0.0);
 }
 
-pub(crate) fn request(outcome: &'static str) {
+/// Counts one request in [`REQUESTS`] with its [`outcome`] label. The HTTP
+/// layer counts its own; other adapters over the [`engine`](crate::engine)
+/// (`idemkit proxy`) call this once per keyed request.
+pub fn request(outcome: &'static str) {
     counter!(REQUESTS, "outcome" => outcome).increment(1);
 }
 

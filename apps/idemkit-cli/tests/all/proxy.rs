@@ -644,3 +644,59 @@ async fn idemkit_check_passes_through_two_proxy_processes_sharing_redis() {
     ];
     check_through(&proxies).await;
 }
+
+/// The proxy process publishes the layer's series, counted per keyed request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_proxy_process_publishes_request_outcomes() {
+    let naive = Arc::new(Naive::default());
+    let upstream = serve(
+        Router::new()
+            .route("/orders", post(create))
+            .with_state(naive.clone()),
+    )
+    .await;
+    let db = std::env::temp_dir().join(format!("idemkit-proxy-metrics-{}.db", std::process::id()));
+    let _ = std::fs::remove_file(&db);
+    let proxy = ProxyProcess::start(&upstream, &db, false, false);
+    let http = reqwest::Client::new();
+    for _ in 0..2 {
+        let res = http
+            .post(format!("{}/orders", proxy.base))
+            .header("authorization", "Bearer m")
+            .header("idempotency-key", "m-1")
+            .body("{}")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 201);
+    }
+    let missing = http
+        .post(format!("{}/orders", proxy.base))
+        .header("authorization", "Bearer m")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(missing.status(), 400);
+    let text = http
+        .get(format!("{}/_idemkit/metrics", proxy.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let value = |outcome: &str| {
+        text.lines()
+            .find(|l| l.starts_with(&format!("idemkit_requests_total{{outcome=\"{outcome}\"}}")))
+            .and_then(|l| l.rsplit(' ').next())
+            .unwrap_or_else(|| panic!("no {outcome} series in:\n{text}"))
+            .to_owned()
+    };
+    assert_eq!(value("executed"), "1");
+    assert_eq!(value("replayed"), "1");
+    assert_eq!(value("key_missing"), "1");
+    assert_eq!(value("parked"), "0", "every outcome starts at zero");
+    assert!(text.contains("idemkit_store_seconds_bucket"), "{text}");
+    assert_eq!(naive.posts.load(Ordering::SeqCst), 1);
+}

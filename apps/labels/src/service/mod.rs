@@ -275,19 +275,26 @@ fn start_at_zero() {
     }
 }
 
-/// `GET /metrics`: the Prometheus text exposition.
-async fn metrics_endpoint() -> Response {
-    let handle = PROMETHEUS
+/// The Prometheus text exposition of the process's recorder, once
+/// [`install_metrics`] has run (`None` before).
+pub fn render_metrics() -> Option<String> {
+    PROMETHEUS
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .clone();
-    match handle {
-        Some(handle) => (
+        .as_ref()
+        .map(metrics_exporter_prometheus::PrometheusHandle::render)
+}
+
+/// `GET /metrics` (and the proxy's `GET /_idemkit/metrics`): the Prometheus
+/// text exposition; `404` when metrics are not enabled in this process.
+pub async fn metrics_endpoint() -> Response {
+    match render_metrics() {
+        Some(text) => (
             [(
                 http::header::CONTENT_TYPE,
                 "text/plain; version=0.0.4; charset=utf-8",
             )],
-            handle.render(),
+            text,
         )
             .into_response(),
         None => ProblemResponse::new(ErrorCode::NotFound, "metrics are not enabled in this process")

@@ -159,7 +159,8 @@ impl Refused {
         Self { refusal, outcome }
     }
 
-    pub(crate) fn store(e: &StoreError) -> Self {
+    /// The refusal for a store failure, counted as `store_unavailable` or `error`.
+    pub fn store(e: &StoreError) -> Self {
         Self::new(metrics::store_outcome(e), Refusal::store(e))
     }
 }
