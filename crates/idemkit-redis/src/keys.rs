@@ -2,7 +2,8 @@
 //! `<prefix>:{<account>}:c:<key>` for its change channel,
 //! `<prefix>:{<account>}:r:<key>` for its review-list entries (a hash, one
 //! field per listed claim) and `<prefix>:{<account>}:t` for the account's
-//! fencing-token high-water mark.
+//! fencing-token high-water mark; `<prefix>:{<account>}:b:<name>` are the
+//! application's business keys written with a phase advance.
 //!
 //! The braces are a Redis Cluster hash tag: only the account decides the slot,
 //! so a record, its channel and every other record of the account live on one
@@ -58,6 +59,18 @@ pub(crate) fn channel(prefix: &str, scope: &Scope) -> String {
 /// The record's review-list hash.
 pub(crate) fn review_key(prefix: &str, scope: &Scope) -> String {
     name(prefix, scope, "r")
+}
+
+/// A business key of the application's, in the account's slot:
+/// `<prefix>:{<account>}:b:<name>`.
+pub(crate) fn business_key(prefix: &str, account: &Account, name: &str) -> String {
+    let mut out = String::with_capacity(prefix.len() + account.as_str().len() + name.len() + 8);
+    out.push_str(prefix);
+    out.push_str(":{");
+    escape_account(account.as_str(), &mut out);
+    out.push_str("}:b:");
+    out.push_str(name);
+    out
 }
 
 /// The account's token high-water mark (a counter without TTL).

@@ -39,6 +39,7 @@ mod error;
 mod keys;
 mod notify;
 mod scripts;
+mod write;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -55,6 +56,7 @@ use redis::{Cmd, Value};
 
 pub use config::{DEFAULT_PREFIX, DEFAULT_REAP_AFTER, RedisConfig};
 pub use error::{ConfigError, OperationTimedOut, ReplicaShortfall};
+pub use write::{RedisWrite, WriteOp};
 
 use conn::Conn;
 use error::{corrupt, map_err};
@@ -223,20 +225,123 @@ impl RedisStore {
         recovery_point: &str,
         step: Option<(&str, &serde_json::Value)>,
     ) -> StoreResult<()> {
-        let (name, output) = match step {
+        let update = PhaseUpdate {
+            recovery_point: recovery_point.to_owned(),
+            step: step.map(|(name, value)| (name.to_owned(), value.clone())),
+        };
+        self.advance_with(scope, token, &update, &[]).await
+    }
+
+    /// The name of a business key of `account`'s, in the account's cluster slot
+    /// (`<prefix>:{<account>}:b:<name>`): the only keys
+    /// [`RedisStore::advance_with`] writes, so that on Redis Cluster they live
+    /// on the same primary as the account's records and one script can write
+    /// them with the recovery point.
+    pub fn business_key(&self, account: &idemkit_core::Account, name: &str) -> String {
+        keys::business_key(&self.config.key_prefix, account, name)
+    }
+
+    /// [`KeyStore::advance`] and the application's own writes to Redis in one
+    /// fenced script: the recovery point (and step output) of `update` and
+    /// every write of `writes` are applied together, or, when `token` is no
+    /// longer the record's ([`StoreError::Fenced`]) or a write does not fit its
+    /// key's type (an error naming it), none of them is. This is what a
+    /// relational store's phase transaction gives a handler whose business data
+    /// lives in SQL: a phase's effects and its recovery point commit as one, so
+    /// a takeover never repeats or loses a phase. A retry of the same call
+    /// after a lost reply is recognised and not applied twice.
+    ///
+    /// Every key must be a [`RedisStore::business_key`] of the scope's account.
+    ///
+    /// ```no_run
+    /// # async fn run(store: idemkit_redis::RedisStore, scope: idemkit_core::Scope,
+    /// #              token: idemkit_core::FencingToken) -> idemkit_core::StoreResult<()> {
+    /// use idemkit_core::PhaseUpdate;
+    /// use idemkit_redis::RedisWrite;
+    ///
+    /// let order = store.business_key(&scope.account, "order:4711");
+    /// let stock = store.business_key(&scope.account, "stock:BOOK-1");
+    /// store
+    ///     .advance_with(
+    ///         &scope,
+    ///         token,
+    ///         &PhaseUpdate { recovery_point: "reserved".into(), step: None },
+    ///         &[
+    ///             RedisWrite::hset(order, "status", "reserved"),
+    ///             RedisWrite::incr_by(stock, -1),
+    ///         ],
+    ///     )
+    ///     .await
+    /// # }
+    /// ```
+    pub async fn advance_with(
+        &self,
+        scope: &Scope,
+        token: FencingToken,
+        update: &PhaseUpdate,
+        writes: &[RedisWrite],
+    ) -> StoreResult<()> {
+        let own = self.business_key(&scope.account, "");
+        if let Some(w) = writes.iter().find(|w| !w.key.starts_with(&own)) {
+            return Err(StoreError::Backend(
+                format!(
+                    "`{}` is not a business key of this account (use RedisStore::business_key): \
+                     one script can only write keys in the account's cluster slot",
+                    w.key
+                )
+                .into(),
+            ));
+        }
+        let (name, output) = match &update.step {
+            Some((name, _)) if name.is_empty() => {
+                return Err(StoreError::Backend("a step needs a name".into()));
+            }
             Some((name, value)) => (
-                name,
+                name.as_str(),
                 serde_json::to_vec(value).map_err(|e| corrupt(e.to_string()))?,
             ),
             None => ("", Vec::new()),
         };
-        if step.is_some() && name.is_empty() {
-            return Err(StoreError::Backend("a step needs a name".into()));
+        let key = self.record_key(scope);
+        let channel = keys::channel(&self.config.key_prefix, scope);
+        let tokens = keys::token_key(&self.config.key_prefix, scope);
+        let mut all_keys = vec![key.as_str(), channel.as_str(), tokens.as_str()];
+        all_keys.extend(writes.iter().map(|w| w.key.as_str()));
+        let write_id = self.ids.next();
+        let (reply, acks) = self
+            .run(
+                &SCRIPTS.phase,
+                &all_keys,
+                &|c| {
+                    c.arg(token.0)
+                        .arg(&update.recovery_point)
+                        .arg(name)
+                        .arg(&output)
+                        .arg(writes.len());
+                    for w in writes {
+                        c.arg(w.op.as_str()).arg(&w.field).arg(&w.value);
+                    }
+                    c.arg(&write_id);
+                },
+                self.config.wait_replicas,
+            )
+            .await?;
+        match reply {
+            Value::Int(1) => self.check_acks(acks),
+            Value::Int(0) => Err(StoreError::Fenced),
+            Value::Int(i) if i < 0 => {
+                let w = usize::try_from(-i - 1).ok().and_then(|i| writes.get(i));
+                Err(StoreError::Backend(
+                    format!(
+                        "nothing was written: {} does not fit the type of `{}`",
+                        w.map_or("a write", |w| w.op.as_str()),
+                        w.map_or("", |w| w.key.as_str())
+                    )
+                    .into(),
+                ))
+            }
+            other => Err(corrupt(format!("phase script returned {other:?}"))),
         }
-        self.fenced(&SCRIPTS.phase, scope, token, &|c| {
-            c.arg(recovery_point).arg(name).arg(&output);
-        })
-        .await
     }
 
     fn conn(&self) -> &Conn {
@@ -622,11 +727,9 @@ impl KeyStore for RedisStore {
         self.notifier.is_some()
     }
 
-    /// One fenced script (see [`RedisStore::record_phase`]).
+    /// One fenced script (see [`RedisStore::advance_with`]).
     async fn advance(&self, scope: &Scope, token: FencingToken, update: &PhaseUpdate) -> StoreResult<()> {
-        let step = update.step.as_ref().map(|(name, value)| (name.as_str(), value));
-        self.record_phase(scope, token, &update.recovery_point, step)
-            .await
+        self.advance_with(scope, token, update, &[]).await
     }
 
     async fn park(&self, scope: &Scope, token: FencingToken, reason: &str) -> StoreResult<()> {

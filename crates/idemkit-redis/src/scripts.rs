@@ -236,10 +236,36 @@ return 1
 "#
 );
 
-/// Phase advance: records a recovery point and optionally one step's output.
-/// ARGV: token, recovery point, step name ('' for none), step output (JSON), write id.
+/// Phase advance: records a recovery point and optionally one step's output,
+/// and applies the application's business writes in the same script (all or
+/// none: every write is checked against its key's type before any is made, as
+/// a script that fails half-way keeps its earlier writes).
+/// KEYS: the record, its channel, the token high-water mark, then one key per
+/// business write. ARGV: token, recovery point, step name ('' for none), step
+/// output (JSON), the number of writes n, then n × (op, field, value), write id.
+/// Returns 1, 0 when fenced, or -i when write i does not fit its key's type.
 const PHASE: &str = fenced!(
     r#"
+local n = tonumber(ARGV[5])
+local want = { SET = nil, HSET = 'hash', INCRBY = 'string', SADD = 'set', DEL = nil }
+for i = 1, n do
+  local op, value = ARGV[3 + 3 * i], ARGV[5 + 3 * i]
+  local t = redis.call('TYPE', KEYS[3 + i])['ok']
+  if want[op] and t ~= 'none' and t ~= want[op] then return -i end
+  if op == 'INCRBY' then
+    local cur = redis.call('GET', KEYS[3 + i])
+    if (cur and not tonumber(cur)) or not tonumber(value) then return -i end
+  end
+end
+for i = 1, n do
+  local op, field, value, key = ARGV[3 + 3 * i], ARGV[4 + 3 * i], ARGV[5 + 3 * i], KEYS[3 + i]
+  if op == 'SET' then redis.call('SET', key, value)
+  elseif op == 'HSET' then redis.call('HSET', key, field, value)
+  elseif op == 'INCRBY' then redis.call('INCRBY', key, value)
+  elseif op == 'SADD' then redis.call('SADD', key, value)
+  elseif op == 'DEL' then redis.call('DEL', key)
+  end
+end
 redis.call('HSET', k, 'recovery_point', ARGV[2], 'last_write', wid)
 if ARGV[3] ~= '' then redis.call('HSET', k, 'step:' .. ARGV[3], ARGV[4]) end
 return 1

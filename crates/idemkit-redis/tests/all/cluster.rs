@@ -206,6 +206,12 @@ async fn cluster_conformance_and_concurrency_gate() {
     );
     assert!(passed.len() >= 12, "{passed:?}");
     spread_over_primaries(&cluster, &urls).await;
+    let clock = Arc::new(ManualClock::new());
+    crate::business::business_writes_are_fenced_with_the_phase(
+        cluster_store(&urls, "business", clock.clone()).await,
+        clock,
+    )
+    .await;
     let raced = Instant::now();
     run_race_sample(&urls, 60).await;
     eprintln!("race sample on the cluster in {:?}", raced.elapsed());

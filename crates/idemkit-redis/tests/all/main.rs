@@ -6,6 +6,7 @@
 //! `CI`, a notice and a skip elsewhere. Cluster and failure tests start their own
 //! `redis-server` processes on free loopback ports.
 
+mod business;
 mod cluster;
 mod common;
 mod fencing;

@@ -1,0 +1,261 @@
+//! What `idemkit proxy` adds in front of an upstream, measured in one run.
+//!
+//! `cargo bench -p idemkit-cli --bench proxy` starts, in this process and over
+//! loopback HTTP, a quickstart-sized upstream (`POST /orders`: parse the JSON
+//! order, insert it into the upstream's own SQLite file, answer `201` with
+//! it; it ignores idempotency keys), and `idemkit proxy`'s router in front of it
+//! on a SQLite key store (and on PostgreSQL and Redis when
+//! `IDEMKIT_TEST_POSTGRES_URL` / `IDEMKIT_TEST_REDIS_URL` are set). It then
+//! alternates rounds, direct and through the proxy, with a fresh key per
+//! request, and prints per store:
+//!
+//! - throughput through the proxy ÷ direct (median round; 16 concurrent
+//!   callers), and
+//! - latency p50 and p99 of sequential requests, direct and through the proxy,
+//!   and the proxy's added p50 ÷ the upstream's own p50 (the issue's target:
+//!   below 1, the proxy adds less than the upstream's own request costs).
+//!
+//! Single absolute times on a shared machine are noise; compare the ratios.
+//! `IDEMKIT_BENCH_REQUESTS` sets the requests per round (default 2000).
+
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::extract::State;
+use axum::response::IntoResponse;
+use axum::routing::post;
+use http::StatusCode;
+use idemkit_cli::proxy::{ProxyArgs, router};
+
+const ROUNDS: usize = 3;
+const CONCURRENCY: usize = 16;
+const BODY: &str = r#"{"sku":"BENCH-1","quantity":2,"note":"a typical small order body"}"#;
+
+fn requests() -> usize {
+    std::env::var("IDEMKIT_BENCH_REQUESTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2000)
+}
+
+#[derive(serde::Deserialize, serde::Serialize)]
+struct Order {
+    sku: String,
+    quantity: i64,
+    note: String,
+}
+
+/// The upstream: the quickstart's order write, without idempotency.
+async fn create(State(db): State<sqlx::SqlitePool>, axum::Json(o): axum::Json<Order>) -> impl IntoResponse {
+    let id: i64 =
+        sqlx::query_scalar("INSERT INTO orders (sku, quantity, note) VALUES (?1, ?2, ?3) RETURNING id")
+            .bind(&o.sku)
+            .bind(o.quantity)
+            .bind(&o.note)
+            .fetch_one(&db)
+            .await
+            .expect("insert");
+    (
+        StatusCode::CREATED,
+        axum::Json(serde_json::json!({ "id": id, "order": o })),
+    )
+}
+
+fn tempdir(tag: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("idemkit-bench-proxy-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+async fn serve(app: Router) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    base
+}
+
+async fn upstream() -> String {
+    let file = tempdir("upstream").join("orders.db");
+    let options = sqlx::sqlite::SqliteConnectOptions::new()
+        .filename(file)
+        .create_if_missing(true)
+        .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
+        .synchronous(sqlx::sqlite::SqliteSynchronous::Normal);
+    let db = sqlx::sqlite::SqlitePoolOptions::new()
+        .max_connections(4)
+        .connect_with(options)
+        .await
+        .unwrap();
+    sqlx::query(
+        "CREATE TABLE orders (id INTEGER PRIMARY KEY AUTOINCREMENT, sku TEXT, quantity INTEGER, note TEXT)",
+    )
+    .execute(&db)
+    .await
+    .unwrap();
+    serve(Router::new().route("/orders", post(create)).with_state(db)).await
+}
+
+async fn proxy(upstream: &str, database_url: String) -> String {
+    let app = router(ProxyArgs {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        upstream: upstream.to_owned(),
+        database_url,
+        config: None,
+        account_header: "Authorization".into(),
+        scope_secret: format!("bench-{}", std::process::id()),
+        upstream_honours_keys: false,
+        upstream_timeout_ms: 30_000,
+        lease_ms: None,
+        max_request_body: 1 << 20,
+    })
+    .await
+    .unwrap();
+    serve(app).await
+}
+
+#[derive(Clone)]
+struct Target {
+    url: String,
+    http: reqwest::Client,
+}
+
+impl Target {
+    fn new(base: &str) -> Self {
+        Self {
+            url: format!("{base}/orders"),
+            http: reqwest::Client::builder()
+                .pool_max_idle_per_host(CONCURRENCY)
+                .build()
+                .unwrap(),
+        }
+    }
+
+    async fn send(&self, key: &str) {
+        let res = self
+            .http
+            .post(&self.url)
+            .header("authorization", "Bearer bench")
+            .header("idempotency-key", key)
+            .header("content-type", "application/json")
+            .body(BODY)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 201, "{:?}", res.text().await);
+        let _ = res.bytes().await;
+    }
+}
+
+async fn drive(target: &Target, n: usize, tag: &str) -> Duration {
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..CONCURRENCY)
+        .map(|t| {
+            let target = target.clone();
+            let tag = tag.to_owned();
+            tokio::spawn(async move {
+                for i in 0..n / CONCURRENCY {
+                    target.send(&format!("{tag}-{t}-{i}")).await;
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    started.elapsed()
+}
+
+async fn latencies(target: &Target, n: usize, tag: &str) -> Vec<Duration> {
+    let mut out = Vec::with_capacity(n);
+    for i in 0..n {
+        let started = Instant::now();
+        target.send(&format!("{tag}-{i}")).await;
+        out.push(started.elapsed());
+    }
+    out.sort();
+    out
+}
+
+fn pct(sorted: &[Duration], p: f64) -> Duration {
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn us(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+async fn measure(name: &str, direct: &Target, proxied: &Target, n: usize) {
+    let run = format!("{name}-{}", std::process::id());
+    drive(direct, n / 4, &format!("{run}-warm-a")).await;
+    drive(proxied, n / 4, &format!("{run}-warm-b")).await;
+    let mut ratios = Vec::new();
+    let (mut d50, mut d99, mut p50, mut p99) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for round in 0..ROUNDS {
+        let a = drive(direct, n, &format!("{run}-r{round}-a")).await;
+        let b = drive(proxied, n, &format!("{run}-r{round}-b")).await;
+        ratios.push(a.as_secs_f64() / b.as_secs_f64());
+        let la = latencies(direct, n / 8, &format!("{run}-l{round}-a")).await;
+        let lb = latencies(proxied, n / 8, &format!("{run}-l{round}-b")).await;
+        d50.push(us(pct(&la, 0.5)));
+        d99.push(us(pct(&la, 0.99)));
+        p50.push(us(pct(&lb, 0.5)));
+        p99.push(us(pct(&lb, 0.99)));
+    }
+    let (d50, d99, p50, p99) = (median(d50), median(d99), median(p50), median(p99));
+    println!(
+        "{name:<10} {:>10.2} {:>9.0} {:>9.0} {:>9.0} {:>9.0} {:>12.2} {:>12.2}",
+        median(ratios),
+        d50,
+        p50,
+        d99,
+        p99,
+        (p50 - d50) / d50,
+        (p99 - d99) / d99,
+    );
+}
+
+fn env(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.is_empty())
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    if std::env::args().any(|a| a == "--list") {
+        return;
+    }
+    let n = requests();
+    let upstream = upstream().await;
+    let direct = Target::new(&upstream);
+    println!(
+        "idemkit proxy in front of a quickstart-sized upstream (SQLite insert), loopback HTTP, {n} requests per round, \
+         {CONCURRENCY} concurrent callers, median of {ROUNDS} alternating rounds"
+    );
+    println!(
+        "{:<10} {:>10} {:>9} {:>9} {:>9} {:>9} {:>12} {:>12}",
+        "store", "thr ratio", "p50 dir", "p50 prx", "p99 dir", "p99 prx", "added/own50", "added/own99"
+    );
+    let sqlite = format!("sqlite://{}", tempdir("keys").join("keys.db").display());
+    measure(
+        "sqlite",
+        &direct,
+        &Target::new(&proxy(&upstream, sqlite).await),
+        n,
+    )
+    .await;
+    if let Some(url) = env("IDEMKIT_TEST_POSTGRES_URL") {
+        measure("postgres", &direct, &Target::new(&proxy(&upstream, url).await), n).await;
+    }
+    if let Some(url) = env("IDEMKIT_TEST_REDIS_URL") {
+        measure("redis", &direct, &Target::new(&proxy(&upstream, url).await), n).await;
+    }
+    println!(
+        "thr ratio = throughput through the proxy ÷ direct; p50/p99 in µs of sequential requests; \
+         added/own = (proxy − direct) ÷ direct: below 1, the proxy adds less than the upstream's own request costs"
+    );
+}
