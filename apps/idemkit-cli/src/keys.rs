@@ -148,10 +148,10 @@ pub struct ReleaseArgs {
     pub scope: ScopeArgs,
     /// The operator checked the downstream system and the recorded call did
     /// nothing there: discard the recorded progress (phases, intents) so the key
-    /// reruns as a first attempt and calls the downstream again. Without it a
-    /// record with progress stays resumable. Not supported yet: the key stores
-    /// have no operation to discard progress, so a record with progress is
-    /// refused (nothing changed).
+    /// reruns as a first attempt and calls the downstream again
+    /// (`KeyStore::discard_progress`: only a record nobody holds, parked or in
+    /// flight with an expired lease). Without it a record with progress stays
+    /// resumable.
     #[arg(long)]
     pub downstream_did_nothing: bool,
 }

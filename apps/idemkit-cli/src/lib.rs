@@ -29,6 +29,7 @@
 use std::io::Write;
 use std::process::ExitCode;
 
+use anyhow::Context;
 use clap::{Parser, Subcommand};
 
 pub mod check;
@@ -67,8 +68,9 @@ pub enum Command {
     /// Start the courier and the label service and play the failure scenarios a
     /// client meets (the main job).
     Demo(demo::DemoArgs),
-    /// Print the integrator contract generated from an idempotency configuration.
-    Docs(docs::DocsArgs),
+    /// Print the integrator contract generated from an idempotency configuration
+    /// (with `--proxy`: that of an API served through `idemkit proxy`).
+    Docs(DocsCommand),
     /// Inspect and repair idempotency records: list, show, release, and run the
     /// completer or the reaper once.
     Keys(keys::KeysArgs),
@@ -79,6 +81,72 @@ pub enum Command {
     Proxy(proxy::ProxyArgs),
 }
 
+/// Arguments of `idemkit docs`: the labels service's contract, or with `--proxy`
+/// the contract of an API served through `idemkit proxy`.
+#[derive(Debug, clap::Args)]
+pub struct DocsCommand {
+    /// `--config` and `--format`.
+    #[command(flatten)]
+    pub docs: docs::DocsArgs,
+    /// Print the contract of an API served through `idemkit proxy` instead of the
+    /// labels service's: `--config` is then the proxy's (without it, the proxy's
+    /// default: every POST, PUT, PATCH and DELETE keyed by the `Idempotency-Key`
+    /// header with the default policy).
+    #[arg(long)]
+    pub proxy: bool,
+    /// As the proxy's flag: the upstream de-duplicates by `Idempotency-Key`
+    /// itself, so a request whose outcome is unknown is re-sent with the same key
+    /// instead of being parked.
+    #[arg(long, requires = "proxy")]
+    pub upstream_honours_keys: bool,
+}
+
+/// `idemkit docs`: the labels service's contract, or the proxy's with `--proxy`.
+fn run_docs(args: DocsCommand) -> anyhow::Result<ExitCode> {
+    use idemkit_labels::docs::{Format, ProxyContract, render_proxy};
+
+    if !args.proxy {
+        return docs::run(args.docs);
+    }
+    let config = match &args.docs.config {
+        Some(path) => Some(idemkit_tower::config::IdemkitConfig::from_toml(
+            &std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?,
+        )?),
+        None => None,
+    };
+    let contract = ProxyContract {
+        config,
+        upstream_honours_keys: args.upstream_honours_keys,
+        account_header: proxy_default("account_header")?,
+        max_request_body: proxy_default("max_request_body")?
+            .parse()
+            .context("the default of --max-request-body")?,
+    };
+    let format = match args.docs.format {
+        docs::DocsFormat::Markdown => Format::Markdown,
+        docs::DocsFormat::Html => Format::Html,
+    };
+    std::io::stdout()
+        .lock()
+        .write_all(render_proxy(&contract, &idemkit_client::RetryConfig::new(), format).as_bytes())?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The default value of an `idemkit proxy` argument, read from its definition
+/// ([`proxy::ProxyArgs`]), so the proxy's contract publishes what the proxy runs
+/// with unless told otherwise.
+fn proxy_default(id: &str) -> anyhow::Result<String> {
+    use clap::CommandFactory;
+    let cli = Cli::command();
+    let value = cli
+        .find_subcommand("proxy")
+        .and_then(|proxy| proxy.get_arguments().find(|a| a.get_id() == id))
+        .and_then(|arg| arg.get_default_values().first())
+        .and_then(|v| v.to_str())
+        .with_context(|| format!("`idemkit proxy` has no default for {id}"))?;
+    Ok(value.to_owned())
+}
+
 /// Runs a parsed command line and returns the exit code it chose.
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
@@ -86,7 +154,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Courier(args) => courier::run(args),
         Command::Serve(args) => serve::run(args),
         Command::Demo(args) => demo::run(args),
-        Command::Docs(args) => docs::run(args),
+        Command::Docs(args) => run_docs(args),
         Command::Keys(args) => keys::run(args),
         Command::LintOpenapi(args) => lint_openapi::run(args),
         Command::Proxy(args) => proxy::run(args),

@@ -19,7 +19,7 @@ use serde_json::{Value, json};
 use crate::Run;
 
 /// A key store the test prepared, and how the binary reaches it.
-struct Db {
+pub(crate) struct Db {
     store: Arc<dyn KeyStore>,
     url: String,
     /// PostgreSQL: the fresh schema (passed as `IDEMKIT_PG_SCHEMA`).
@@ -35,7 +35,7 @@ impl Drop for Db {
     }
 }
 
-fn unique(prefix: &str) -> String {
+pub(crate) fn unique(prefix: &str) -> String {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
@@ -227,7 +227,7 @@ async fn prepare(store: &dyn KeyStore) {
 }
 
 /// Every subcommand but `complete` on one prepared store.
-async fn exercise(db: Db) {
+pub(crate) async fn exercise(db: Db) {
     prepare(&*db.store).await;
 
     // list: a table, newest first.
@@ -506,7 +506,7 @@ async fn exercise(db: Db) {
 /// `keys release` on each kind of record nobody holds: progress is kept unless
 /// the operator says the downstream did nothing (then it is discarded); a record
 /// without progress is released as a first attempt with or without the flag.
-async fn release_paths(db: Db) {
+pub(crate) async fn release_paths(db: Db) {
     prepare(&*db.store).await;
     let store = &*db.store;
     let get = |account: &'static str, key: &'static str| async move {
@@ -1119,6 +1119,23 @@ fn redis_url() -> Option<String> {
 }
 
 impl Db {
+    /// A store on a Redis Cluster (`urls`: its nodes) under a fresh prefix;
+    /// the binary gets `redis+cluster://node,node,…?prefix=…`.
+    pub(crate) async fn redis_cluster(urls: &[String]) -> Self {
+        let prefix = unique("idemkit-keys-cluster");
+        let store = idemkit_redis::RedisStore::connect(
+            idemkit_redis::RedisConfig::cluster(urls.to_vec()).with_prefix(prefix.clone()),
+        )
+        .await
+        .expect("connect to the cluster");
+        Self {
+            store: Arc::new(store),
+            url: format!("{}?prefix={prefix}", cluster_url(urls)),
+            schema: None,
+            dir: None,
+        }
+    }
+
     /// A Redis key store under a fresh prefix, which the binary is given as
     /// the URL's `prefix` parameter.
     async fn redis() -> Option<Self> {
@@ -1187,4 +1204,10 @@ async fn keys_on_redis_reads_the_prefix_from_the_environment() {
     .await)
     .report();
     assert!(keys_of(&other, "records").is_empty(), "{other}");
+}
+
+/// `redis+cluster://host:port,host:port,…` for `redis://host:port` node URLs.
+pub(crate) fn cluster_url(urls: &[String]) -> String {
+    let nodes: Vec<&str> = urls.iter().map(|u| u.trim_start_matches("redis://")).collect();
+    format!("redis+cluster://{}", nodes.join(","))
 }

@@ -62,7 +62,7 @@ pub(crate) struct Labels {
     /// with the service's own defaults.
     pub(crate) short_lease: bool,
     /// `--keys-url`: the keys in Redis (a fresh prefix), the labels rows in `db()`.
-    keys_url: Option<String>,
+    pub(crate) keys_url: Option<String>,
     /// More `idemkit serve` arguments (`--grpc-listen …`).
     pub(crate) extra_args: Vec<String>,
 }
@@ -278,7 +278,7 @@ pub(crate) async fn post(base: &str, token: &str, body: &Value) -> Saw {
     }
 }
 
-const ACME: &str = "demo-token-acme";
+pub(crate) const ACME: &str = "demo-token-acme";
 const GLOBEX: &str = "demo-token-globex";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1136,7 +1136,7 @@ async fn redis_keys_crash_at_each_boundary_keeps_one_label_and_one_shipment() {
 /// Kills the service with keys on Redis right after its courier intent, for a
 /// completer to finish; returns the key.
 #[cfg(feature = "failpoints")]
-async fn abandon_after_intent(labels: &mut Labels, key: &str) {
+pub(crate) async fn abandon_after_intent(labels: &mut Labels, key: &str) {
     labels.kill9();
     labels.start_service(&[("IDEMKIT_CRASH_AT", "idemkit::after_intent")]);
     let first = tokio::spawn({
@@ -1162,7 +1162,7 @@ async fn abandon_after_intent(labels: &mut Labels, key: &str) {
 /// After a finished completer: one created label with one shipment, and the
 /// client's request is a replay that calls nothing.
 #[cfg(feature = "failpoints")]
-async fn finished_without_retry(labels: &Labels, key: &str) {
+pub(crate) async fn finished_without_retry(labels: &Labels, key: &str) {
     let rows = label_rows(labels, key).await;
     assert_eq!(rows.len(), 1, "{rows:?}");
     assert_eq!(rows[0].status, "created", "{rows:?}");

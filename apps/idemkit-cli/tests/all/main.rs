@@ -9,6 +9,7 @@ use serde_json::Value;
 mod broken;
 mod claims;
 mod cli;
+mod cluster;
 mod courier;
 mod fixtures;
 mod grpc;
@@ -18,8 +19,13 @@ mod lint_openapi;
 mod metrics;
 mod policy;
 mod proxy;
+mod proxy_docs;
 mod quickstart;
 mod readme;
+
+/// The Redis Cluster harness of idemkit-redis's tests (std only).
+#[path = "../../../../crates/idemkit-redis/tests/all/harness.rs"]
+mod redis_harness;
 
 /// What one `idemkit` run left behind.
 #[derive(Debug)]
