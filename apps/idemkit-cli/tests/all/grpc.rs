@@ -68,6 +68,18 @@ async fn create_label(c: &mut LabelsClient<Channel>, message: CreateLabelRequest
     }
 }
 
+/// Rows in the service's `labels` table.
+async fn label_count(labels: &Labels) -> i64 {
+    let url = format!("sqlite://{}?mode=ro", labels.db().display());
+    let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
+    let n = sqlx::query_scalar("SELECT COUNT(*) FROM labels")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    pool.close().await;
+    n
+}
+
 async fn shipments(labels: &Labels) -> u64 {
     labels.stats().await["shipments"].as_u64().unwrap()
 }
@@ -107,6 +119,7 @@ async fn sixty_four_concurrent_calls_with_one_key_make_one_label_and_one_shipmen
     assert!(ok >= 1, "{answers:?}");
     assert_eq!(ok + aborted, 64);
     assert_eq!(shipments(&labels).await, 1, "one courier shipment");
+    assert_eq!(label_count(&labels).await, 1, "one label row");
     // After the fact, a retry is the stored answer, marked.
     let mut c2 = c.clone();
     let again = create_label(&mut c2, message).await;
