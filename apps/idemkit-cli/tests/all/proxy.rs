@@ -42,6 +42,12 @@ async fn slow(State(n): State<Arc<Naive>>) -> impl IntoResponse {
     (StatusCode::CREATED, "late")
 }
 
+/// An answer over the default storage cap (1 MiB).
+async fn big(State(n): State<Arc<Naive>>) -> impl IntoResponse {
+    n.posts.fetch_add(1, Ordering::SeqCst);
+    (StatusCode::CREATED, "x".repeat((1 << 20) + 1))
+}
+
 async fn invalid(State(n): State<Arc<Naive>>) -> impl IntoResponse {
     n.posts.fetch_add(1, Ordering::SeqCst);
     (StatusCode::UNPROCESSABLE_ENTITY, "no")
@@ -111,6 +117,7 @@ async fn setup(name: &str, honours_keys: bool) -> Setup {
             .route("/orders", post(create))
             .route("/slow", post(slow))
             .route("/invalid", post(invalid))
+            .route("/big", post(big))
             .route("/count", get(count))
             .with_state(naive.clone()),
     )
@@ -302,6 +309,18 @@ async fn a_validation_answer_is_not_stored() {
         .await;
     assert_eq!(fixed.status(), 201, "{:?}", fixed.text().await);
     assert_eq!(s.posts(), 3);
+}
+
+#[tokio::test]
+async fn an_answer_over_the_storage_cap_is_refused_and_never_forwarded_again() {
+    let s = setup("big", false).await;
+    for _ in 0..2 {
+        assert_eq!(
+            code(s.post("/big", Some("b"), Some("Bearer a"), "{}").await).await,
+            (500, "idempotency_response_too_large".into())
+        );
+    }
+    assert_eq!(s.posts(), 1, "the upstream acted once; the key answers the problem");
 }
 
 #[tokio::test]
