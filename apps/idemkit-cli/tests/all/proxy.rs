@@ -320,7 +320,11 @@ async fn an_answer_over_the_storage_cap_is_refused_and_never_forwarded_again() {
             (500, "idempotency_response_too_large".into())
         );
     }
-    assert_eq!(s.posts(), 1, "the upstream acted once; the key answers the problem");
+    assert_eq!(
+        s.posts(),
+        1,
+        "the upstream acted once; the key answers the problem"
+    );
 }
 
 #[tokio::test]
