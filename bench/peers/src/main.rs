@@ -1,0 +1,819 @@
+//! Side-by-side load harness: idemkit, the bare handler, and the Rust peers.
+//!
+//! One load generator drives the quickstart's order write (`POST /orders`, body
+//! `{"sku", "quantity"}`, `201` with the order as JSON) over loopback HTTP in
+//! every setup, in one run:
+//!
+//! | setup                         | what wraps the handler                                  |
+//! |-------------------------------|---------------------------------------------------------|
+//! | bare SQLite                   | nothing: the handler's own transaction, same insert      |
+//! | idemkit single-step SQLite    | `IdempotencyLayer::transactional`, insert in the claim's tx |
+//! | bare PostgreSQL               | nothing (only with `IDEMKIT_TEST_POSTGRES_URL`)          |
+//! | idemkit single-step PostgreSQL| `IdempotencyLayer::transactional` (same)                 |
+//! | bare memory                   | nothing: echo with an id from an `AtomicU64`             |
+//! | idemkit lease, MemoryStore    | `IdempotencyLayer::builder(MemoryStore)` (lease mode)    |
+//! | idempotent, memory backend    | `idempotent::middleware::IdempotencyLayer`               |
+//! | axum-idempotent, moka session | `axum_idempotent::IdempotentLayer` inside a ruts session |
+//!
+//! Every request carries a fresh `Idempotency-Key` and `Authorization: Bearer bench`.
+//! 16 client tasks share a keep-alive connection pool; the servers run on their own
+//! runtime with 2 worker threads. Each round drives every setup once (the order is
+//! rotated per round), then sends the idempotent setups the same keys again (replay).
+//! Only ratios between setups measured in the same round are meaningful.
+//!
+//! `IDEMKIT_BENCH_REQUESTS`: requests per setup per round (default 3000).
+//! `IDEMKIT_TEST_POSTGRES_URL`: adds the PostgreSQL pair (fresh schemas, dropped at the end).
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use axum::Router;
+use axum::extract::{FromRequestParts, State};
+use axum::http::request::Parts;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use idemkit_core::{ErrorCode, KeyStore, Policy};
+use idemkit_postgres::{PgConfig, PgStore, PgTx};
+use idemkit_sqlite::{SqliteStore, SqliteTx};
+use idemkit_testkit::MemoryStore;
+use idemkit_tower::{BearerTokenAccount, IdempotencyContext, IdempotencyLayer, Json, ProblemResponse, Tx};
+use serde::{Deserialize, Serialize};
+use tokio::runtime::Handle;
+
+const ROUNDS: usize = 3;
+const CONCURRENCY: usize = 16;
+const SERVER_WORKERS: usize = 2;
+const CLIENT_WORKERS: usize = 2;
+const BODY: &str = r#"{"sku":"BENCH-1","quantity":2}"#;
+
+fn requests() -> usize {
+    std::env::var("IDEMKIT_BENCH_REQUESTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n| n >= CONCURRENCY)
+        .unwrap_or(3000)
+}
+
+// ---------------------------------------------------------------------------
+// The handler: the quickstart's order write.
+// ---------------------------------------------------------------------------
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewOrder {
+    sku: String,
+    quantity: i64,
+}
+
+#[derive(Serialize)]
+struct Order {
+    id: i64,
+    sku: String,
+    quantity: i64,
+}
+
+impl NewOrder {
+    fn validate(&self) -> Result<(), ProblemResponse> {
+        if self.sku.trim().is_empty() || self.sku.len() > 100 {
+            return Err(ProblemResponse::new(
+                ErrorCode::ValidationFailed,
+                "`sku` must be 1 to 100 characters",
+            ));
+        }
+        if self.quantity < 1 {
+            return Err(ProblemResponse::new(
+                ErrorCode::ValidationFailed,
+                "`quantity` must be an integer of at least 1",
+            ));
+        }
+        Ok(())
+    }
+
+    fn created(self, id: i64) -> Response {
+        let location = format!("/orders/{id}");
+        let body = Order {
+            id,
+            sku: self.sku,
+            quantity: self.quantity,
+        };
+        (
+            StatusCode::CREATED,
+            [(header::LOCATION, location)],
+            axum::Json(body),
+        )
+            .into_response()
+    }
+}
+
+fn internal(e: sqlx::Error) -> ProblemResponse {
+    ProblemResponse::new(ErrorCode::Internal, format!("database error: {e}"))
+}
+
+fn unavailable(e: impl std::fmt::Display) -> ProblemResponse {
+    ProblemResponse::new(ErrorCode::StoreUnavailable, e.to_string())
+}
+
+const SQLITE_INSERT: &str = "INSERT INTO orders (account, sku, quantity) VALUES (?1, ?2, ?3) RETURNING id";
+const PG_INSERT: &str = "INSERT INTO orders (account, sku, quantity) VALUES ($1, $2, $3) RETURNING id";
+
+/// The account of the bare handlers: the bearer token, as `BearerTokenAccount`
+/// resolves it for the idemkit layer (no clone of the request parts).
+struct Bearer(String);
+
+impl<S: Send + Sync> FromRequestParts<S> for Bearer {
+    type Rejection = ProblemResponse;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        idemkit_tower::bearer_token(parts)
+            .map(|t| Self(t.to_owned()))
+            .ok_or_else(|| {
+                ProblemResponse::new(ErrorCode::Unauthorized, "send `Authorization: Bearer <token>`")
+            })
+    }
+}
+
+/// (2) The quickstart's `create_order_sqlite`: runs inside the claim's transaction.
+async fn create_order_sqlite(
+    ctx: IdempotencyContext,
+    mut tx: Tx<SqliteTx>,
+    Json(order): Json<NewOrder>,
+) -> Result<Response, ProblemResponse> {
+    order.validate()?;
+    let id: i64 = sqlx::query_scalar(SQLITE_INSERT)
+        .bind(ctx.scope.account.as_str())
+        .bind(&order.sku)
+        .bind(order.quantity)
+        .fetch_one(&mut **tx)
+        .await
+        .map_err(internal)?;
+    Ok(order.created(id))
+}
+
+/// (1) The same insert without idempotency: its own transaction, through the
+/// same store (and so the same writer queue) the single-step layer uses.
+async fn create_order_sqlite_bare(
+    State(store): State<Arc<SqliteStore>>,
+    Bearer(account): Bearer,
+    Json(order): Json<NewOrder>,
+) -> Result<Response, ProblemResponse> {
+    order.validate()?;
+    let mut tx = store.begin().await.map_err(unavailable)?;
+    let id: i64 = sqlx::query_scalar(SQLITE_INSERT)
+        .bind(&account)
+        .bind(&order.sku)
+        .bind(order.quantity)
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(internal)?;
+    tx.commit().await.map_err(internal)?;
+    Ok(order.created(id))
+}
+
+/// (4) The quickstart's `create_order_pg`.
+async fn create_order_pg(
+    ctx: IdempotencyContext,
+    mut tx: Tx<PgTx>,
+    Json(order): Json<NewOrder>,
+) -> Result<Response, ProblemResponse> {
+    order.validate()?;
+    let id: i64 = sqlx::query_scalar(PG_INSERT)
+        .bind(ctx.scope.account.as_str())
+        .bind(&order.sku)
+        .bind(order.quantity)
+        .fetch_one(&mut **tx)
+        .await
+        .map_err(internal)?;
+    Ok(order.created(id))
+}
+
+/// (3) The same insert without idempotency: its own transaction on the same pool.
+async fn create_order_pg_bare(
+    State(store): State<Arc<PgStore>>,
+    Bearer(account): Bearer,
+    Json(order): Json<NewOrder>,
+) -> Result<Response, ProblemResponse> {
+    order.validate()?;
+    let mut tx = store.pool().begin().await.map_err(unavailable)?;
+    let id: i64 = sqlx::query_scalar(PG_INSERT)
+        .bind(&account)
+        .bind(&order.sku)
+        .bind(order.quantity)
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(internal)?;
+    tx.commit().await.map_err(internal)?;
+    Ok(order.created(id))
+}
+
+/// (5)–(8) The in-memory order write: no database, the id comes from a counter
+/// (which also counts how often the handler ran).
+async fn create_order_memory(
+    State(ids): State<Arc<AtomicU64>>,
+    Json(order): Json<NewOrder>,
+) -> Result<Response, ProblemResponse> {
+    order.validate()?;
+    let id = ids.fetch_add(1, Ordering::Relaxed) + 1;
+    Ok(order.created(id as i64))
+}
+
+// ---------------------------------------------------------------------------
+// The setups.
+// ---------------------------------------------------------------------------
+
+/// How to tell how many times a setup's handler ran (rows or counter).
+#[derive(Clone)]
+enum Runs {
+    Memory(Arc<AtomicU64>),
+    Sqlite(Arc<SqliteStore>),
+    Pg(Arc<PgStore>),
+}
+
+impl Runs {
+    async fn count(&self, server: &Handle) -> i64 {
+        match self.clone() {
+            Self::Memory(ids) => ids.load(Ordering::Relaxed) as i64,
+            Self::Sqlite(store) => server
+                .spawn(async move {
+                    sqlx::query_scalar::<_, i64>("SELECT COUNT(*) FROM orders")
+                        .fetch_one(store.pool())
+                        .await
+                        .unwrap()
+                })
+                .await
+                .unwrap(),
+            Self::Pg(store) => server
+                .spawn(async move {
+                    sqlx::query_scalar::<_, i64>("SELECT COUNT(*) FROM orders")
+                        .fetch_one(store.pool())
+                        .await
+                        .unwrap()
+                })
+                .await
+                .unwrap(),
+        }
+    }
+}
+
+/// Which bare setup a setup is compared with.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Family {
+    Sqlite,
+    Pg,
+    Memory,
+}
+
+struct Setup {
+    name: &'static str,
+    family: Family,
+    /// `None` for a bare setup; else the header a replayed response carries.
+    replay_marker: Option<&'static str>,
+    url: String,
+    client: reqwest::Client,
+    /// One `Cookie` header per client task (axum-idempotent's session), else empty.
+    cookies: Vec<String>,
+    runs: Runs,
+}
+
+type BoxFut<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .pool_max_idle_per_host(CONCURRENCY)
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap()
+}
+
+/// Builds the app on the server runtime (stores spawn their tasks there), serves
+/// it on a loopback port, and returns its URL.
+async fn serve(server: &Handle, build: BoxFut<Router>) -> String {
+    server
+        .spawn(async move {
+            let app = build.await;
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = listener.local_addr().unwrap();
+            tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+            format!("http://{addr}")
+        })
+        .await
+        .unwrap()
+}
+
+async fn setup(
+    server: &Handle,
+    name: &'static str,
+    family: Family,
+    replay_marker: Option<&'static str>,
+    runs: Runs,
+    build: BoxFut<Router>,
+) -> Setup {
+    let base = serve(server, build).await;
+    Setup {
+        name,
+        family,
+        replay_marker,
+        url: format!("{base}/orders"),
+        client: client(),
+        cookies: Vec::new(),
+        runs,
+    }
+}
+
+const SQLITE_ORDERS: &str = "CREATE TABLE orders (id INTEGER PRIMARY KEY AUTOINCREMENT, account TEXT NOT NULL, \
+                             sku TEXT NOT NULL, quantity INTEGER NOT NULL)";
+const PG_ORDERS: &str = "CREATE TABLE orders (id BIGSERIAL PRIMARY KEY, account TEXT NOT NULL, \
+                         sku TEXT NOT NULL, quantity BIGINT NOT NULL)";
+
+async fn sqlite_store(server: &Handle, path: PathBuf) -> Arc<SqliteStore> {
+    server
+        .spawn(async move {
+            let store = SqliteStore::open(&path).await.unwrap();
+            sqlx::query(SQLITE_ORDERS).execute(store.pool()).await.unwrap();
+            Arc::new(store)
+        })
+        .await
+        .unwrap()
+}
+
+async fn pg_store(server: &Handle, url: String, schema: String) -> Arc<PgStore> {
+    server
+        .spawn(async move {
+            let config = PgConfig {
+                schema,
+                max_connections: 8,
+                ..PgConfig::default()
+            };
+            let store = PgStore::connect(&url, config).await.unwrap();
+            // The pool's search_path puts this in the fresh schema.
+            sqlx::query(PG_ORDERS).execute(store.pool()).await.unwrap();
+            Arc::new(store)
+        })
+        .await
+        .unwrap()
+}
+
+fn layer_err(e: impl std::fmt::Debug) -> ! {
+    panic!("layer configuration: {e:?}")
+}
+
+async fn sessions_for(setup: &mut Setup) {
+    // axum-idempotent caches only for a request that already carries a session and
+    // never creates one: each client task logs in once and keeps its cookie.
+    let login = setup.url.replace("/orders", "/login");
+    for _ in 0..CONCURRENCY {
+        let res = setup
+            .client
+            .post(&login)
+            .header("authorization", "Bearer bench")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), StatusCode::NO_CONTENT, "login");
+        let cookie = res
+            .headers()
+            .get(header::SET_COOKIE)
+            .expect("the session layer sets a cookie")
+            .to_str()
+            .unwrap()
+            .split(';')
+            .next()
+            .unwrap()
+            .to_owned();
+        setup.cookies.push(cookie);
+    }
+}
+
+async fn login(session: ruts::Session<ruts::store::moka::MokaStore>) -> StatusCode {
+    session
+        .set("account", &"bench", ruts::store::Ttl::new(3600).unwrap(), None)
+        .await
+        .unwrap();
+    StatusCode::NO_CONTENT
+}
+
+// ---------------------------------------------------------------------------
+// The load generator.
+// ---------------------------------------------------------------------------
+
+/// Sends `n` requests with the keys `{tag}-{task}-{i}` from `CONCURRENCY` tasks
+/// over the setup's keep-alive pool; every answer must be `201`, and carry the
+/// setup's replay marker exactly when `replay`. Returns requests per second.
+async fn drive(setup: &Setup, n: usize, tag: &str, replay: bool) -> f64 {
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..CONCURRENCY)
+        .map(|t| {
+            let per_task = n / CONCURRENCY + usize::from(t < n % CONCURRENCY);
+            let client = setup.client.clone();
+            let url = setup.url.clone();
+            let cookie = setup.cookies.get(t).cloned();
+            let marker = setup.replay_marker;
+            let tag = tag.to_owned();
+            let name = setup.name;
+            tokio::spawn(async move {
+                for i in 0..per_task {
+                    let mut req = client
+                        .post(&url)
+                        .header("authorization", "Bearer bench")
+                        .header("idempotency-key", format!("{tag}-{t}-{i}"))
+                        .header("content-type", "application/json")
+                        .body(BODY);
+                    if let Some(cookie) = &cookie {
+                        req = req.header(header::COOKIE, cookie);
+                    }
+                    let res = req.send().await.unwrap();
+                    let status = res.status();
+                    let replayed = marker
+                        .and_then(|m| res.headers().get(m))
+                        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true"));
+                    let body = res.bytes().await.unwrap();
+                    assert_eq!(
+                        status,
+                        StatusCode::CREATED,
+                        "{name}: {}",
+                        String::from_utf8_lossy(&body)
+                    );
+                    if marker.is_some() {
+                        assert_eq!(replayed, replay, "{name}: replay marker on {tag}-{t}-{i}");
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    n as f64 / started.elapsed().as_secs_f64()
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(|a, b| a.total_cmp(b));
+    if v.len() % 2 == 1 {
+        v[v.len() / 2]
+    } else {
+        (v[v.len() / 2 - 1] + v[v.len() / 2]) / 2.0
+    }
+}
+
+fn per_round(v: &[f64]) -> String {
+    v.iter()
+        .map(|x| format!("{x:.0}"))
+        .collect::<Vec<_>>()
+        .join(" / ")
+}
+
+async fn run(server: Handle) {
+    let n = requests();
+    let warm = (n / 4).max(CONCURRENCY);
+    let pg_url = std::env::var("IDEMKIT_TEST_POSTGRES_URL")
+        .ok()
+        .filter(|u| !u.is_empty());
+    let stamp = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs();
+    let run_id = format!("{stamp}_{}", std::process::id());
+    let dir = std::env::temp_dir().join(format!("idemkit-bench-peers-{run_id}"));
+    std::fs::create_dir_all(&dir).unwrap();
+
+    println!("idemkit-bench-peers: the quickstart's order write over loopback HTTP");
+    println!(
+        "  {n} requests per setup per round (+{warm} warm-up), {ROUNDS} rounds, {CONCURRENCY} client tasks \
+         ({CLIENT_WORKERS} client threads), servers on {SERVER_WORKERS} worker threads"
+    );
+
+    let mut setups = Vec::new();
+
+    // (1), (2) SQLite: one file each.
+    let store = sqlite_store(&server, dir.join("bare.db")).await;
+    let s = store.clone();
+    setups.push(
+        setup(
+            &server,
+            "bare SQLite",
+            Family::Sqlite,
+            None,
+            Runs::Sqlite(store),
+            Box::pin(async move {
+                Router::new()
+                    .route("/orders", post(create_order_sqlite_bare))
+                    .with_state(s)
+            }),
+        )
+        .await,
+    );
+    let store = sqlite_store(&server, dir.join("idem.db")).await;
+    let s = store.clone();
+    setups.push(
+        setup(
+            &server,
+            "idemkit single-step SQLite",
+            Family::Sqlite,
+            Some("idempotent-replayed"),
+            Runs::Sqlite(store),
+            Box::pin(async move {
+                let layer = IdempotencyLayer::transactional(s)
+                    .resolver(BearerTokenAccount)
+                    .build()
+                    .unwrap_or_else(|e| layer_err(e));
+                Router::new().route("/orders", post(create_order_sqlite).layer(layer))
+            }),
+        )
+        .await,
+    );
+
+    // (3), (4) PostgreSQL: fresh schemas for this run.
+    let mut schemas = Vec::new();
+    if let Some(url) = &pg_url {
+        let schema = format!("bench_peers_{run_id}_bare");
+        schemas.push(schema.clone());
+        let store = pg_store(&server, url.clone(), schema).await;
+        let s = store.clone();
+        setups.push(
+            setup(
+                &server,
+                "bare PostgreSQL",
+                Family::Pg,
+                None,
+                Runs::Pg(store),
+                Box::pin(async move {
+                    Router::new()
+                        .route("/orders", post(create_order_pg_bare))
+                        .with_state(s)
+                }),
+            )
+            .await,
+        );
+        let schema = format!("bench_peers_{run_id}_idem");
+        schemas.push(schema.clone());
+        let store = pg_store(&server, url.clone(), schema).await;
+        let s = store.clone();
+        setups.push(
+            setup(
+                &server,
+                "idemkit single-step PostgreSQL",
+                Family::Pg,
+                Some("idempotent-replayed"),
+                Runs::Pg(store),
+                Box::pin(async move {
+                    let layer = IdempotencyLayer::transactional(s)
+                        .resolver(BearerTokenAccount)
+                        .build()
+                        .unwrap_or_else(|e| layer_err(e));
+                    Router::new().route("/orders", post(create_order_pg).layer(layer))
+                }),
+            )
+            .await,
+        );
+    }
+
+    // (5) bare in-memory handler.
+    let ids = Arc::new(AtomicU64::new(0));
+    let s = ids.clone();
+    setups.push(
+        setup(
+            &server,
+            "bare memory",
+            Family::Memory,
+            None,
+            Runs::Memory(ids),
+            Box::pin(async move {
+                Router::new()
+                    .route("/orders", post(create_order_memory))
+                    .with_state(s)
+            }),
+        )
+        .await,
+    );
+
+    // (6) idemkit lease mode on the in-memory store.
+    let ids = Arc::new(AtomicU64::new(0));
+    let s = ids.clone();
+    setups.push(
+        setup(
+            &server,
+            "idemkit lease, MemoryStore",
+            Family::Memory,
+            Some("idempotent-replayed"),
+            Runs::Memory(ids),
+            Box::pin(async move {
+                let store: Arc<dyn KeyStore> = Arc::new(MemoryStore::new());
+                let layer = IdempotencyLayer::builder(store)
+                    .policy(Policy::new())
+                    .resolver(BearerTokenAccount)
+                    .build()
+                    .unwrap_or_else(|e| layer_err(e));
+                Router::new()
+                    .route("/orders", post(create_order_memory).layer(layer))
+                    .with_state(s)
+            }),
+        )
+        .await,
+    );
+
+    // (7) `idempotent` 2.x: its Tower layer on its in-memory store, keys scoped by
+    // the bearer token (as idemkit scopes them by account).
+    let ids = Arc::new(AtomicU64::new(0));
+    let s = ids.clone();
+    setups.push(
+        setup(
+            &server,
+            "idempotent 2.x, memory store",
+            Family::Memory,
+            Some("idempotent-replayed"),
+            Runs::Memory(ids),
+            Box::pin(async move {
+                // try_build spawns the store's actor on the current (server) runtime.
+                let store = idempotent::memory::MemoryStore::builder().try_build().unwrap();
+                let layer = idempotent::middleware::IdempotencyLayer::new(store)
+                    .scope(|parts| idemkit_tower::bearer_token(parts).map(str::to_owned));
+                Router::new()
+                    .route("/orders", post(create_order_memory).layer(layer))
+                    .with_state(s)
+            }),
+        )
+        .await,
+    );
+
+    // (8) `axum-idempotent` 0.6: direct-key mode (the Idempotency-Key header is the
+    // cache key), responses kept in a ruts session on an in-memory moka store.
+    let ids = Arc::new(AtomicU64::new(0));
+    let s = ids.clone();
+    let mut ai = setup(
+        &server,
+        "axum-idempotent 0.6, moka session",
+        Family::Memory,
+        Some("idempotency-replayed"),
+        Runs::Memory(ids),
+        Box::pin(async move {
+            let sessions = Arc::new(ruts::store::moka::MokaStore::builder().build());
+            let options = axum_idempotent::IdempotentOptions::default()
+                .use_idempotency_key_header(Some("Idempotency-Key"), true)
+                .expire_after(3600);
+            Router::new()
+                .route(
+                    "/orders",
+                    post(create_order_memory).layer(axum_idempotent::IdempotentLayer::<
+                        ruts::store::moka::MokaStore,
+                    >::new(options)),
+                )
+                .route("/login", post(login))
+                .layer(
+                    ruts::SessionLayer::new(sessions).with_cookie_options(
+                        ruts::CookieOptions::build()
+                            .name("session")
+                            .max_age(3600)
+                            .path("/"),
+                    ),
+                )
+                .layer(tower_cookies::CookieManagerLayer::new())
+                .with_state(s)
+        }),
+    )
+    .await;
+    sessions_for(&mut ai).await;
+    setups.push(ai);
+
+    // Warm every setup (connection pools, allocator, page cache), replays included.
+    for s in &setups {
+        drive(s, warm, "warm", false).await;
+        if s.replay_marker.is_some() {
+            drive(s, warm, "warm", true).await;
+        }
+    }
+
+    // rps[setup][round], replay[setup][round].
+    let mut rps = vec![Vec::new(); setups.len()];
+    let mut replay = vec![Vec::new(); setups.len()];
+    for round in 0..ROUNDS {
+        let mut order: Vec<usize> = (0..setups.len()).collect();
+        order.rotate_left(round % setups.len());
+        for i in order {
+            let s = &setups[i];
+            let tag = format!("r{round}");
+            rps[i].push(drive(s, n, &tag, false).await);
+            if s.replay_marker.is_some() {
+                replay[i].push(drive(s, n, &tag, true).await);
+            }
+        }
+        eprintln!("  round {} of {ROUNDS} done", round + 1);
+    }
+
+    // Baseline of each family: its bare setup.
+    let bare = |family: Family| {
+        setups
+            .iter()
+            .position(|s| s.family == family && s.replay_marker.is_none())
+            .unwrap()
+    };
+    // Ratio = median over rounds of (setup ÷ its bare baseline in the same round).
+    let ratio = |v: &[f64], base: &[f64]| median(&v.iter().zip(base).map(|(a, b)| a / b).collect::<Vec<_>>());
+
+    println!();
+    println!("first requests (fresh key each): requests/s, median of {ROUNDS} rounds;");
+    println!("ratio = median over rounds of (setup ÷ its bare baseline measured in the same round)");
+    println!(
+        "{:<36} {:>9} {:>24} {:>9}  ÷ baseline",
+        "setup", "req/s", "per round", "ratio"
+    );
+    for (i, s) in setups.iter().enumerate() {
+        let b = bare(s.family);
+        println!(
+            "{:<36} {:>9.0} {:>24} {:>9.3}  {}",
+            s.name,
+            median(&rps[i]),
+            per_round(&rps[i]),
+            ratio(&rps[i], &rps[b]),
+            setups[b].name
+        );
+    }
+
+    println!();
+    println!(
+        "replays (the same keys sent again): requests/s; ratio = replay ÷ bare first requests, same round"
+    );
+    println!(
+        "{:<36} {:>9} {:>24} {:>9}  ÷ baseline",
+        "setup", "req/s", "per round", "ratio"
+    );
+    for (i, s) in setups
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| s.replay_marker.is_some())
+    {
+        let b = bare(s.family);
+        println!(
+            "{:<36} {:>9.0} {:>24} {:>9.3}  {} (first requests)",
+            s.name,
+            median(&replay[i]),
+            per_round(&replay[i]),
+            ratio(&replay[i], &rps[b]),
+            setups[b].name
+        );
+    }
+
+    // Every setup ran its handler once per distinct key: replays never reached it.
+    println!();
+    let expected = (warm + ROUNDS * n) as i64;
+    let mut all_ok = true;
+    for s in &setups {
+        let got = s.runs.count(&server).await;
+        let ok = got == expected;
+        all_ok &= ok;
+        println!(
+            "handler runs, {:<36} {got:>7} (expected {expected}) {}",
+            s.name,
+            if ok { "ok" } else { "MISMATCH" }
+        );
+    }
+    if pg_url.is_none() {
+        println!("(set IDEMKIT_TEST_POSTGRES_URL to include the PostgreSQL pair)");
+    }
+    println!("only the ratios compare: absolute req/s depend on this machine and its load");
+
+    // Clean up: drop this run's schemas and SQLite files.
+    if let Some(url) = pg_url {
+        let dropped = schemas.clone();
+        server
+            .spawn(async move {
+                let pool = sqlx::PgPool::connect(&url).await.unwrap();
+                for schema in dropped {
+                    // The name is ours: digits and underscores.
+                    sqlx::query(sqlx::AssertSqlSafe(format!(
+                        "DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"
+                    )))
+                    .execute(&pool)
+                    .await
+                    .unwrap();
+                }
+                pool.close().await;
+            })
+            .await
+            .unwrap();
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        all_ok,
+        "a setup ran its handler more or less often than once per key"
+    );
+}
+
+fn main() {
+    let server = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(SERVER_WORKERS)
+        .thread_name("server")
+        .enable_all()
+        .build()
+        .unwrap();
+    let client = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(CLIENT_WORKERS)
+        .thread_name("client")
+        .enable_all()
+        .build()
+        .unwrap();
+    client.block_on(run(server.handle().clone()));
+    drop(client);
+    server.shutdown_timeout(Duration::from_secs(2));
+}
