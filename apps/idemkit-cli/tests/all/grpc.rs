@@ -379,3 +379,66 @@ async fn the_completer_finishes_an_abandoned_call_with_no_retry() {
     assert_eq!(proto::Label::decode(bytes.as_slice()).unwrap().id, row.id);
     assert_eq!(shipments(&labels).await, 1);
 }
+
+/// A courier that refuses the label for good: `FAILED_PRECONDITION` with the
+/// courier's reason, stored (marked final), so the retry is that same answer
+/// and the courier is not called again. A courier outage: `UNAVAILABLE` with
+/// RetryInfo, not stored; the retry resumes and books the same label.
+#[tokio::test]
+async fn courier_refusal_is_stored_and_an_outage_resumes() {
+    let labels = Labels::start();
+    let mut c = client(&labels.base).await;
+    let calls = || async { labels.stats().await["calls"].as_u64().unwrap() };
+    labels.faults(serde_json::json!({"rejectNext": 1})).await;
+    let refused = c
+        .create_label(call(create("grpc-refused"), TOKEN))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition);
+    let info = refused.get_error_details().error_info().cloned().unwrap();
+    assert_eq!(
+        (info.reason.as_str(), info.domain.as_str()),
+        ("address_rejected", "labels.v1")
+    );
+    assert!(
+        refused.metadata().get("idemkit-outcome").is_none(),
+        "the marker never leaves the server"
+    );
+    let before = calls().await;
+    let again = c
+        .create_label(call(create("grpc-refused"), TOKEN))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (again.code(), reason(&again)),
+        (Code::FailedPrecondition, "address_rejected".into())
+    );
+    assert_eq!(again.metadata().get("idempotent-replayed").unwrap(), "true");
+    assert_eq!(calls().await, before, "a stored refusal calls nothing");
+
+    labels
+        .faults(serde_json::json!({"failNext": 100, "status": 503}))
+        .await;
+    let down = c
+        .create_label(call(create("grpc-outage"), TOKEN))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (down.code(), reason(&down)),
+        (Code::Unavailable, "courier_unavailable".into())
+    );
+    assert!(down.get_error_details().retry_info().is_some(), "RetryInfo");
+    let failed_id = down.get_error_details().error_info().unwrap().metadata["label_id"].clone();
+    labels.faults(serde_json::json!({"reset": true})).await;
+    let label = c
+        .create_label(call(create("grpc-outage"), TOKEN))
+        .await
+        .expect("the retry resumes")
+        .into_inner();
+    assert_eq!(
+        (label.status.as_str(), label.id),
+        ("created", failed_id),
+        "the same label"
+    );
+    assert_eq!(shipments(&labels).await, 1);
+}

@@ -298,6 +298,16 @@ async fn created_then_replayed_as_200_with_one_shipment() {
     assert_eq!((again.status, again.replayed), (200, true));
     assert_eq!(again.raw, first.raw, "identical body");
     assert_eq!(labels.stats().await["shipments"], 1);
+    // Another method on the route is 405, before any idempotency check (a
+    // spent deadline, a missing key): the layer guards POST only.
+    let put = reqwest::Client::new()
+        .put(format!("{}/labels", labels.base))
+        .header("request-timeout", "0")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(put.status(), 405);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -475,7 +475,9 @@ async fn mount<S: db::LabelsDb>(
         None
     };
     let mut router = Router::new()
-        .route("/labels", create.layer(layer))
+        // `route_layer`: only POST runs under the layer; other methods get
+        // their 405 without it (no key, deadline or account checks first).
+        .route("/labels", create.route_layer(layer))
         .route("/labels/{id}", get(read::get::<S>))
         .route("/tracking/{id}", get(read::track::<S>))
         .with_state(app)
