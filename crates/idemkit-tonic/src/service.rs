@@ -17,6 +17,7 @@ use idemkit_core::{
 };
 use idemkit_tower::IdempotencyContext;
 use idemkit_tower::engine::{Attempt, Disposition, Finished, Incoming, Outcome, Refusal};
+use idemkit_tower::metrics::outcome;
 use tonic::Code;
 use tonic::body::Body;
 use tower::Service;
@@ -87,8 +88,22 @@ where
         let Some(&key_field) = self.shared.methods.get(req.uri().path()) else {
             return Box::pin(async move { Ok(inner.call(req).await?.map(Body::new)) });
         };
-        let span = tracing::info_span!("idemkit.grpc", method = req.uri().path());
-        Box::pin(handle(self.shared.clone(), inner, req, key_field).instrument(span))
+        let span = tracing::info_span!(
+            "idemkit.grpc",
+            method = req.uri().path(),
+            outcome = tracing::field::Empty
+        );
+        let shared = self.shared.clone();
+        Box::pin(
+            async move {
+                // Counted once in `idemkit_requests_total`, as the HTTP layer does.
+                let (outcome, result) = handle(shared, inner, req, key_field).await;
+                tracing::Span::current().record("outcome", outcome);
+                idemkit_tower::metrics::request(outcome);
+                result
+            }
+            .instrument(span),
+        )
     }
 }
 
@@ -97,7 +112,7 @@ async fn handle<S, B>(
     inner: S,
     req: Request<Body>,
     key_field: KeyField,
-) -> Result<Response<Body>, S::Error>
+) -> (&'static str, Result<Response<Body>, S::Error>)
 where
     S: Service<Request<Body>, Response = Response<B>> + Send + 'static,
     S::Future: Send + 'static,
@@ -110,11 +125,11 @@ where
     let deadline = crate::deadline::request_deadline(&parts.headers);
     let (claim, bytes) = match prepare(&shared, &parts, body, key_field).await {
         Ok(p) => p,
-        Err(status) => return Ok(status.into_http()),
+        Err(status) => return (refused_outcome(&status), Ok(status.into_http())),
     };
     let attempt = match shared.engine.begin_until(claim, deadline).await {
         Ok(attempt) => attempt,
-        Err(refused) => return Ok(refusal_response(refused.refusal)),
+        Err(refused) => return (refused.outcome, Ok(refusal_response(refused.refusal))),
     };
     // The claim is committed, so the work goes on to completion detached from
     // the call: a client that cancels (exactly when clients retry) leaves neither
@@ -129,8 +144,21 @@ where
             // The handler panicked: the attempt went with it and its lease
             // expires on its own; the next attempt takes over then.
             tracing::error!(error = %e, "idempotency: the handler task failed");
-            Ok(tonic::Status::internal("the handler failed").into_http())
+            (
+                outcome::ERROR,
+                Ok(tonic::Status::internal("the handler failed").into_http()),
+            )
         }
+    }
+}
+
+/// How a call refused before claiming counts: by its ErrorInfo reason.
+fn refused_outcome(status: &tonic::Status) -> &'static str {
+    use tonic_types::StatusExt;
+    match status.get_error_details().error_info().map(|i| i.reason.as_str()) {
+        Some(r) if r == ErrorCode::KeyMissing.as_str() => outcome::KEY_MISSING,
+        Some(r) if r == ErrorCode::KeyInvalid.as_str() => outcome::KEY_INVALID,
+        _ => outcome::REJECTED,
     }
 }
 
@@ -243,7 +271,7 @@ async fn execute<S, B>(
     parts: Parts,
     bytes: Bytes,
     attempt: Attempt,
-) -> Result<Response<Body>, S::Error>
+) -> (&'static str, Result<Response<Body>, S::Error>)
 where
     S: Service<Request<Body>, Response = Response<B>> + Send + 'static,
     S::Future: Send + 'static,
@@ -263,8 +291,7 @@ where
         Ok(r) => r,
         Err(e) => {
             // The handler failed without an answer: nothing to store.
-            attempt.settle(None, Disposition::Release).await;
-            return Err(e);
+            return (attempt.settle(None, Disposition::Release).await, Err(e));
         }
     };
     let mut handler_outcome = response.extensions().get::<Outcome>().copied();
@@ -284,7 +311,7 @@ where
                 Problem::new(ErrorCode::Internal, "the handler's response body failed")
             };
             let refused = attempt.unstorable(None, problem, too_large).await;
-            return Ok(refusal_response(refused.refusal));
+            return (refused.outcome, Ok(refusal_response(refused.refusal)));
         }
     };
     let mut trailers = collected.trailers().cloned();
@@ -297,22 +324,30 @@ where
     let code = grpc_code(trailers.as_ref(), &parts.headers);
     let how = disposition(code, handler_outcome, &policy);
     tracing::debug!(?code, disposition = how.label(), "idempotency: handler answered");
-    match how {
+    let counted = match how {
         Disposition::Store => {
             let stored = to_stored(&parts, &data, trailers.as_ref());
             if let Finished::Refused(refused) = attempt.store(None, &stored).await {
-                return Ok(refusal_response(refused.refusal));
+                return (refused.outcome, Ok(refusal_response(refused.refusal)));
             }
+            outcome::EXECUTED
         }
-        Disposition::Leave => {}
-        other => {
-            attempt.settle(None, other).await;
-        }
-    }
-    Ok(Response::from_parts(
-        parts,
-        Body::new(Replayed::new(data, trailers)),
-    ))
+        // The handler settled the record itself: its parked and lease-lost
+        // answers say which.
+        Disposition::Leave => match code {
+            Code::FailedPrecondition => outcome::PARKED,
+            Code::Aborted => outcome::LEASE_LOST,
+            _ => outcome::EXECUTED,
+        },
+        other => attempt.settle(None, other).await,
+    };
+    (
+        counted,
+        Ok(Response::from_parts(
+            parts,
+            Body::new(Replayed::new(data, trailers)),
+        )),
+    )
 }
 
 /// The call's status: from the trailers, or from the headers of a

@@ -281,3 +281,55 @@ async fn sqlite_store() {
     suite(Arc::new(store)).await;
     let _ = std::fs::remove_file(&path);
 }
+
+/// Every guarded call is counted once in `idemkit_requests_total` by outcome,
+/// as the HTTP layer counts its requests (a recorder local to this test's
+/// thread; server and client run on this thread's runtime).
+#[test]
+fn calls_are_counted_by_outcome() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    metrics::with_local_recorder(&recorder, || {
+        runtime.block_on(async {
+            let h = serve(Arc::new(idemkit_testkit::MemoryStore::new())).await;
+            let ch = &h.channel;
+            call(ch, "alice", None, message("m-1", "one", 0)).await.unwrap();
+            call(ch, "alice", None, message("m-1", "one", 0)).await.unwrap();
+            let reused = call(ch, "alice", None, message("m-1", "other", 0))
+                .await
+                .unwrap_err();
+            assert_eq!(reason(&reused), "idempotency_key_reused");
+            let missing = call(ch, "alice", None, message("", "x", 0)).await.unwrap_err();
+            assert_eq!(reason(&missing), "idempotency_key_missing");
+        })
+    });
+    // A snapshot drains counters: read every outcome from one snapshot.
+    let all: Vec<(String, u64)> = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(key, ..)| key.key().name() == idemkit_tower::metrics::REQUESTS)
+        .map(|(key, _, _, value)| {
+            let outcome = key
+                .key()
+                .labels()
+                .find(|l| l.key() == "outcome")
+                .map(|l| l.value().to_owned())
+                .unwrap_or_default();
+            let DebugValue::Counter(n) = value else {
+                panic!("{value:?}")
+            };
+            (outcome, n)
+        })
+        .collect();
+    let get = |o: &str| all.iter().filter(|(k, _)| k == o).map(|(_, n)| *n).sum::<u64>();
+    assert_eq!(get("executed"), 1, "{all:?}");
+    assert_eq!(get("replayed"), 1, "{all:?}");
+    assert_eq!(get("key_reused"), 1, "{all:?}");
+    assert_eq!(get("key_missing"), 1, "{all:?}");
+}
