@@ -20,7 +20,9 @@ pub struct MemoryStore {
 
 #[derive(Debug, Default)]
 struct Records {
-    keys: HashMap<Scope, Record>,
+    /// Boxed: a record is a few hundred bytes, and a growing map moves every
+    /// entry when it rehashes.
+    keys: HashMap<Scope, Box<Record>>,
     review: Vec<ReviewEntry>,
     /// The last fencing token handed out, store-wide: tokens never repeat, even
     /// for a key whose record the reaper deleted.
@@ -35,7 +37,7 @@ impl Records {
 }
 
 impl std::ops::Deref for Records {
-    type Target = HashMap<Scope, Record>;
+    type Target = HashMap<Scope, Box<Record>>;
     fn deref(&self) -> &Self::Target {
         &self.keys
     }
@@ -118,7 +120,10 @@ impl MemoryStore {
     pub(crate) fn peek_decision(&self, req: &ClaimRequest) -> Decision {
         let now = self.clock.now();
         let map = self.lock();
-        req.decide(map.keys.get(&req.scope).map(RecordHead::from).as_ref(), now)
+        req.decide(
+            map.keys.get(&req.scope).map(|r| RecordHead::from(&**r)).as_ref(),
+            now,
+        )
     }
 
     /// Sets a record's fencing token outright (mutant stores use it to model
@@ -141,7 +146,10 @@ impl MemoryStore {
         let now = self.clock.now();
         let expires_at = now.plus(req.lease);
         let mut map = self.lock();
-        let decision = decide(map.keys.get(&req.scope).map(RecordHead::from).as_ref(), now);
+        let decision = decide(
+            map.keys.get(&req.scope).map(|r| RecordHead::from(&**r)).as_ref(),
+            now,
+        );
         let next = match decision {
             Decision::Insert | Decision::Reuse | Decision::Takeover => map.next_token(),
             _ => FencingToken(0),
@@ -163,7 +171,7 @@ impl MemoryStore {
         };
         Ok(match decision {
             Decision::Insert | Decision::Reuse => {
-                map.insert(req.scope.clone(), fresh());
+                map.insert(req.scope.clone(), Box::new(fresh()));
                 ClaimOutcome::Claimed(Lease {
                     token: next,
                     expires_at,
@@ -245,7 +253,7 @@ impl KeyStore for MemoryStore {
     }
 
     async fn get(&self, scope: &Scope) -> StoreResult<Option<Record>> {
-        Ok(self.lock().get(scope).cloned())
+        Ok(self.lock().get(scope).map(|r| (**r).clone()))
     }
 
     fn now(&self) -> Millis {
@@ -279,6 +287,7 @@ impl KeyStore for MemoryStore {
                     && r.lease_expires_at <= now
                     && r.created_at <= claimed_before
             })
+            .map(|r| &**r)
             .collect();
         found.sort_by(|a, b| {
             (a.created_at, a.scope.account.as_str(), a.scope.key.as_str()).cmp(&(
@@ -363,7 +372,7 @@ impl KeyStore for MemoryStore {
 
     async fn list(&self, filter: &ListFilter) -> StoreResult<Vec<Record>> {
         let map = self.lock();
-        let mut found: Vec<&Record> = map.values().filter(|r| filter.matches(r)).collect();
+        let mut found: Vec<&Record> = map.values().map(|r| &**r).filter(|r| filter.matches(r)).collect();
         found.sort_by(|a, b| {
             (b.created_at, a.scope.account.as_str(), a.scope.key.as_str()).cmp(&(
                 a.created_at,

@@ -16,7 +16,7 @@ use idemkit_core::{
     StoredResponse,
 };
 use idemkit_tower::IdempotencyContext;
-use idemkit_tower::engine::{Attempt, Disposition, Finished, Incoming, Outcome, Refusal};
+use idemkit_tower::engine::{Attempt, Detached, Disposition, Finished, Incoming, Outcome, Panicked, Refusal};
 use idemkit_tower::metrics::outcome;
 use tonic::Code;
 use tonic::body::Body;
@@ -137,13 +137,13 @@ where
     // The same holds when tonic's server ends the call at the caller's deadline:
     // the handler is not cut short; it gets the remaining time to honour
     // (`IdempotencyContext::remaining` in the request's extensions).
-    let task = tokio::spawn(execute(inner, parts, bytes, attempt).in_current_span());
+    let task = Detached::new(execute(inner, parts, bytes, attempt).in_current_span());
     match task.await {
         Ok(done) => done,
-        Err(e) => {
+        Err(Panicked) => {
             // The handler panicked: the attempt went with it and its lease
             // expires on its own; the next attempt takes over then.
-            tracing::error!(error = %e, "idempotency: the handler task failed");
+            tracing::error!("idempotency: the handler panicked");
             (
                 outcome::ERROR,
                 Ok(tonic::Status::internal("the handler failed").into_http()),

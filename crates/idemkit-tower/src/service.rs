@@ -18,7 +18,9 @@ use tower::Service;
 use tracing::Instrument;
 use tracing::field::Empty;
 
-use crate::engine::{Attempt, Disposition, Finished, Incoming, key_from_json, key_problem};
+use crate::engine::{
+    Attempt, Detached, Disposition, Finished, Incoming, Panicked, key_from_json, key_problem,
+};
 use crate::extract::{IdempotencyContext, TxSlot};
 use crate::future::ResponseFuture;
 use crate::metrics::{self, InFlight, Settled, outcome};
@@ -147,13 +149,13 @@ where
     // (exactly when clients retry) leaves neither a half-run handler nor a key
     // stuck until its lease expires: its retry waits for, or replays, the result.
     let orphan = attempt.recovery_handle();
-    let task = tokio::spawn(execute(inner, parts, bytes, attempt).instrument(tracing::Span::current()));
+    let task = Detached::new(execute(inner, parts, bytes, attempt).instrument(tracing::Span::current()));
     match task.await {
         Ok(done) => done,
-        Err(e) => {
-            // The handler panicked (or the runtime is shutting down): nothing to
-            // store; hand the key back, or keep recorded progress resumable.
-            tracing::error!(error = %e, "idempotency: the handler task failed");
+        Err(Panicked) => {
+            // The handler panicked: nothing to store; hand the key back, or keep
+            // recorded progress resumable.
+            tracing::error!("idempotency: the handler panicked");
             let counted = orphan.settle(None, Disposition::Release).await;
             let problem = ProblemResponse::new(ErrorCode::Internal, "the handler failed");
             (

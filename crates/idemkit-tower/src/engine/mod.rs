@@ -11,6 +11,7 @@
 //! protocol crate (a test reads the sources to keep it so).
 
 mod attempt;
+mod detach;
 mod erased;
 
 use std::sync::Arc;
@@ -25,6 +26,7 @@ use tracing::Instrument;
 use tracing::field::Empty;
 
 pub use attempt::{Attempt, Disposition, Finished, Outcome};
+pub use detach::{Detached, Panicked};
 pub(crate) use erased::ErasedTxStore;
 
 use crate::metrics::{self, op, outcome, timed};
