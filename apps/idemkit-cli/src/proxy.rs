@@ -47,8 +47,8 @@ use idemkit_core::{
 };
 use idemkit_tower::config::IdemkitConfig;
 use idemkit_tower::engine::{
-    Attempt, Disposition, Engine, Finished, Incoming, Refusal, Refused, key_from_json, key_problem,
-    replay_status,
+    Attempt, Detached, Disposition, Engine, Finished, Incoming, Panicked, Refusal, Refused, key_from_json,
+    key_problem, replay_status,
 };
 use idemkit_tower::metrics::outcome;
 use idemkit_tower::{IDEMPOTENT_REPLAYED, ProblemResponse};
@@ -478,10 +478,10 @@ impl Proxy {
         // The claim is committed: the forward and the store go on even if the
         // caller hangs up, so its retry replays instead of finding a stuck key.
         let this = self.clone();
-        match tokio::spawn(async move { this.execute(attempt, parts, bytes).await }).await {
+        match Detached::new(async move { this.execute(attempt, parts, bytes).await }).await {
             Ok(res) => res,
-            Err(e) => {
-                tracing::error!(error = %e, "proxy: the forwarding task failed");
+            Err(Panicked) => {
+                tracing::error!("proxy: the forwarding task panicked");
                 (
                     outcome::ERROR,
                     problem(ErrorCode::Internal, "the proxy failed while forwarding"),
