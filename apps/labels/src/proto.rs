@@ -18,14 +18,19 @@
 //! assert_eq!(message.parcel.as_ref().unwrap().weight_grams, 1200);
 //! ```
 
-#![allow(missing_docs, unreachable_pub, clippy::all)]
-
 use std::sync::OnceLock;
 
 use prost::Message;
 use prost_reflect::{DescriptorPool, DynamicMessage, ReflectMessage as _};
 
-tonic::include_proto!("labels.v1");
+/// The code tonic-prost-build generates from the proto (its items are
+/// documented by the proto's comments; the lint allowances stay in here).
+#[allow(missing_docs, unreachable_pub, clippy::all)]
+mod generated {
+    tonic::include_proto!("labels.v1");
+}
+
+pub use generated::*;
 
 /// The encoded `FileDescriptorSet` of `labels.proto` (what reflection serves).
 pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/labels_descriptor.bin"));
