@@ -258,6 +258,30 @@ struct Row {
     pass: bool,
 }
 
+/// Courier shipments so far.
+async fn shipments(http: &reqwest::Client, courier: &str) -> anyhow::Result<i64> {
+    Ok(courier_json(http, courier, "/_stats", None).await?["shipments"]
+        .as_i64()
+        .unwrap_or(-1))
+}
+
+/// Plays one scenario and records it with the labels and courier shipments it
+/// made (counted before and after).
+macro_rules! scenario {
+    ($rows:expr, $db:expr, $http:expr, $world:expr, $name:literal, $body:block) => {{
+        let labels_before = count_labels($db).await.unwrap_or(0);
+        let ships_before = shipments($http, &$world.courier).await?;
+        let (saw, ok): (String, bool) = $body;
+        $rows.push(Row {
+            scenario: $name,
+            client_saw: saw,
+            labels_created: count_labels($db).await? - labels_before,
+            courier_shipments: shipments($http, &$world.courier).await? - ships_before,
+            pass: ok,
+        });
+    }};
+}
+
 async fn play(world: &mut World) -> anyhow::Result<Vec<Row>> {
     let http = reqwest::Client::new();
     let retrying = reqwest_middleware::ClientBuilder::new(http.clone())
@@ -278,30 +302,8 @@ async fn play(world: &mut World) -> anyhow::Result<Vec<Row>> {
             .as_str()
             .to_owned()
     };
-    let shipments = async |http: &reqwest::Client, courier: &str| -> anyhow::Result<i64> {
-        Ok(courier_json(http, courier, "/_stats", None).await?["shipments"]
-            .as_i64()
-            .unwrap_or(-1))
-    };
 
-    macro_rules! scenario {
-        ($name:literal, $body:block) => {{
-            let labels_before = count_labels(&db).await.unwrap_or(0);
-            let ships_before = shipments(&http, &world.courier).await?;
-            let (saw, ok): (String, bool) = $body;
-            let labels = count_labels(&db).await? - labels_before;
-            let ships = shipments(&http, &world.courier).await? - ships_before;
-            rows.push(Row {
-                scenario: $name,
-                client_saw: saw,
-                labels_created: labels,
-                courier_shipments: ships,
-                pass: ok,
-            });
-        }};
-    }
-
-    scenario!("lost response", {
+    scenario!(rows, &db, &http, world, "lost response", {
         let body = label_body(&key("lost"), "GB");
         let first = client.post(&world.base(), &body).await?; // the client "loses" this answer
         let retry = client.post(&world.base(), &body).await?;
@@ -309,7 +311,7 @@ async fn play(world: &mut World) -> anyhow::Result<Vec<Row>> {
         (format!("{} then {}", first.describe(), retry.describe()), ok)
     });
 
-    scenario!("50 concurrent duplicates", {
+    scenario!(rows, &db, &http, world, "50 concurrent duplicates", {
         let body = Arc::new(label_body(&key("storm"), "GB"));
         let tasks: Vec<_> = (0..50)
             .map(|_| {
@@ -343,7 +345,7 @@ async fn play(world: &mut World) -> anyhow::Result<Vec<Row>> {
         )
     });
 
-    scenario!("payload mismatch", {
+    scenario!(rows, &db, &http, world, "payload mismatch", {
         let k = key("mismatch");
         let first = client.post(&world.base(), &label_body(&k, "GB")).await?;
         let other = client.post(&world.base(), &label_body(&k, "FR")).await?;
@@ -351,7 +353,7 @@ async fn play(world: &mut World) -> anyhow::Result<Vec<Row>> {
         (format!("{} then {}", first.describe(), other.describe()), ok)
     });
 
-    scenario!("validation then fix", {
+    scenario!(rows, &db, &http, world, "validation then fix", {
         let k = key("fix");
         let bad = client.post(&world.base(), &label_body(&k, "XX")).await?;
         let good = client.post(&world.base(), &label_body(&k, "GB")).await?;
@@ -359,7 +361,7 @@ async fn play(world: &mut World) -> anyhow::Result<Vec<Row>> {
         (format!("{} then {}", bad.describe(), good.describe()), ok)
     });
 
-    scenario!("courier 503 then retry", {
+    scenario!(rows, &db, &http, world, "courier 503 then retry", {
         let body = label_body(&key("outage"), "GB");
         courier_json(
             &http,
@@ -381,7 +383,7 @@ async fn play(world: &mut World) -> anyhow::Result<Vec<Row>> {
         )
     });
 
-    scenario!("server killed mid-request", {
+    scenario!(rows, &db, &http, world, "server killed mid-request", {
         let body = label_body(&key("killed"), "GB");
         courier_json(
             &http,
@@ -415,19 +417,26 @@ async fn play(world: &mut World) -> anyhow::Result<Vec<Row>> {
         (format!("connection lost, then {}", retry.describe()), ok)
     });
 
-    scenario!("courier drops the response after commit", {
-        let body = label_body(&key("dropped"), "GB");
-        courier_json(
-            &http,
-            &world.courier,
-            "/_faults",
-            Some(json!({"dropResponseAfterCommit": 1})),
-        )
-        .await?;
-        let saw = client.post_until_final(&world.base(), &body).await?;
-        courier_json(&http, &world.courier, "/_faults", Some(json!({"reset": true}))).await?;
-        (saw.describe(), saw.status == 201)
-    });
+    scenario!(
+        rows,
+        &db,
+        &http,
+        world,
+        "courier drops the response after commit",
+        {
+            let body = label_body(&key("dropped"), "GB");
+            courier_json(
+                &http,
+                &world.courier,
+                "/_faults",
+                Some(json!({"dropResponseAfterCommit": 1})),
+            )
+            .await?;
+            let saw = client.post_until_final(&world.base(), &body).await?;
+            courier_json(&http, &world.courier, "/_faults", Some(json!({"reset": true}))).await?;
+            (saw.describe(), saw.status == 201)
+        }
+    );
 
     play_grpc(world, &mut rows, &db).await?;
 
@@ -539,28 +548,9 @@ async fn play_grpc(world: &mut World, rows: &mut Vec<Row>, db: &Path) -> anyhow:
             .as_str()
             .to_owned()
     };
-    let shipments = async |http: &reqwest::Client, courier: &str| -> anyhow::Result<i64> {
-        Ok(courier_json(http, courier, "/_stats", None).await?["shipments"]
-            .as_i64()
-            .unwrap_or(-1))
-    };
     let mut client = GrpcClient::connect(&world.base()).await?;
-    macro_rules! scenario {
-        ($name:literal, $body:block) => {{
-            let labels_before = count_labels(db).await.unwrap_or(0);
-            let ships_before = shipments(&http, &world.courier).await?;
-            let (saw, ok): (String, bool) = $body;
-            rows.push(Row {
-                scenario: $name,
-                client_saw: saw,
-                labels_created: count_labels(db).await? - labels_before,
-                courier_shipments: shipments(&http, &world.courier).await? - ships_before,
-                pass: ok,
-            });
-        }};
-    }
 
-    scenario!("gRPC: lost response", {
+    scenario!(rows, db, &http, world, "gRPC: lost response", {
         let m = grpc_request(&key("lost"), "GB")?;
         let first = client.create(&m).await?;
         let retry = client.create(&m).await?;
@@ -568,7 +558,7 @@ async fn play_grpc(world: &mut World, rows: &mut Vec<Row>, db: &Path) -> anyhow:
         (format!("{} then {}", first.describe(), retry.describe()), ok)
     });
 
-    scenario!("gRPC: 50 concurrent duplicates", {
+    scenario!(rows, db, &http, world, "gRPC: 50 concurrent duplicates", {
         let m = Arc::new(grpc_request(&key("storm"), "GB")?);
         let tasks: Vec<_> = (0..50)
             .map(|_| {
@@ -596,7 +586,7 @@ async fn play_grpc(world: &mut World, rows: &mut Vec<Row>, db: &Path) -> anyhow:
         )
     });
 
-    scenario!("gRPC: payload mismatch", {
+    scenario!(rows, db, &http, world, "gRPC: payload mismatch", {
         let k = key("mismatch");
         let first = client.create(&grpc_request(&k, "GB")?).await?;
         let other = client.create(&grpc_request(&k, "FR")?).await?;
@@ -606,7 +596,7 @@ async fn play_grpc(world: &mut World, rows: &mut Vec<Row>, db: &Path) -> anyhow:
         (format!("{} then {}", first.describe(), other.describe()), ok)
     });
 
-    scenario!("gRPC: courier UNAVAILABLE then retry", {
+    scenario!(rows, db, &http, world, "gRPC: courier UNAVAILABLE then retry", {
         let m = grpc_request(&key("outage"), "GB")?;
         courier_json(
             &http,
@@ -624,7 +614,7 @@ async fn play_grpc(world: &mut World, rows: &mut Vec<Row>, db: &Path) -> anyhow:
         (format!("{} then {}", failed.describe(), retry.describe()), ok)
     });
 
-    scenario!("gRPC: server killed mid-call", {
+    scenario!(rows, db, &http, world, "gRPC: server killed mid-call", {
         let m = grpc_request(&key("killed"), "GB")?;
         courier_json(
             &http,

@@ -600,9 +600,19 @@ async fn balancer(backends: Vec<String>) -> (String, Arc<Vec<AtomicU64>>) {
     (base, counts)
 }
 
-/// The checker against `proxies` (through a round-robin balancer), in front of
-/// the naive orders upstream, and the negative control without them.
-async fn check_through(proxies: &[ProxyProcess]) {
+/// The checker through two proxy processes sharing the key store at
+/// `database_url`, behind a round-robin balancer (so concurrent duplicates
+/// meet across processes), in front of the naive orders upstream; and the
+/// negative control, the same upstream called directly.
+async fn two_proxies_pass_every_gate(database_url: &str, tag: &str) {
+    let upstream = orders_upstream().await;
+    let naked = crate::idemkit(crate::check_args(&upstream, &["--json"])).await;
+    assert_eq!(naked.code, 1, "negative control: {naked:#?}");
+    let secret = fresh_secret(tag);
+    let proxies = [
+        ProxyProcess::start_on(&upstream, database_url, &secret, false, false),
+        ProxyProcess::start_on(&upstream, database_url, &secret, false, false),
+    ];
     let (front, counts) = balancer(proxies.iter().map(|p| p.base.clone()).collect()).await;
     let run = crate::idemkit(crate::check_args(&front, &["--json"])).await;
     let verdicts = run.verdicts();
@@ -634,38 +644,20 @@ fn fresh_secret(name: &str) -> String {
     format!("{name}-{}-{nanos}", std::process::id())
 }
 
-/// All 7 gates through two proxy processes sharing one PostgreSQL, every
-/// connection alternating between them (so concurrent duplicates meet across
-/// processes); the same upstream alone fails (see the SQLite test's control).
+/// All 7 gates through two proxy processes sharing one PostgreSQL.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idemkit_check_passes_through_two_proxy_processes_sharing_postgres() {
-    let Some(url) = crate::keys::postgres_url() else {
-        return;
-    };
-    let upstream = orders_upstream().await;
-    let naked = crate::idemkit(crate::check_args(&upstream, &["--json"])).await;
-    assert_eq!(naked.code, 1, "negative control: {naked:#?}");
-    let secret = fresh_secret("pg");
-    let proxies = [
-        ProxyProcess::start_on(&upstream, &url, &secret, false, false),
-        ProxyProcess::start_on(&upstream, &url, &secret, false, false),
-    ];
-    check_through(&proxies).await;
+    if let Some(url) = crate::keys::postgres_url() {
+        two_proxies_pass_every_gate(&url, "pg").await;
+    }
 }
 
 /// All 7 gates through two proxy processes sharing one Redis.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idemkit_check_passes_through_two_proxy_processes_sharing_redis() {
-    let Some(url) = crate::labels::redis_url() else {
-        return;
-    };
-    let upstream = orders_upstream().await;
-    let secret = fresh_secret("redis");
-    let proxies = [
-        ProxyProcess::start_on(&upstream, &url, &secret, false, false),
-        ProxyProcess::start_on(&upstream, &url, &secret, false, false),
-    ];
-    check_through(&proxies).await;
+    if let Some(url) = crate::labels::redis_url() {
+        two_proxies_pass_every_gate(&url, "redis").await;
+    }
 }
 
 /// The proxy process publishes the layer's series, counted per keyed request.

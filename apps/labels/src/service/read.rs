@@ -80,19 +80,23 @@ pub(super) async fn tracking<S: LabelsDb>(
     })
 }
 
+/// `200` with the document, or the problem.
+fn answer<T: serde::Serialize>(result: Result<T, Problem>) -> Response {
+    match result {
+        Ok(doc) => (StatusCode::OK, axum::Json(doc)).into_response(),
+        Err(p) => ProblemResponse::from(p).into_response(),
+    }
+}
+
 /// `GET /labels/{id}`.
 pub(super) async fn get<S: LabelsDb>(
     State(app): State<App<S>>,
     parts: Parts,
     Path(id): Path<String>,
 ) -> Response {
-    let account = match app.tokens.resolve(&parts) {
-        Ok(a) => a,
-        Err(p) => return p.into_response(),
-    };
-    match label(&app, account.as_str(), &id).await {
-        Ok(label) => (StatusCode::OK, axum::Json(label)).into_response(),
-        Err(p) => ProblemResponse::from(p).into_response(),
+    match app.tokens.resolve(&parts) {
+        Ok(account) => answer(label(&app, account.as_str(), &id).await),
+        Err(p) => p.into_response(),
     }
 }
 
@@ -102,12 +106,8 @@ pub(super) async fn track<S: LabelsDb>(
     parts: Parts,
     Path(id): Path<String>,
 ) -> Response {
-    let account = match app.tokens.resolve(&parts) {
-        Ok(a) => a,
-        Err(p) => return p.into_response(),
-    };
-    match tracking(&app, account.as_str(), &id).await {
-        Ok(t) => (StatusCode::OK, axum::Json(t)).into_response(),
-        Err(p) => ProblemResponse::from(p).into_response(),
+    match app.tokens.resolve(&parts) {
+        Ok(account) => answer(tracking(&app, account.as_str(), &id).await),
+        Err(p) => p.into_response(),
     }
 }
