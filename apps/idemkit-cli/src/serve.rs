@@ -24,7 +24,11 @@ pub struct ServeArgs {
     /// only REST is served.
     #[arg(long)]
     pub grpc_listen: Option<SocketAddr>,
-    /// `postgres://…`, `sqlite://…` or a SQLite file path (default `labels.db`).
+    /// `postgres://…`, `sqlite://…` or a SQLite file path (default `labels.db`):
+    /// the labels rows and the keys. A `redis://…` or `redis+cluster://…` URL
+    /// here is the key store, and the labels rows go to
+    /// `IDEMKIT_ROWS_DATABASE_URL` (default the SQLite file `labels.db`), as
+    /// with `--keys-url`.
     #[arg(long)]
     pub database_url: Option<String>,
     /// Keep the idempotency keys in Redis (`redis://…`, `redis+cluster://…`; a
@@ -124,14 +128,32 @@ fn tonic_unimplemented() -> axum::response::Response {
         .into_response()
 }
 
+/// Where the labels rows and the keys live. A Redis `--database-url` (without
+/// `--keys-url`) is the key store; the labels rows, which need SQL, go to
+/// `IDEMKIT_ROWS_DATABASE_URL`, else the SQLite file `labels.db`.
+fn stores(database_url: Option<String>, keys_url: Option<String>) -> (String, Option<String>) {
+    let keys = keys_url.filter(|k| !k.is_empty());
+    match database_url {
+        Some(url) if keys.is_none() && idemkit::StoreKind::of(&url) == idemkit::StoreKind::Redis => {
+            let rows = std::env::var("IDEMKIT_ROWS_DATABASE_URL")
+                .ok()
+                .filter(|r| !r.is_empty())
+                .unwrap_or_else(|| "labels.db".into());
+            (rows, Some(url))
+        }
+        database_url => (database_url.unwrap_or_else(|| "labels.db".into()), keys),
+    }
+}
+
 /// Runs the service until interrupted.
 pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     install_crash_point();
     let tokens = tokens(&args)?;
     let lease = Duration::from_millis(args.lease_ms);
+    let (database, keys) = stores(args.database_url, args.keys_url);
     let config = LabelsConfig {
-        database: args.database_url.unwrap_or_else(|| "labels.db".into()),
-        keys: args.keys_url.filter(|k| !k.is_empty()),
+        database,
+        keys,
         courier_url: args.courier_url.trim_end_matches('/').to_owned(),
         lease,
         tokens,

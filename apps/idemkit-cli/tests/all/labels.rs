@@ -57,7 +57,7 @@ pub(crate) struct Labels {
     dir: std::path::PathBuf,
     pub(crate) service: Option<(Proc, std::sync::mpsc::Receiver<String>)>,
     _courier: Proc,
-    port: u16,
+    pub(crate) port: u16,
     /// Run with the tests' short lease and courier deadline (the default), or
     /// with the service's own defaults.
     pub(crate) short_lease: bool,
@@ -1055,6 +1055,67 @@ async fn redis_keys_created_then_replayed_with_one_shipment() {
         .unwrap();
     assert_eq!(read.status(), 200);
     assert_eq!(read.json::<Value>().await.unwrap(), first.body);
+}
+
+/// `serve --database-url redis://…` alone: the keys in Redis, the labels rows
+/// in `IDEMKIT_ROWS_DATABASE_URL` (SQLite here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_database_url_keeps_the_keys_in_redis_and_the_rows_in_sql() {
+    let Some(url) = redis_url() else {
+        return;
+    };
+    let mut labels = Labels::courier_only();
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let keys = format!("{url}{sep}prefix=labels-db-url-{}-{nanos}", std::process::id());
+    let listen = format!("127.0.0.1:{}", labels.port);
+    let rows = labels.db();
+    labels.service = Some(spawn(
+        &[
+            "serve",
+            "--listen",
+            &listen,
+            "--database-url",
+            &keys,
+            "--courier-url",
+            &labels.courier,
+            "--demo-tokens",
+        ],
+        &[("IDEMKIT_ROWS_DATABASE_URL", rows.to_str().unwrap())],
+    ));
+    labels.base = format!("http://{listen}");
+    let first = post(&labels.base, ACME, &body("db-url", "GB")).await;
+    assert_eq!(first.status, 201, "{first:?}");
+    let again = post(&labels.base, ACME, &body("db-url", "GB")).await;
+    assert_eq!((again.status, again.replayed), (200, true), "{again:?}");
+    assert_eq!(labels.stats().await["shipments"], 1);
+    // The key is in Redis (idemkit keys shows it), the row in the SQLite file.
+    let shown = crate::idemkit(vec![
+        "keys".into(),
+        "show".into(),
+        "--database-url".into(),
+        keys.clone(),
+        "--account".into(),
+        "acme".into(),
+        "--key".into(),
+        "db-url".into(),
+        "--json".into(),
+    ])
+    .await;
+    assert_eq!(shown.code, 0, "{shown:#?}");
+    assert!(shown.stdout.contains("completed"), "{shown:#?}");
+    let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}?mode=ro", rows.display()))
+        .await
+        .unwrap();
+    let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM labels")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    pool.close().await;
+    assert_eq!(n, 1);
 }
 
 /// Keys on Redis: a courier outage is a retryable 502 and the retry keeps the
