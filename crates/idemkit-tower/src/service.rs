@@ -113,7 +113,7 @@ where
     let (parts, body) = req.into_parts();
     // The caller's budget counts from the moment its headers arrived.
     let deadline = request_deadline(&parts);
-    let (claim, bytes) = match prepare(&shared, &parts, body).await {
+    let (claim, bytes) = match Box::pin(prepare(&shared, &parts, body)).await {
         Ok(p) => p,
         Err(problem) => {
             let outcome = match problem.problem.code {
@@ -130,7 +130,7 @@ where
         span.record("key_hash", metrics::key_hash(&claim.scope));
     }
     let scope = claim.scope.clone();
-    let attempt = match shared.engine.begin_until(claim, deadline).await {
+    let attempt = match Box::pin(shared.engine.begin_until(claim, deadline)).await {
         Ok(attempt) => attempt,
         Err(refused) => {
             return (
@@ -142,7 +142,7 @@ where
     if attempt.is_transactional() {
         // Single-step: if the client goes away the connection's future is
         // dropped, the transaction rolls back and the key is free again.
-        return execute(inner, parts, bytes, attempt).await;
+        return Box::pin(execute(inner, parts, bytes, attempt)).await;
     }
     // Lease mode: the claim is committed, so the work goes on to completion
     // detached from the connection (SPEC §3). A client that hangs up mid-request
