@@ -530,8 +530,8 @@ impl Proxy {
         let res = match sent {
             Ok(Ok(res)) => res,
             Ok(Err(e)) if e.is_connect() => {
-                // Nothing was sent: the key is free again.
-                self.withdraw(attempt, "not-sent").await;
+                // Nothing was sent: the same request may be forwarded again.
+                self.answered_unstored(attempt, "not-sent").await;
                 return (outcome::RELEASED, bad_gateway(&e));
             }
             Ok(Err(e)) => {
@@ -553,10 +553,9 @@ impl Proxy {
         match Disposition::of(status, None, &policy) {
             Disposition::Store => store_response(attempt, res).await,
             _ => {
-                // Validation-class 4xx, or 5xx under `retry`: not stored, and the
-                // key is free again, as the layer leaves it (a corrected request
-                // may reuse it).
-                self.withdraw(attempt, &status.to_string()).await;
+                // Validation-class 4xx, or 5xx under `retry`: not stored; the same
+                // request is forwarded again.
+                self.answered_unstored(attempt, &status.to_string()).await;
                 (outcome::RELEASED, res)
             }
         }
@@ -564,21 +563,19 @@ impl Proxy {
 
     /// Ends an attempt whose request the upstream certainly did not execute
     /// (never sent, or answered with a status the policy releases): the record
-    /// is marked answered (so a takeover forwards again rather than parking),
-    /// its lease ends, and its recorded intent is discarded so the key is
-    /// released. The discard applies only to a record nobody holds: a retry
-    /// that took it over in between keeps it, and forwards again itself.
-    async fn withdraw(&self, attempt: Attempt, answer: &str) {
-        let scope = attempt.scope().clone();
-        self.mark_unstored(&scope, attempt.lease().token, answer).await;
+    /// is marked answered, so the attempt that takes it over forwards the same
+    /// request again instead of parking it, and its lease ends at once.
+    ///
+    /// The recorded intent is kept, so the key stays bound to this request (a
+    /// corrected request needs a new key). Discarding it to free the key takes
+    /// a store operation fenced by this attempt's token, which the stores do
+    /// not have: `KeyStore::discard_progress` acts on any record nobody holds,
+    /// including one a later attempt has parked after forwarding in the
+    /// meantime, and releasing that one would forward its request twice.
+    async fn answered_unstored(&self, attempt: Attempt, answer: &str) {
+        self.mark_unstored(attempt.scope(), attempt.lease().token, answer)
+            .await;
         attempt.settle(None, Disposition::Abandon).await;
-        match self.store.discard_progress(&scope).await {
-            Ok(true) => {}
-            Ok(false) => tracing::debug!("proxy: the record was taken over before its intent was withdrawn"),
-            Err(e) => {
-                tracing::warn!(error = %e, "proxy: could not withdraw the intent; the key stays resumable")
-            }
-        }
     }
 
     async fn mark_unstored(&self, scope: &Scope, token: idemkit_core::FencingToken, what: &str) {

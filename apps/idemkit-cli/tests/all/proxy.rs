@@ -303,12 +303,17 @@ async fn a_validation_answer_is_not_stored() {
         assert!(res.headers().get("idempotent-replayed").is_none());
     }
     assert_eq!(s.posts(), 2, "a released answer is forwarded again");
-    // The key is free: a corrected request (another body) may reuse it.
-    let fixed = s
-        .post("/orders", Some("v"), Some("Bearer a"), r#"{"sku":"fixed"}"#)
-        .await;
-    assert_eq!(fixed.status(), 201, "{:?}", fixed.text().await);
-    assert_eq!(s.posts(), 3);
+    // The key stays bound to that request: another request under it is refused
+    // before reaching the upstream (a corrected request needs a new key).
+    assert_eq!(
+        code(
+            s.post("/orders", Some("v"), Some("Bearer a"), r#"{"sku":"fixed"}"#)
+                .await
+        )
+        .await,
+        (409, "idempotency_key_reused".into())
+    );
+    assert_eq!(s.posts(), 2);
 }
 
 #[tokio::test]

@@ -137,8 +137,8 @@ fn proxy_markdown(proxy: &ProxyContract, client: &RetryConfig) -> String {
     answers(
         w,
         &format!(
-            "- The service's validation-class answers ({}) are passed to you, not stored, and free the key: fix \
-             the request and send it again with the same key.",
+            "- The service's validation-class answers ({}) are passed to you and not stored: the same request \
+             with the same key is forwarded again; a corrected request needs a new key.",
             and_list(&released)
         ),
         mismatch_status,
@@ -198,7 +198,8 @@ fn behind_the_proxy(w: &mut String, proxy: &ProxyContract, keyed: &[KeyedRoute],
          `{unauthorized}` and the request is never forwarded. The scope is a keyed hash (HMAC-SHA256) of the \
          header's value; the credential itself is never stored.\n\
          - **Your key is forwarded to the upstream as sent**, where you put it (header or body).\n\
-         - **Answers.** Validation-class answers ({}) are not stored and free the key. `5xx` answers are \
+         - **Answers.** Validation-class answers ({}) are not stored: the same request with the same key is forwarded again, \
+         a corrected one needs a new key. `5xx` answers are \
          {five}. Every other answer is stored and replayed byte for byte, with `Idempotent-Replayed: true`; a \
          replay carries the stored status, body and the headers {}. `Set-Cookie` and hop-by-hop headers are \
          never stored.\n\
@@ -225,7 +226,7 @@ fn behind_the_proxy(w: &mut String, proxy: &ProxyContract, keyed: &[KeyedRoute],
         "The outcome of a keyed request is unknown when the upstream did not answer in time, when the \
          connection failed after the request was sent, or when the proxy died after forwarding it (a retry \
          after the lease finds it). A connection that failed *before* sending is not one of them: you get `502` \
-         `{internal}` (`retryable: {}`), nothing was sent, and the key is free.\n",
+         `{internal}` (`retryable: {}`), nothing was sent, and a retry with the same key is forwarded again.\n",
         internal.retryable()
     );
     if proxy.upstream_honours_keys {
@@ -312,11 +313,12 @@ fn proxy_codes(w: &mut String, proxy: &ProxyContract, mismatch_status: u16) {
                 "the upstream's answer was too large to store; the key answers this from now on".to_owned()
             }
             _ if proxy.upstream_honours_keys => {
-                "`502`: the upstream could not be reached (the key is free) or failed after the request was \
+                "`502`: the upstream could not be reached (nothing was sent) or failed after the request was \
                  sent; `504`: it did not answer in time. Retry with the same key"
                     .to_owned()
             }
-            _ => "`502`: the upstream could not be reached; nothing was sent and the key is free".to_owned(),
+            _ => "`502`: the upstream could not be reached; nothing was sent; retry with the same key"
+                .to_owned(),
         };
         let _ = writeln!(w, "| `{code}` | {status} | {} | {meaning} |", code.retryable());
     }
