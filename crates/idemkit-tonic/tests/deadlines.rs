@@ -3,17 +3,19 @@
 //! reaches the handler as `IdempotencyContext::deadline`; an already-expired
 //! one is refused with `DEADLINE_EXCEEDED` before the key is claimed.
 
+mod common;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use bytes::{Buf, BufMut, Bytes};
+use bytes::Bytes;
+use common::Raw;
 use http::uri::PathAndQuery;
 use idemkit_core::{Account, IdempotencyKey, KeyStore, Scope};
 use idemkit_tonic::{BearerTokenAccount, IdempotencyLayer};
 use idemkit_tower::IdempotencyContext;
 use prost::Message;
-use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::transport::{Channel, Server};
 use tonic::{Code, Status};
 use tonic_types::StatusExt;
@@ -81,40 +83,6 @@ impl tower::Service<http::Request<tonic::body::Body>> for Counter {
                 tonic::server::Grpc::new(tonic_prost::ProstCodec::<CreateReply, CreateRequest>::default());
             Ok(grpc.unary(create, req).await)
         })
-    }
-}
-
-/// Sends pre-encoded messages and hands back the reply's raw bytes.
-#[derive(Debug, Clone, Copy, Default)]
-struct Raw;
-
-impl Encoder for Raw {
-    type Item = Bytes;
-    type Error = Status;
-    fn encode(&mut self, item: Bytes, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
-        dst.put(item);
-        Ok(())
-    }
-}
-
-impl Decoder for Raw {
-    type Item = Bytes;
-    type Error = Status;
-    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<Bytes>, Status> {
-        Ok(Some(src.copy_to_bytes(src.remaining())))
-    }
-}
-
-impl Codec for Raw {
-    type Encode = Bytes;
-    type Decode = Bytes;
-    type Encoder = Raw;
-    type Decoder = Raw;
-    fn encoder(&mut self) -> Raw {
-        Raw
-    }
-    fn decoder(&mut self) -> Raw {
-        Raw
     }
 }
 
