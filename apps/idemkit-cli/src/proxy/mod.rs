@@ -53,6 +53,10 @@ use idemkit_tower::engine::{
 use idemkit_tower::metrics::outcome;
 use idemkit_tower::{IDEMPOTENT_REPLAYED, ProblemResponse};
 use sha2::Sha256;
+
+mod answers;
+
+use answers::{bad_gateway, key_outcome, problem, refusal_response, store_response};
 use tracing::Instrument;
 
 /// The recovery point recorded just before a request is forwarded: the upstream
@@ -306,29 +310,6 @@ async fn handle(State(proxy): State<Arc<Proxy>>, req: Request) -> Response {
             Err(e) => bad_gateway(&e),
         },
     }
-}
-
-/// The `outcome` a refused key counts as.
-fn key_outcome(e: &idemkit_core::KeyError) -> &'static str {
-    match e.code() {
-        ErrorCode::KeyMissing => outcome::KEY_MISSING,
-        ErrorCode::KeyInvalid => outcome::KEY_INVALID,
-        _ => outcome::REJECTED,
-    }
-}
-
-fn problem(code: ErrorCode, detail: impl Into<String>) -> Response {
-    ProblemResponse::new(code, detail).into_response()
-}
-
-fn bad_gateway(e: &hyper_util::client::legacy::Error) -> Response {
-    tracing::warn!(error = %e, "proxy: upstream failed");
-    ProblemResponse::new(
-        ErrorCode::Internal,
-        format!("the upstream could not be reached: {e}"),
-    )
-    .with_status(502)
-    .into_response()
 }
 
 /// Removes the hop-by-hop headers, and those the `Connection` header names.
@@ -634,86 +615,6 @@ impl Proxy {
                 format!("{reason}; it was parked for human review (`idemkit keys list --state parked`)"),
             ),
         )
-    }
-}
-
-/// Collects the upstream's answer (up to the storage cap), stores it, and sends it.
-async fn store_response(attempt: Attempt, res: Response) -> (&'static str, Response) {
-    let (parts, body) = res.into_parts();
-    let policy = attempt.policy().clone();
-    let cap = policy.max_stored_body;
-    let body = match Limited::new(body, cap).collect().await {
-        Ok(c) => c.to_bytes(),
-        Err(e) => {
-            let too_large = e.is::<http_body_util::LengthLimitError>();
-            let p = if too_large {
-                Problem::new(
-                    ErrorCode::ResponseTooLarge,
-                    format!(
-                        "the upstream's answer is larger than the {cap}-byte storage cap; this key answers this problem from now on"
-                    ),
-                )
-            } else {
-                Problem::new(ErrorCode::Internal, "the upstream's answer body failed")
-            };
-            let refused = attempt.unstorable(None, p, too_large).await;
-            return (refused.outcome, refusal_response(refused.refusal, &policy));
-        }
-    };
-    let stored = StoredResponse {
-        status: parts.status.as_u16(),
-        headers: parts
-            .headers
-            .iter()
-            .filter(|(name, _)| policy.replays_header(name.as_str()))
-            .map(|(name, value)| StoredHeader {
-                name: name.as_str().to_owned(),
-                value: value.as_bytes().to_vec(),
-            })
-            .collect(),
-        body: body.to_vec(),
-    };
-    match attempt.store(None, &stored).await {
-        Finished::Stored => (outcome::EXECUTED, Response::from_parts(parts, Body::from(body))),
-        Finished::Refused(refused) => (refused.outcome, refusal_response(refused.refusal, &policy)),
-    }
-}
-
-/// The answer for a request the engine did not let through.
-fn refusal_response(refusal: Refusal, policy: &Policy) -> Response {
-    match refusal {
-        Refusal::Replay(stored) => {
-            let status = replay_status(&stored, policy);
-            let mut res = Response::new(Body::from(stored.body));
-            *res.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-            for h in stored.headers {
-                if let (Ok(name), Ok(value)) = (
-                    HeaderName::from_bytes(h.name.as_bytes()),
-                    HeaderValue::from_bytes(&h.value),
-                ) {
-                    res.headers_mut().append(name, value);
-                }
-            }
-            res.headers_mut().insert(
-                HeaderName::from_static(IDEMPOTENT_REPLAYED),
-                HeaderValue::from_static("true"),
-            );
-            res
-        }
-        Refusal::Problem { problem, retry_after } => ProblemResponse { problem, retry_after }.into_response(),
-        // `accepted` has no status URL behind a proxy: answered as in progress.
-        Refusal::Accepted { retry_after } => ProblemResponse::new(
-            ErrorCode::RequestInProgress,
-            "a request with this idempotency key is in progress; retry later",
-        )
-        .retry_after(retry_after)
-        .into_response(),
-        _ => ProblemResponse::new(
-            ErrorCode::RequestInProgress,
-            "a request with this idempotency key is in progress; retry",
-        )
-        .retry_after(Duration::from_secs(1))
-        .into_response(),
     }
 }
 

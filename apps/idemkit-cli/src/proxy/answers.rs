@@ -1,0 +1,107 @@
+//! What the proxy answers: its own problems, the upstream's answer once
+//! stored, and what the engine answers instead (a replay, a refusal).
+
+use super::*;
+
+/// The `outcome` a refused key counts as.
+pub(super) fn key_outcome(e: &idemkit_core::KeyError) -> &'static str {
+    match e.code() {
+        ErrorCode::KeyMissing => outcome::KEY_MISSING,
+        ErrorCode::KeyInvalid => outcome::KEY_INVALID,
+        _ => outcome::REJECTED,
+    }
+}
+
+pub(super) fn problem(code: ErrorCode, detail: impl Into<String>) -> Response {
+    ProblemResponse::new(code, detail).into_response()
+}
+
+pub(super) fn bad_gateway(e: &hyper_util::client::legacy::Error) -> Response {
+    tracing::warn!(error = %e, "proxy: upstream failed");
+    ProblemResponse::new(
+        ErrorCode::Internal,
+        format!("the upstream could not be reached: {e}"),
+    )
+    .with_status(502)
+    .into_response()
+}
+
+/// Collects the upstream's answer (up to the storage cap), stores it, and sends it.
+pub(super) async fn store_response(attempt: Attempt, res: Response) -> (&'static str, Response) {
+    let (parts, body) = res.into_parts();
+    let policy = attempt.policy().clone();
+    let cap = policy.max_stored_body;
+    let body = match Limited::new(body, cap).collect().await {
+        Ok(c) => c.to_bytes(),
+        Err(e) => {
+            let too_large = e.is::<http_body_util::LengthLimitError>();
+            let p = if too_large {
+                Problem::new(
+                    ErrorCode::ResponseTooLarge,
+                    format!(
+                        "the upstream's answer is larger than the {cap}-byte storage cap; this key answers this problem from now on"
+                    ),
+                )
+            } else {
+                Problem::new(ErrorCode::Internal, "the upstream's answer body failed")
+            };
+            let refused = attempt.unstorable(None, p, too_large).await;
+            return (refused.outcome, refusal_response(refused.refusal, &policy));
+        }
+    };
+    let stored = StoredResponse {
+        status: parts.status.as_u16(),
+        headers: parts
+            .headers
+            .iter()
+            .filter(|(name, _)| policy.replays_header(name.as_str()))
+            .map(|(name, value)| StoredHeader {
+                name: name.as_str().to_owned(),
+                value: value.as_bytes().to_vec(),
+            })
+            .collect(),
+        body: body.to_vec(),
+    };
+    match attempt.store(None, &stored).await {
+        Finished::Stored => (outcome::EXECUTED, Response::from_parts(parts, Body::from(body))),
+        Finished::Refused(refused) => (refused.outcome, refusal_response(refused.refusal, &policy)),
+    }
+}
+
+/// The answer for a request the engine did not let through.
+pub(super) fn refusal_response(refusal: Refusal, policy: &Policy) -> Response {
+    match refusal {
+        Refusal::Replay(stored) => {
+            let status = replay_status(&stored, policy);
+            let mut res = Response::new(Body::from(stored.body));
+            *res.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            for h in stored.headers {
+                if let (Ok(name), Ok(value)) = (
+                    HeaderName::from_bytes(h.name.as_bytes()),
+                    HeaderValue::from_bytes(&h.value),
+                ) {
+                    res.headers_mut().append(name, value);
+                }
+            }
+            res.headers_mut().insert(
+                HeaderName::from_static(IDEMPOTENT_REPLAYED),
+                HeaderValue::from_static("true"),
+            );
+            res
+        }
+        Refusal::Problem { problem, retry_after } => ProblemResponse { problem, retry_after }.into_response(),
+        // `accepted` has no status URL behind a proxy: answered as in progress.
+        Refusal::Accepted { retry_after } => ProblemResponse::new(
+            ErrorCode::RequestInProgress,
+            "a request with this idempotency key is in progress; retry later",
+        )
+        .retry_after(retry_after)
+        .into_response(),
+        _ => ProblemResponse::new(
+            ErrorCode::RequestInProgress,
+            "a request with this idempotency key is in progress; retry",
+        )
+        .retry_after(Duration::from_secs(1))
+        .into_response(),
+    }
+}
