@@ -1,47 +1,32 @@
-//! The claim algorithm on PostgreSQL. Both modes read the record with the
-//! store's clock and decide (`ClaimRequest::decide` / `Resolution::of`, shared
-//! by every store); a takeover or window reuse is a compare-and-swap on the
-//! record exactly as read (token, state and lease), on a fresh token.
+//! The claim algorithm on PostgreSQL, one algorithm for both modes. One
+//! statement inserts the in-flight row or returns the existing record with the
+//! store's clock; the decision on an existing record is shared by every store
+//! (`Resolution::of`); a takeover or window reuse is a compare-and-swap on the
+//! record exactly as read (token, state and lease), on a fresh token. Lease mode
+//! runs it autocommitted; single-step mode inside the handler's transaction,
+//! whose `lock_timeout` bounds the wait on a concurrent uncommitted claim.
 
 use std::time::Duration;
 
 use idemkit_core::{
-    ClaimOutcome, ClaimRequest, Decision, FencingToken, Lease, Millis, Record, RecordHead, Resolution, Scope,
-    StoreError, StoreResult, StoredHeader,
+    ClaimOutcome, ClaimRequest, FencingToken, Lease, Millis, Record, Resolution, Scope, StoredHeader,
 };
 use sqlx::{AssertSqlSafe, PgConnection, Postgres, Row};
 
 use crate::PgStore;
 use crate::decode::decode_at;
-use crate::error::{corrupt, map_err};
+use crate::error::corrupt;
 use crate::retry::Retry;
 use crate::sql::{self, lease_ms};
 
 impl PgStore {
-    pub(crate) async fn read_decision(&self, req: &ClaimRequest) -> StoreResult<(Option<Record>, Decision)> {
-        let mut conn = self.pool.acquire().await.map_err(map_err)?;
-        let (now, existing) = self
-            .fetch_with_now(&mut conn, &req.scope, false)
-            .await
-            .map_err(Retry::into_store)?;
-        let decision = req.decide(existing.as_ref().map(RecordHead::from).as_ref(), now);
-        Ok((existing, decision))
-    }
-
-    /// Reads the record and the store's clock in one statement; with `lock`, the
-    /// row (which must exist) is locked `FOR UPDATE`.
+    /// Reads the record and the store's clock in one statement.
     async fn fetch_with_now(
         &self,
         conn: &mut PgConnection,
         scope: &Scope,
-        lock: bool,
     ) -> Result<(Millis, Option<Record>), Retry> {
-        let statement = if lock {
-            &*sql::SELECT_WITH_NOW_LOCKED
-        } else {
-            &*sql::SELECT_WITH_NOW
-        };
-        let row = sqlx::query(AssertSqlSafe(statement.as_str()))
+        let row = sqlx::query(AssertSqlSafe(sql::SELECT_WITH_NOW.as_str()))
             .bind(scope.account.as_str())
             .bind(scope.key.as_str())
             .bind(self.test_now())
@@ -58,56 +43,6 @@ impl PgStore {
             None
         };
         Ok((now, existing))
-    }
-
-    /// Claims inside an open transaction (whose `lock_timeout` bounds the wait on
-    /// a concurrent uncommitted claim).
-    pub(crate) async fn claim_on(
-        &self,
-        conn: &mut PgConnection,
-        req: &ClaimRequest,
-    ) -> Result<Result<Lease, ClaimOutcome>, Retry> {
-        if req.resume.is_none() {
-            let headers = StoredHeader::encode_list(&req.request.headers)?;
-            let inserted = sqlx::query(AssertSqlSafe(sql::CLAIM_IN_TX.as_str()))
-                .bind(req.scope.account.as_str())
-                .bind(req.scope.key.as_str())
-                .bind(&req.fingerprint.as_bytes()[..])
-                .bind(self.test_now())
-                .bind(lease_ms(req.lease))
-                .bind(&req.request.method)
-                .bind(&req.request.path)
-                .bind(&headers)
-                .bind(&req.request.body)
-                .fetch_optional(&mut *conn)
-                .await
-                .map_err(Retry::from)?;
-            if let Some(row) = inserted {
-                return Ok(Ok(Lease {
-                    token: FencingToken(row.try_get(0).map_err(corrupt)?),
-                    expires_at: Millis(row.try_get(1).map_err(corrupt)?),
-                    resumed_from: None,
-                }));
-            }
-        }
-        // The row exists (committed, possibly just now by the holder we waited for).
-        let (now, existing) = self.fetch_with_now(&mut *conn, &req.scope, true).await?;
-        let Some(existing) = existing else {
-            // A resume of a record that is gone.
-            return Ok(Err(ClaimOutcome::Stale));
-        };
-        let takeover = match Resolution::of(&existing, req, now)? {
-            Resolution::Move { takeover } => takeover,
-            Resolution::Settled(outcome) => return Ok(Err(outcome)),
-        };
-        // Row locked FOR UPDATE above: this compare-and-swap cannot miss.
-        match self
-            .move_claim(&mut *conn, req, &existing, now, takeover, true)
-            .await?
-        {
-            Some(lease) => Ok(Ok(lease)),
-            None => Err(Retry::Fatal(StoreError::Corrupt("locked row changed".into()))),
-        }
     }
 
     /// Begins a transaction whose `lock_timeout` bounds the wait on a concurrent
@@ -128,13 +63,22 @@ impl PgStore {
         self.pool.begin_with(begin).await.map_err(Retry::from)
     }
 
-    /// The lease-mode claim: one autocommitted statement inserts the in-flight
-    /// row or returns the existing one (with the store's clock), so a claim is
-    /// one round trip and one commit (a request costs phases + 1 commits).
-    /// Takeover and window reuse add a compare-and-swap on the record as read.
-    pub(crate) async fn claim_autocommit(&self, req: &ClaimRequest) -> Result<ClaimOutcome, Retry> {
+    /// Claims on `conn`: autocommitted (lease mode), or inside the handler's
+    /// transaction (`in_tx`, single-step mode: the inserted row stays invisible
+    /// and locked until that transaction commits, and the claim's short
+    /// `lock_timeout` is lifted for the handler's own statements in the same
+    /// statement). One round trip when the key is absent or settled (replay,
+    /// in progress, mismatch); a takeover or window reuse adds the
+    /// compare-and-swap.
+    pub(crate) async fn claim_on(
+        &self,
+        conn: &mut PgConnection,
+        req: &ClaimRequest,
+        in_tx: bool,
+    ) -> Result<ClaimOutcome, Retry> {
         let headers = StoredHeader::encode_list(&req.request.headers)?;
-        let row = sqlx::query(AssertSqlSafe(sql::CLAIM.as_str()))
+        let statement = if in_tx { &*sql::CLAIM_IN_TX } else { &*sql::CLAIM };
+        let row = sqlx::query(AssertSqlSafe(statement.as_str()))
             .bind(req.scope.account.as_str())
             .bind(req.scope.key.as_str())
             .bind(&req.fingerprint.as_bytes()[..])
@@ -146,7 +90,7 @@ impl PgStore {
             .bind(&req.request.body)
             // A resume never inserts: a record that is gone is stale.
             .bind(req.resume.is_some())
-            .fetch_one(&self.pool)
+            .fetch_one(&mut *conn)
             .await
             .map_err(Retry::from)?;
         if let Some(token) = row.try_get::<Option<i64>, _>(0).map_err(corrupt)? {
@@ -162,8 +106,7 @@ impl PgStore {
         } else {
             // The conflicting row was committed after this statement's snapshot
             // (we waited for its inserter), or a resumed record is gone: read afresh.
-            let mut conn = self.pool.acquire().await.map_err(Retry::from)?;
-            let (fresh_now, fresh) = self.fetch_with_now(&mut conn, &req.scope, false).await?;
+            let (fresh_now, fresh) = self.fetch_with_now(&mut *conn, &req.scope).await?;
             now = fresh_now;
             match fresh {
                 Some(r) => r,
@@ -177,7 +120,7 @@ impl PgStore {
         };
         fail::fail_point!("idemkit_postgres::claim::before_move");
         match self
-            .move_claim(&self.pool, req, &existing, now, takeover, false)
+            .move_claim(&mut *conn, req, &existing, now, takeover, in_tx)
             .await?
         {
             Some(lease) => Ok(ClaimOutcome::Claimed(lease)),
@@ -194,18 +137,15 @@ impl PgStore {
     /// between is never reopened (SPEC §3). `None` when it changed. With
     /// `lift_lock_timeout`, the single-step claim's short `lock_timeout` is lifted
     /// for the handler's own statements in the same round trip.
-    async fn move_claim<'c, E>(
+    async fn move_claim(
         &self,
-        executor: E,
+        conn: &mut PgConnection,
         req: &ClaimRequest,
         seen: &Record,
         now: Millis,
         takeover: bool,
         lift_lock_timeout: bool,
-    ) -> Result<Option<Lease>, Retry>
-    where
-        E: sqlx::Executor<'c, Database = Postgres>,
-    {
+    ) -> Result<Option<Lease>, Retry> {
         let expires = now.plus(req.lease);
         let moved = sqlx::query(AssertSqlSafe(sql::MOVE.as_str()))
             .bind(req.scope.account.as_str())
@@ -222,7 +162,7 @@ impl PgStore {
             .bind(seen.state.as_str())
             .bind(seen.lease_expires_at.0)
             .bind(lift_lock_timeout)
-            .fetch_optional(executor)
+            .fetch_optional(conn)
             .await
             .map_err(Retry::from)?;
         let Some(row) = moved else { return Ok(None) };

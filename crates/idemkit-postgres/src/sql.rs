@@ -27,7 +27,12 @@ pub(crate) fn notifying(update: &str) -> String {
 /// Every lease is judged by it, so an instance whose own clock is skewed can
 /// never take over a live lease (SPEC §3).
 pub(crate) fn now_sql(n: usize) -> String {
-    format!("COALESCE(${n}::bigint, (extract(epoch from clock_timestamp()) * 1000)::bigint)")
+    now_of(&format!("${n}"))
+}
+
+/// The store's clock, with the test clock read from `test_clock` (a parameter or a literal).
+fn now_of(test_clock: &str) -> String {
+    format!("COALESCE({test_clock}::bigint, (extract(epoch from clock_timestamp()) * 1000)::bigint)")
 }
 
 /// A fresh fencing token from the store-wide sequence (see the migration).
@@ -62,15 +67,6 @@ pub(crate) fn select_record(lock: bool) -> String {
 pub(crate) static SELECT_WITH_NOW: LazyLock<String> = LazyLock::new(|| {
     format!(
         "SELECT {}, k.* FROM (SELECT 1) AS one LEFT JOIN ({SELECT_RECORD}) AS k ON true",
-        now_sql(3)
-    )
-});
-
-/// [`SELECT_WITH_NOW`] with the row (which must exist) locked `FOR UPDATE`.
-pub(crate) static SELECT_WITH_NOW_LOCKED: LazyLock<String> = LazyLock::new(|| {
-    format!(
-        "SELECT {}, {RECORD_COLUMNS} FROM idemkit_keys \
-        WHERE account = $1 AND idem_key = $2 FOR UPDATE",
         now_sql(3)
     )
 });
@@ -127,24 +123,19 @@ pub(crate) fn begin_with_lock_timeout(ms: u128) -> String {
     format!("BEGIN; SET LOCAL lock_timeout = {ms}")
 }
 
-/// The single-step claim of an absent key, in the handler's transaction. The
-/// `set_config` runs only when the row was inserted: it lifts the claim's short
-/// lock_timeout for the handler's own statements, at no extra round trip.
-pub(crate) static CLAIM_IN_TX: LazyLock<String> = LazyLock::new(|| {
-    format!(
-        "WITH now AS (SELECT {} AS ms), \
-         ins AS (INSERT INTO idemkit_keys (account, idem_key, fingerprint, state, created_at, \
-         lease_expires_at, fencing_token, req_method, req_path, req_headers, req_body) \
-         SELECT $1, $2, $3, 'in_flight', ms, ms + $5, {NEXT_TOKEN}, $6, $7, $8, $9 FROM now \
-         ON CONFLICT (account, idem_key) DO NOTHING RETURNING fencing_token, lease_expires_at) \
-         SELECT fencing_token, lease_expires_at, set_config('lock_timeout', '0', true) FROM ins",
-        now_sql(4)
-    )
-});
-
-/// The lease-mode claim: inserts the in-flight row (unless `$10`, a resume), or
-/// returns the existing record with the store's clock, in one statement.
-pub(crate) static CLAIM: LazyLock<String> = LazyLock::new(|| {
+/// The claim: inserts the in-flight row (unless `$10`, a resume), or returns
+/// the existing record with the store's clock, in one statement. Columns: the
+/// new token and lease (NULL when nothing was inserted), the store's clock, then
+/// the existing record from column 3 (NULL columns when a row was inserted, or
+/// when the conflicting row was committed after this statement's snapshot).
+fn claim(lift_lock_timeout: bool) -> String {
+    // Only when the row was inserted: lifts the claim's short lock_timeout for
+    // the handler's own statements, at no extra round trip.
+    let lift = if lift_lock_timeout {
+        ", (SELECT set_config('lock_timeout', '0', true) FROM ins)"
+    } else {
+        ""
+    };
     format!(
         "WITH now AS (SELECT {} AS ms), \
          ins AS (INSERT INTO idemkit_keys (account, idem_key, fingerprint, state, created_at, \
@@ -153,11 +144,17 @@ pub(crate) static CLAIM: LazyLock<String> = LazyLock::new(|| {
          WHERE NOT $10 \
          ON CONFLICT (account, idem_key) DO NOTHING RETURNING fencing_token, lease_expires_at) \
          SELECT (SELECT fencing_token FROM ins), (SELECT lease_expires_at FROM ins), \
-         (SELECT ms FROM now), k.* FROM (SELECT 1) AS one \
+         (SELECT ms FROM now), k.*{lift} FROM (SELECT 1) AS one \
          LEFT JOIN ({SELECT_RECORD}) AS k ON NOT EXISTS (SELECT 1 FROM ins)",
         now_sql(4)
     )
-});
+}
+
+/// The lease-mode claim, autocommitted.
+pub(crate) static CLAIM: LazyLock<String> = LazyLock::new(|| claim(false));
+
+/// The single-step claim, in the handler's transaction.
+pub(crate) static CLAIM_IN_TX: LazyLock<String> = LazyLock::new(|| claim(true));
 
 /// Compare-and-swap of a record to a new holder on a fresh token, only if it is
 /// still exactly as seen (token `$11`, state `$12`, lease `$13`). Takeover
@@ -190,6 +187,55 @@ pub(crate) static COMPLETE: LazyLock<String> = LazyLock::new(|| {
         now_sql(4)
     )
 });
+
+/// SQL literals for the one statement sent without bind parameters: a
+/// single-step request's completion, fused with its `COMMIT` (the
+/// simple-query protocol runs several statements in one round trip, but binds
+/// nothing). Every value is a number or hex digits decoded by the server, so no
+/// input can escape its literal whatever the server's string settings.
+mod literal {
+    pub(super) fn bytes(b: &[u8]) -> String {
+        format!("decode('{}', 'hex')", hex::encode(b))
+    }
+
+    pub(super) fn text(s: &str) -> String {
+        format!("convert_from({}, 'UTF8')", bytes(s.as_bytes()))
+    }
+
+    pub(super) fn now(test_now: Option<i64>) -> String {
+        super::now_of(&test_now.map_or_else(|| "NULL".to_owned(), |ms| ms.to_string()))
+    }
+}
+
+/// A single-step request's completion and its transaction's `COMMIT`, in one
+/// round trip. The update must change exactly one row, or the division by zero
+/// aborts the transaction before the `COMMIT` runs (the server skips the rest of
+/// a query string after an error), so business writes never commit beside a
+/// record left in flight. The trailing `BEGIN` opens an empty transaction for
+/// the caller's transaction handle to roll back when dropped, so its
+/// bookkeeping stays true without another round trip.
+pub(crate) fn complete_and_commit(
+    scope: &Scope,
+    token: FencingToken,
+    test_now: Option<i64>,
+    status: u16,
+    headers: &str,
+    body: &[u8],
+) -> String {
+    format!(
+        "WITH u AS (UPDATE idemkit_keys SET state = 'completed', completed_at = {now}, resp_status = {status}, \
+         resp_headers = {headers}, resp_body = {body}, last_error = NULL \
+         WHERE account = {account} AND idem_key = {key} AND fencing_token = {token} \
+         AND state = 'in_flight' RETURNING 1) \
+         SELECT 1 / count(*)::int FROM u; COMMIT; BEGIN",
+        now = literal::now(test_now),
+        headers = literal::text(headers),
+        body = literal::bytes(body),
+        account = literal::text(scope.account.as_str()),
+        key = literal::text(scope.key.as_str()),
+        token = token.0,
+    )
+}
 
 /// [`COMPLETE`], waking waiters.
 pub(crate) static COMPLETE_NOTIFYING: LazyLock<String> = LazyLock::new(|| notifying(&COMPLETE));

@@ -99,7 +99,11 @@ impl PgStore {
 #[async_trait]
 impl KeyStore for PgStore {
     async fn claim(&self, req: &ClaimRequest) -> StoreResult<ClaimOutcome> {
-        self.retrying(|| self.claim_autocommit(req)).await
+        self.retrying(|| async {
+            let mut conn = self.pool.acquire().await.map_err(Retry::from)?;
+            self.claim_on(&mut conn, req, false).await
+        })
+        .await
     }
 
     async fn heartbeat(&self, scope: &Scope, token: FencingToken, lease: Duration) -> StoreResult<Millis> {

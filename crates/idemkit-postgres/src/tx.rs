@@ -5,13 +5,13 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use idemkit_core::{
-    ClaimOutcome, ClaimRequest, FencingToken, PhaseUpdate, Scope, StoreError, StoreResult, StoredResponse,
-    TransactionalStore, TxClaim,
+    ClaimOutcome, ClaimRequest, FencingToken, PhaseUpdate, Scope, StoreError, StoreResult, StoredHeader,
+    StoredResponse, TransactionalStore, TxClaim,
 };
-use sqlx::{PgConnection, Postgres};
+use sqlx::{AssertSqlSafe, PgConnection, Postgres};
 
 use crate::PgStore;
-use crate::error::{is_lock_timeout, map_err};
+use crate::error::{is_lock_timeout, map_err, sqlstate};
 use crate::retry::Retry;
 use crate::sql::{self, advance_query};
 
@@ -54,22 +54,22 @@ impl std::fmt::Debug for PgTx {
 impl TransactionalStore for PgStore {
     type Tx = PgTx;
 
+    /// The claim runs inside the transaction it returns: begin (with the
+    /// claim's `lock_timeout`), then one statement that inserts the in-flight row
+    /// or reads the existing record. A replay, conflict or in-progress answer
+    /// drops the transaction (its rollback rides on the connection's release).
     async fn claim_in_tx(&self, req: &ClaimRequest) -> StoreResult<TxClaim<PgTx>> {
-        let (existing, decision) = self.read_decision(req).await?;
-        if let Some(outcome) = decision.settle(existing)? {
-            return Ok(TxClaim::Other(outcome));
-        }
         self.retrying(|| async {
             let mut tx = self.begin_claim(req.lock_wait).await?;
-            match self.claim_on(&mut tx, req).await {
-                Ok(Ok(lease)) => Ok(TxClaim::Claimed {
+            match self.claim_on(&mut tx, req, true).await {
+                Ok(ClaimOutcome::Claimed(lease)) => Ok(TxClaim::Claimed {
                     tx: PgTx {
                         tx,
                         single_step: true,
                     },
                     lease,
                 }),
-                Ok(Err(outcome)) => Ok(TxClaim::Other(outcome)),
+                Ok(outcome) => Ok(TxClaim::Other(outcome)),
                 Err(Retry::Fatal(StoreError::Unavailable(e))) if is_lock_timeout(&*e) => {
                     // The holder's claim is still uncommitted after the allowed wait.
                     Ok(TxClaim::Other(ClaimOutcome::InProgress {
@@ -136,8 +136,24 @@ impl TransactionalStore for PgStore {
         response: &StoredResponse,
     ) -> StoreResult<()> {
         // On an error the transaction is dropped, rolling back the business writes.
-        let notify = !tx.single_step;
-        self.complete_on(&mut tx, scope, token, response, notify)
+        if tx.single_step {
+            // Nobody waits on an uncommitted claim, and the row is ours until the
+            // commit: the completion rides with the COMMIT (one round trip).
+            let statement = sql::complete_and_commit(
+                scope,
+                token,
+                self.test_now(),
+                response.status,
+                &StoredHeader::encode_list(&response.headers)?,
+                &response.body,
+            );
+            return match sqlx::raw_sql(AssertSqlSafe(statement)).execute(&mut *tx).await {
+                Ok(_) => Ok(()),
+                Err(e) if sqlstate(&e).as_deref() == Some("22012") => Err(StoreError::Fenced),
+                Err(e) => Err(map_err(e)),
+            };
+        }
+        self.complete_on(&mut tx, scope, token, response, true)
             .await
             .map_err(Retry::into_store)?;
         tx.tx.commit().await.map_err(map_err)

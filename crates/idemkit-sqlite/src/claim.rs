@@ -13,7 +13,7 @@ use crate::SqliteStore;
 use crate::decode::fetch_record;
 use crate::error::{cas_ok, corrupt, map_err};
 use crate::sql;
-use crate::tx::PendingClaim;
+use crate::tx::{PendingClaim, SqliteTx};
 
 impl SqliteStore {
     /// Claims inside `tx`. Returns the lease when claimed, or the outcome to answer.
@@ -92,12 +92,14 @@ impl SqliteStore {
         Ok((existing, decision))
     }
 
-    /// Writes a pending single-step claim as a completed record. The primary key
-    /// (INSERT) or the token compare-and-swap (UPDATE) arbitrates: a miss means
-    /// another request with this key committed first → [`StoreError::Conflict`].
-    pub(crate) async fn write_completed_claim(
+    /// Writes a pending single-step claim as a completed record and commits.
+    /// The primary key (INSERT) or the token compare-and-swap (UPDATE)
+    /// arbitrates: a miss means another request with this key committed first
+    /// → [`StoreError::Conflict`], and nothing commits. An absent key's insert
+    /// and the `COMMIT` go in one call ([`sql::INSERT_COMPLETED_AND_COMMIT`]).
+    pub(crate) async fn complete_pending_claim(
         &self,
-        conn: &mut SqliteConnection,
+        mut tx: SqliteTx,
         scope: &Scope,
         token: FencingToken,
         p: PendingClaim,
@@ -107,11 +109,11 @@ impl SqliteStore {
             return Err(StoreError::Fenced);
         }
         let now = self.clock.now();
-        let sql = match p.replaces {
-            None => sql::INSERT_COMPLETED,
+        let statement = match p.replaces {
+            None => sql::INSERT_COMPLETED_AND_COMMIT,
             Some(_) => sql::REPLACE_COMPLETED,
         };
-        let done = sqlx::query(sql)
+        let query = sqlx::query(statement)
             .bind(scope.account.as_str())
             .bind(scope.key.as_str())
             .bind(&p.fingerprint.as_bytes()[..])
@@ -124,18 +126,28 @@ impl SqliteStore {
             .bind(&p.request.body)
             .bind(i64::from(response.status))
             .bind(StoredHeader::encode_list(&response.headers)?)
-            .bind(&response.body)
-            .bind(p.replaces.map_or(0, |h| h.fencing_token.0))
+            .bind(&response.body);
+        let Some(seen) = p.replaces else {
+            // Dropping `tx` afterwards rolls back the empty transaction the string ends with.
+            return match query.execute(&mut *tx).await {
+                Ok(_) => Ok(()),
+                Err(sqlx::Error::Database(db)) if db.kind() == sqlx::error::ErrorKind::UniqueViolation => {
+                    Err(StoreError::Conflict)
+                }
+                Err(e) => Err(map_err(e)),
+            };
+        };
+        let done = query
+            .bind(seen.fencing_token.0)
             .bind(p.keep_progress)
-            .bind(p.replaces.map_or("", |h| h.state.as_str()))
-            .bind(p.replaces.map_or(0, |h| h.lease_expires_at.0))
-            .execute(&mut *conn)
+            .bind(seen.state.as_str())
+            .bind(seen.lease_expires_at.0)
+            .execute(&mut *tx)
             .await
             .map_err(map_err)?;
-        if done.rows_affected() == 1 {
-            Ok(())
-        } else {
-            Err(StoreError::Conflict)
+        if done.rows_affected() != 1 {
+            return Err(StoreError::Conflict);
         }
+        tx.commit().await.map_err(map_err)
     }
 }

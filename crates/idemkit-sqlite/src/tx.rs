@@ -220,13 +220,12 @@ impl TransactionalStore for SqliteStore {
         response: &StoredResponse,
     ) -> StoreResult<()> {
         // On an error the transaction is dropped, which rolls back the business writes.
-        match tx.pending.take() {
-            Some(pending) => {
-                self.write_completed_claim(&mut tx, scope, token, pending, response)
-                    .await?
-            }
-            None => self.complete_on(&mut tx, scope, token, response).await?,
+        if let Some(pending) = tx.pending.take() {
+            return self
+                .complete_pending_claim(tx, scope, token, pending, response)
+                .await;
         }
+        self.complete_on(&mut tx, scope, token, response).await?;
         tx.commit().await.map_err(map_err)
     }
 }

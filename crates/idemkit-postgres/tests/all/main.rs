@@ -14,6 +14,7 @@ use idemkit_testkit::tx_suite::BusinessProbe;
 mod commits;
 mod fencing;
 mod hardening;
+mod single_step;
 
 /// The test database URL, or `None` (outside CI) when it is not configured.
 pub(crate) fn database_url() -> Option<String> {

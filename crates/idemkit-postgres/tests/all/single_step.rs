@@ -1,0 +1,160 @@
+//! Single-step mode sends the completion with the `COMMIT` in one round trip
+//! (a simple query, values as hex literals). These pin what that must keep:
+//! the stored answer byte for byte, nothing committed when the completion
+//! changes no row, and a connection that goes back to the pool outside any
+//! transaction with sqlx's savepoint bookkeeping intact.
+
+use std::sync::Arc;
+
+use idemkit_core::{
+    KeyStore, RecordState, StoreError, StoredHeader, StoredResponse, TransactionalStore, TxClaim,
+};
+use idemkit_postgres::{PgConfig, PgStore};
+use idemkit_testkit::suite::{claim_req, scope};
+use sqlx::Connection;
+
+use crate::{database_url, fresh_schema};
+
+async fn one_connection_store() -> Option<(String, Arc<PgStore>)> {
+    let url = database_url()?;
+    let config = PgConfig {
+        schema: fresh_schema(),
+        // One for the notification listener, one for everything else.
+        max_connections: 2,
+        ..PgConfig::default()
+    };
+    let store = PgStore::connect(&url, config).await.expect("connect");
+    sqlx::query("CREATE TABLE biz (tag TEXT NOT NULL)")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    Some((url, Arc::new(store)))
+}
+
+async fn tags(store: &PgStore) -> Vec<String> {
+    sqlx::query_scalar("SELECT tag FROM biz ORDER BY tag")
+        .fetch_all(store.pool())
+        .await
+        .unwrap()
+}
+
+/// Every byte value, quotes, backslashes and a NUL-free non-ASCII header
+/// survive the literal encoding; the record is completed with them.
+#[tokio::test]
+async fn the_fused_completion_stores_the_answer_byte_for_byte() {
+    let Some((_, store)) = one_connection_store().await else {
+        return;
+    };
+    let s = scope("acct'; DROP TABLE biz; --", "fused-bytes");
+    let TxClaim::Claimed { tx, lease } = store.claim_in_tx(&claim_req(&s, "{}")).await.unwrap() else {
+        panic!("a fresh key is claimed")
+    };
+    let response = StoredResponse {
+        status: 299,
+        headers: vec![StoredHeader {
+            name: "x-odd".into(),
+            value: "it's \\ \"quoted\" ünïcode $$ E'x'".as_bytes().to_vec(),
+        }],
+        body: (0..=255u8).collect(),
+    };
+    store
+        .complete_in_tx(tx, &s, lease.token, &response)
+        .await
+        .unwrap();
+    let rec = store.get(&s).await.unwrap().expect("stored");
+    assert_eq!(rec.state, RecordState::Completed);
+    assert_eq!(rec.response.as_ref(), Some(&response));
+    assert!(
+        tags(&store).await.is_empty(),
+        "the table the account name mentions is intact"
+    );
+}
+
+/// A completion that changes no row (here the handler deleted the claim
+/// row) aborts before the `COMMIT`: the business write does not commit.
+#[tokio::test]
+async fn a_completion_that_changes_no_row_commits_nothing() {
+    let Some((_, store)) = one_connection_store().await else {
+        return;
+    };
+    let s = scope("a", "fused-miss");
+    let TxClaim::Claimed { mut tx, lease } = store.claim_in_tx(&claim_req(&s, "{}")).await.unwrap() else {
+        panic!("a fresh key is claimed")
+    };
+    sqlx::query("INSERT INTO biz (tag) VALUES ('lost')")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    sqlx::query("DELETE FROM idemkit_keys WHERE account = 'a' AND idem_key = 'fused-miss'")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let err = store
+        .complete_in_tx(tx, &s, lease.token, &idemkit_testkit::suite::response(201, "ok"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Fenced), "{err:?}");
+    assert!(tags(&store).await.is_empty(), "nothing committed");
+    assert!(store.get(&s).await.unwrap().is_none());
+}
+
+/// On a pool with one connection for queries: a handler's nested transaction is a savepoint
+/// (sqlx still counts the claim's transaction), and after the fused commit the
+/// connection is back outside any transaction: its next autocommitted write is
+/// visible at once to another connection.
+#[tokio::test]
+async fn the_connection_leaves_the_fused_commit_clean() {
+    let Some((url, store)) = one_connection_store().await else {
+        return;
+    };
+    let s = scope("a", "fused-clean");
+    let TxClaim::Claimed { mut tx, lease } = store.claim_in_tx(&claim_req(&s, "{}")).await.unwrap() else {
+        panic!("a fresh key is claimed")
+    };
+    sqlx::query("INSERT INTO biz (tag) VALUES ('kept')")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    {
+        let mut nested = Connection::begin(&mut *tx).await.unwrap();
+        sqlx::query("INSERT INTO biz (tag) VALUES ('undone')")
+            .execute(&mut *nested)
+            .await
+            .unwrap();
+        nested.rollback().await.unwrap();
+    }
+    store
+        .complete_in_tx(tx, &s, lease.token, &idemkit_testkit::suite::response(201, "ok"))
+        .await
+        .unwrap();
+    assert_eq!(tags(&store).await, ["kept"]);
+
+    // The only connection, reused: autocommitted, seen from elsewhere.
+    sqlx::query("INSERT INTO biz (tag) VALUES ('after')")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let schema: String = sqlx::query_scalar("SELECT current_schema()")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    let mut other = sqlx::PgConnection::connect(&url).await.unwrap();
+    let seen: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT tag FROM {schema}.biz ORDER BY tag"
+    )))
+    .fetch_all(&mut other)
+    .await
+    .unwrap();
+    assert_eq!(seen, ["after", "kept"]);
+
+    // And the next single-step claim on it begins a real transaction again.
+    let s2 = scope("a", "fused-clean-2");
+    let TxClaim::Claimed { tx, .. } = store.claim_in_tx(&claim_req(&s2, "{}")).await.unwrap() else {
+        panic!("a fresh key is claimed")
+    };
+    drop(tx);
+    assert!(
+        store.get(&s2).await.unwrap().is_none(),
+        "dropped claim rolled back"
+    );
+}
