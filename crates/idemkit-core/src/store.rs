@@ -247,6 +247,20 @@ pub trait KeyStore: Send + Sync + std::fmt::Debug + 'static {
     /// could not tell whether progress was made can never wipe it.
     async fn release(&self, scope: &Scope, token: FencingToken) -> StoreResult<()>;
 
+    /// The holder's release of a record whose recorded progress it knows to be
+    /// void: `idemkit proxy` recorded the intent to forward, and the upstream
+    /// answered a validation-class status (it refused the request without
+    /// acting), or the request was never sent. Fenced like
+    /// [`KeyStore::release`], in the same atomic write: the recovery point and
+    /// step outputs are discarded and the record becomes `released` on a new
+    /// token, so the next request with the key runs as a first attempt. A holder
+    /// that lost its lease (taken over, parked, released by an operator) gets
+    /// [`StoreError::Fenced`] and changes nothing, so it can never wipe the
+    /// progress of the attempt that replaced it.
+    async fn release_discarding(&self, _scope: &Scope, _token: FencingToken) -> StoreResult<()> {
+        Err(StoreError::Unsupported("releasing with progress discarded"))
+    }
+
     /// Ends the lease at once while keeping the record resumable (a retryable
     /// outcome after progress was made), recording why. The record gets a new
     /// fencing token, so a write of the old holder still on its way (a

@@ -293,6 +293,16 @@ pub(crate) static RELEASE: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
+/// The holder's release that discards recorded progress (see
+/// `KeyStore::release_discarding`).
+pub(crate) static RELEASE_DISCARDING: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "UPDATE idemkit_keys SET fencing_token = {NEXT_TOKEN}, state = 'released', lease_expires_at = 0, \
+         recovery_point = NULL, step_outputs = '{{}}', req_body = ''::bytea \
+         WHERE account = $1 AND idem_key = $2 AND fencing_token = $3 AND state = 'in_flight'"
+    )
+});
+
 /// The holder gives up; a fresh token, so a heartbeat of this holder still on
 /// its way is refused.
 pub(crate) static ABANDON: LazyLock<String> = LazyLock::new(|| {

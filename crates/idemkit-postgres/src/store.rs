@@ -146,6 +146,11 @@ impl KeyStore for PgStore {
         .await
     }
 
+    async fn release_discarding(&self, scope: &Scope, token: FencingToken) -> StoreResult<()> {
+        self.fenced(&sql::RELEASE_DISCARDING, true, scope, token, |q| q)
+            .await
+    }
+
     async fn abandon(&self, scope: &Scope, token: FencingToken, error: &str) -> StoreResult<()> {
         let now = self.test_now();
         self.fenced(&sql::ABANDON, true, scope, token, move |q| {

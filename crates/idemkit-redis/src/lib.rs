@@ -546,6 +546,17 @@ impl RedisStore {
         Ok(out)
     }
 
+    /// The holder's release, discarding recorded progress first when `discard`
+    /// (see [`KeyStore::release`] and [`KeyStore::release_discarding`]).
+    async fn release_with(&self, scope: &Scope, token: FencingToken, discard: bool) -> StoreResult<()> {
+        let now = self.now_arg();
+        let discard = if discard { "1" } else { "0" };
+        self.fenced(&SCRIPTS.release, scope, token, &|c| {
+            c.arg(self.publish).arg(&now).arg(RELEASE_REFUSED).arg(discard);
+        })
+        .await
+    }
+
     /// An operator's release (see [`KeyStore::force_release`] and
     /// [`KeyStore::discard_progress`]): one script, guarded by the state.
     async fn operator_release(&self, scope: &Scope, discard: bool) -> StoreResult<bool> {
@@ -688,11 +699,11 @@ impl KeyStore for RedisStore {
     }
 
     async fn release(&self, scope: &Scope, token: FencingToken) -> StoreResult<()> {
-        let now = self.now_arg();
-        self.fenced(&SCRIPTS.release, scope, token, &|c| {
-            c.arg(self.publish).arg(&now).arg(RELEASE_REFUSED);
-        })
-        .await
+        self.release_with(scope, token, false).await
+    }
+
+    async fn release_discarding(&self, scope: &Scope, token: FencingToken) -> StoreResult<()> {
+        self.release_with(scope, token, true).await
     }
 
     async fn abandon(&self, scope: &Scope, token: FencingToken, error: &str) -> StoreResult<()> {

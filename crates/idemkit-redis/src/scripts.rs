@@ -204,11 +204,19 @@ return 1
 /// Release: the record stays (state `released`) so tokens keep growing. A
 /// record with recorded progress (a recovery point, set by every phase and
 /// intent) is abandoned instead, on a new token.
+/// With ARGV[5] = '1' (`release_discarding`) the progress is discarded first,
+/// so the record is released.
 /// ARGV: token, publish command, now ('' for the server's clock), refusal
-/// message, write id.
+/// message, discard ('1' or '0'), write id.
 const RELEASE: &str = fenced!(
     r#"
 local tok = next_token(seqk, h[1])
+if ARGV[5] == '1' then
+  redis.call('HDEL', k, 'recovery_point')
+  for _, f in ipairs(redis.call('HKEYS', k)) do
+    if string.sub(f, 1, 5) == 'step:' then redis.call('HDEL', k, f) end
+  end
+end
 if has_progress(k) then
   redis.call('HSET', k, 'token', tok, 'lease_expires_at', now_ms(ARGV[3]), 'last_error', ARGV[4],
     'last_write', wid)

@@ -108,6 +108,12 @@ pub(crate) const RELEASE: &str = "UPDATE idemkit_keys SET fencing_token = fencin
      last_error = CASE WHEN recovery_point IS NULL AND step_outputs = '{}' THEN last_error ELSE ?5 END \
      WHERE account = ?1 AND idem_key = ?2 AND fencing_token = ?3 AND state = 'in_flight'";
 
+/// The holder's release that discards recorded progress (see
+/// `KeyStore::release_discarding`).
+pub(crate) const RELEASE_DISCARDING: &str = "UPDATE idemkit_keys SET fencing_token = fencing_token + 1, \
+     state = 'released', lease_expires_at = 0, recovery_point = NULL, step_outputs = '{}', req_body = x'' \
+     WHERE account = ?1 AND idem_key = ?2 AND fencing_token = ?3 AND state = 'in_flight'";
+
 /// The holder gives up: the lease ends now (`?4`), on a fresh token.
 pub(crate) const ABANDON: &str = "UPDATE idemkit_keys SET fencing_token = fencing_token + 1, lease_expires_at = ?4, last_error = ?5 \
      WHERE account = ?1 AND idem_key = ?2 AND fencing_token = ?3 AND state = 'in_flight'";

@@ -160,6 +160,13 @@ impl KeyStore for SqliteStore {
         tx.commit().await.map_err(map_err)
     }
 
+    async fn release_discarding(&self, scope: &Scope, token: FencingToken) -> StoreResult<()> {
+        let mut tx = self.begin().await?;
+        self.fenced_update(&mut tx, sql::RELEASE_DISCARDING, scope, token, |q| q)
+            .await?;
+        tx.commit().await.map_err(map_err)
+    }
+
     async fn abandon(&self, scope: &Scope, token: FencingToken, error: &str) -> StoreResult<()> {
         let now = self.clock.now().0;
         let error = error.to_owned();

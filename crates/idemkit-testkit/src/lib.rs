@@ -102,6 +102,7 @@ macro_rules! __lifecycle_cases {
             force_release_frees_only_records_nobody_holds,
             unfinished_record_past_the_window_is_taken_over_not_restarted,
             release_with_progress_is_refused_and_kept_resumable,
+            release_discarding_frees_the_key_only_for_its_holder,
             abandon_moves_the_record_to_a_new_token,
             resume_claims_only_the_record_it_saw
         }

@@ -1001,6 +1001,59 @@ pub async fn release_with_progress_is_refused_and_kept_resumable<S: KeyStore>(
     assert_eq!(rec.created_at, created);
 }
 
+/// `release_discarding` frees a key whose recorded progress its holder knows
+/// to be void, and only for that holder: after a takeover the lapsed holder's
+/// call is fenced and the new holder's progress survives it; the holder's own
+/// call discards the progress in the same write, and the next request with the
+/// key is a first attempt on a higher token.
+pub async fn release_discarding_frees_the_key_only_for_its_holder<S: KeyStore>(
+    store: Arc<S>,
+    clock: Arc<ManualClock>,
+) {
+    let s = scope("acct-l", "release-discarding");
+    let req = claim_req(&s, r#"{"fwd":1}"#);
+    let a = must_claim(&*store, &req).await;
+    store
+        .advance(
+            &s,
+            a.token,
+            &phase("forwarded", Some(("forward", json!({"attempt": 1})))),
+        )
+        .await
+        .expect("advance");
+    // A lapses; B takes over from the intent.
+    clock.advance(LEASE + Duration::from_secs(1));
+    let b = must_claim(&*store, &req).await;
+    assert_eq!(b.resumed_from.as_deref(), Some("forwarded"));
+    assert_fenced(
+        store.release_discarding(&s, a.token).await,
+        "the lapsed holder's release",
+    );
+    let rec = record(&*store, &s).await;
+    assert_eq!(rec.state, RecordState::InFlight);
+    assert_eq!(
+        rec.recovery_point.as_deref(),
+        Some("forwarded"),
+        "B's progress survives"
+    );
+    assert_eq!(rec.fencing_token, b.token);
+
+    store
+        .release_discarding(&s, b.token)
+        .await
+        .expect("the holder's release");
+    let rec = record(&*store, &s).await;
+    assert_eq!(rec.state, RecordState::Released);
+    assert_eq!(rec.recovery_point, None);
+    assert!(rec.step_outputs.is_empty(), "progress discarded");
+    assert!(rec.fencing_token > b.token, "on a new token");
+    assert_fenced(store.heartbeat(&s, b.token, LEASE).await, "a heartbeat after it");
+    // The next request with the key (even a corrected body) runs as a first attempt.
+    let c = must_claim(&*store, &claim_req(&s, r#"{"fwd":2}"#)).await;
+    assert!(c.token > rec.fencing_token);
+    assert_eq!(c.resumed_from, None);
+}
+
 /// `abandon` moves the record to a new fencing token: a heartbeat of the old
 /// holder still on its way is refused and cannot revive the lease; the next
 /// attempt takes over at once.

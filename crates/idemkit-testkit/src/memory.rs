@@ -245,6 +245,16 @@ impl KeyStore for MemoryStore {
         })
     }
 
+    async fn release_discarding(&self, scope: &Scope, token: FencingToken) -> StoreResult<()> {
+        self.with_held_bumping(scope, token, true, |r, _| {
+            r.recovery_point = None;
+            r.step_outputs.clear();
+            r.state = RecordState::Released;
+            r.lease_expires_at = Millis(0);
+            r.request.body.clear();
+        })
+    }
+
     async fn abandon(&self, scope: &Scope, token: FencingToken, error: &str) -> StoreResult<()> {
         self.with_held_bumping(scope, token, true, |r, now| {
             r.lease_expires_at = now;

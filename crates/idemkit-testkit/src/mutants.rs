@@ -199,6 +199,11 @@ impl KeyStore for MutantStore {
         self.inner.release(scope, token).await
     }
 
+    async fn release_discarding(&self, scope: &Scope, token: FencingToken) -> StoreResult<()> {
+        let token = self.token_for(scope, token).await;
+        self.inner.release_discarding(scope, token).await
+    }
+
     async fn abandon(&self, scope: &Scope, token: FencingToken, error: &str) -> StoreResult<()> {
         let token = self.token_for(scope, token).await;
         self.inner.abandon(scope, token, error).await?;
@@ -313,6 +318,10 @@ impl<S: TransactionalStore> KeyStore for UnfencedTx<S> {
     async fn release(&self, scope: &Scope, token: FencingToken) -> StoreResult<()> {
         let token = self.current(scope, token).await;
         self.inner.release(scope, token).await
+    }
+    async fn release_discarding(&self, scope: &Scope, token: FencingToken) -> StoreResult<()> {
+        let token = self.current(scope, token).await;
+        self.inner.release_discarding(scope, token).await
     }
     async fn abandon(&self, scope: &Scope, token: FencingToken, error: &str) -> StoreResult<()> {
         let token = self.current(scope, token).await;

@@ -64,12 +64,6 @@ use tracing::Instrument;
 /// to a key-honouring upstream, and parked otherwise.
 pub const FORWARDED: &str = "forwarded";
 
-/// The recovery point recorded when the upstream certainly did not execute the
-/// request (the connection failed before sending) or answered with a status the
-/// policy releases (validation-class 4xx, 5xx under `retry`): the next attempt
-/// forwards again.
-pub const ANSWERED_UNSTORED: &str = "answered-unstored";
-
 /// The proxy's own Prometheus metrics (the layer's series: requests by
 /// outcome, store latency, fenced writes, …), out of the way of the upstream's
 /// paths; `/healthz` is the proxy's too. Every other path goes upstream.
@@ -511,9 +505,15 @@ impl Proxy {
         let res = match sent {
             Ok(Ok(res)) => res,
             Ok(Err(e)) if e.is_connect() => {
-                // Nothing was sent: the same request may be forwarded again.
-                self.answered_unstored(attempt, "not-sent").await;
-                return (outcome::RELEASED, bad_gateway(&e));
+                // Nothing was sent: the key is free again. The recorded intent is
+                // discarded with the release, in one write fenced by this attempt's
+                // token: a proxy that lost its lease meanwhile (another attempt took
+                // the record over, perhaps forwarded and parked it) changes nothing.
+                // If the store cannot be reached, the lease runs out and the attempt
+                // that takes over finds the intent (re-sent to a key-honouring
+                // upstream, parked otherwise): never forwarded twice blind.
+                let counted = attempt.settle(None, Disposition::Discard).await;
+                return (counted, bad_gateway(&e));
             }
             Ok(Err(e)) => {
                 return self
@@ -534,41 +534,10 @@ impl Proxy {
         match Disposition::of(status, None, &policy) {
             Disposition::Store => store_response(attempt, res).await,
             _ => {
-                // Validation-class 4xx, or 5xx under `retry`: not stored; the same
-                // request is forwarded again.
-                self.answered_unstored(attempt, &status.to_string()).await;
-                (outcome::RELEASED, res)
+                // Validation-class 4xx, or 5xx under `retry`: answered, not executed.
+                // Not stored, and the key is free again, as above.
+                (attempt.settle(None, Disposition::Discard).await, res)
             }
-        }
-    }
-
-    /// Ends an attempt whose request the upstream certainly did not execute
-    /// (never sent, or answered with a status the policy releases): the record
-    /// is marked answered, so the attempt that takes it over forwards the same
-    /// request again instead of parking it, and its lease ends at once.
-    ///
-    /// The recorded intent is kept, so the key stays bound to this request (a
-    /// corrected request needs a new key). Discarding it to free the key takes
-    /// a store operation fenced by this attempt's token, which the stores do
-    /// not have: `KeyStore::discard_progress` acts on any record nobody holds,
-    /// including one a later attempt has parked after forwarding in the
-    /// meantime, and releasing that one would forward its request twice.
-    async fn answered_unstored(&self, attempt: Attempt, answer: &str) {
-        self.mark_unstored(attempt.scope(), attempt.lease().token, answer)
-            .await;
-        attempt.settle(None, Disposition::Abandon).await;
-    }
-
-    async fn mark_unstored(&self, scope: &Scope, token: idemkit_core::FencingToken, what: &str) {
-        let update = PhaseUpdate {
-            recovery_point: ANSWERED_UNSTORED.to_owned(),
-            step: Some((
-                format!("upstream-{}-answer", token.0),
-                serde_json::json!({ "answer": what }),
-            )),
-        };
-        if let Err(e) = self.store.advance(scope, token, &update).await {
-            tracing::warn!(error = %e, "proxy: could not record the unstored answer");
         }
     }
 

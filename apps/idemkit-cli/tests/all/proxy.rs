@@ -295,7 +295,7 @@ async fn safe_methods_pass_through_and_healthz_answers() {
 }
 
 #[tokio::test]
-async fn a_validation_answer_is_not_stored() {
+async fn a_validation_answer_frees_the_key() {
     let s = setup("invalid", false).await;
     for _ in 0..2 {
         let res = s.post("/invalid", Some("v"), Some("Bearer a"), "{}").await;
@@ -303,17 +303,25 @@ async fn a_validation_answer_is_not_stored() {
         assert!(res.headers().get("idempotent-replayed").is_none());
     }
     assert_eq!(s.posts(), 2, "a released answer is forwarded again");
-    // The key stays bound to that request: another request under it is refused
-    // before reaching the upstream (a corrected request needs a new key).
+    // The key is free: the corrected request under it is a first attempt,
+    // forwarded once and then replayed.
+    let corrected = || s.post("/orders", Some("v"), Some("Bearer a"), r#"{"sku":"fixed"}"#);
+    let first = corrected().await;
+    assert_eq!(first.status(), 201);
+    assert!(first.headers().get("idempotent-replayed").is_none());
+    let first = first.bytes().await.unwrap();
+    assert_eq!(s.posts(), 3);
+    let again = corrected().await;
+    assert_eq!(again.status(), 201);
     assert_eq!(
-        code(
-            s.post("/orders", Some("v"), Some("Bearer a"), r#"{"sku":"fixed"}"#)
-                .await
-        )
-        .await,
-        (409, "idempotency_key_reused".into())
+        again
+            .headers()
+            .get("idempotent-replayed")
+            .map(|v| v.to_str().unwrap()),
+        Some("true")
     );
-    assert_eq!(s.posts(), 2);
+    assert_eq!(again.bytes().await.unwrap(), first);
+    assert_eq!(s.posts(), 3, "the replay did not reach the upstream");
 }
 
 #[tokio::test]

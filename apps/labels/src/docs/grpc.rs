@@ -58,7 +58,7 @@ fn grpc_name(code: Code) -> String {
 fn stored(code: Code, outcome: Option<Outcome>, policy: &Policy) -> &'static str {
     match idemkit_tonic::disposition(code, outcome, policy) {
         Disposition::Store => "yes: replayed to every retry with this key",
-        Disposition::Release => "no: the key is free again",
+        Disposition::Release | Disposition::Discard => "no: the key is free again",
         Disposition::Abandon => "no: a retry with the same key and bytes resumes the request",
         Disposition::Leave => "as the request left it",
     }

@@ -137,8 +137,8 @@ fn proxy_markdown(proxy: &ProxyContract, client: &RetryConfig) -> String {
     answers(
         w,
         &format!(
-            "- The service's validation-class answers ({}) are passed to you and not stored: the same request \
-             with the same key is forwarded again; a corrected request needs a new key.",
+            "- The service's validation-class answers ({}) are passed to you and not stored: the key is free \
+             again, so the same key may carry the same request or a corrected one, forwarded as a first attempt.",
             and_list(&released)
         ),
         mismatch_status,

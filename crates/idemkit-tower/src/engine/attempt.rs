@@ -40,6 +40,12 @@ pub enum Disposition {
     Abandon,
     /// The handler settled the record itself.
     Leave,
+    /// Not stored, and the caller knows the progress it recorded is void (the
+    /// proxy's intent to forward, answered by a status the policy releases):
+    /// the key is freed with that progress discarded, in one write fenced by
+    /// the attempt's token ([`idemkit_core::KeyStore::release_discarding`]).
+    /// Never chosen by [`Disposition::of`].
+    Discard,
 }
 
 impl Disposition {
@@ -50,6 +56,7 @@ impl Disposition {
             Self::Release => "release",
             Self::Abandon => "abandon",
             Self::Leave => "leave",
+            Self::Discard => "discard",
         }
     }
 
@@ -322,6 +329,10 @@ impl Attempt {
                     store.abandon(scope, token, "handler marked the outcome retryable"),
                 )
                 .await,
+            ),
+            Disposition::Discard => (
+                outcome::RELEASED,
+                timed(op::RELEASE, store.release_discarding(scope, token)).await,
             ),
             // A request that recorded progress (a phase, an external-call intent)
             // keeps it: the next attempt resumes from the recovery point instead of
