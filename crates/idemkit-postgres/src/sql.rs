@@ -27,12 +27,7 @@ pub(crate) fn notifying(update: &str) -> String {
 /// Every lease is judged by it, so an instance whose own clock is skewed can
 /// never take over a live lease (SPEC §3).
 pub(crate) fn now_sql(n: usize) -> String {
-    now_of(&format!("${n}"))
-}
-
-/// The store's clock, with the test clock read from `test_clock` (a parameter or a literal).
-fn now_of(test_clock: &str) -> String {
-    format!("COALESCE({test_clock}::bigint, (extract(epoch from clock_timestamp()) * 1000)::bigint)")
+    format!("COALESCE(${n}::bigint, (extract(epoch from clock_timestamp()) * 1000)::bigint)")
 }
 
 /// A fresh fencing token from the store-wide sequence (see the migration).
@@ -201,18 +196,13 @@ mod literal {
     pub(super) fn text(s: &str) -> String {
         format!("convert_from({}, 'UTF8')", bytes(s.as_bytes()))
     }
-
-    pub(super) fn now(test_now: Option<i64>) -> String {
-        super::now_of(&test_now.map_or_else(|| "NULL".to_owned(), |ms| ms.to_string()))
-    }
 }
 
 /// A single-step request's completion and its transaction's `COMMIT`, in one
-/// round trip. The update must change exactly one row, or the division by zero
-/// aborts the transaction before the `COMMIT` runs (the server skips the rest of
-/// a query string after an error), so business writes never commit beside a
-/// record left in flight. The trailing `BEGIN` opens an empty transaction for
-/// the caller's transaction handle to roll back when dropped, so its
+/// round trip, through the `idemkit_complete_single_step` function (see its
+/// migration: it refuses, aborting the transaction before the `COMMIT`, unless
+/// exactly one row changes). The trailing `BEGIN` opens an empty transaction
+/// for the caller's transaction handle to roll back when dropped, so sqlx's
 /// bookkeeping stays true without another round trip.
 pub(crate) fn complete_and_commit(
     scope: &Scope,
@@ -223,17 +213,14 @@ pub(crate) fn complete_and_commit(
     body: &[u8],
 ) -> String {
     format!(
-        "WITH u AS (UPDATE idemkit_keys SET state = 'completed', completed_at = {now}, resp_status = {status}, \
-         resp_headers = {headers}, resp_body = {body}, last_error = NULL \
-         WHERE account = {account} AND idem_key = {key} AND fencing_token = {token} \
-         AND state = 'in_flight' RETURNING 1) \
-         SELECT 1 / count(*)::int FROM u; COMMIT; BEGIN",
-        now = literal::now(test_now),
-        headers = literal::text(headers),
-        body = literal::bytes(body),
+        "SELECT idemkit_complete_single_step({account}, {key}, {token}, {now}, {status}, {headers}, {body}); \
+         COMMIT; BEGIN",
         account = literal::text(scope.account.as_str()),
         key = literal::text(scope.key.as_str()),
         token = token.0,
+        now = test_now.map_or_else(|| "NULL".to_owned(), |ms| ms.to_string()),
+        headers = literal::text(headers),
+        body = literal::bytes(body),
     )
 }
 

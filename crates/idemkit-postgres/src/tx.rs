@@ -149,7 +149,7 @@ impl TransactionalStore for PgStore {
             );
             return match sqlx::raw_sql(AssertSqlSafe(statement)).execute(&mut *tx).await {
                 Ok(_) => Ok(()),
-                Err(e) if sqlstate(&e).as_deref() == Some("22012") => Err(StoreError::Fenced),
+                Err(e) if sqlstate(&e).as_deref() == Some("IK001") => Err(StoreError::Fenced),
                 Err(e) => Err(map_err(e)),
             };
         }
