@@ -128,8 +128,7 @@ impl SqliteStore {
             .bind(StoredHeader::encode_list(&response.headers)?)
             .bind(&response.body);
         let Some(seen) = p.replaces else {
-            // Dropping `tx` afterwards rolls back the empty transaction the string ends with.
-            return match query.execute(&mut *tx).await {
+            return match tx.finish_with(query).await {
                 Ok(_) => Ok(()),
                 Err(sqlx::Error::Database(db)) if db.kind() == sqlx::error::ErrorKind::UniqueViolation => {
                     Err(StoreError::Conflict)

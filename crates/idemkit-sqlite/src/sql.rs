@@ -54,15 +54,13 @@ pub(crate) const CLAIM_MOVE: &str = "UPDATE idemkit_keys SET fencing_token = ?3,
 /// and the transaction's `COMMIT`, in one call to the connection's worker. A
 /// row that appeared meanwhile (another process) fails the insert on the
 /// primary key, and SQLite runs nothing of the string after an error, so the
-/// business writes are not committed. The trailing `BEGIN` opens an empty
-/// transaction for the caller's transaction handle to roll back when dropped,
-/// so sqlx's bookkeeping stays true without another call.
+/// business writes are not committed.
 pub(crate) const INSERT_COMPLETED_AND_COMMIT: &str = "INSERT INTO idemkit_keys (account, idem_key, fingerprint, state, created_at, completed_at, \
      lease_expires_at, fencing_token, req_method, req_path, req_headers, req_body, resp_status, \
      resp_headers, resp_body) \
      VALUES (?1, ?2, ?3, 'completed', ?4, ?5, ?5, \
      MAX(?6, (SELECT floor + 1 FROM idemkit_token_floor)), ?7, ?8, ?9, ?10, ?11, ?12, ?13); \
-     COMMIT; BEGIN";
+     COMMIT";
 
 /// A pending single-step claim over an existing record, written already
 /// completed, only if the record is exactly as read (token `?14`, state `?16`,

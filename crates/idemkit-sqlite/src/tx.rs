@@ -11,6 +11,7 @@ use idemkit_core::{
     ClaimOutcome, ClaimRequest, Decision, FencingToken, Fingerprint, Lease, Millis, PhaseUpdate, RecordHead,
     Scope, StoreError, StoreResult, StoredRequest, StoredResponse, TransactionalStore, TxClaim,
 };
+use sqlx::pool::PoolConnection;
 use sqlx::{Sqlite, SqliteConnection};
 use tokio::sync::OwnedMutexGuard;
 
@@ -26,9 +27,17 @@ use crate::sql;
 /// It also holds the store's in-process writer slot: SQLite admits one writer at
 /// a time, and queueing writers on an async mutex is far cheaper than letting
 /// them spin in SQLite's busy handler (which sleeps up to 100 ms per try).
+///
+/// The transaction is SQLite's own (`BEGIN IMMEDIATE` … `COMMIT`), not an
+/// `sqlx::Transaction`, so a single-step completion can send its record and the
+/// `COMMIT` in one call to the connection's worker thread. A handler cannot
+/// open a nested transaction with sqlx's `Connection::begin` on it (SQLite
+/// refuses: "cannot start a transaction within a transaction"); a
+/// `SAVEPOINT name` statement works.
 pub struct SqliteTx {
-    tx: sqlx::Transaction<'static, Sqlite>,
-    _writer: OwnedMutexGuard<()>,
+    /// Taken by `commit`/`rollback`; when still here on drop, rolled back.
+    conn: Option<PoolConnection<Sqlite>>,
+    writer: Option<OwnedMutexGuard<()>>,
     /// Set when this transaction carries a single-step claim that is written,
     /// completed, at commit.
     pending: Option<PendingClaim>,
@@ -82,26 +91,63 @@ impl Drop for PendingMarker {
 
 impl SqliteTx {
     /// Commits the transaction.
-    pub async fn commit(self) -> Result<(), sqlx::Error> {
-        self.tx.commit().await
+    pub async fn commit(mut self) -> Result<(), sqlx::Error> {
+        self.finish("COMMIT").await
     }
 
     /// Rolls the transaction back (dropping it does the same).
-    pub async fn rollback(self) -> Result<(), sqlx::Error> {
-        self.tx.rollback().await
+    pub async fn rollback(mut self) -> Result<(), sqlx::Error> {
+        self.finish("ROLLBACK").await
+    }
+
+    /// Runs `statement` (whose last statement ends the transaction) and lets
+    /// the connection and the writer slot go. When it fails the transaction may
+    /// still be open: dropping `self` rolls it back.
+    pub(crate) async fn finish_with<'q>(
+        &mut self,
+        statement: sqlx::query::Query<'q, Sqlite, sqlx::sqlite::SqliteArguments>,
+    ) -> Result<(), sqlx::Error> {
+        statement.execute(&mut **self).await?;
+        self.conn = None;
+        self.writer = None;
+        Ok(())
+    }
+
+    async fn finish(&mut self, statement: &'static str) -> Result<(), sqlx::Error> {
+        self.finish_with(sqlx::query(statement)).await
+    }
+}
+
+impl Drop for SqliteTx {
+    fn drop(&mut self) {
+        let Some(mut conn) = self.conn.take() else { return };
+        let writer = self.writer.take();
+        match tokio::runtime::Handle::try_current() {
+            // The writer slot is held until the rollback has released SQLite's lock.
+            Ok(runtime) => {
+                runtime.spawn(async move {
+                    if sqlx::query("ROLLBACK").execute(&mut *conn).await.is_err() {
+                        conn.close_on_drop();
+                    }
+                    drop(writer);
+                });
+            }
+            // No runtime to roll back on: closing the connection rolls back.
+            Err(_) => conn.close_on_drop(),
+        }
     }
 }
 
 impl Deref for SqliteTx {
     type Target = SqliteConnection;
     fn deref(&self) -> &SqliteConnection {
-        &self.tx
+        self.conn.as_ref().expect("an open transaction")
     }
 }
 
 impl DerefMut for SqliteTx {
     fn deref_mut(&mut self) -> &mut SqliteConnection {
-        &mut self.tx
+        self.conn.as_mut().expect("an open transaction")
     }
 }
 
@@ -119,10 +165,14 @@ impl SqliteStore {
     /// writes too, so they queue with the store's instead of contending.
     pub async fn begin(&self) -> StoreResult<SqliteTx> {
         let writer = self.writer.clone().lock_owned().await;
-        let tx = self.pool.begin_with("BEGIN IMMEDIATE").await.map_err(map_err)?;
+        let mut conn = self.pool.acquire().await.map_err(map_err)?;
+        sqlx::query("BEGIN IMMEDIATE")
+            .execute(&mut *conn)
+            .await
+            .map_err(map_err)?;
         Ok(SqliteTx {
-            tx,
-            _writer: writer,
+            conn: Some(conn),
+            writer: Some(writer),
             pending: None,
         })
     }
