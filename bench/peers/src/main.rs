@@ -277,6 +277,8 @@ struct Setup {
     /// One `Cookie` header per client task (axum-idempotent's session), else empty.
     cookies: Vec<String>,
     runs: Runs,
+    /// SQLite setups: the statements their connections have run.
+    statements: Option<&'static AtomicU64>,
 }
 
 type BoxFut<T> = Pin<Box<dyn Future<Output = T> + Send>>;
@@ -321,6 +323,7 @@ async fn setup(
         client: client(),
         cookies: Vec::new(),
         runs,
+        statements: None,
     }
 }
 
@@ -329,15 +332,62 @@ const SQLITE_ORDERS: &str = "CREATE TABLE orders (id INTEGER PRIMARY KEY AUTOINC
 const PG_ORDERS: &str = "CREATE TABLE orders (id BIGSERIAL PRIMARY KEY, account TEXT NOT NULL, \
                          sku TEXT NOT NULL, quantity BIGINT NOT NULL)";
 
-async fn sqlite_store(server: &Handle, path: PathBuf) -> Arc<SqliteStore> {
-    server
+/// Counts every statement SQLite starts on a connection (`sqlite3_trace_v2`,
+/// `SQLITE_TRACE_STMT`): `BEGIN`, `COMMIT` and every query, whoever sends it.
+extern "C" fn count_statement(
+    _mask: std::os::raw::c_uint,
+    ctx: *mut std::os::raw::c_void,
+    _statement: *mut std::os::raw::c_void,
+    _sql: *mut std::os::raw::c_void,
+) -> std::os::raw::c_int {
+    // SAFETY: `ctx` is the leaked `AtomicU64` registered in `sqlite_store`.
+    let counter = unsafe { &*(ctx as *const AtomicU64) };
+    counter.fetch_add(1, Ordering::Relaxed);
+    0
+}
+
+/// A store on `path` as `SqliteStore::open` makes it (WAL, synchronous NORMAL,
+/// no ping on acquire), whose connections count the statements SQLite runs.
+async fn sqlite_store(server: &Handle, path: PathBuf) -> (Arc<SqliteStore>, &'static AtomicU64) {
+    use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+    let statements: &'static AtomicU64 = Box::leak(Box::new(AtomicU64::new(0)));
+    let store = server
         .spawn(async move {
-            let store = SqliteStore::open(&path).await.unwrap();
+            let options = SqliteConnectOptions::new()
+                .filename(&path)
+                .create_if_missing(true)
+                .journal_mode(SqliteJournalMode::Wal)
+                .synchronous(SqliteSynchronous::Normal)
+                .busy_timeout(Duration::from_secs(5));
+            let pool = SqlitePoolOptions::new()
+                .max_connections(8)
+                .test_before_acquire(false)
+                .after_connect(move |conn, _| {
+                    Box::pin(async move {
+                        let mut handle = conn.lock_handle().await?;
+                        // SAFETY: the handle is locked for the call; the callback
+                        // only touches the leaked counter, which outlives the pool.
+                        unsafe {
+                            libsqlite3_sys::sqlite3_trace_v2(
+                                handle.as_raw_handle().as_ptr(),
+                                libsqlite3_sys::SQLITE_TRACE_STMT as u32,
+                                Some(count_statement),
+                                statements as *const AtomicU64 as *mut std::os::raw::c_void,
+                            );
+                        }
+                        Ok(())
+                    })
+                })
+                .connect_with(options)
+                .await
+                .unwrap();
+            let store = SqliteStore::from_pool(pool).await.unwrap();
             sqlx::query(SQLITE_ORDERS).execute(store.pool()).await.unwrap();
             Arc::new(store)
         })
         .await
-        .unwrap()
+        .unwrap();
+    (store, statements)
 }
 
 async fn pg_store(server: &Handle, url: String, schema: String) -> Arc<PgStore> {
@@ -487,7 +537,7 @@ async fn run(server: Handle) {
     let mut setups = Vec::new();
 
     // (1), (2) SQLite: one file each.
-    let store = sqlite_store(&server, dir.join("bare.db")).await;
+    let (store, statements) = sqlite_store(&server, dir.join("bare.db")).await;
     let s = store.clone();
     setups.push(
         setup(
@@ -504,7 +554,8 @@ async fn run(server: Handle) {
         )
         .await,
     );
-    let store = sqlite_store(&server, dir.join("idem.db")).await;
+    setups.last_mut().unwrap().statements = Some(statements);
+    let (store, statements) = sqlite_store(&server, dir.join("idem.db")).await;
     let s = store.clone();
     setups.push(
         setup(
@@ -523,6 +574,7 @@ async fn run(server: Handle) {
         )
         .await,
     );
+    setups.last_mut().unwrap().statements = Some(statements);
 
     // (3), (4) PostgreSQL: fresh schemas for this run.
     let mut schemas = Vec::new();
@@ -754,12 +806,26 @@ async fn run(server: Handle) {
         );
     }
 
+    // What each SQLite first request costs SQLite, counted: fresh keys again.
+    println!();
+    println!("statements SQLite runs per first request (sqlite3_trace_v2; BEGIN and COMMIT count)");
+    let counted = 400;
+    for s in setups.iter().filter(|s| s.statements.is_some()) {
+        let counter = s.statements.unwrap();
+        let before = counter.load(Ordering::Relaxed);
+        drive(s, counted, "counted", false).await;
+        let per = (counter.load(Ordering::Relaxed) - before) as f64 / counted as f64;
+        println!("{:<36} {per:>9.2}", s.name);
+    }
+
     // Every setup ran its handler once per distinct key: replays never reached it.
     println!();
     let expected = (warm + ROUNDS * n) as i64;
+    let expected_for = |s: &Setup| expected + if s.statements.is_some() { counted as i64 } else { 0 };
     let mut all_ok = true;
     for s in &setups {
         let got = s.runs.count(&server).await;
+        let expected = expected_for(s);
         let ok = got == expected;
         all_ok &= ok;
         println!(
