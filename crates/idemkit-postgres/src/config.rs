@@ -23,6 +23,13 @@ pub struct PgConfig {
     /// Attempts for an operation that hits a deadlock or serialization failure
     /// (default 3).
     pub max_attempts: u32,
+    /// Whether the pool pings a connection before handing it out (default
+    /// `false`). The ping is a round trip on every store operation; without it,
+    /// a connection the server dropped while it sat idle (a restart, a network
+    /// cut) fails the one operation that picks it up with a retryable
+    /// `Unavailable` (503) and the pool replaces it. Turn it on where idle
+    /// connections are often cut (some proxies and firewalls).
+    pub ping_before_use: bool,
 }
 
 impl Default for PgConfig {
@@ -34,6 +41,7 @@ impl Default for PgConfig {
             statement_timeout: Duration::from_secs(10),
             reject_lock_timeout: Duration::from_millis(100),
             max_attempts: 3,
+            ping_before_use: false,
         }
     }
 }

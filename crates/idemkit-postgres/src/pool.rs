@@ -67,6 +67,7 @@ impl PgStore {
         PgPoolOptions::new()
             .max_connections(config.max_connections)
             .acquire_timeout(config.acquire_timeout)
+            .test_before_acquire(config.ping_before_use)
             .connect_with(options)
             .await
             .map_err(map_err)

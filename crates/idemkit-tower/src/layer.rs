@@ -94,6 +94,7 @@ pub struct IdempotencyLayerBuilder {
     methods: Vec<Method>,
     status_path: String,
     validator: Option<Arc<Validator>>,
+    replay_cache: Option<usize>,
 }
 
 impl std::fmt::Debug for IdempotencyLayerBuilder {
@@ -117,6 +118,7 @@ impl IdempotencyLayerBuilder {
             methods: vec![Method::POST, Method::PUT, Method::PATCH, Method::DELETE],
             status_path: DEFAULT_STATUS_PATH.to_owned(),
             validator: None,
+            replay_cache: None,
         }
     }
 
@@ -194,6 +196,19 @@ impl IdempotencyLayerBuilder {
         self
     }
 
+    /// Keeps up to about `capacity` of the answers this process stores in
+    /// memory, keyed by scope and fingerprint, and replays a retry of the same
+    /// request from there without a store round trip, until the record's replay
+    /// window ends. Off by default: it costs memory, and where several instances
+    /// share a store it only serves retries that reach the instance that stored
+    /// the answer (the store answers the rest, identically). A completed record
+    /// does not change within its window, so the cache never answers differently
+    /// from the store.
+    pub fn replay_cache(mut self, capacity: usize) -> Self {
+        self.replay_cache = Some(capacity);
+        self
+    }
+
     /// Validates and builds.
     pub fn build(self) -> Result<IdempotencyLayer, ConfigError> {
         self.policy.validate()?;
@@ -208,7 +223,11 @@ impl IdempotencyLayerBuilder {
         }
         Ok(IdempotencyLayer {
             shared: Arc::new(Shared {
-                engine: Engine::new(self.store, self.tx_store, self.policy, fingerprinter),
+                engine: match self.replay_cache {
+                    Some(capacity) => Engine::new(self.store, self.tx_store, self.policy, fingerprinter)
+                        .with_replay_cache(capacity),
+                    None => Engine::new(self.store, self.tx_store, self.policy, fingerprinter),
+                },
                 key_source: self.key_source,
                 resolver: self.resolver.ok_or(ConfigError::NoResolver)?,
                 max_request_body: self.max_request_body,

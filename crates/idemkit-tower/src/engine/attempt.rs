@@ -220,6 +220,7 @@ impl Attempt {
     /// is answered with what the key now answers.
     pub async fn store(self, tx: Option<Box<dyn Any + Send>>, stored: &StoredResponse) -> Finished {
         let scope = &self.claim.scope;
+        let completing = std::time::Instant::now();
         let committed = match (&self.engine.tx_store, tx) {
             (Some(tx_store), Some(tx)) => {
                 timed(
@@ -240,7 +241,18 @@ impl Attempt {
             (None, _) => complete_with_retry(self.engine.store.as_ref(), scope, &self.lease, stored).await,
         };
         match committed {
-            Ok(()) => Finished::Stored,
+            Ok(()) => {
+                if let Some(replays) = &self.engine.replays {
+                    replays.insert(
+                        scope,
+                        &self.claim.fingerprint,
+                        stored,
+                        completing,
+                        self.engine.policy.replay_window,
+                    );
+                }
+                Finished::Stored
+            }
             Err(StoreError::Conflict) => {
                 // Another request with this key committed first and this attempt's
                 // writes were rolled back: answer what the key now answers.

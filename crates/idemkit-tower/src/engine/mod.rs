@@ -13,6 +13,7 @@
 mod attempt;
 mod detach;
 mod erased;
+mod replays;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -28,6 +29,7 @@ use tracing::field::Empty;
 pub use attempt::{Attempt, Disposition, Finished, Outcome};
 pub use detach::{Detached, Panicked};
 pub(crate) use erased::ErasedTxStore;
+pub(crate) use replays::ReplayCache;
 
 use crate::metrics::{self, op, outcome, timed};
 
@@ -39,6 +41,8 @@ pub struct Engine {
     pub(crate) tx_store: Option<Arc<dyn ErasedTxStore>>,
     pub(crate) policy: Arc<Policy>,
     pub(crate) fingerprinter: Fingerprinter,
+    /// The answers this process stored, when the route keeps them in memory.
+    pub(crate) replays: Option<Arc<ReplayCache>>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -202,7 +206,16 @@ impl Engine {
             tx_store,
             policy: Arc::new(policy),
             fingerprinter,
+            replays: None,
         }
+    }
+
+    /// Keeps up to about `capacity` of the answers this engine stores in memory
+    /// and replays them without the store until their window ends (see
+    /// `ReplayCache`). Off unless called.
+    pub fn with_replay_cache(mut self, capacity: usize) -> Self {
+        self.replays = Some(Arc::new(ReplayCache::new(capacity)));
+        self
     }
 
     /// A lease-mode engine over any store, for adapters outside this crate (the
@@ -274,6 +287,16 @@ impl Engine {
     ) -> Result<Attempt, Refused> {
         if let Some(refused) = deadline_refusal(deadline) {
             return Err(refused);
+        }
+        if let Some(replays) = &self.replays
+            && claim.resume.is_none()
+            && let Some(stored) = replays.get(&claim.scope, &claim.fingerprint)
+        {
+            tracing::debug!(
+                status = stored.status,
+                "idempotency: replay from the process's cache"
+            );
+            return Err(Refused::new(outcome::REPLAYED, Refusal::Replay(stored)));
         }
         let span = tracing::info_span!("idemkit.claim", outcome = Empty, token = Empty);
         let result = self.acquire(&claim, deadline).instrument(span.clone()).await;

@@ -711,6 +711,7 @@ mod crash;
 mod deadlines;
 mod hardening;
 mod metrics;
+mod replay_cache;
 mod roundtrips;
 
 /// In-flight = accepted: a duplicate of a running request gets `202` with a status
