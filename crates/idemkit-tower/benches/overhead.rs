@@ -409,6 +409,34 @@ async fn main() {
         println!("(set IDEMKIT_TEST_POSTGRES_URL to include PostgreSQL)");
     }
 
+    // The same memory row with somebody listening: a tracing subscriber that
+    // records every span and event at INFO (formatted into a sink) and a
+    // metrics recorder that keeps every series. The rows above ran with neither
+    // (a subscriber and a recorder can only be installed once, so they come last).
+    tracing_subscriber::fmt()
+        .with_writer(std::io::sink)
+        .with_max_level(tracing::Level::INFO)
+        .init();
+    metrics_util::debugging::DebuggingRecorder::new()
+        .install()
+        .expect("no recorder installed yet");
+    let memory: Arc<dyn KeyStore> = Arc::new(MemoryStore::new());
+    let layer = IdempotencyLayer::builder(memory)
+        .policy(Policy::new())
+        .resolver(BearerTokenAccount)
+        .build()
+        .unwrap();
+    rows.push(
+        compare(
+            "memory store, lease mode, subscriber + recorder on (in-process)".to_owned(),
+            0.80,
+            n,
+            Target::InProcess(Router::new().route("/op", post(echo))),
+            Target::InProcess(Router::new().route("/op", post(echo).layer(layer))),
+        )
+        .await,
+    );
+
     println!();
     println!(
         "{:<55} {:>8} {:>14} {:>8}",
