@@ -249,8 +249,9 @@ pub trait KeyStore: Send + Sync + std::fmt::Debug + 'static {
 
     /// The holder's release of a record whose recorded progress it knows to be
     /// void: `idemkit proxy` recorded the intent to forward, and the upstream
-    /// answered a validation-class status (it refused the request without
-    /// acting), or the request was never sent. Fenced like
+    /// answered a status the route policy releases (a validation-class 4xx: it
+    /// refused the request without acting; a 5xx under the `retry` policy, which
+    /// declares such answers safe to run again), or the request was never sent. Fenced like
     /// [`KeyStore::release`], in the same atomic write: the recovery point and
     /// step outputs are discarded and the record becomes `released` on a new
     /// token, so the next request with the key runs as a first attempt. A holder

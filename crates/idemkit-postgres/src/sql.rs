@@ -205,6 +205,7 @@ mod literal {
 /// for the caller's transaction handle to roll back when dropped, so sqlx's
 /// bookkeeping stays true without another round trip.
 pub(crate) fn complete_and_commit(
+    schema: &str,
     scope: &Scope,
     token: FencingToken,
     test_now: Option<i64>,
@@ -212,9 +213,11 @@ pub(crate) fn complete_and_commit(
     headers: &str,
     body: &[u8],
 ) -> String {
+    // Qualified by the store's schema and every argument typed, so no function
+    // of the same name elsewhere on the search path (`public`) can be chosen.
     format!(
-        "SELECT idemkit_complete_single_step({account}, {key}, {token}, {now}, {status}, {headers}, {body}); \
-         COMMIT; BEGIN",
+        "SELECT {schema}.idemkit_complete_single_step({account}::text, {key}::text, {token}::bigint, \
+         {now}::bigint, {status}::integer, {headers}::text, {body}::bytea); COMMIT; BEGIN",
         account = literal::text(scope.account.as_str()),
         key = literal::text(scope.key.as_str()),
         token = token.0,

@@ -140,6 +140,7 @@ impl TransactionalStore for PgStore {
             // Nobody waits on an uncommitted claim, and the row is ours until the
             // commit: the completion rides with the COMMIT (one round trip).
             let statement = sql::complete_and_commit(
+                &self.config.schema,
                 scope,
                 token,
                 self.test_now(),

@@ -638,7 +638,8 @@ impl RedisStore {
                         &req.scope,
                         lease.token,
                         &|c| {
-                            c.arg(publish).arg(&now).arg(RELEASE_REFUSED);
+                            // Not discarding: nothing ran, so there is no progress.
+                            c.arg(publish).arg(&now).arg(RELEASE_REFUSED).arg("0");
                         },
                         None,
                         &self.ids.next(),

@@ -132,8 +132,10 @@ impl Drop for SqliteTx {
                     drop(writer);
                 });
             }
-            // No runtime to roll back on: closing the connection rolls back.
-            Err(_) => conn.close_on_drop(),
+            // No runtime to roll back on: the connection leaves the pool and is
+            // closed with it, which rolls back (closing through the pool would
+            // need a runtime).
+            Err(_) => drop(conn.detach()),
         }
     }
 }
@@ -165,16 +167,22 @@ impl SqliteStore {
     /// writes too, so they queue with the store's instead of contending.
     pub async fn begin(&self) -> StoreResult<SqliteTx> {
         let writer = self.writer.clone().lock_owned().await;
-        let mut conn = self.pool.acquire().await.map_err(map_err)?;
-        sqlx::query("BEGIN IMMEDIATE")
-            .execute(&mut *conn)
-            .await
-            .map_err(map_err)?;
-        Ok(SqliteTx {
+        let conn = self.pool.acquire().await.map_err(map_err)?;
+        // The handle exists before `BEGIN` is sent: if this future is dropped
+        // once it has been, dropping the handle rolls the transaction back
+        // rather than returning a connection inside it to the pool.
+        let mut tx = SqliteTx {
             conn: Some(conn),
             writer: Some(writer),
             pending: None,
-        })
+        };
+        // On an error `tx` is dropped too: its rollback finds no transaction
+        // (SQLite then refuses it and the connection is closed, not reused).
+        sqlx::query("BEGIN IMMEDIATE")
+            .execute(&mut *tx)
+            .await
+            .map_err(map_err)?;
+        Ok(tx)
     }
 }
 

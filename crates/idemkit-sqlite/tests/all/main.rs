@@ -355,3 +355,60 @@ mod negative_control {
         }
     }
 }
+
+/// `SqliteTx` runs SQLite's own transaction. A caller that gives up while it
+/// is being opened, used or committed (a client that hung up, a deadline) must
+/// never leave the pool's connection inside a transaction: on a pool of one
+/// connection, after hundreds of cancellations at every point, an autocommitted
+/// write is at once visible to another connection and a new transaction opens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_transactions_never_leave_the_connection_in_one() {
+    use std::time::Duration;
+
+    use idemkit_sqlite::SqliteConfig;
+    use sqlx::Connection;
+
+    let dir = std::env::temp_dir().join(format!("idemkit-sqlite-cancel-{}", uuid_like()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("keys.db");
+    let config = SqliteConfig {
+        max_connections: 1,
+        busy_timeout: Duration::from_secs(2),
+    };
+    let store = SqliteStore::open_with(&path, &config).await.unwrap();
+    sqlx::query("CREATE TABLE biz (tag TEXT NOT NULL)")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    for i in 0..300u64 {
+        let work = async {
+            let mut tx = store.begin().await.unwrap();
+            sqlx::query("INSERT INTO biz (tag) VALUES ('cancelled?')")
+                .execute(&mut *tx)
+                .await
+                .unwrap();
+            tx.commit().await.unwrap();
+        };
+        // Cancelled after a varying number of polls (0 to 4 yields' worth of progress).
+        let _ = tokio::time::timeout(Duration::from_micros(i % 60), work).await;
+    }
+    // Let the rollbacks of the cancelled ones run.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    sqlx::query("INSERT INTO biz (tag) VALUES ('after')")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let mut other = sqlx::SqliteConnection::connect(&format!("sqlite://{}", path.display()))
+        .await
+        .unwrap();
+    let after: i64 = sqlx::query_scalar("SELECT count(*) FROM biz WHERE tag = 'after'")
+        .fetch_one(&mut other)
+        .await
+        .unwrap();
+    assert_eq!(
+        after, 1,
+        "the autocommitted write is visible: the connection was not inside a transaction"
+    );
+    let tx = store.begin().await.expect("a new transaction opens");
+    tx.rollback().await.unwrap();
+}

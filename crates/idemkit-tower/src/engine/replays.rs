@@ -53,10 +53,11 @@ impl ReplayCache {
         completing: Instant,
         window: Duration,
     ) {
-        self.entries.insert(
-            (scope.clone(), *fingerprint),
-            (completing + window, response.clone()),
-        );
+        // A window too long to add to an instant is not worth caching for.
+        if let Some(until) = completing.checked_add(window) {
+            self.entries
+                .insert((scope.clone(), *fingerprint), (until, response.clone()));
+        }
     }
 }
 
