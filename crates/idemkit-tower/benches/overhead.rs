@@ -333,6 +333,16 @@ async fn replay_row(name: String, target: &Target, n: usize) -> Row {
     }
 }
 
+/// The lease-mode layer on a fresh in-memory store.
+fn memory_layer() -> IdempotencyLayer {
+    let memory: Arc<dyn KeyStore> = Arc::new(MemoryStore::new());
+    IdempotencyLayer::builder(memory)
+        .policy(Policy::new())
+        .resolver(BearerTokenAccount)
+        .build()
+        .unwrap()
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     // `cargo bench` passes `--bench`; `cargo test --benches` does not and would
@@ -354,19 +364,13 @@ async fn main() {
             }
         };
 
-        let memory: Arc<dyn KeyStore> = Arc::new(MemoryStore::new());
-        let layer = IdempotencyLayer::builder(memory)
-            .policy(Policy::new())
-            .resolver(BearerTokenAccount)
-            .build()
-            .unwrap();
         rows.push(
             compare(
                 format!("memory store, JSON echo, lease mode ({via})"),
                 0.80,
                 n,
                 wrap(Router::new().route("/op", post(echo))).await,
-                wrap(Router::new().route("/op", post(echo).layer(layer))).await,
+                wrap(Router::new().route("/op", post(echo).layer(memory_layer()))).await,
             )
             .await,
         );
@@ -420,19 +424,13 @@ async fn main() {
     metrics_util::debugging::DebuggingRecorder::new()
         .install()
         .expect("no recorder installed yet");
-    let memory: Arc<dyn KeyStore> = Arc::new(MemoryStore::new());
-    let layer = IdempotencyLayer::builder(memory)
-        .policy(Policy::new())
-        .resolver(BearerTokenAccount)
-        .build()
-        .unwrap();
     rows.push(
         compare(
             "memory store, lease mode, subscriber + recorder on (in-process)".to_owned(),
             0.80,
             n,
             Target::InProcess(Router::new().route("/op", post(echo))),
-            Target::InProcess(Router::new().route("/op", post(echo).layer(layer))),
+            Target::InProcess(Router::new().route("/op", post(echo).layer(memory_layer()))),
         )
         .await,
     );
