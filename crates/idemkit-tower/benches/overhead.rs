@@ -299,12 +299,14 @@ fn pg_plain(store: Arc<PgStore>) -> Router {
     )
 }
 
-/// The same handler under the single-step layer.
-fn pg_idempotent(store: Arc<PgStore>) -> Router {
-    let layer = IdempotencyLayer::transactional(store)
-        .resolver(BearerTokenAccount)
-        .build()
-        .unwrap();
+/// The same handler under the single-step layer; with `cache`, the layer keeps
+/// that many stored answers in memory (`IdempotencyLayerBuilder::replay_cache`).
+fn pg_idempotent(store: Arc<PgStore>, cache: Option<usize>) -> Router {
+    let mut layer = IdempotencyLayer::transactional(store).resolver(BearerTokenAccount);
+    if let Some(capacity) = cache {
+        layer = layer.replay_cache(capacity);
+    }
+    let layer = layer.build().unwrap();
     Router::new().route(
         "/op",
         post(
@@ -320,11 +322,11 @@ fn pg_idempotent(store: Arc<PgStore>) -> Router {
     )
 }
 
-/// Replay p50 ÷ first-request p50, sequential requests.
-async fn replay_row(name: String, target: &Target, n: usize) -> Row {
+/// Replay p50 ÷ first-request p50 on keys `{tag}-{i}`, sequential requests.
+async fn replay_row(name: String, target: &Target, n: usize, tag: &str) -> Row {
     let m = (n / 4).max(50);
-    let first = p50(latencies(target, m, |i| format!("replay-{i}")).await);
-    let replay = p50(latencies(target, m, |i| format!("replay-{i}")).await);
+    let first = p50(latencies(target, m, |i| format!("{tag}-{i}")).await);
+    let replay = p50(latencies(target, m, |i| format!("{tag}-{i}")).await);
     Row {
         name,
         ratio: replay.as_secs_f64() / first.as_secs_f64(),
@@ -390,7 +392,15 @@ async fn main() {
 
         // Replay vs original on SQLite single-step: sequential p50 latencies.
         let target = wrap(sqlite_idempotent(idem)).await;
-        rows.push(replay_row(format!("SQLite replay p50 / first p50 ({via})"), &target, n).await);
+        rows.push(
+            replay_row(
+                format!("SQLite replay p50 / first p50 ({via})"),
+                &target,
+                n,
+                "replay",
+            )
+            .await,
+        );
 
         if let Ok(url) = std::env::var("IDEMKIT_TEST_POSTGRES_URL") {
             let plain = pg_store(&url, &format!("bench_plain_{http}")).await;
@@ -401,12 +411,30 @@ async fn main() {
                     0.85,
                     n,
                     wrap(pg_plain(plain)).await,
-                    wrap(pg_idempotent(idem.clone())).await,
+                    wrap(pg_idempotent(idem.clone(), None)).await,
                 )
                 .await,
             );
-            let target = wrap(pg_idempotent(idem)).await;
-            rows.push(replay_row(format!("PostgreSQL replay p50 / first p50 ({via})"), &target, n).await);
+            let target = wrap(pg_idempotent(idem.clone(), None)).await;
+            rows.push(
+                replay_row(
+                    format!("PostgreSQL replay p50 / first p50 ({via})"),
+                    &target,
+                    n,
+                    "replay",
+                )
+                .await,
+            );
+            let target = wrap(pg_idempotent(idem, Some(100_000))).await;
+            rows.push(
+                replay_row(
+                    format!("PostgreSQL replay p50 / first p50, replay cache ({via})"),
+                    &target,
+                    n,
+                    "cached",
+                )
+                .await,
+            );
         }
     }
     if std::env::var("IDEMKIT_TEST_POSTGRES_URL").is_err() {
