@@ -23,13 +23,14 @@ pub struct PgConfig {
     /// Attempts for an operation that hits a deadlock or serialization failure
     /// (default 3).
     pub max_attempts: u32,
-    /// Whether the pool pings a connection before handing it out (default
-    /// `false`). The ping is a round trip on every store operation; without it,
-    /// a connection the server dropped while it sat idle (a restart, a network
-    /// cut) fails the one operation that picks it up with a retryable
-    /// `Unavailable` (503) and the pool replaces it. Turn it on where idle
-    /// connections are often cut (some proxies and firewalls).
-    pub ping_before_use: bool,
+    /// A pooled connection idle at least this long is pinged before it is
+    /// handed out (default 1 s; zero pings every time). A ping is a round trip:
+    /// paid on every operation it would double a busy store's round trips, so
+    /// connections in steady use skip it, and one that sat idle long enough for
+    /// the server to have gone away (a restart, a network cut) is checked and
+    /// replaced. A connection dropped within the interval fails the one
+    /// operation that picks it up with a retryable `Unavailable` (503).
+    pub ping_if_idle_for: Duration,
 }
 
 impl Default for PgConfig {
@@ -41,7 +42,7 @@ impl Default for PgConfig {
             statement_timeout: Duration::from_secs(10),
             reject_lock_timeout: Duration::from_millis(100),
             max_attempts: 3,
-            ping_before_use: false,
+            ping_if_idle_for: Duration::from_secs(1),
         }
     }
 }

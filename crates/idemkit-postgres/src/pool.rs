@@ -5,6 +5,7 @@ use std::str::FromStr;
 use std::sync::Arc;
 
 use idemkit_core::{StoreError, StoreResult, SystemClock};
+use sqlx::Connection;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{AssertSqlSafe, PgPool};
 use tokio::sync::broadcast;
@@ -67,7 +68,18 @@ impl PgStore {
         PgPoolOptions::new()
             .max_connections(config.max_connections)
             .acquire_timeout(config.acquire_timeout)
-            .test_before_acquire(config.ping_before_use)
+            .test_before_acquire(false)
+            .before_acquire({
+                let idle = config.ping_if_idle_for;
+                move |conn, meta| {
+                    Box::pin(async move {
+                        if meta.idle_for >= idle {
+                            conn.ping().await?;
+                        }
+                        Ok(true)
+                    })
+                }
+            })
             .connect_with(options)
             .await
             .map_err(map_err)

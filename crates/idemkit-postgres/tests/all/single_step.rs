@@ -2,7 +2,8 @@
 //! (a simple query, values as hex literals). These pin what that must keep:
 //! the stored answer byte for byte, nothing committed when the completion
 //! changes no row, and a connection that goes back to the pool outside any
-//! transaction with sqlx's savepoint bookkeeping intact.
+//! transaction with sqlx's savepoint bookkeeping intact. Also the pool's
+//! liveness check, which the single-step path's round-trip budget shapes.
 
 use std::sync::Arc;
 
@@ -157,4 +158,43 @@ async fn the_connection_leaves_the_fused_commit_clean() {
         store.get(&s2).await.unwrap().is_none(),
         "dropped claim rolled back"
     );
+}
+
+/// The pool skips the ping for connections in steady use, but one that sat
+/// idle past `PgConfig::ping_if_idle_for` is checked before use: after the
+/// server drops it (here terminated from another session), the next operation
+/// gets a fresh connection instead of failing.
+#[tokio::test]
+async fn a_connection_dropped_while_idle_is_replaced_before_use() {
+    use std::time::Duration;
+
+    let Some((url, store)) = one_connection_store().await else {
+        return;
+    };
+    let s = scope("a", "idle-dropped");
+    assert!(store.get(&s).await.unwrap().is_none());
+    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    let mut admin = sqlx::PgConnection::connect(&url).await.unwrap();
+    let terminated: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+        .bind(pid)
+        .fetch_one(&mut admin)
+        .await
+        .unwrap();
+    assert!(terminated);
+    tokio::time::sleep(store.config().ping_if_idle_for + Duration::from_millis(200)).await;
+    let idemkit_core::ClaimOutcome::Claimed(_) = store
+        .claim(&claim_req(&s, "{}"))
+        .await
+        .expect("a fresh connection")
+    else {
+        panic!("a fresh key is claimed")
+    };
+    let now: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert_ne!(now, pid, "the dropped connection was replaced");
 }
