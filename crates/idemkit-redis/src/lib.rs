@@ -1,6 +1,6 @@
 //! # idemkit-redis
 //!
-//! A [`KeyStore`] on Redis or Valkey, for teams whose only shared store is Redis.
+//! A [`KeyStore`](idemkit_core::KeyStore) on Redis or Valkey, for teams whose only shared store is Redis.
 //! Claim, takeover, heartbeat, phase advance, completion, release, abandon,
 //! park and the operator's releases are each **one Lua script** (one round
 //! trip) that Redis runs atomically. Every record carries a **fencing token**
@@ -35,10 +35,12 @@
 
 mod config;
 mod conn;
+mod decode;
 mod error;
 mod keys;
 mod notify;
 mod scripts;
+mod store;
 mod write;
 
 use std::collections::{BTreeMap, HashMap};
@@ -46,11 +48,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use async_trait::async_trait;
 use idemkit_core::{
-    ClaimOutcome, ClaimRequest, Clock, FORCE_RELEASED, FencingToken, Fingerprint, KeyStore, Lease,
-    ListFilter, MOVED_TO_REVIEW, Millis, PhaseUpdate, RELEASE_REFUSED, ReapReport, Record, RecordState,
-    ReviewEntry, Scope, StoreError, StoreResult, StoredHeader, StoredRequest, StoredResponse, SystemClock,
+    ClaimOutcome, ClaimRequest, Clock, FORCE_RELEASED, FencingToken, Millis, PhaseUpdate, RELEASE_REFUSED,
+    Record, Scope, StoreError, StoreResult, SystemClock,
 };
 use redis::{Cmd, Value};
 
@@ -59,11 +59,12 @@ pub use error::{ConfigError, OperationTimedOut, ReplicaShortfall};
 pub use write::{RedisWrite, WriteOp};
 
 use conn::Conn;
+use decode::{bytes_of, decode_claim, decode_record, to_json};
 use error::{corrupt, map_err};
 use notify::Notifier;
 use scripts::{Lua, SCRIPTS};
 
-/// A [`KeyStore`] on Redis (single node or Redis Cluster). Cheap to clone.
+/// A [`KeyStore`](idemkit_core::KeyStore) on Redis (single node or Redis Cluster). Cheap to clone.
 #[derive(Clone)]
 pub struct RedisStore {
     // Independent multiplexed connections, used round-robin: a blocking `WAIT`
@@ -166,7 +167,7 @@ impl RedisStore {
         })
     }
 
-    /// Replaces the application clock, which only [`KeyStore::now`] reads
+    /// Replaces the application clock, which only [`KeyStore::now`](idemkit_core::KeyStore::now) reads
     /// (coarse cutoffs). The scripts judge leases and windows by the server's
     /// `TIME` whatever this clock says, so instances whose clocks disagree still
     /// agree on who holds a key.
@@ -241,7 +242,7 @@ impl RedisStore {
         keys::business_key(&self.config.key_prefix, account, name)
     }
 
-    /// [`KeyStore::advance`] and the application's own writes to Redis in one
+    /// [`KeyStore::advance`](idemkit_core::KeyStore::advance) and the application's own writes to Redis in one
     /// fenced script: the recovery point (and step output) of `update` and
     /// every write of `writes` are applied together, or, when `token` is no
     /// longer the record's ([`StoreError::Fenced`]) or a write does not fit its
@@ -547,7 +548,7 @@ impl RedisStore {
     }
 
     /// The holder's release, discarding recorded progress first when `discard`
-    /// (see [`KeyStore::release`] and [`KeyStore::release_discarding`]).
+    /// (see [`KeyStore::release`](idemkit_core::KeyStore::release) and [`KeyStore::release_discarding`](idemkit_core::KeyStore::release_discarding)).
     async fn release_with(&self, scope: &Scope, token: FencingToken, discard: bool) -> StoreResult<()> {
         let now = self.now_arg();
         let discard = if discard { "1" } else { "0" };
@@ -557,8 +558,8 @@ impl RedisStore {
         .await
     }
 
-    /// An operator's release (see [`KeyStore::force_release`] and
-    /// [`KeyStore::discard_progress`]): one script, guarded by the state.
+    /// An operator's release (see [`KeyStore::force_release`](idemkit_core::KeyStore::force_release) and
+    /// [`KeyStore::discard_progress`](idemkit_core::KeyStore::discard_progress)): one script, guarded by the state.
     async fn operator_release(&self, scope: &Scope, discard: bool) -> StoreResult<bool> {
         let now = self.now_arg();
         let key = self.record_key(scope);
@@ -663,480 +664,10 @@ fn ms(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
-#[async_trait]
-impl KeyStore for RedisStore {
-    async fn claim(&self, req: &ClaimRequest) -> StoreResult<ClaimOutcome> {
-        self.claim_as(req, &self.ids.next()).await
-    }
-
-    async fn heartbeat(&self, scope: &Scope, token: FencingToken, lease: Duration) -> StoreResult<Millis> {
-        // The script sets the expiry by the server's clock; this is the same
-        // instant by this instance's clock.
-        let expires = self.clock.now().plus(lease);
-        let now = self.now_arg();
-        self.fenced(&SCRIPTS.heartbeat, scope, token, &|c| {
-            c.arg(&now).arg(ms(lease));
-        })
-        .await?;
-        Ok(expires)
-    }
-
-    async fn complete(
-        &self,
-        scope: &Scope,
-        token: FencingToken,
-        response: &StoredResponse,
-    ) -> StoreResult<()> {
-        let now = self.now_arg();
-        let headers = to_json(&response.headers)?;
-        self.fenced(&SCRIPTS.complete, scope, token, &|c| {
-            c.arg(&now)
-                .arg(response.status)
-                .arg(&headers)
-                .arg(&response.body)
-                .arg(self.publish);
-        })
-        .await
-    }
-
-    async fn release(&self, scope: &Scope, token: FencingToken) -> StoreResult<()> {
-        self.release_with(scope, token, false).await
-    }
-
-    async fn release_discarding(&self, scope: &Scope, token: FencingToken) -> StoreResult<()> {
-        self.release_with(scope, token, true).await
-    }
-
-    async fn abandon(&self, scope: &Scope, token: FencingToken, error: &str) -> StoreResult<()> {
-        let now = self.now_arg();
-        self.fenced(&SCRIPTS.abandon, scope, token, &|c| {
-            c.arg(&now).arg(error).arg(self.publish);
-        })
-        .await
-    }
-
-    async fn get(&self, scope: &Scope) -> StoreResult<Option<Record>> {
-        let mut cmd = redis::cmd("HGETALL");
-        cmd.arg(self.record_key(scope));
-        let budget = self.config.op_budget();
-        let reply = tokio::time::timeout(budget, self.conn().query(&cmd))
-            .await
-            .map_err(|_| StoreError::Unavailable(Box::new(OperationTimedOut(budget))))?
-            .map_err(map_err)?;
-        let fields: HashMap<String, Vec<u8>> =
-            redis::from_redis_value(reply).map_err(|e| corrupt(e.to_string()))?;
-        if fields.is_empty() {
-            return Ok(None);
-        }
-        decode_record(scope, fields).map(Some)
-    }
-
-    fn now(&self) -> Millis {
-        self.clock.now()
-    }
-
-    fn notifies_changes(&self) -> bool {
-        self.notifier.is_some()
-    }
-
-    /// One fenced script (see [`RedisStore::advance_with`]).
-    async fn advance(&self, scope: &Scope, token: FencingToken, update: &PhaseUpdate) -> StoreResult<()> {
-        self.advance_with(scope, token, update, &[]).await
-    }
-
-    async fn park(&self, scope: &Scope, token: FencingToken, reason: &str) -> StoreResult<()> {
-        let now = self.now_arg();
-        self.fenced(&SCRIPTS.park, scope, token, &|c| {
-            c.arg(&now).arg(reason).arg(self.publish);
-        })
-        .await
-    }
-
-    /// Scans the records (`SCAN`, page by page) and filters them on the server.
-    async fn abandoned(&self, claimed_before: Millis, limit: usize) -> StoreResult<Vec<Record>> {
-        if limit == 0 {
-            return Ok(Vec::new());
-        }
-        let names = self
-            .scan_all(&keys::pattern(&self.config.key_prefix, "k", None))
-            .await?;
-        let mut found = self.fetch_records(names, "abandoned", "", claimed_before).await?;
-        found.sort_by(|a, b| {
-            (a.created_at, a.scope.account.as_str(), a.scope.key.as_str()).cmp(&(
-                b.created_at,
-                b.scope.account.as_str(),
-                b.scope.key.as_str(),
-            ))
-        });
-        found.truncate(limit);
-        Ok(found)
-    }
-
-    /// `SCAN` page by page over every primary; each batch of records (one
-    /// account's on a cluster) is one script.
-    async fn reap(&self, before: Millis) -> StoreResult<ReapReport> {
-        let prefix = &self.config.key_prefix;
-        let names: Vec<String> = self
-            .scan_all(&keys::pattern(prefix, "k", None))
-            .await?
-            .into_iter()
-            .filter(|n| keys::parse(prefix, "k", n).is_some())
-            .collect();
-        let now = self.now_arg();
-        let mut report = ReapReport::default();
-        for batch in self.batches(names) {
-            let mut triples = Vec::with_capacity(batch.len() * 3);
-            for name in &batch {
-                let scope =
-                    keys::parse(prefix, "k", name).ok_or_else(|| corrupt(format!("record name {name}")))?;
-                triples.push(name.clone());
-                triples.push(keys::review_key(prefix, &scope));
-                triples.push(keys::token_key(prefix, &scope));
-            }
-            let refs: Vec<&str> = triples.iter().map(String::as_str).collect();
-            let (reply, acks) = self
-                .run(
-                    &SCRIPTS.reap,
-                    &refs,
-                    &|c| {
-                        c.arg(&now).arg(before.0).arg(MOVED_TO_REVIEW);
-                    },
-                    self.config.wait_replicas,
-                )
-                .await?;
-            let counts = match &reply {
-                Value::Array(items) if items.len() == 2 => (int_of(&items[0]), int_of(&items[1])),
-                _ => (None, None),
-            };
-            let (Some(deleted), Some(moved)) = counts else {
-                return Err(corrupt(format!("reap script returned {reply:?}")));
-            };
-            report.deleted += u64::try_from(deleted).unwrap_or(0);
-            report.moved_to_review += u64::try_from(moved).unwrap_or(0);
-            self.check_acks(acks)?;
-        }
-        Ok(report)
-    }
-
-    async fn review(&self, limit: usize) -> StoreResult<Vec<ReviewEntry>> {
-        if limit == 0 {
-            return Ok(Vec::new());
-        }
-        let prefix = &self.config.key_prefix;
-        let names: Vec<String> = self
-            .scan_all(&keys::pattern(prefix, "r", None))
-            .await?
-            .into_iter()
-            .filter(|n| keys::parse(prefix, "r", n).is_some())
-            .collect();
-        let mut entries = Vec::new();
-        for (name, fields) in self.fetch(names, "all", "", Millis(0)).await? {
-            let scope =
-                keys::parse(prefix, "r", &name).ok_or_else(|| corrupt(format!("review name {name}")))?;
-            for (_, encoded) in fields {
-                entries.push(decode_review(&scope, &encoded)?);
-            }
-        }
-        entries.sort_by(|a, b| {
-            (
-                a.created_at,
-                a.reaped_at,
-                a.scope.account.as_str(),
-                a.scope.key.as_str(),
-            )
-                .cmp(&(
-                    b.created_at,
-                    b.reaped_at,
-                    b.scope.account.as_str(),
-                    b.scope.key.as_str(),
-                ))
-        });
-        entries.truncate(limit);
-        Ok(entries)
-    }
-
-    /// `SCAN` over the records (of one account when the filter names one),
-    /// filtered by state on the server, sorted here.
-    async fn list(&self, filter: &ListFilter) -> StoreResult<Vec<Record>> {
-        if filter.limit == 0 {
-            return Ok(Vec::new());
-        }
-        let names = self
-            .scan_all(&keys::pattern(
-                &self.config.key_prefix,
-                "k",
-                filter.account.as_ref(),
-            ))
-            .await?;
-        let (mode, state) = match filter.state {
-            Some(s) => ("state", s.as_str()),
-            None => ("all", ""),
-        };
-        let mut found: Vec<Record> = self
-            .fetch_records(names, mode, state, Millis(0))
-            .await?
-            .into_iter()
-            .filter(|r| filter.matches(r))
-            .collect();
-        found.sort_by(|a, b| {
-            (b.created_at, a.scope.account.as_str(), a.scope.key.as_str()).cmp(&(
-                a.created_at,
-                b.scope.account.as_str(),
-                b.scope.key.as_str(),
-            ))
-        });
-        found.truncate(filter.limit);
-        Ok(found)
-    }
-
-    async fn force_release(&self, scope: &Scope) -> StoreResult<bool> {
-        self.operator_release(scope, false).await
-    }
-
-    async fn discard_progress(&self, scope: &Scope) -> StoreResult<bool> {
-        self.operator_release(scope, true).await
-    }
-
-    async fn wait_for_change(&self, scope: &Scope, timeout: Duration) -> StoreResult<()> {
-        let Some(notifier) = &self.notifier else {
-            return Ok(());
-        };
-        let channel = keys::channel(&self.config.key_prefix, scope);
-        let joined = tokio::time::timeout(self.config.op_budget(), notifier.join(&channel)).await;
-        let registration = match joined {
-            Ok(Ok(r)) => r,
-            failed => {
-                // No subscription (e.g. a proxy without RESP3): degrade to a short
-                // poll rather than failing requests the store can still serve.
-                let why = match failed {
-                    Ok(Err(e)) => e.to_string(),
-                    _ => "timed out".to_owned(),
-                };
-                tracing::warn!(error = %why, "idemkit-redis: cannot subscribe to changes; polling");
-                tokio::time::sleep(timeout.min(Duration::from_millis(50))).await;
-                return Ok(());
-            }
-        };
-        let notified = registration.notify.notified();
-        tokio::pin!(notified);
-        notified.as_mut().enable();
-        // The record may have changed between the caller's claim and the
-        // subscription: look once more now that no message can be missed.
-        let mut cmd = redis::cmd("HMGET");
-        cmd.arg(self.record_key(scope))
-            .arg("state")
-            .arg("lease_expires_at");
-        let budget = self.config.op_budget();
-        let reply = tokio::time::timeout(budget, self.conn().query(&cmd))
-            .await
-            .map_err(|_| StoreError::Unavailable(Box::new(OperationTimedOut(budget))))?
-            .map_err(map_err)?;
-        let head: (Option<String>, Option<i64>) =
-            redis::from_redis_value(reply).map_err(|e| corrupt(e.to_string()))?;
-        let now = self.clock.now();
-        let lease = match head {
-            (Some(state), Some(lease)) if state == RecordState::InFlight.as_str() && lease > now.0 => {
-                Millis(lease)
-            }
-            _ => return Ok(()),
-        };
-        // A holder that crashes publishes nothing: wake when its lease ends.
-        let _ = tokio::time::timeout(timeout.min(now.until(lease)), notified).await;
-        Ok(())
-    }
-}
-
-fn to_json(headers: &[StoredHeader]) -> StoreResult<Vec<u8>> {
-    serde_json::to_vec(headers).map_err(|e| corrupt(e.to_string()))
-}
-
-fn from_json(bytes: &[u8]) -> StoreResult<Vec<StoredHeader>> {
-    serde_json::from_slice(bytes).map_err(|e| corrupt(e.to_string()))
-}
-
-fn int_of(v: &Value) -> Option<i64> {
-    match v {
-        Value::Int(n) => Some(*n),
-        Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
-        Value::SimpleString(s) => s.parse().ok(),
-        _ => None,
-    }
-}
-
-fn bytes_of(v: Value) -> Option<Vec<u8>> {
-    match v {
-        Value::BulkString(b) => Some(b),
-        Value::SimpleString(s) => Some(s.into_bytes()),
-        _ => None,
-    }
-}
-
-fn decode_claim(reply: Value, expires: Millis) -> StoreResult<ClaimOutcome> {
-    let Value::Array(items) = reply else {
-        return Err(corrupt(format!("claim script returned {reply:?}")));
-    };
-    let bad = || corrupt("claim script returned an unexpected reply");
-    let mut items = items.into_iter();
-    let code = items.next().as_ref().and_then(int_of).ok_or_else(bad)?;
-    match code {
-        1 => {
-            let token = items.next().as_ref().and_then(int_of).ok_or_else(bad)?;
-            let resumed_from = match items.next().and_then(bytes_of) {
-                Some(rp) => Some(String::from_utf8(rp).map_err(|e| corrupt(e.to_string()))?),
-                None => None,
-            };
-            // The stored expiry: a re-delivered claim reports the first delivery's.
-            let expires_at = items.next().as_ref().and_then(int_of).map_or(expires, Millis);
-            Ok(ClaimOutcome::Claimed(Lease {
-                token: FencingToken(token),
-                expires_at,
-                resumed_from,
-            }))
-        }
-        2 => {
-            let status = items.next().as_ref().and_then(int_of).ok_or_else(bad)?;
-            let headers = items.next().and_then(bytes_of).unwrap_or_default();
-            let body = items.next().and_then(bytes_of).unwrap_or_default();
-            Ok(ClaimOutcome::Replay(StoredResponse {
-                status: u16::try_from(status).map_err(|_| corrupt(format!("status {status}")))?,
-                headers: if headers.is_empty() {
-                    Vec::new()
-                } else {
-                    from_json(&headers)?
-                },
-                body,
-            }))
-        }
-        3 => Ok(ClaimOutcome::Mismatch),
-        5 => Ok(ClaimOutcome::Stale),
-        6 => Ok(ClaimOutcome::Parked),
-        4 => {
-            let left = items.next().as_ref().and_then(int_of).ok_or_else(bad)?;
-            Ok(ClaimOutcome::InProgress {
-                retry_after: Duration::from_millis(u64::try_from(left).unwrap_or(0)),
-            })
-        }
-        _ => Err(bad()),
-    }
-}
-
-/// Decodes a review entry the reap script wrote: `len:bytes` items,
-/// alternating field names and values.
-fn decode_review(scope: &Scope, encoded: &[u8]) -> StoreResult<ReviewEntry> {
-    let bad = || corrupt("review entry is malformed");
-    let mut items = Vec::new();
-    let mut rest = encoded;
-    while !rest.is_empty() {
-        let colon = rest.iter().position(|&b| b == b':').ok_or_else(bad)?;
-        let len: usize = std::str::from_utf8(&rest[..colon])
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .ok_or_else(bad)?;
-        let value = rest.get(colon + 1..colon + 1 + len).ok_or_else(bad)?;
-        items.push(value.to_vec());
-        rest = &rest[colon + 1 + len..];
-    }
-    if items.len() % 2 != 0 {
-        return Err(bad());
-    }
-    let mut fields = HashMap::new();
-    let mut it = items.into_iter();
-    while let (Some(name), Some(value)) = (it.next(), it.next()) {
-        fields.insert(String::from_utf8(name).map_err(|_| bad())?, value);
-    }
-    let text = |f: &mut HashMap<String, Vec<u8>>, name: &str| -> StoreResult<Option<String>> {
-        f.remove(name)
-            .map(|b| String::from_utf8(b).map_err(|_| corrupt(format!("{name} is not UTF-8"))))
-            .transpose()
-    };
-    let num = |f: &mut HashMap<String, Vec<u8>>, name: &str| -> StoreResult<i64> {
-        text(f, name)?
-            .and_then(|s| s.parse::<i64>().ok())
-            .ok_or_else(|| corrupt(format!("review entry {name}")))
-    };
-    let state = text(&mut fields, "state")?.unwrap_or_default();
-    let mut step_outputs = BTreeMap::new();
-    for (name, value) in &fields {
-        if let Some(step) = name.strip_prefix("step:") {
-            let value = serde_json::from_slice(value).map_err(|e| corrupt(e.to_string()))?;
-            step_outputs.insert(step.to_owned(), value);
-        }
-    }
-    Ok(ReviewEntry {
-        scope: scope.clone(),
-        state: RecordState::parse(&state).ok_or_else(|| corrupt(format!("state {state}")))?,
-        created_at: Millis(num(&mut fields, "created_at")?),
-        reaped_at: Millis(num(&mut fields, "reaped_at")?),
-        recovery_point: text(&mut fields, "recovery_point")?,
-        step_outputs,
-        last_error: text(&mut fields, "last_error")?,
-        request: StoredRequest {
-            method: text(&mut fields, "request_method")?.unwrap_or_default(),
-            path: text(&mut fields, "request_path")?.unwrap_or_default(),
-            headers: from_json(&fields.remove("request_headers").unwrap_or_else(|| b"[]".to_vec()))?,
-            body: fields.remove("request_body").unwrap_or_default(),
-        },
-    })
-}
-
-fn decode_record(scope: &Scope, mut f: HashMap<String, Vec<u8>>) -> StoreResult<Record> {
-    fn text(f: &mut HashMap<String, Vec<u8>>, name: &str) -> StoreResult<Option<String>> {
-        f.remove(name)
-            .map(|b| String::from_utf8(b).map_err(|_| corrupt(format!("{name} is not UTF-8"))))
-            .transpose()
-    }
-    fn num(f: &mut HashMap<String, Vec<u8>>, name: &str) -> StoreResult<Option<i64>> {
-        text(f, name)?
-            .map(|s| s.parse::<i64>().map_err(|_| corrupt(format!("{name} = {s:?}"))))
-            .transpose()
-    }
-    let need = |name: &str| corrupt(format!("record has no {name}"));
-    let state = text(&mut f, "state")?.ok_or_else(|| need("state"))?;
-    let fingerprint: [u8; 32] = f
-        .remove("fingerprint")
-        .ok_or_else(|| need("fingerprint"))?
-        .try_into()
-        .map_err(|_| corrupt("fingerprint is not 32 bytes"))?;
-    let response = match num(&mut f, "response_status")? {
-        Some(status) => Some(StoredResponse {
-            status: u16::try_from(status).map_err(|_| corrupt(format!("status {status}")))?,
-            headers: from_json(&f.remove("response_headers").unwrap_or_else(|| b"[]".to_vec()))?,
-            body: f.remove("response_body").unwrap_or_default(),
-        }),
-        None => None,
-    };
-    let mut step_outputs = BTreeMap::new();
-    for (name, value) in f.iter() {
-        if let Some(step) = name.strip_prefix("step:") {
-            let value = serde_json::from_slice(value).map_err(|e| corrupt(e.to_string()))?;
-            step_outputs.insert(step.to_owned(), value);
-        }
-    }
-    Ok(Record {
-        scope: scope.clone(),
-        fingerprint: Fingerprint::from_bytes(fingerprint),
-        state: RecordState::parse(&state).ok_or_else(|| corrupt(format!("state {state}")))?,
-        created_at: Millis(num(&mut f, "created_at")?.ok_or_else(|| need("created_at"))?),
-        completed_at: num(&mut f, "completed_at")?.map(Millis),
-        lease_expires_at: Millis(num(&mut f, "lease_expires_at")?.ok_or_else(|| need("lease_expires_at"))?),
-        fencing_token: FencingToken(num(&mut f, "token")?.ok_or_else(|| need("token"))?),
-        recovery_point: text(&mut f, "recovery_point")?,
-        step_outputs,
-        request: StoredRequest {
-            method: text(&mut f, "request_method")?.unwrap_or_default(),
-            path: text(&mut f, "request_path")?.unwrap_or_default(),
-            headers: from_json(&f.remove("request_headers").unwrap_or_else(|| b"[]".to_vec()))?,
-            body: f.remove("request_body").unwrap_or_default(),
-        },
-        response,
-        last_error: text(&mut f, "last_error")?,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use idemkit_core::{Account, IdempotencyKey};
+    use idemkit_core::{Account, IdempotencyKey, StoredResponse};
 
     /// A reply lost on the way back makes the client send the same command
     /// again; the second delivery must answer like the first.
