@@ -41,6 +41,27 @@ pub mod lint_openapi;
 pub mod proxy;
 pub mod serve;
 
+/// With the `failpoints` feature, `IDEMKIT_CRASH_AT=<failpoint>` makes the
+/// process (`idemkit serve` or `idemkit proxy`) print `CRASHPOINT <name>` there
+/// and stop until killed (crash tests).
+pub(crate) fn install_crash_point() {
+    #[cfg(feature = "failpoints")]
+    if let Ok(name) = std::env::var("IDEMKIT_CRASH_AT") {
+        let announced = name.clone();
+        let installed = fail::cfg_callback(name, move || {
+            use std::io::Write;
+            println!("CRASHPOINT {announced}");
+            let _ = std::io::stdout().flush();
+            loop {
+                std::thread::sleep(std::time::Duration::from_secs(3600));
+            }
+        });
+        if let Err(e) = installed {
+            eprintln!("IDEMKIT_CRASH_AT: {e}");
+        }
+    }
+}
+
 /// The command line.
 #[derive(Debug, Parser)]
 #[command(

@@ -64,26 +64,6 @@ pub struct ServeArgs {
     pub config: Option<PathBuf>,
 }
 
-/// With the `failpoints` feature, `IDEMKIT_CRASH_AT=<failpoint>` makes the process
-/// print `CRASHPOINT <name>` there and stop until killed (crash tests).
-fn install_crash_point() {
-    #[cfg(feature = "failpoints")]
-    if let Ok(name) = std::env::var("IDEMKIT_CRASH_AT") {
-        let announced = name.clone();
-        let installed = fail::cfg_callback(name, move || {
-            use std::io::Write;
-            println!("CRASHPOINT {announced}");
-            let _ = std::io::stdout().flush();
-            loop {
-                std::thread::sleep(Duration::from_secs(3600));
-            }
-        });
-        if let Err(e) = installed {
-            eprintln!("IDEMKIT_CRASH_AT: {e}");
-        }
-    }
-}
-
 /// The bearer tokens the service accepts: `--tokens`, else `IDEMKIT_TOKENS`, else
 /// the demo tokens if `--demo-tokens` asks for them; with none of these, an error.
 fn tokens(args: &ServeArgs) -> anyhow::Result<HashMap<String, String>> {
@@ -147,7 +127,7 @@ fn stores(database_url: Option<String>, keys_url: Option<String>) -> (String, Op
 
 /// Runs the service until interrupted.
 pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
-    install_crash_point();
+    crate::install_crash_point();
     let tokens = tokens(&args)?;
     let lease = Duration::from_millis(args.lease_ms);
     let (database, keys) = stores(args.database_url, args.keys_url);

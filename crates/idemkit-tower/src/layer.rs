@@ -221,13 +221,13 @@ impl IdempotencyLayerBuilder {
         for pointer in self.excluded {
             fingerprinter = fingerprinter.exclude(pointer)?;
         }
+        let mut engine = Engine::new(self.store, self.tx_store, self.policy, fingerprinter);
+        if let Some(capacity) = self.replay_cache {
+            engine = engine.with_replay_cache(capacity);
+        }
         Ok(IdempotencyLayer {
             shared: Arc::new(Shared {
-                engine: match self.replay_cache {
-                    Some(capacity) => Engine::new(self.store, self.tx_store, self.policy, fingerprinter)
-                        .with_replay_cache(capacity),
-                    None => Engine::new(self.store, self.tx_store, self.policy, fingerprinter),
-                },
+                engine,
                 key_source: self.key_source,
                 resolver: self.resolver.ok_or(ConfigError::NoResolver)?,
                 max_request_body: self.max_request_body,

@@ -6,7 +6,7 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::response::{IntoResponse, Response};
 use http::{HeaderName, HeaderValue, StatusCode, header};
-use idemkit_core::{ErrorCode, Policy, Scope, StoreError, StoredResponse};
+use idemkit_core::{ErrorCode, Policy, Scope, StoreError, StoredHeader, StoredResponse};
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 
 use crate::ProblemResponse;
@@ -69,8 +69,9 @@ pub(crate) fn store_problem(e: &StoreError) -> ProblemResponse {
 }
 
 /// Rebuilds a stored response: same status (or the route's replay status for a
-/// stored 2xx), allowlisted headers, byte-identical body, plus the replay marker.
-pub(crate) fn replay_response(stored: StoredResponse, policy: &Policy) -> Response {
+/// stored 2xx), allowlisted headers, byte-identical body, plus the replay
+/// marker. What the layer replays, and what `idemkit proxy` replays.
+pub fn replay_response(stored: StoredResponse, policy: &Policy) -> Response {
     let status = replay_status(&stored, policy);
     let mut res = refused_response(Refusal::Replay(stored));
     *res.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
@@ -101,6 +102,25 @@ pub(crate) fn accepted(shared: &Shared, scope: &Scope, retry_after: Duration) ->
         utf8_percent_encode(scope.key.as_str(), SEGMENT)
     );
     in_progress(Some(location), retry_after)
+}
+
+/// What is kept of an HTTP answer to replay it: the status, the headers the
+/// route policy replays (never `Set-Cookie` or hop-by-hop ones) and the body.
+/// What the layer stores, and what `idemkit proxy` stores of an upstream's answer.
+pub fn stored_response(parts: &http::response::Parts, body: &[u8], policy: &Policy) -> StoredResponse {
+    StoredResponse {
+        status: parts.status.as_u16(),
+        headers: parts
+            .headers
+            .iter()
+            .filter(|(name, _)| policy.replays_header(name.as_str()))
+            .map(|(name, value)| StoredHeader {
+                name: name.as_str().to_owned(),
+                value: value.as_bytes().to_vec(),
+            })
+            .collect(),
+        body: body.to_vec(),
+    }
 }
 
 #[cfg(test)]

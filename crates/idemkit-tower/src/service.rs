@@ -11,9 +11,7 @@ use bytes::Bytes;
 use http::request::Parts;
 use http::{HeaderValue, Request};
 use http_body_util::{BodyExt, Limited};
-use idemkit_core::{
-    ClaimRequest, ErrorCode, FencingToken, IdempotencyKey, Scope, StoredHeader, StoredResponse,
-};
+use idemkit_core::{ClaimRequest, ErrorCode, FencingToken, IdempotencyKey, Scope, StoredHeader};
 use tower::Service;
 use tracing::Instrument;
 use tracing::field::Empty;
@@ -24,7 +22,7 @@ use crate::engine::{
 use crate::extract::{IdempotencyContext, TxSlot};
 use crate::future::ResponseFuture;
 use crate::metrics::{self, InFlight, Settled, outcome};
-use crate::response::{refusal_response, refused_response};
+use crate::response::{refusal_response, refused_response, stored_response};
 use crate::shared::{KeySource, Shared};
 use crate::{Outcome, ProblemResponse};
 
@@ -429,19 +427,7 @@ where
             return (refused.outcome, refused_response(refused.refusal));
         }
     };
-    let stored = StoredResponse {
-        status: parts.status.as_u16(),
-        headers: parts
-            .headers
-            .iter()
-            .filter(|(name, _)| policy.replays_header(name.as_str()))
-            .map(|(name, value)| StoredHeader {
-                name: name.as_str().to_owned(),
-                value: value.as_bytes().to_vec(),
-            })
-            .collect(),
-        body: body.to_vec(),
-    };
+    let stored = stored_response(&parts, &body, &policy);
     match attempt.store(tx, &stored).await {
         Finished::Stored => (outcome::EXECUTED, Response::from_parts(parts, Body::from(body))),
         Finished::Refused(refused) => (refused.outcome, refused_response(refused.refusal)),

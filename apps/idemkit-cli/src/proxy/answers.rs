@@ -49,19 +49,7 @@ pub(super) async fn store_response(attempt: Attempt, res: Response) -> (&'static
             return (refused.outcome, refusal_response(refused.refusal, &policy));
         }
     };
-    let stored = StoredResponse {
-        status: parts.status.as_u16(),
-        headers: parts
-            .headers
-            .iter()
-            .filter(|(name, _)| policy.replays_header(name.as_str()))
-            .map(|(name, value)| StoredHeader {
-                name: name.as_str().to_owned(),
-                value: value.as_bytes().to_vec(),
-            })
-            .collect(),
-        body: body.to_vec(),
-    };
+    let stored = stored_response(&parts, &body, &policy);
     match attempt.store(None, &stored).await {
         Finished::Stored => (outcome::EXECUTED, Response::from_parts(parts, Body::from(body))),
         Finished::Refused(refused) => (refused.outcome, refusal_response(refused.refusal, &policy)),
@@ -71,24 +59,7 @@ pub(super) async fn store_response(attempt: Attempt, res: Response) -> (&'static
 /// The answer for a request the engine did not let through.
 pub(super) fn refusal_response(refusal: Refusal, policy: &Policy) -> Response {
     match refusal {
-        Refusal::Replay(stored) => {
-            let status = replay_status(&stored, policy);
-            let mut res = Response::new(Body::from(stored.body));
-            *res.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-            for h in stored.headers {
-                if let (Ok(name), Ok(value)) = (
-                    HeaderName::from_bytes(h.name.as_bytes()),
-                    HeaderValue::from_bytes(&h.value),
-                ) {
-                    res.headers_mut().append(name, value);
-                }
-            }
-            res.headers_mut().insert(
-                HeaderName::from_static(IDEMPOTENT_REPLAYED),
-                HeaderValue::from_static("true"),
-            );
-            res
-        }
+        Refusal::Replay(stored) => replay_response(stored, policy),
         Refusal::Problem { problem, retry_after } => ProblemResponse { problem, retry_after }.into_response(),
         // `accepted` has no status URL behind a proxy: answered as in progress.
         Refusal::Accepted { retry_after } => ProblemResponse::new(

@@ -36,22 +36,21 @@ use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use http::request::Parts;
-use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri, header};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Uri, header};
 use http_body_util::{BodyExt, Limited};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use idemkit_core::{
     Account, ErrorCode, IdempotencyKey, KeyStore, PhaseUpdate, Policy, Problem, Scope, StoredHeader,
-    StoredResponse,
 };
 use idemkit_tower::config::IdemkitConfig;
 use idemkit_tower::engine::{
     Attempt, Detached, Disposition, Engine, Finished, Incoming, Panicked, Refusal, Refused, key_from_json,
-    key_problem, replay_status,
+    key_problem,
 };
 use idemkit_tower::metrics::outcome;
-use idemkit_tower::{IDEMPOTENT_REPLAYED, ProblemResponse};
+use idemkit_tower::{ProblemResponse, replay_response, stored_response};
 use sha2::Sha256;
 
 mod answers;
@@ -161,7 +160,7 @@ struct Proxy {
 
 /// Runs the proxy until interrupted.
 pub fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
-    install_crash_point();
+    crate::install_crash_point();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async move {
         let metrics = idemkit_labels::service::install_metrics()?;
@@ -185,27 +184,6 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
         Ok::<_, anyhow::Error>(())
     })?;
     Ok(ExitCode::SUCCESS)
-}
-
-/// With the `failpoints` feature, `IDEMKIT_CRASH_AT=idemkit::proxy::after_forward`
-/// makes the process print `CRASHPOINT <name>` once the upstream has answered and
-/// before the answer is stored, and stop there until killed (crash tests).
-fn install_crash_point() {
-    #[cfg(feature = "failpoints")]
-    if let Ok(name) = std::env::var("IDEMKIT_CRASH_AT") {
-        let announced = name.clone();
-        let installed = fail::cfg_callback(name, move || {
-            use std::io::Write;
-            println!("CRASHPOINT {announced}");
-            let _ = std::io::stdout().flush();
-            loop {
-                std::thread::sleep(Duration::from_secs(3600));
-            }
-        });
-        if let Err(e) = installed {
-            eprintln!("IDEMKIT_CRASH_AT: {e}");
-        }
-    }
 }
 
 /// The proxy's router: `GET /healthz` for the proxy itself, everything else to
