@@ -22,31 +22,12 @@ impl SqliteStore {
         conn: &mut SqliteConnection,
         req: &ClaimRequest,
     ) -> StoreResult<Result<Lease, ClaimOutcome>> {
+        if let Some(lease) = self.insert_claim(conn, req).await? {
+            return Ok(Ok(lease));
+        }
         let now = self.clock.now();
         let expires = now.plus(req.lease);
         let headers = StoredHeader::encode_list(&req.request.headers)?;
-        let inserted = sqlx::query(sql::CLAIM_INSERT)
-            .bind(req.scope.account.as_str())
-            .bind(req.scope.key.as_str())
-            .bind(&req.fingerprint.as_bytes()[..])
-            .bind(now.0)
-            .bind(expires.0)
-            .bind(&req.request.method)
-            .bind(&req.request.path)
-            .bind(&headers)
-            .bind(&req.request.body)
-            .fetch_optional(&mut *conn)
-            .await
-            .map_err(map_err)?;
-        if let Some(row) = inserted {
-            let token: i64 = row.try_get(0).map_err(corrupt)?;
-            return Ok(Ok(Lease {
-                token: FencingToken(token),
-                expires_at: expires,
-                resumed_from: None,
-            }));
-        }
-
         let existing = fetch_record(&mut *conn, &req.scope).await?.ok_or_else(|| {
             StoreError::Corrupt("insert conflicted but no row was found under the write lock".into())
         })?;
@@ -79,6 +60,40 @@ impl SqliteStore {
             expires_at: expires,
             resumed_from,
         }))
+    }
+
+    /// Inserts the claim of an absent key, in flight; `None` when the key
+    /// exists. One statement, so it is atomic outside a transaction too (the
+    /// lease-mode claim of a key read as absent runs it in autocommit).
+    pub(crate) async fn insert_claim(
+        &self,
+        conn: &mut SqliteConnection,
+        req: &ClaimRequest,
+    ) -> StoreResult<Option<Lease>> {
+        let now = self.clock.now();
+        let expires = now.plus(req.lease);
+        let inserted = sqlx::query(sql::CLAIM_INSERT)
+            .bind(req.scope.account.as_str())
+            .bind(req.scope.key.as_str())
+            .bind(&req.fingerprint.as_bytes()[..])
+            .bind(now.0)
+            .bind(expires.0)
+            .bind(&req.request.method)
+            .bind(&req.request.path)
+            .bind(StoredHeader::encode_list(&req.request.headers)?)
+            .bind(&req.request.body)
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(map_err)?;
+        inserted
+            .map(|row| {
+                Ok(Lease {
+                    token: FencingToken(row.try_get(0).map_err(corrupt)?),
+                    expires_at: expires,
+                    resumed_from: None,
+                })
+            })
+            .transpose()
     }
 
     /// Reads the record with a plain read (no write lock) and decides. A

@@ -4,7 +4,9 @@
 //! embedded migrations. Claims are arbitrated by the table's primary key
 //! `(account, idem_key)` with `INSERT … ON CONFLICT DO NOTHING RETURNING`; a
 //! conflicting row is then read and moved on only by a compare-and-swap on its
-//! fencing token, all inside one `BEGIN IMMEDIATE` transaction.
+//! fencing token, inside one `BEGIN IMMEDIATE` transaction. A write that is one
+//! statement (a claim of a key read as absent, a heartbeat, a completion, a
+//! release) runs autocommitted: SQLite makes one statement atomic on its own.
 //!
 //! It also implements [`TransactionalStore`]: single-step requests claim, write
 //! their business rows and store the response in one SQLite transaction.

@@ -1,13 +1,15 @@
-//! [`KeyStore`] on SQLite: every write is one `BEGIN IMMEDIATE` transaction;
-//! a holder's write is fenced on its token (zero rows changed = stale token).
+//! [`KeyStore`] on SQLite: a write that is one statement runs autocommitted
+//! (atomic on its own), a longer one in a `BEGIN IMMEDIATE` transaction; both
+//! hold the in-process writer slot. A holder's write is fenced on its token
+//! (zero rows changed = stale token).
 
 use std::time::Duration;
 
 use async_trait::async_trait;
 use idemkit_core::{
-    ClaimOutcome, ClaimRequest, FORCE_RELEASED, FencingToken, KeyStore, ListFilter, MOVED_TO_REVIEW, Millis,
+    ClaimOutcome, ClaimRequest, Decision, FORCE_RELEASED, FencingToken, KeyStore, ListFilter, MOVED_TO_REVIEW, Millis,
     PhaseUpdate, RELEASE_REFUSED, ReapReport, Record, ReviewEntry, Scope, StoreError, StoreResult,
-    StoredHeader, StoredResponse, TransactionalStore,
+    StoredHeader, StoredResponse,
 };
 use sqlx::{AssertSqlSafe, Sqlite, SqliteConnection};
 
@@ -96,17 +98,16 @@ impl SqliteStore {
     /// [`KeyStore::discard_progress`] in one statement.
     async fn discard_on(&self, scope: &Scope) -> StoreResult<bool> {
         let now = self.clock.now().0;
-        let mut tx = self.begin().await?;
+        let mut conn = self.solo().await?;
         let changed = sqlx::query(sql::DISCARD)
             .bind(scope.account.as_str())
             .bind(scope.key.as_str())
             .bind(now)
             .bind(FORCE_RELEASED)
-            .execute(&mut *tx)
+            .execute(&mut *conn)
             .await
             .map_err(map_err)?
             .rows_affected();
-        tx.commit().await.map_err(map_err)?;
         Ok(changed == 1)
     }
 }
@@ -117,6 +118,14 @@ impl KeyStore for SqliteStore {
         let (existing, decision) = self.read_decision(req).await?;
         if let Some(outcome) = decision.settle(existing)? {
             return Ok(outcome);
+        }
+        if decision == Decision::Insert {
+            // Read as absent: the insert alone, autocommitted, is the claim.
+            // A key that appeared meanwhile makes it insert nothing, and the
+            // transaction below decides on the row it finds.
+            if let Some(lease) = self.insert_claim(&mut *self.solo().await?, req).await? {
+                return Ok(ClaimOutcome::Claimed(lease));
+            }
         }
         let mut tx = self.begin().await?;
         match self.claim_on(&mut tx, req).await? {
@@ -130,10 +139,9 @@ impl KeyStore for SqliteStore {
 
     async fn heartbeat(&self, scope: &Scope, token: FencingToken, lease: Duration) -> StoreResult<Millis> {
         let expires = self.clock.now().plus(lease);
-        let mut tx = self.begin().await?;
-        self.fenced_update(&mut tx, sql::HEARTBEAT, scope, token, move |q| q.bind(expires.0))
+        let mut conn = self.solo().await?;
+        self.fenced_update(&mut conn, sql::HEARTBEAT, scope, token, move |q| q.bind(expires.0))
             .await?;
-        tx.commit().await.map_err(map_err)?;
         Ok(expires)
     }
 
@@ -143,39 +151,36 @@ impl KeyStore for SqliteStore {
         token: FencingToken,
         response: &StoredResponse,
     ) -> StoreResult<()> {
-        let tx = self.begin().await?;
-        self.complete_in_tx(tx, scope, token, response).await
+        let mut conn = self.solo().await?;
+        self.complete_on(&mut conn, scope, token, response).await
     }
 
     async fn release(&self, scope: &Scope, token: FencingToken) -> StoreResult<()> {
-        let mut tx = self.begin().await?;
         // The row stays (state `released`, behaving as absent) so the next claim's
         // token is higher than any this record ever handed out.
         // A record with recorded progress is abandoned instead (see the trait).
         let now = self.clock.now().0;
-        self.fenced_update(&mut tx, sql::RELEASE, scope, token, move |q| {
+        let mut conn = self.solo().await?;
+        self.fenced_update(&mut conn, sql::RELEASE, scope, token, move |q| {
             q.bind(now).bind(RELEASE_REFUSED)
         })
-        .await?;
-        tx.commit().await.map_err(map_err)
+        .await
     }
 
     async fn release_discarding(&self, scope: &Scope, token: FencingToken) -> StoreResult<()> {
-        let mut tx = self.begin().await?;
-        self.fenced_update(&mut tx, sql::RELEASE_DISCARDING, scope, token, |q| q)
-            .await?;
-        tx.commit().await.map_err(map_err)
+        let mut conn = self.solo().await?;
+        self.fenced_update(&mut conn, sql::RELEASE_DISCARDING, scope, token, |q| q)
+            .await
     }
 
     async fn abandon(&self, scope: &Scope, token: FencingToken, error: &str) -> StoreResult<()> {
         let now = self.clock.now().0;
         let error = error.to_owned();
-        let mut tx = self.begin().await?;
-        self.fenced_update(&mut tx, sql::ABANDON, scope, token, move |q| {
+        let mut conn = self.solo().await?;
+        self.fenced_update(&mut conn, sql::ABANDON, scope, token, move |q| {
             q.bind(now).bind(error)
         })
-        .await?;
-        tx.commit().await.map_err(map_err)
+        .await
     }
 
     async fn get(&self, scope: &Scope) -> StoreResult<Option<Record>> {
@@ -188,6 +193,11 @@ impl KeyStore for SqliteStore {
     }
 
     async fn advance(&self, scope: &Scope, token: FencingToken, update: &PhaseUpdate) -> StoreResult<()> {
+        if update.step.is_none() {
+            // Only the recovery point: one statement.
+            let mut conn = self.solo().await?;
+            return self.advance_on(&mut conn, scope, token, update).await;
+        }
         let mut tx = self.begin().await?;
         self.advance_on(&mut tx, scope, token, update).await?;
         tx.commit().await.map_err(map_err)
@@ -196,12 +206,11 @@ impl KeyStore for SqliteStore {
     async fn park(&self, scope: &Scope, token: FencingToken, reason: &str) -> StoreResult<()> {
         let now = self.clock.now().0;
         let reason = reason.to_owned();
-        let mut tx = self.begin().await?;
-        self.fenced_update(&mut tx, sql::PARK, scope, token, move |q| {
+        let mut conn = self.solo().await?;
+        self.fenced_update(&mut conn, sql::PARK, scope, token, move |q| {
             q.bind(now).bind(reason)
         })
-        .await?;
-        tx.commit().await.map_err(map_err)
+        .await
     }
 
     async fn abandoned(&self, claimed_before: Millis, limit: usize) -> StoreResult<Vec<Record>> {
@@ -286,17 +295,16 @@ impl KeyStore for SqliteStore {
 
     async fn force_release(&self, scope: &Scope) -> StoreResult<bool> {
         let now = self.clock.now().0;
-        let mut tx = self.begin().await?;
+        let mut conn = self.solo().await?;
         let changed = sqlx::query(sql::FORCE_RELEASE)
             .bind(scope.account.as_str())
             .bind(scope.key.as_str())
             .bind(now)
             .bind(FORCE_RELEASED)
-            .execute(&mut *tx)
+            .execute(&mut *conn)
             .await
             .map_err(map_err)?
             .rows_affected();
-        tx.commit().await.map_err(map_err)?;
         Ok(changed == 1)
     }
 }

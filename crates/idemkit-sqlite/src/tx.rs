@@ -159,7 +159,37 @@ impl std::fmt::Debug for SqliteTx {
     }
 }
 
+/// A pooled connection outside any transaction, holding the writer slot: for
+/// a write that is one statement, which SQLite makes atomic on its own, so it
+/// needs neither `BEGIN IMMEDIATE` nor `COMMIT` (two calls to the connection's
+/// worker thread fewer). A caller cancelled mid-statement leaves no transaction
+/// open: the statement runs to its end on the worker or not at all.
+pub(crate) struct Solo {
+    conn: PoolConnection<Sqlite>,
+    _writer: OwnedMutexGuard<()>,
+}
+
+impl Deref for Solo {
+    type Target = SqliteConnection;
+    fn deref(&self) -> &SqliteConnection {
+        &self.conn
+    }
+}
+
+impl DerefMut for Solo {
+    fn deref_mut(&mut self) -> &mut SqliteConnection {
+        &mut self.conn
+    }
+}
+
 impl SqliteStore {
+    /// A connection for one autocommitted write statement (see [`Solo`]).
+    pub(crate) async fn solo(&self) -> StoreResult<Solo> {
+        let writer = self.writer.clone().lock_owned().await;
+        let conn = self.pool.acquire().await.map_err(map_err)?;
+        Ok(Solo { conn, _writer: writer })
+    }
+
     /// Opens a write transaction: waits for this process's writer slot, then
     /// `BEGIN IMMEDIATE`, which takes SQLite's write lock up front (other
     /// processes wait up to the busy timeout), so the read that follows a

@@ -165,13 +165,17 @@ pub(super) async fn show(
     Ok(ExitCode::SUCCESS)
 }
 
-/// The step outputs of `r` that record an external call's intent and no result:
-/// calls an earlier attempt may have made.
+/// The external calls an earlier attempt may have made: step outputs that
+/// record an intent and no result, and an `idemkit proxy` record's forward
+/// (its recovery point is the intent).
 pub(super) fn pending_intents(r: &Record) -> Vec<String> {
+    let forwarded = (r.recovery_point.as_deref() == Some(crate::proxy::FORWARDED))
+        .then(|| "the upstream (forwarded by idemkit proxy)".to_owned());
     r.step_outputs
         .iter()
         .filter(|(_, v)| v.get("intent").is_some() && v.get("done").is_none())
         .map(|(name, _)| name.clone())
+        .chain(forwarded)
         .collect()
 }
 

@@ -456,18 +456,12 @@ impl Proxy {
                 )
                 .await;
         }
-        // The intent, before anything leaves the proxy.
-        let intent = serde_json::json!({
-            "intent": {
-                "method": parts.method.as_str(),
-                "target": parts.uri.path_and_query().map_or("/", |p| p.as_str()),
-                "upstream": self.upstream,
-                "key": "forwarded as sent",
-            }
-        });
+        // The intent, before anything leaves the proxy: the recovery point
+        // alone (one fenced statement in every store). What is forwarded is
+        // the request the claim stored, to the upstream the proxy runs with.
         let update = PhaseUpdate {
             recovery_point: FORWARDED.to_owned(),
-            step: Some((format!("upstream-{}", token.0), intent)),
+            step: None,
         };
         if let Err(e) = self.store.advance(&scope, token, &update).await {
             attempt.settle(None, Disposition::Release).await;
