@@ -12,13 +12,21 @@
 //! code cost on top of the database. Rounds alternate idemkit and pgbench; the
 //! median round's ratio is printed (target ≥ 0.8). `IDEMKIT_BENCH_SECONDS` sets
 //! each measurement's length (default 4).
+//!
+//! A second table is the ceiling of the layer's single-step ratio, the SQL
+//! alone: pgbench (16 clients, simple protocol) runs the quickstart's order
+//! transaction bare (`BEGIN`; insert; `COMMIT`), bare with one empty round
+//! trip added (`SELECT 1`), and as the single-step layer runs it (the store's
+//! opening with its `lock_timeout`; its claim; the insert; the completion
+//! function with the `COMMIT`), each ÷ bare. No client, pool or HTTP server
+//! can do better than pgbench on the same statements.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use idemkit_core::{ClaimOutcome, KeyStore, StoredResponse};
-use idemkit_postgres::{PgConfig, PgStore, claim_and_complete_sql};
+use idemkit_postgres::{PgConfig, PgStore, claim_and_complete_sql, single_step_claim_sql};
 use idemkit_testkit::suite::{claim_req, scope};
 
 const ROUNDS: usize = 3;
@@ -71,14 +79,6 @@ async fn idemkit(store: &Arc<PgStore>, clients: usize, secs: u64, round: usize) 
 /// The store's statements with `$n` replaced by literals, as a pgbench script.
 fn script() -> String {
     let (claim, complete) = claim_and_complete_sql();
-    let fill = |sql: &str, values: &[&str]| {
-        // From the highest index down, so `$1` never eats the start of `$10`.
-        let mut sql = sql.to_owned();
-        for (i, v) in values.iter().enumerate().rev() {
-            sql = sql.replace(&format!("${}", i + 1), v);
-        }
-        sql.split_whitespace().collect::<Vec<_>>().join(" ")
-    };
     let key = "'pgbench-' || :k";
     let claim = fill(
         &claim,
@@ -115,9 +115,77 @@ fn script() -> String {
     )
 }
 
+/// `$n` in `sql` replaced by `values[n - 1]`, on one line.
+fn fill(sql: &str, values: &[&str]) -> String {
+    // From the highest index down, so `$1` never eats the start of `$10`.
+    let mut sql = sql.to_owned();
+    for (i, v) in values.iter().enumerate().rev() {
+        sql = sql.replace(&format!("${}", i + 1), v);
+    }
+    sql.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// The quickstart's order insert, as its handler sends it.
+const ORDER_INSERT: &str = "INSERT INTO orders (account, sku, quantity) VALUES ('bench', 'SKU-1', 2) RETURNING id";
+
+/// The order transaction bare, bare plus one empty round trip, and under the
+/// single-step layer's SQL (one line per round trip; `\;` joins statements
+/// sent together).
+fn order_scripts(schema: &str) -> [(&'static str, String); 3] {
+    let (begin, claim) = single_step_claim_sql(50);
+    let key = "'ss-' || :k";
+    let claim = fill(
+        &claim,
+        &[
+            "'bench'",
+            key,
+            "decode(repeat('ab', 32), 'hex')",
+            "NULL",
+            "30000",
+            "'POST'",
+            "'/orders'",
+            "'[]'",
+            "decode('7b22736b75223a22534b552d31222c227175616e74697479223a327d', 'hex')",
+            "false",
+        ],
+    );
+    let complete = format!(
+        "SELECT {schema}.idemkit_complete_single_step('bench'::text, ({key})::text, \
+         currval('idemkit_fencing_seq')::bigint, NULL::bigint, 201::integer, \
+         '[[\"location\",\"/orders/1\"]]'::text, \
+         decode('7b226964223a312c22736b75223a22534b552d31222c227175616e74697479223a327d', 'hex')::bytea)\\; COMMIT"
+    );
+    let set = "\\set k random(1, 9000000000000000000)\n";
+    [
+        ("bare", format!("BEGIN;\n{ORDER_INSERT};\nCOMMIT;\n")),
+        (
+            "bare + 1 empty round trip",
+            format!("BEGIN;\nSELECT 1;\n{ORDER_INSERT};\nCOMMIT;\n"),
+        ),
+        (
+            "single-step layer",
+            format!(
+                "{set}{};\n{claim};\n{ORDER_INSERT};\n{complete};\n",
+                begin.replace("; ", "\\; ")
+            ),
+        ),
+    ]
+}
+
 fn pgbench(url: &str, schema: &str, script: &std::path::Path, clients: usize, secs: u64) -> f64 {
+    pgbench_with(url, schema, script, clients, secs, "prepared")
+}
+
+fn pgbench_with(
+    url: &str,
+    schema: &str,
+    script: &std::path::Path,
+    clients: usize,
+    secs: u64,
+    protocol: &str,
+) -> f64 {
     let out = std::process::Command::new("pgbench")
-        .args(["-n", "-M", "prepared", "-c", &clients.to_string()])
+        .args(["-n", "-M", protocol, "-c", &clients.to_string()])
         .args(["-j", &clients.min(2).to_string(), "-T", &secs.to_string(), "-f"])
         .arg(script)
         .arg(url)
@@ -212,6 +280,7 @@ async fn main() {
         );
     }
     let pool = store.pool().clone();
+    order_ceiling(&url, &schema, &pool, &dir, rounds, secs).await;
     sqlx::query(sqlx::AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
         .execute(&pool)
         .await
@@ -219,4 +288,53 @@ async fn main() {
     drop(store);
     pool.close().await;
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The second table: the order transaction's scripts under pgbench, each ÷ bare
+/// (median of `rounds` alternating rounds at 16 clients).
+async fn order_ceiling(
+    url: &str,
+    schema: &str,
+    pool: &sqlx::PgPool,
+    dir: &std::path::Path,
+    rounds: usize,
+    secs: u64,
+) {
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "CREATE TABLE {schema}.orders (id BIGSERIAL PRIMARY KEY, account TEXT NOT NULL, \
+         sku TEXT NOT NULL, quantity BIGINT NOT NULL)"
+    )))
+    .execute(pool)
+    .await
+    .unwrap();
+    let scripts: Vec<_> = order_scripts(schema)
+        .into_iter()
+        .enumerate()
+        .map(|(i, (name, text))| {
+            let file = dir.join(format!("order_{i}.sql"));
+            std::fs::write(&file, text).unwrap();
+            (name, file)
+        })
+        .collect();
+    let clients = 16;
+    let mut tps = vec![vec![]; scripts.len()];
+    for round in 0..rounds {
+        // Alternate the order between rounds, so no script always runs first.
+        let order: Vec<usize> = if round % 2 == 0 {
+            (0..scripts.len()).collect()
+        } else {
+            (0..scripts.len()).rev().collect()
+        };
+        for i in order {
+            tps[i].push(pgbench_with(url, schema, &scripts[i].1, clients, secs, "simple"));
+        }
+    }
+    let bare = median(tps[0].clone());
+    println!();
+    println!("the order transaction under pgbench alone ({clients} clients, simple protocol): ÷ bare");
+    println!("{:>28} {:>12} {:>8}", "", "tps", "ratio");
+    for ((name, _), runs) in scripts.iter().zip(&tps) {
+        let t = median(runs.clone());
+        println!("{name:>28} {t:>12.0} {:>8.2}", t / bare);
+    }
 }

@@ -67,6 +67,15 @@ pub fn claim_and_complete_sql() -> (String, String) {
     (sql::CLAIM.clone(), sql::COMPLETE_NOTIFYING.clone())
 }
 
+/// The single-step claim's statements as `TransactionalStore::claim_in_tx`
+/// sends them: the transaction's opening (with a `lock_timeout` of
+/// `lock_timeout_ms`) and the claim (parameters as in
+/// [`claim_and_complete_sql`]'s claim), for `benches/pgbench.rs`.
+#[doc(hidden)]
+pub fn single_step_claim_sql(lock_timeout_ms: u128) -> (String, String) {
+    (sql::begin_with_lock_timeout(lock_timeout_ms), sql::CLAIM_IN_TX.clone())
+}
+
 pub use config::PgConfig;
 pub use listener::CHANNEL;
 pub use tx::PgTx;
