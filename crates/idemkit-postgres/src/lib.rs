@@ -73,7 +73,10 @@ pub fn claim_and_complete_sql() -> (String, String) {
 /// [`claim_and_complete_sql`]'s claim), for `benches/pgbench.rs`.
 #[doc(hidden)]
 pub fn single_step_claim_sql(lock_timeout_ms: u128) -> (String, String) {
-    (sql::begin_with_lock_timeout(lock_timeout_ms), sql::CLAIM_IN_TX.clone())
+    (
+        sql::begin_with_lock_timeout(lock_timeout_ms),
+        sql::CLAIM_IN_TX.clone(),
+    )
 }
 
 pub use config::PgConfig;

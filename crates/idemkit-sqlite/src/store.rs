@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use idemkit_core::{
-    ClaimOutcome, ClaimRequest, Decision, FORCE_RELEASED, FencingToken, KeyStore, ListFilter, MOVED_TO_REVIEW, Millis,
-    PhaseUpdate, RELEASE_REFUSED, ReapReport, Record, ReviewEntry, Scope, StoreError, StoreResult,
-    StoredHeader, StoredResponse,
+    ClaimOutcome, ClaimRequest, Decision, FORCE_RELEASED, FencingToken, KeyStore, ListFilter,
+    MOVED_TO_REVIEW, Millis, PhaseUpdate, RELEASE_REFUSED, ReapReport, Record, ReviewEntry, Scope,
+    StoreError, StoreResult, StoredHeader, StoredResponse,
 };
 use sqlx::{AssertSqlSafe, Sqlite, SqliteConnection};
 
@@ -140,8 +140,10 @@ impl KeyStore for SqliteStore {
     async fn heartbeat(&self, scope: &Scope, token: FencingToken, lease: Duration) -> StoreResult<Millis> {
         let expires = self.clock.now().plus(lease);
         let mut conn = self.solo().await?;
-        self.fenced_update(&mut conn, sql::HEARTBEAT, scope, token, move |q| q.bind(expires.0))
-            .await?;
+        self.fenced_update(&mut conn, sql::HEARTBEAT, scope, token, move |q| {
+            q.bind(expires.0)
+        })
+        .await?;
         Ok(expires)
     }
 

@@ -187,7 +187,10 @@ impl SqliteStore {
     pub(crate) async fn solo(&self) -> StoreResult<Solo> {
         let writer = self.writer.clone().lock_owned().await;
         let conn = self.pool.acquire().await.map_err(map_err)?;
-        Ok(Solo { conn, _writer: writer })
+        Ok(Solo {
+            conn,
+            _writer: writer,
+        })
     }
 
     /// Opens a write transaction: waits for this process's writer slot, then
