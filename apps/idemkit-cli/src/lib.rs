@@ -41,6 +41,20 @@ pub mod lint_openapi;
 pub mod proxy;
 pub mod serve;
 
+/// Installs the process's Prometheus recorder (once per process) and runs its
+/// upkeep every 5 s on the current runtime (`idemkit serve`, `idemkit proxy`).
+pub(crate) fn install_metrics() -> anyhow::Result<()> {
+    let metrics = idemkit_labels::service::install_metrics()?;
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(std::time::Duration::from_secs(5));
+        loop {
+            tick.tick().await;
+            metrics.run_upkeep();
+        }
+    });
+    Ok(())
+}
+
 /// With the `failpoints` feature, `IDEMKIT_CRASH_AT=<failpoint>` makes the
 /// process (`idemkit serve` or `idemkit proxy`) print `CRASHPOINT <name>` there
 /// and stop until killed (crash tests).

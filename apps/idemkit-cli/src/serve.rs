@@ -151,14 +151,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async move {
         // One recorder per process, rendered at `GET /metrics` (docs/metrics.md).
-        let metrics = idemkit_labels::service::install_metrics()?;
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_secs(5));
-            loop {
-                tick.tick().await;
-                metrics.run_upkeep();
-            }
-        });
+        crate::install_metrics()?;
         let service = build(config).await?;
         // Abandoned requests are finished without waiting for the client; records
         // past the reap threshold go (unfinished ones to the review table).

@@ -81,21 +81,7 @@ async fn idemkit(store: &Arc<PgStore>, clients: usize, secs: u64, round: usize) 
 fn script() -> String {
     let (claim, complete) = claim_and_complete_sql();
     let key = "'pgbench-' || :k";
-    let claim = fill(
-        &claim,
-        &[
-            "'bench'",
-            key,
-            "decode(repeat('ab', 32), 'hex')",
-            "NULL",
-            "30000",
-            "'POST'",
-            "'/orders'",
-            "'[]'",
-            "decode('7b7d', 'hex')",
-            "false",
-        ],
-    );
+    let claim = fill_claim(&claim, key, "7b7d");
     let complete = fill(
         &complete,
         // The claim's token: the session's last value of the token sequence.
@@ -126,6 +112,28 @@ fn fill(sql: &str, values: &[&str]) -> String {
     sql.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
+/// A claim's text (either mode) with its parameters as literals: account
+/// `bench`, key `key` (an SQL expression), a POST to `/orders` whose body is
+/// `body_hex`, a 30 s lease, the database's clock, not a resume.
+fn fill_claim(claim: &str, key: &str, body_hex: &str) -> String {
+    let body = format!("decode('{body_hex}', 'hex')");
+    fill(
+        claim,
+        &[
+            "'bench'",
+            key,
+            "decode(repeat('ab', 32), 'hex')",
+            "NULL",
+            "30000",
+            "'POST'",
+            "'/orders'",
+            "'[]'",
+            &body,
+            "false",
+        ],
+    )
+}
+
 /// The quickstart's order insert, as its handler sends it.
 const ORDER_INSERT: &str =
     "INSERT INTO orders (account, sku, quantity) VALUES ('bench', 'SKU-1', 2) RETURNING id";
@@ -137,20 +145,10 @@ const ORDER_INSERT: &str =
 fn order_scripts(schema: &str) -> [(&'static str, String); 3] {
     let (begin, claim) = single_step_claim_sql(50);
     let key = "'ss-' || :k";
-    let claim = fill(
+    let claim = fill_claim(
         &claim,
-        &[
-            "'bench'",
-            key,
-            "decode(repeat('ab', 32), 'hex')",
-            "NULL",
-            "30000",
-            "'POST'",
-            "'/orders'",
-            "'[]'",
-            "decode('7b22736b75223a22534b552d31222c227175616e74697479223a327d', 'hex')",
-            "false",
-        ],
+        key,
+        "7b22736b75223a22534b552d31222c227175616e74697479223a327d",
     );
     let complete = format!(
         "SELECT {schema}.idemkit_complete_single_step('bench'::text, ({key})::text, \

@@ -16,6 +16,8 @@
 //!   operator interleaved at every store-operation boundary on one key, with a
 //!   history checker after each schedule; [`race_tests!`] runs it on a backend;
 //! - [`mutants`]: deliberately broken stores, the suites' negative controls;
+//! - [`Probed`]: any store with its claims counted and its reads failing on
+//!   demand, for tests of what sits above the store;
 //! - the black-box HTTP gates of SPEC §9 ([`gates`]) that `idemkit check` runs
 //!   against any API.
 //!
@@ -36,6 +38,7 @@ pub mod gates;
 pub mod lifecycle;
 mod memory;
 pub mod mutants;
+mod probe;
 mod process;
 pub mod race;
 pub mod suite;
@@ -43,6 +46,7 @@ pub mod tx_suite;
 
 pub use clock::ManualClock;
 pub use memory::MemoryStore;
+pub use probe::Probed;
 pub use process::example_bin;
 
 // The case lists, each written once. Every list macro hands its cases to the

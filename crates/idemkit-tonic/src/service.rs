@@ -15,9 +15,9 @@ use idemkit_core::{
     ClaimRequest, ErrorCode, IdempotencyKey, KeyError, NEVER_REPLAYED_HEADERS, Problem, Scope, StoredHeader,
     StoredResponse,
 };
-use idemkit_tower::IdempotencyContext;
 use idemkit_tower::engine::{Attempt, Detached, Disposition, Finished, Incoming, Outcome, Panicked, Refusal};
 use idemkit_tower::metrics::outcome;
+use idemkit_tower::{IdempotencyContext, stored_request_headers};
 use tonic::Code;
 use tonic::body::Body;
 use tower::Service;
@@ -237,15 +237,7 @@ fn claim_for(shared: &Shared, parts: &Parts, scope: Scope, bytes: &Bytes) -> Cla
         scope,
         method: "POST",
         target: parts.uri.path(),
-        headers: STORED_REQUEST_HEADERS
-            .iter()
-            .filter_map(|name| {
-                parts.headers.get(*name).map(|v| StoredHeader {
-                    name: (*name).to_owned(),
-                    value: v.as_bytes().to_vec(),
-                })
-            })
-            .collect(),
+        headers: stored_request_headers(&parts.headers, STORED_REQUEST_HEADERS),
         body: bytes,
         resume: None,
     })

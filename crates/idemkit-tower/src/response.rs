@@ -104,6 +104,25 @@ pub(crate) fn accepted(shared: &Shared, scope: &Scope, retry_after: Duration) ->
     in_progress(Some(location), retry_after)
 }
 
+/// The request headers an HTTP adapter keeps with the record (for the
+/// completer and an operator's review): content negotiation only, never
+/// credentials. The layer and `idemkit proxy` keep these.
+pub const STORED_REQUEST_HEADERS: &[&str] = &["content-type", "accept", "content-language"];
+
+/// The headers of `headers` named in `names`, as the record keeps them (the
+/// first value of each, in `names`' order).
+pub fn stored_request_headers(headers: &http::HeaderMap, names: &[&str]) -> Vec<StoredHeader> {
+    names
+        .iter()
+        .filter_map(|name| {
+            headers.get(*name).map(|v| StoredHeader {
+                name: (*name).to_owned(),
+                value: v.as_bytes().to_vec(),
+            })
+        })
+        .collect()
+}
+
 /// What is kept of an HTTP answer to replay it: the status, the headers the
 /// route policy replays (never `Set-Cookie` or hop-by-hop ones) and the body.
 /// What the layer stores, and what `idemkit proxy` stores of an upstream's answer.

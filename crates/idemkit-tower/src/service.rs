@@ -11,7 +11,7 @@ use bytes::Bytes;
 use http::request::Parts;
 use http::{HeaderValue, Request};
 use http_body_util::{BodyExt, Limited};
-use idemkit_core::{ClaimRequest, ErrorCode, FencingToken, IdempotencyKey, Scope, StoredHeader};
+use idemkit_core::{ClaimRequest, ErrorCode, FencingToken, IdempotencyKey, Scope};
 use tower::Service;
 use tracing::Instrument;
 use tracing::field::Empty;
@@ -22,14 +22,13 @@ use crate::engine::{
 use crate::extract::{IdempotencyContext, TxSlot};
 use crate::future::ResponseFuture;
 use crate::metrics::{self, InFlight, Settled, outcome};
-use crate::response::{refusal_response, refused_response, stored_response};
+use crate::response::{
+    STORED_REQUEST_HEADERS, refusal_response, refused_response, stored_request_headers, stored_response,
+};
 use crate::shared::{KeySource, Shared};
 use crate::{Outcome, ProblemResponse};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
-
-/// Request headers kept with the record (for the completer); never credentials.
-const STORED_REQUEST_HEADERS: &[&str] = &["content-type", "accept", "content-language"];
 
 /// The service [`crate::IdempotencyLayer`] wraps around a route.
 #[derive(Clone)]
@@ -250,15 +249,7 @@ fn claim_request(
         scope,
         method: parts.method.as_str(),
         target,
-        headers: STORED_REQUEST_HEADERS
-            .iter()
-            .filter_map(|name| {
-                parts.headers.get(*name).map(|v| StoredHeader {
-                    name: (*name).to_owned(),
-                    value: v.as_bytes().to_vec(),
-                })
-            })
-            .collect(),
+        headers: stored_request_headers(&parts.headers, STORED_REQUEST_HEADERS),
         body: &bytes,
         resume,
     });

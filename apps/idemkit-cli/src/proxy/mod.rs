@@ -41,16 +41,16 @@ use http_body_util::{BodyExt, Limited};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use idemkit_core::{
-    Account, ErrorCode, IdempotencyKey, KeyStore, PhaseUpdate, Policy, Problem, Scope, StoredHeader,
-};
+use idemkit_core::{Account, ErrorCode, IdempotencyKey, KeyStore, PhaseUpdate, Policy, Problem, Scope};
 use idemkit_tower::config::IdemkitConfig;
 use idemkit_tower::engine::{
     Attempt, Detached, Disposition, Engine, Finished, Incoming, Panicked, Refusal, Refused, key_from_json,
     key_problem,
 };
 use idemkit_tower::metrics::outcome;
-use idemkit_tower::{ProblemResponse, replay_response, stored_response};
+use idemkit_tower::{
+    ProblemResponse, STORED_REQUEST_HEADERS, replay_response, stored_request_headers, stored_response,
+};
 use sha2::Sha256;
 
 mod answers;
@@ -67,9 +67,6 @@ pub const FORWARDED: &str = "forwarded";
 /// outcome, store latency, fenced writes, …), out of the way of the upstream's
 /// paths; `/healthz` is the proxy's too. Every other path goes upstream.
 pub const METRICS_PATH: &str = "/_idemkit/metrics";
-
-/// Request headers kept with the record (never credentials).
-const STORED_REQUEST_HEADERS: &[&str] = &["content-type", "accept", "content-language"];
 
 /// Hop-by-hop headers (RFC 9110 §7.6.1): never forwarded, never stored.
 const HOP_BY_HOP: &[&str] = &[
@@ -163,14 +160,7 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
     crate::install_crash_point();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async move {
-        let metrics = idemkit_labels::service::install_metrics()?;
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_secs(5));
-            loop {
-                tick.tick().await;
-                metrics.run_upkeep();
-            }
-        });
+        crate::install_metrics()?;
         let listener = tokio::net::TcpListener::bind(args.listen)
             .await
             .with_context(|| format!("binding {}", args.listen))?;
@@ -411,15 +401,7 @@ impl Proxy {
             scope: Scope::new(account, key),
             method: parts.method.as_str(),
             target,
-            headers: STORED_REQUEST_HEADERS
-                .iter()
-                .filter_map(|name| {
-                    parts.headers.get(*name).map(|v| StoredHeader {
-                        name: (*name).to_owned(),
-                        value: v.as_bytes().to_vec(),
-                    })
-                })
-                .collect(),
+            headers: stored_request_headers(&parts.headers, STORED_REQUEST_HEADERS),
             body: &bytes,
             resume: None,
         });

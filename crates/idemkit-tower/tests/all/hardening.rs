@@ -5,19 +5,15 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
 use axum::Router;
 use axum::extract::State;
 use axum::response::IntoResponse;
 use axum::routing::post;
 use http::StatusCode;
-use idemkit_core::{
-    ClaimOutcome, ClaimRequest, FencingToken, InFlightBehavior, KeyStore, ListFilter, Millis, PhaseUpdate,
-    Policy, ReapReport, Record, RecordState, ReviewEntry, Scope, StoreError, StoreResult, StoredResponse,
-};
+use idemkit_core::{InFlightBehavior, KeyStore, PhaseUpdate, Policy, RecordState, Scope};
 use idemkit_sqlite::SqliteStore;
 use idemkit_testkit::mutants::{MutantStore, Mutation};
-use idemkit_testkit::{ManualClock, MemoryStore};
+use idemkit_testkit::{ManualClock, MemoryStore, Probed};
 use idemkit_tower::{IdempotencyContext, IdempotencyLayer, Outcome, PhaseError, Phases};
 use serde_json::json;
 use tokio::io::AsyncWriteExt;
@@ -221,79 +217,22 @@ async fn downstream_keys_are_stable_across_takeovers_and_new_after_the_window() 
     assert_ne!(seen[1], seen[2], "a reused key is a new request downstream too");
 }
 
-/// A store whose reads fail on demand (a pool timeout while the store flaps).
-#[derive(Debug)]
-struct FlakyReads {
-    inner: MutantStore,
-    failing: AtomicBool,
-}
-
-#[async_trait]
-impl KeyStore for FlakyReads {
-    async fn claim(&self, req: &ClaimRequest) -> StoreResult<ClaimOutcome> {
-        self.inner.claim(req).await
-    }
-    async fn heartbeat(&self, scope: &Scope, token: FencingToken, lease: Duration) -> StoreResult<Millis> {
-        self.inner.heartbeat(scope, token, lease).await
-    }
-    async fn complete(
-        &self,
-        scope: &Scope,
-        token: FencingToken,
-        response: &StoredResponse,
-    ) -> StoreResult<()> {
-        self.inner.complete(scope, token, response).await
-    }
-    async fn release(&self, scope: &Scope, token: FencingToken) -> StoreResult<()> {
-        self.inner.release(scope, token).await
-    }
-    async fn abandon(&self, scope: &Scope, token: FencingToken, error: &str) -> StoreResult<()> {
-        self.inner.abandon(scope, token, error).await
-    }
-    async fn get(&self, scope: &Scope) -> StoreResult<Option<Record>> {
-        if self.failing.load(Ordering::SeqCst) {
-            return Err(StoreError::Unavailable("pool timed out".into()));
-        }
-        self.inner.get(scope).await
-    }
-    fn now(&self) -> Millis {
-        self.inner.now()
-    }
-    async fn advance(&self, scope: &Scope, token: FencingToken, update: &PhaseUpdate) -> StoreResult<()> {
-        self.inner.advance(scope, token, update).await
-    }
-    async fn park(&self, scope: &Scope, token: FencingToken, reason: &str) -> StoreResult<()> {
-        self.inner.park(scope, token, reason).await
-    }
-    async fn abandoned(&self, before: Millis, limit: usize) -> StoreResult<Vec<Record>> {
-        self.inner.abandoned(before, limit).await
-    }
-    async fn reap(&self, before: Millis) -> StoreResult<ReapReport> {
-        self.inner.reap(before).await
-    }
-    async fn review(&self, limit: usize) -> StoreResult<Vec<ReviewEntry>> {
-        self.inner.review(limit).await
-    }
-    async fn list(&self, filter: &ListFilter) -> StoreResult<Vec<Record>> {
-        self.inner.list(filter).await
-    }
-}
-
 /// When the read that chooses between release and abandon fails, the layer
 /// abandons (SPEC §5): recorded progress, here an external call's intent,
 /// survives even on a store whose release would wipe it.
 #[tokio::test]
 async fn a_failed_read_while_settling_abandons_instead_of_releasing() {
-    let store = Arc::new(FlakyReads {
-        inner: MutantStore::new(Mutation::ReleaseWipesProgress, Arc::new(ManualClock::new())),
-        failing: AtomicBool::new(false),
-    });
+    // Reads fail on demand: a pool timeout while the store flaps.
+    let store = Arc::new(Probed::new(MutantStore::new(
+        Mutation::ReleaseWipesProgress,
+        Arc::new(ManualClock::new()),
+    )));
     let layer = generic(store.clone(), Policy::new()).build().unwrap();
     let app = Router::new()
         .route(
             "/op",
             post(
-                |State(store): State<Arc<FlakyReads>>, ctx: IdempotencyContext| async move {
+                |State(store): State<Arc<Probed<MutantStore>>>, ctx: IdempotencyContext| async move {
                     let intent = PhaseUpdate {
                         recovery_point: String::new(),
                         step: Some(("courier".into(), json!({ "intent": "k" }))),
@@ -301,7 +240,7 @@ async fn a_failed_read_while_settling_abandons_instead_of_releasing() {
                     store.advance(&ctx.scope, ctx.token, &intent).await.unwrap();
                     // The store starts flapping; the handler fails (a 5xx is released
                     // by default when nothing was recorded).
-                    store.failing.store(true, Ordering::SeqCst);
+                    store.fail_reads(true);
                     StatusCode::INTERNAL_SERVER_ERROR
                 },
             )
@@ -310,7 +249,7 @@ async fn a_failed_read_while_settling_abandons_instead_of_releasing() {
         .with_state(store.clone());
     let base = serve(app).await;
     assert_eq!(send(&base, Some("flap"), "a", &json!({})).await.status, 500);
-    store.failing.store(false, Ordering::SeqCst);
+    store.fail_reads(false);
     let scope = Scope::new(
         idemkit_core::Account::new("a"),
         idemkit_core::IdempotencyKey::parse("flap").unwrap(),

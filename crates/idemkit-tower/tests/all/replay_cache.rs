@@ -4,61 +4,18 @@
 //! the store (and is refused there); nothing is served past the window.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use async_trait::async_trait;
 use axum::response::IntoResponse;
 use http::StatusCode;
-use idemkit_core::{
-    ClaimOutcome, ClaimRequest, FencingToken, KeyStore, Millis, Policy, Record, Scope, StoreResult,
-    StoredResponse,
-};
-use idemkit_testkit::MemoryStore;
+use idemkit_core::Policy;
+use idemkit_testkit::{MemoryStore, Probed};
 use serde_json::json;
 
 use crate::{Runs, counting, generic, send, serve};
 
-/// A memory store that counts claims: every request that reaches the store.
-#[derive(Debug, Default)]
-struct CountingClaims {
-    inner: MemoryStore,
-    claims: AtomicUsize,
-}
-
-#[async_trait]
-impl KeyStore for CountingClaims {
-    async fn claim(&self, req: &ClaimRequest) -> StoreResult<ClaimOutcome> {
-        self.claims.fetch_add(1, Ordering::SeqCst);
-        self.inner.claim(req).await
-    }
-    async fn heartbeat(&self, scope: &Scope, token: FencingToken, lease: Duration) -> StoreResult<Millis> {
-        self.inner.heartbeat(scope, token, lease).await
-    }
-    async fn complete(
-        &self,
-        scope: &Scope,
-        token: FencingToken,
-        response: &StoredResponse,
-    ) -> StoreResult<()> {
-        self.inner.complete(scope, token, response).await
-    }
-    async fn release(&self, scope: &Scope, token: FencingToken) -> StoreResult<()> {
-        self.inner.release(scope, token).await
-    }
-    async fn abandon(&self, scope: &Scope, token: FencingToken, error: &str) -> StoreResult<()> {
-        self.inner.abandon(scope, token, error).await
-    }
-    async fn get(&self, scope: &Scope) -> StoreResult<Option<Record>> {
-        self.inner.get(scope).await
-    }
-    fn now(&self) -> Millis {
-        self.inner.now()
-    }
-}
-
-async fn route(policy: Policy, cache: Option<usize>) -> (String, Arc<CountingClaims>, Runs) {
-    let store = Arc::new(CountingClaims::default());
+async fn route(policy: Policy, cache: Option<usize>) -> (String, Arc<Probed<MemoryStore>>, Runs) {
+    let store = Arc::new(Probed::new(MemoryStore::default()));
     let mut builder = generic(store.clone(), policy);
     if let Some(capacity) = cache {
         builder = builder.replay_cache(capacity);
@@ -75,24 +32,20 @@ async fn retries_of_a_stored_answer_skip_the_store() {
     let (base, store, runs) = route(Policy::new(), Some(100)).await;
     let first = send(&base, Some("hot"), "a", &json!({"n": 1})).await;
     assert_eq!(first.status, 201);
-    assert_eq!(store.claims.load(Ordering::SeqCst), 1);
+    assert_eq!(store.claims(), 1);
     for _ in 0..3 {
         let again = send(&base, Some("hot"), "a", &json!({"n": 1})).await;
         assert!(again.replayed());
         assert_eq!((again.status, &again.body), (201, &first.body));
     }
-    assert_eq!(
-        store.claims.load(Ordering::SeqCst),
-        1,
-        "replays answered from memory"
-    );
+    assert_eq!(store.claims(), 1, "replays answered from memory");
     assert_eq!(runs.get(), 1);
 
     // Another request under the key, or another account's: the store decides.
     let other = send(&base, Some("hot"), "a", &json!({"n": 2})).await;
     assert_eq!(other.code(), "idempotency_key_reused");
     assert_eq!(send(&base, Some("hot"), "b", &json!({"n": 1})).await.status, 201);
-    assert_eq!(store.claims.load(Ordering::SeqCst), 3);
+    assert_eq!(store.claims(), 3);
     assert_eq!(runs.get(), 2);
 }
 
@@ -104,7 +57,7 @@ async fn without_the_cache_every_replay_reaches_the_store() {
     for _ in 0..3 {
         assert!(send(&base, Some("cold"), "a", &json!({})).await.replayed());
     }
-    assert_eq!(store.claims.load(Ordering::SeqCst), 4);
+    assert_eq!(store.claims(), 4);
 }
 
 /// An answer is not served from memory past its replay window: the retry goes
@@ -118,11 +71,11 @@ async fn nothing_is_served_past_the_window() {
     let (base, store, runs) = route(policy, Some(100)).await;
     assert_eq!(send(&base, Some("w"), "a", &json!({})).await.status, 201);
     assert!(send(&base, Some("w"), "a", &json!({})).await.replayed());
-    assert_eq!(store.claims.load(Ordering::SeqCst), 1);
+    assert_eq!(store.claims(), 1);
     tokio::time::sleep(Duration::from_millis(450)).await;
     let later = send(&base, Some("w"), "a", &json!({})).await;
     assert_eq!(later.status, 201);
     assert!(!later.replayed(), "the window is over");
-    assert_eq!(store.claims.load(Ordering::SeqCst), 2);
+    assert_eq!(store.claims(), 2);
     assert_eq!(runs.get(), 2);
 }

@@ -1,0 +1,110 @@
+//! [`Probed`]: any store, seen from the test: its claims counted, its reads
+//! failing on demand, every operation otherwise forwarded unchanged.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use idemkit_core::{
+    ClaimOutcome, ClaimRequest, FencingToken, KeyStore, ListFilter, Millis, PhaseUpdate, ReapReport, Record,
+    ReviewEntry, Scope, StoreError, StoreResult, StoredResponse,
+};
+
+/// Wraps `S`, forwarding every [`KeyStore`] operation (optional ones too, so
+/// the inner store's own answers stand), and lets a test count the claims
+/// that reach the store ([`Probed::claims`]) and make `get` fail as an
+/// unreachable store does ([`Probed::fail_reads`]).
+#[derive(Debug, Default)]
+pub struct Probed<S> {
+    inner: S,
+    claims: AtomicUsize,
+    failing_reads: AtomicBool,
+}
+
+impl<S> Probed<S> {
+    /// Wraps `inner`; nothing counted yet, reads succeed.
+    pub fn new(inner: S) -> Self {
+        Self {
+            inner,
+            claims: AtomicUsize::new(0),
+            failing_reads: AtomicBool::new(false),
+        }
+    }
+
+    /// How many claims reached the store.
+    pub fn claims(&self) -> usize {
+        self.claims.load(Ordering::SeqCst)
+    }
+
+    /// From now on `get` answers `Unavailable` (`true`) or reads again (`false`).
+    pub fn fail_reads(&self, failing: bool) {
+        self.failing_reads.store(failing, Ordering::SeqCst);
+    }
+}
+
+#[async_trait]
+impl<S: KeyStore> KeyStore for Probed<S> {
+    async fn claim(&self, req: &ClaimRequest) -> StoreResult<ClaimOutcome> {
+        self.claims.fetch_add(1, Ordering::SeqCst);
+        self.inner.claim(req).await
+    }
+    async fn heartbeat(&self, scope: &Scope, token: FencingToken, lease: Duration) -> StoreResult<Millis> {
+        self.inner.heartbeat(scope, token, lease).await
+    }
+    async fn complete(
+        &self,
+        scope: &Scope,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> StoreResult<()> {
+        self.inner.complete(scope, token, response).await
+    }
+    async fn release(&self, scope: &Scope, token: FencingToken) -> StoreResult<()> {
+        self.inner.release(scope, token).await
+    }
+    async fn release_discarding(&self, scope: &Scope, token: FencingToken) -> StoreResult<()> {
+        self.inner.release_discarding(scope, token).await
+    }
+    async fn abandon(&self, scope: &Scope, token: FencingToken, error: &str) -> StoreResult<()> {
+        self.inner.abandon(scope, token, error).await
+    }
+    async fn get(&self, scope: &Scope) -> StoreResult<Option<Record>> {
+        if self.failing_reads.load(Ordering::SeqCst) {
+            return Err(StoreError::Unavailable("pool timed out".into()));
+        }
+        self.inner.get(scope).await
+    }
+    fn now(&self) -> Millis {
+        self.inner.now()
+    }
+    fn notifies_changes(&self) -> bool {
+        self.inner.notifies_changes()
+    }
+    async fn advance(&self, scope: &Scope, token: FencingToken, update: &PhaseUpdate) -> StoreResult<()> {
+        self.inner.advance(scope, token, update).await
+    }
+    async fn park(&self, scope: &Scope, token: FencingToken, reason: &str) -> StoreResult<()> {
+        self.inner.park(scope, token, reason).await
+    }
+    async fn abandoned(&self, claimed_before: Millis, limit: usize) -> StoreResult<Vec<Record>> {
+        self.inner.abandoned(claimed_before, limit).await
+    }
+    async fn reap(&self, before: Millis) -> StoreResult<ReapReport> {
+        self.inner.reap(before).await
+    }
+    async fn review(&self, limit: usize) -> StoreResult<Vec<ReviewEntry>> {
+        self.inner.review(limit).await
+    }
+    async fn list(&self, filter: &ListFilter) -> StoreResult<Vec<Record>> {
+        self.inner.list(filter).await
+    }
+    async fn force_release(&self, scope: &Scope) -> StoreResult<bool> {
+        self.inner.force_release(scope).await
+    }
+    async fn discard_progress(&self, scope: &Scope) -> StoreResult<bool> {
+        self.inner.discard_progress(scope).await
+    }
+    async fn wait_for_change(&self, scope: &Scope, timeout: Duration) -> StoreResult<()> {
+        self.inner.wait_for_change(scope, timeout).await
+    }
+}
