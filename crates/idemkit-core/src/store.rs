@@ -31,6 +31,17 @@ pub struct ClaimRequest {
     /// The claim then succeeds only as a takeover of exactly that record state
     /// (see [`crate::decide_resume`]); anything else is answered without running.
     pub resume: Option<FencingToken>,
+    /// The recovery point a claim starts at, written by the claim's own write
+    /// (so an attempt that must record "about to act" before acting, as
+    /// `idemkit proxy` records its forward, needs no write of its own). A new
+    /// request's record (the key absent, released or past its window) starts
+    /// at it, and the lease resumes from nothing. A takeover keeps the
+    /// record's recovery point, or takes this one when the record has none,
+    /// and resumes from that: an attempt that died before recording anything
+    /// had already reached the point its claim started at. `None`: a record
+    /// starts without one. Meant for lease mode: a single-step record is
+    /// completed in the transaction that claims it.
+    pub recovery_point: Option<String>,
 }
 
 impl ClaimRequest {

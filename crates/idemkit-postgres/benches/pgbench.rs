@@ -114,7 +114,8 @@ fn fill(sql: &str, values: &[&str]) -> String {
 
 /// A claim's text (either mode) with its parameters as literals: account
 /// `bench`, key `key` (an SQL expression), a POST to `/orders` whose body is
-/// `body_hex`, a 30 s lease, the database's clock, not a resume.
+/// `body_hex`, a 30 s lease, the database's clock, not a resume, no
+/// recovery point.
 fn fill_claim(claim: &str, key: &str, body_hex: &str) -> String {
     let body = format!("decode('{body_hex}', 'hex')");
     fill(
@@ -130,6 +131,7 @@ fn fill_claim(claim: &str, key: &str, body_hex: &str) -> String {
             "'[]'",
             &body,
             "false",
+            "NULL",
         ],
     )
 }

@@ -44,6 +44,7 @@ async fn main() {
         replay_window: Duration::from_secs(3600),
         lock_wait: Duration::ZERO,
         resume: None,
+        recovery_point: None,
     };
     let ClaimOutcome::Claimed(lease) = store.claim(&req).await.unwrap() else {
         eprintln!("not claimed");

@@ -90,6 +90,7 @@ impl PgStore {
             .bind(&req.request.body)
             // A resume never inserts: a record that is gone is stale.
             .bind(req.resume.is_some())
+            .bind(req.recovery_point.as_deref())
             .fetch_one(&mut *conn)
             .await
             .map_err(Retry::from)?;
@@ -162,6 +163,7 @@ impl PgStore {
             .bind(seen.state.as_str())
             .bind(seen.lease_expires_at.0)
             .bind(lift_lock_timeout)
+            .bind(req.recovery_point.as_deref())
             .fetch_optional(conn)
             .await
             .map_err(Retry::from)?;

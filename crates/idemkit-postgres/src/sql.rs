@@ -118,7 +118,7 @@ pub(crate) fn begin_with_lock_timeout(ms: u128) -> String {
     format!("BEGIN; SET LOCAL lock_timeout = {ms}")
 }
 
-/// The claim: inserts the in-flight row (unless `$10`, a resume), or returns
+/// The claim: inserts the in-flight row at recovery point `$11` (unless `$10`, a resume), or returns
 /// the existing record with the store's clock, in one statement. Columns: the
 /// new token and lease (NULL when nothing was inserted), the store's clock, then
 /// the existing record from column 3 (NULL columns when a row was inserted, or
@@ -134,8 +134,8 @@ fn claim(lift_lock_timeout: bool) -> String {
     format!(
         "WITH now AS (SELECT {} AS ms), \
          ins AS (INSERT INTO idemkit_keys (account, idem_key, fingerprint, state, created_at, \
-         lease_expires_at, fencing_token, req_method, req_path, req_headers, req_body) \
-         SELECT $1, $2, $3, 'in_flight', ms, ms + $5, {NEXT_TOKEN}, $6, $7, $8, $9 FROM now \
+         lease_expires_at, fencing_token, req_method, req_path, req_headers, req_body, recovery_point) \
+         SELECT $1, $2, $3, 'in_flight', ms, ms + $5, {NEXT_TOKEN}, $6, $7, $8, $9, $11 FROM now \
          WHERE NOT $10 \
          ON CONFLICT (account, idem_key) DO NOTHING RETURNING fencing_token, lease_expires_at) \
          SELECT (SELECT fencing_token FROM ins), (SELECT lease_expires_at FROM ins), \
@@ -153,14 +153,16 @@ pub(crate) static CLAIM_IN_TX: LazyLock<String> = LazyLock::new(|| claim(true));
 
 /// Compare-and-swap of a record to a new holder on a fresh token, only if it is
 /// still exactly as seen (token `$11`, state `$12`, lease `$13`). Takeover
-/// (`$4`) keeps progress; `$14` lifts the claim's `lock_timeout`.
+/// (`$4`) keeps progress (a record without a recovery point takes the claim's
+/// `$15`, and returns it); reuse starts at `$15`; `$14` lifts the claim's
+/// `lock_timeout`.
 pub(crate) static MOVE: LazyLock<String> = LazyLock::new(|| {
     format!(
         "UPDATE idemkit_keys SET fencing_token = {NEXT_TOKEN}, lease_expires_at = $3, \
          state = 'in_flight', \
          fingerprint = CASE WHEN $4 THEN fingerprint ELSE $5 END, \
          created_at = CASE WHEN $4 THEN created_at ELSE $6 END, completed_at = NULL, \
-         recovery_point = CASE WHEN $4 THEN recovery_point END, \
+         recovery_point = CASE WHEN $4 THEN COALESCE(recovery_point, $15) ELSE $15 END, \
          step_outputs = CASE WHEN $4 THEN step_outputs ELSE '{{}}' END, \
          req_method = $7, req_path = $8, req_headers = $9, req_body = $10, \
          resp_status = NULL, resp_headers = NULL, resp_body = NULL, \

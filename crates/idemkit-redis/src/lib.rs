@@ -490,7 +490,8 @@ impl RedisStore {
                         .arg(&req.request.body)
                         .arg(touch)
                         .arg(attempt)
-                        .arg(&resume);
+                        .arg(&resume)
+                        .arg(req.recovery_point.as_deref().unwrap_or_default());
                 },
                 self.config.wait_replicas,
             )
@@ -511,8 +512,12 @@ impl RedisStore {
                         &req.scope,
                         lease.token,
                         &|c| {
-                            // Not discarding: nothing ran, so there is no progress.
-                            c.arg(publish).arg(&now).arg(RELEASE_REFUSED).arg("0");
+                            // Nothing ran under this claim. A new request's record holds
+                            // only what its claim wrote (the recovery point it starts
+                            // at): discarded. A takeover keeps the earlier attempts'
+                            // progress (a release with progress abandons instead).
+                            let discard = if lease.resumed_from.is_none() { "1" } else { "0" };
+                            c.arg(publish).arg(&now).arg(RELEASE_REFUSED).arg(discard);
                         },
                         None,
                         &self.ids.next(),
@@ -600,6 +605,45 @@ mod tests {
             .await
             .expect("re-delivered completion succeeds");
         assert!(matches!(complete("write-2").await, Err(StoreError::Fenced)));
+    }
+
+    /// A claim that starts at a recovery point, delivered twice, resumes from
+    /// what its first delivery resumed from: nothing for a new request (not the
+    /// point the claim itself wrote), the record's point for a takeover.
+    #[tokio::test]
+    async fn redelivered_claims_resume_like_the_first_delivery() {
+        let url = match std::env::var("IDEMKIT_TEST_REDIS_URL") {
+            Ok(url) => url,
+            Err(_) if std::env::var_os("CI").is_some() => {
+                panic!("IDEMKIT_TEST_REDIS_URL is not set under CI")
+            }
+            Err(_) => return eprintln!("notice: IDEMKIT_TEST_REDIS_URL is not set; skipping"),
+        };
+        let prefix = format!("idemkit-unit:{}:{}", std::process::id(), WriteIds::new().next());
+        let store = RedisStore::connect(RedisConfig::new(url).with_prefix(prefix))
+            .await
+            .unwrap();
+        let scope = Scope::new(Account::new("a"), IdempotencyKey::parse("starts-at").unwrap());
+        let req = ClaimRequest {
+            lease: Duration::from_millis(100),
+            recovery_point: Some("forwarded".into()),
+            ..idemkit_testkit::suite::claim_req(&scope, "{}")
+        };
+        let resumed = |o: ClaimOutcome| match o {
+            ClaimOutcome::Claimed(lease) => lease.resumed_from,
+            other => panic!("{other:?}"),
+        };
+        let first = resumed(store.claim_as(&req, "attempt-1").await.unwrap());
+        assert_eq!(first, None, "a new request");
+        assert_eq!(resumed(store.claim_as(&req, "attempt-1").await.unwrap()), None);
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        for _ in 0..2 {
+            assert_eq!(
+                resumed(store.claim_as(&req, "attempt-2").await.unwrap()).as_deref(),
+                Some("forwarded"),
+                "the takeover, delivered twice"
+            );
+        }
     }
 }
 

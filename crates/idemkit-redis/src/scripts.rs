@@ -74,10 +74,12 @@ end
 ///
 /// ARGV: now ('' for the server's clock), lease length, replay window, keep,
 /// fingerprint, method, path, headers (JSON), body, touch-on-replay ("1" in
-/// WAIT mode), attempt id, resumed token ('' unless the completer resumes).
+/// WAIT mode), attempt id, resumed token ('' unless the completer resumes),
+/// the recovery point the claim starts at ('' for none).
 ///
 /// The attempt id makes a re-delivered claim (the client retried after losing
-/// the reply) answer `Claimed` to its own request rather than `InProgress`.
+/// the reply) answer `Claimed` to its own request rather than `InProgress`,
+/// resuming from what the first delivery resumed from (kept in `resumed`).
 ///
 /// Returns `{1, token, recovery_point|nil, lease_expiry}` claimed, `{2, status, headers, body}`
 /// replay, `{3}` mismatch, `{4, retry_after_ms}` in progress, `{5}` a resume
@@ -114,7 +116,7 @@ if state then
   elseif state == 'in_flight' then
     local lease = tonumber(h[5])
     if lease > now then
-      if h[7] == ARGV[11] then return {1, h[6], redis.call('HGET', k, 'recovery_point'), h[5]} end
+      if h[7] == ARGV[11] then return {1, h[6], redis.call('HGET', k, 'resumed'), h[5]} end
       if h[2] ~= fp then return {3} end
       return {4, lease - now}
     end
@@ -134,10 +136,18 @@ end
 if resume ~= '' and not takeover then return {5} end
 local tok = next_token(seqk, h[6])
 if takeover then
+  -- A record without a recovery point takes the claim's.
+  local point = redis.call('HGET', k, 'recovery_point')
+  if not point and ARGV[13] ~= '' then point = ARGV[13] end
   redis.call('HSET', k, 'token', tok, 'lease_expires_at', expires, 'attempt', ARGV[11])
+  if point then
+    redis.call('HSET', k, 'recovery_point', point, 'resumed', point)
+  else
+    redis.call('HDEL', k, 'resumed')
+  end
   -- Unfinished work never expires (see the module docs).
   redis.call('PERSIST', k)
-  return {1, tok, redis.call('HGET', k, 'recovery_point'), expires}
+  return {1, tok, point, expires}
 end
 if state then
   -- Reuse (released, or past the replay window): a clean slate; the token
@@ -147,6 +157,7 @@ end
 redis.call('HSET', k, 'token', tok, 'state', 'in_flight', 'fingerprint', fp, 'created_at', now,
   'lease_expires_at', expires, 'keep_ms', ARGV[4], 'request_method', ARGV[6],
   'request_path', ARGV[7], 'request_headers', ARGV[8], 'request_body', ARGV[9], 'attempt', ARGV[11])
+if ARGV[13] ~= '' then redis.call('HSET', k, 'recovery_point', ARGV[13]) end
 return {1, tok, false, expires}
 "#
 );

@@ -50,11 +50,16 @@ impl SqliteStore {
             .bind(&headers)
             .bind(&req.request.body)
             .bind(existing.fencing_token.0)
+            .bind(req.recovery_point.as_deref())
             .execute(&mut *conn)
             .await
             .map_err(map_err)?;
         cas_ok(moved.rows_affected())?;
-        let resumed_from = if takeover { existing.recovery_point } else { None };
+        let resumed_from = if takeover {
+            existing.recovery_point.or_else(|| req.recovery_point.clone())
+        } else {
+            None
+        };
         Ok(Ok(Lease {
             token: next,
             expires_at: expires,
@@ -82,6 +87,7 @@ impl SqliteStore {
             .bind(&req.request.path)
             .bind(StoredHeader::encode_list(&req.request.headers)?)
             .bind(&req.request.body)
+            .bind(req.recovery_point.as_deref())
             .fetch_optional(&mut *conn)
             .await
             .map_err(map_err)?;

@@ -31,19 +31,21 @@ pub(crate) const SELECT_REVIEW: &str = "SELECT account, idem_key, state, created
      FROM idemkit_review ORDER BY created_at, id LIMIT ?1";
 
 /// A lease-mode claim of an absent key: the new in-flight row, its token one
-/// above the reaper's floor. Returns nothing when the key exists.
+/// above the reaper's floor, at the claim's recovery point `?10`. Returns
+/// nothing when the key exists.
 pub(crate) const CLAIM_INSERT: &str = "INSERT INTO idemkit_keys (account, idem_key, fingerprint, state, created_at, lease_expires_at, \
-     fencing_token, req_method, req_path, req_headers, req_body) \
+     fencing_token, req_method, req_path, req_headers, req_body, recovery_point) \
      VALUES (?1, ?2, ?3, 'in_flight', ?4, ?5, (SELECT floor + 1 FROM idemkit_token_floor), \
-     ?6, ?7, ?8, ?9) ON CONFLICT (account, idem_key) DO NOTHING RETURNING fencing_token";
+     ?6, ?7, ?8, ?9, ?10) ON CONFLICT (account, idem_key) DO NOTHING RETURNING fencing_token";
 
 /// Moves an existing record to a new holder (compare-and-swap on the token as
-/// read). Takeover (`?5`) keeps the claim's progress and request; window reuse
-/// starts clean.
+/// read). Takeover (`?5`) keeps the claim's progress and request (a record
+/// without a recovery point takes the claim's `?13`); window reuse starts
+/// clean, at `?13`.
 pub(crate) const CLAIM_MOVE: &str = "UPDATE idemkit_keys SET fencing_token = ?3, lease_expires_at = ?4, state = 'in_flight', \
      fingerprint = CASE WHEN ?5 THEN fingerprint ELSE ?6 END, \
      created_at = CASE WHEN ?5 THEN created_at ELSE ?7 END, completed_at = NULL, \
-     recovery_point = CASE WHEN ?5 THEN recovery_point END, \
+     recovery_point = CASE WHEN ?5 THEN COALESCE(recovery_point, ?13) ELSE ?13 END, \
      step_outputs = CASE WHEN ?5 THEN step_outputs ELSE '{}' END, \
      req_method = ?8, req_path = ?9, req_headers = ?10, req_body = ?11, \
      resp_status = NULL, resp_headers = NULL, resp_body = NULL, \

@@ -107,6 +107,7 @@ macro_rules! __lifecycle_cases {
             unfinished_record_past_the_window_is_taken_over_not_restarted,
             release_with_progress_is_refused_and_kept_resumable,
             release_discarding_frees_the_key_only_for_its_holder,
+            a_claim_starts_at_its_recovery_point,
             abandon_moves_the_record_to_a_new_token,
             resume_claims_only_the_record_it_saw
         }

@@ -1054,6 +1054,84 @@ pub async fn release_discarding_frees_the_key_only_for_its_holder<S: KeyStore>(
     assert_eq!(c.resumed_from, None);
 }
 
+/// A claim that starts at a recovery point (`ClaimRequest::recovery_point`)
+/// writes it with the claim: a new request's record starts at it and resumes
+/// from nothing; a takeover resumes from the record's own point, or from the
+/// claim's when the record has none; a released or expired key starts at it
+/// again, resuming from nothing.
+pub async fn a_claim_starts_at_its_recovery_point<S: KeyStore>(store: Arc<S>, clock: Arc<ManualClock>) {
+    let at = |s: &Scope, body: &str| ClaimRequest {
+        recovery_point: Some("forwarded".into()),
+        ..claim_req(s, body)
+    };
+    let s = scope("acct-l", "starts-at");
+    let req = at(&s, r#"{"n":1}"#);
+    let a = must_claim(&*store, &req).await;
+    assert_eq!(a.resumed_from, None, "a new request resumes from nothing");
+    let rec = record(&*store, &s).await;
+    assert_eq!(
+        rec.recovery_point.as_deref(),
+        Some("forwarded"),
+        "written by the claim"
+    );
+    assert_eq!(rec.fencing_token, a.token);
+
+    // A lapses: the takeover resumes from the point A's claim wrote.
+    clock.advance(LEASE + Duration::from_secs(1));
+    let b = must_claim(&*store, &req).await;
+    assert_eq!(b.resumed_from.as_deref(), Some("forwarded"));
+    // B records further progress and lapses: the record's own point wins.
+    store
+        .advance(&s, b.token, &phase("answered", None))
+        .await
+        .expect("advance");
+    clock.advance(LEASE + Duration::from_secs(1));
+    let c = must_claim(&*store, &req).await;
+    assert_eq!(c.resumed_from.as_deref(), Some("answered"));
+    assert_eq!(
+        record(&*store, &s).await.recovery_point.as_deref(),
+        Some("answered")
+    );
+
+    // A record claimed without a point, taken over by a claim with one.
+    let bare = scope("acct-l", "starts-at-bare");
+    let plain = must_claim(&*store, &claim_req(&bare, r#"{"n":2}"#)).await;
+    assert_eq!(record(&*store, &bare).await.recovery_point, None);
+    clock.advance(LEASE + Duration::from_secs(1));
+    let d = must_claim(&*store, &at(&bare, r#"{"n":2}"#)).await;
+    assert!(d.token > plain.token);
+    assert_eq!(d.resumed_from.as_deref(), Some("forwarded"));
+    assert_eq!(
+        record(&*store, &bare).await.recovery_point.as_deref(),
+        Some("forwarded")
+    );
+
+    // Released (its progress discarded): the next request starts at the point again.
+    store.release_discarding(&bare, d.token).await.expect("release");
+    let e = must_claim(&*store, &at(&bare, r#"{"n":3}"#)).await;
+    assert_eq!(e.resumed_from, None);
+    assert_eq!(
+        record(&*store, &bare).await.recovery_point.as_deref(),
+        Some("forwarded")
+    );
+
+    // Completed and past its window: a new request, starting at the point.
+    let done = scope("acct-l", "starts-at-done");
+    let f = must_claim(&*store, &at(&done, r#"{"n":4}"#)).await;
+    store
+        .complete(&done, f.token, &response(201, "ok"))
+        .await
+        .expect("complete");
+    clock.advance(WINDOW + Duration::from_secs(1));
+    let g = must_claim(&*store, &at(&done, r#"{"n":5}"#)).await;
+    assert_eq!(g.resumed_from, None);
+    let rec = record(&*store, &done).await;
+    assert_eq!(
+        (rec.state, rec.recovery_point.as_deref()),
+        (RecordState::InFlight, Some("forwarded"))
+    );
+}
+
 /// `abandon` moves the record to a new fencing token: a heartbeat of the old
 /// holder still on its way is refused and cannot revive the lease; the next
 /// attempt takes over at once.

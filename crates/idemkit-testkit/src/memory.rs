@@ -163,7 +163,7 @@ impl MemoryStore {
             completed_at: None,
             lease_expires_at: expires_at,
             fencing_token: next,
-            recovery_point: None,
+            recovery_point: req.recovery_point.clone(),
             step_outputs: BTreeMap::new(),
             request: req.request.clone(),
             response: None,
@@ -185,6 +185,9 @@ impl MemoryStore {
                 r.state = RecordState::InFlight;
                 r.fencing_token = next;
                 r.lease_expires_at = expires_at;
+                if r.recovery_point.is_none() {
+                    r.recovery_point.clone_from(&req.recovery_point);
+                }
                 ClaimOutcome::Claimed(Lease {
                     token: next,
                     expires_at,

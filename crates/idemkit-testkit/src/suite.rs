@@ -51,6 +51,7 @@ pub fn claim_req(scope: &Scope, body: &str) -> ClaimRequest {
         replay_window: WINDOW,
         lock_wait: Duration::ZERO,
         resume: None,
+        recovery_point: None,
     }
 }
 

@@ -13,8 +13,9 @@
 //!   upstream never sees it. The scope's account is `HMAC-SHA256(secret,
 //!   credential)` in hex; the credential itself is never stored.
 //! - The key is validated as the layer does; the claim is a lease-mode engine
-//!   claim (fenced); the intent (`recovery_point = "forwarded"`) is recorded
-//!   before the request is forwarded with the caller's own key header; the
+//!   claim (fenced) that writes the intent (`recovery_point = "forwarded"`) with
+//!   the record, before the request is forwarded with the caller's own key
+//!   header; the
 //!   upstream's answer is stored or released by the route policy
 //!   (`Disposition::of`), with only the policy's allowlisted headers kept; replays
 //!   carry `Idempotent-Replayed: true`.
@@ -41,7 +42,7 @@ use http_body_util::{BodyExt, Limited};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use idemkit_core::{Account, ErrorCode, IdempotencyKey, KeyStore, PhaseUpdate, Policy, Problem, Scope};
+use idemkit_core::{Account, ErrorCode, IdempotencyKey, KeyStore, Policy, Problem, Scope};
 use idemkit_tower::config::IdemkitConfig;
 use idemkit_tower::engine::{
     Attempt, Detached, Disposition, Engine, Finished, Incoming, Panicked, Refusal, Refused, key_from_json,
@@ -397,7 +398,7 @@ impl Proxy {
             .uri
             .path_and_query()
             .map_or_else(|| parts.uri.path(), |p| p.as_str());
-        let claim = route.engine.claim_request(&Incoming {
+        let mut claim = route.engine.claim_request(&Incoming {
             scope: Scope::new(account, key),
             method: parts.method.as_str(),
             target,
@@ -405,6 +406,10 @@ impl Proxy {
             body: &bytes,
             resume: None,
         });
+        // The intent, written by the claim itself, before anything leaves the
+        // proxy: what is forwarded is the request the claim stores, to the
+        // upstream the proxy runs with.
+        claim.recovery_point = Some(FORWARDED.to_owned());
         let policy = route.engine.policy().clone();
         let attempt = match route.engine.begin(claim).await {
             Ok(attempt) => attempt,
@@ -427,30 +432,19 @@ impl Proxy {
 
     /// Forwards a claimed request and finishes its record.
     async fn execute(&self, attempt: Attempt, parts: Parts, bytes: Bytes) -> (&'static str, Response) {
-        let scope = attempt.scope().clone();
-        let token = attempt.lease().token;
         let policy = attempt.policy().clone();
         if attempt.lease().resumed_from.as_deref() == Some(FORWARDED) && !self.honours_keys {
             return self
                 .park(
                     &attempt,
-                    "the proxy forwarded this request and never stored the upstream's answer",
+                    "an earlier attempt claimed this request to forward it (and may have) and never stored \
+                     the upstream's answer",
                 )
                 .await;
         }
-        // The intent, before anything leaves the proxy: the recovery point
-        // alone (one fenced statement in every store). What is forwarded is
-        // the request the claim stored, to the upstream the proxy runs with.
-        let update = PhaseUpdate {
-            recovery_point: FORWARDED.to_owned(),
-            step: None,
-        };
-        if let Err(e) = self.store.advance(&scope, token, &update).await {
-            attempt.settle(None, Disposition::Release).await;
-            let refused = Refused::store(&e);
-            return (refused.outcome, refusal_response(refused.refusal, &policy));
-        }
         let req = Request::from_parts(parts, Body::from(bytes));
+        #[cfg(feature = "failpoints")]
+        fail::fail_point!("idemkit::proxy::before_forward");
         let sent = attempt
             .run(tokio::time::timeout(self.timeout, self.forward(req)))
             .await;

@@ -432,7 +432,8 @@ struct ProxyProcess {
 }
 
 impl ProxyProcess {
-    fn start(upstream: &str, db: &std::path::Path, honours: bool, crash: bool) -> Self {
+    /// `crash`: the failpoint (`IDEMKIT_CRASH_AT`) the process stops at, if any.
+    fn start(upstream: &str, db: &std::path::Path, honours: bool, crash: Option<&str>) -> Self {
         Self::start_on(
             upstream,
             &format!("sqlite://{}", db.display()),
@@ -442,7 +443,13 @@ impl ProxyProcess {
         )
     }
 
-    fn start_on(upstream: &str, database_url: &str, secret: &str, honours: bool, crash: bool) -> Self {
+    fn start_on(
+        upstream: &str,
+        database_url: &str,
+        secret: &str,
+        honours: bool,
+        crash: Option<&str>,
+    ) -> Self {
         use std::io::BufRead;
         let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_idemkit"));
         cmd.args([
@@ -462,11 +469,10 @@ impl ProxyProcess {
         if honours {
             cmd.arg("--upstream-honours-keys");
         }
-        if crash {
-            cmd.env("IDEMKIT_CRASH_AT", "idemkit::proxy::after_forward");
-        } else {
-            cmd.env_remove("IDEMKIT_CRASH_AT");
-        }
+        match crash {
+            Some(point) => cmd.env("IDEMKIT_CRASH_AT", point),
+            None => cmd.env_remove("IDEMKIT_CRASH_AT"),
+        };
         let mut child = cmd.spawn().expect("spawn idemkit proxy");
         let stdout = child.stdout.take().unwrap();
         let (tx, lines) = std::sync::mpsc::channel();
@@ -503,6 +509,17 @@ async fn kill_after_forward(
     upstream: &str,
     honours: bool,
 ) -> (reqwest::Response, std::path::PathBuf) {
+    kill_at("idemkit::proxy::after_forward", name, upstream, honours).await
+}
+
+/// SIGKILL at failpoint `point` of a keyed request, then a retry on a
+/// restarted proxy. Returns the retry's answer and the proxy's database.
+async fn kill_at(
+    point: &str,
+    name: &str,
+    upstream: &str,
+    honours: bool,
+) -> (reqwest::Response, std::path::PathBuf) {
     let db = std::env::temp_dir().join(format!("idemkit-proxy-kill-{name}-{}.db", std::process::id()));
     let _ = std::fs::remove_file(&db);
     let http = reqwest::Client::new();
@@ -514,18 +531,18 @@ async fn kill_after_forward(
             .body(r#"{"sku":"K"}"#)
             .send()
     };
-    let mut crashing = ProxyProcess::start(upstream, &db, honours, true);
+    let mut crashing = ProxyProcess::start(upstream, &db, honours, Some(point));
     let pending = tokio::spawn(send(crashing.base.clone()));
     let lines = std::mem::replace(&mut crashing.lines, std::sync::mpsc::channel().1);
     let line = tokio::task::spawn_blocking(move || lines.recv_timeout(Duration::from_secs(30)))
         .await
         .unwrap()
         .expect("the crash point is reached");
-    assert_eq!(line, "CRASHPOINT idemkit::proxy::after_forward");
+    assert_eq!(line, format!("CRASHPOINT {point}"));
     crashing.child.kill().unwrap(); // SIGKILL
     crashing.child.wait().unwrap();
     assert!(pending.await.unwrap().is_err(), "the caller lost its answer");
-    let restarted = ProxyProcess::start(upstream, &db, honours, false);
+    let restarted = ProxyProcess::start(upstream, &db, honours, None);
     // The dead proxy's lease (500 ms) must run out before the retry may take over.
     let mut answer = send(restarted.base.clone()).await.unwrap();
     for _ in 0..50 {
@@ -583,6 +600,24 @@ async fn sigkill_between_forward_and_store_resends_the_same_key_to_a_key_honouri
     assert_eq!(honouring_upstream.effects.load(Ordering::SeqCst), 1, "one effect");
 }
 
+/// The intent is written by the claim, so a proxy killed after its claim and
+/// before the forward leaves a record the retry cannot tell from one that was
+/// forwarded: a key-ignoring upstream's request is parked, never sent at all
+/// rather than possibly twice (the price `docs/proxy.md` states).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_between_claim_and_forward_parks_rather_than_risk_a_second_send() {
+    let naive = Arc::new(Naive::default());
+    let upstream = serve(
+        Router::new()
+            .route("/orders", post(create))
+            .with_state(naive.clone()),
+    )
+    .await;
+    let (answer, _db) = kill_at("idemkit::proxy::before_forward", "unsent", &upstream, false).await;
+    assert_eq!(code(answer).await, (409, "idempotency_request_parked".into()));
+    assert_eq!(naive.posts.load(Ordering::SeqCst), 0, "nothing was ever sent");
+}
+
 /// A TCP round-robin balancer in front of `backends` (`http://host:port`):
 /// each connection goes to the next backend. Returns its base URL and the
 /// connections each backend got.
@@ -623,8 +658,8 @@ async fn two_proxies_pass_every_gate(database_url: &str, tag: &str) {
     assert_eq!(naked.code, 1, "negative control: {naked:#?}");
     let secret = fresh_secret(tag);
     let proxies = [
-        ProxyProcess::start_on(&upstream, database_url, &secret, false, false),
-        ProxyProcess::start_on(&upstream, database_url, &secret, false, false),
+        ProxyProcess::start_on(&upstream, database_url, &secret, false, None),
+        ProxyProcess::start_on(&upstream, database_url, &secret, false, None),
     ];
     let (front, counts) = balancer(proxies.iter().map(|p| p.base.clone()).collect()).await;
     let run = crate::idemkit(crate::check_args(&front, &["--json"])).await;
@@ -685,7 +720,7 @@ async fn the_proxy_process_publishes_request_outcomes() {
     .await;
     let db = std::env::temp_dir().join(format!("idemkit-proxy-metrics-{}.db", std::process::id()));
     let _ = std::fs::remove_file(&db);
-    let proxy = ProxyProcess::start(&upstream, &db, false, false);
+    let proxy = ProxyProcess::start(&upstream, &db, false, None);
     let http = reqwest::Client::new();
     for _ in 0..2 {
         let res = http

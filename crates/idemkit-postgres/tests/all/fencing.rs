@@ -104,6 +104,7 @@ async fn stopped_holder_cannot_complete_after_takeover() {
         replay_window: Duration::from_secs(3600),
         lock_wait: Duration::ZERO,
         resume: None,
+        recovery_point: None,
     };
     let ClaimOutcome::Claimed(b) = store.claim(&req).await.unwrap() else {
         panic!("B takes over")

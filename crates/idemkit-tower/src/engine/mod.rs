@@ -261,6 +261,7 @@ impl Engine {
                 _ => Duration::ZERO,
             },
             resume: req.resume,
+            recovery_point: None,
         }
     }
 
