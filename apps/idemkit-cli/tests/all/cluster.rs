@@ -3,8 +3,6 @@
 //! loopback ports and killed on drop). One cluster serves every case; each
 //! case has its own key prefix.
 
-use std::time::Duration;
-
 use crate::keys::{Db, cluster_url, exercise, release_paths, unique};
 use crate::labels::{ACME, Labels, body, post};
 use crate::redis_harness::Cluster;
@@ -78,16 +76,16 @@ async fn keys_and_labels_on_a_redis_cluster() {
         ));
         crate::labels::abandon_after_intent(&mut labels, "c-abandoned").await;
         labels.start_service(&[]);
-        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
         loop {
             let rows = crate::labels::label_rows(&labels, "c-abandoned").await;
             if rows.first().is_some_and(|r| r.status == "created") {
                 break;
             }
             assert!(std::time::Instant::now() < deadline, "not completed: {rows:?}");
-            tokio::time::sleep(Duration::from_millis(200)).await;
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
         }
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
         crate::labels::finished_without_retry(&labels, "c-abandoned").await;
     }
     drop(cluster);
