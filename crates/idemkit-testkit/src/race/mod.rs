@@ -54,6 +54,12 @@ use crate::ManualClock;
 use crate::lifecycle::REAP;
 use crate::suite::{LEASE, WINDOW, claim_req, response, scope};
 
+mod history;
+mod pause;
+
+use history::check_history;
+use pause::{Stepped, install_yield_points, resume_paused, start_step};
+
 /// A clock running a fixed time ahead of another: the application clock of an
 /// instance whose clock is skewed.
 #[derive(Debug)]
@@ -547,70 +553,6 @@ async fn run_schedule(
     Ok(trace)
 }
 
-async fn check_history(
-    h: &History,
-    target: &RaceTarget,
-    s: &Scope,
-    clock: &Arc<ManualClock>,
-) -> Result<(), String> {
-    // The first request lasts until its first completion plus the window; an
-    // attempt claimed after that is a new request under a reused key.
-    let first_done = h.completions.first().map(|(t, _)| *t);
-    let new_request_from = first_done.map(|t| t.plus(WINDOW));
-    let is_first = |claimed: Millis| new_request_from.is_none_or(|from| claimed < from);
-    let first_calls = h.calls.iter().filter(|c| is_first(**c)).count();
-    let later_calls = h.calls.len() - first_calls;
-    if first_calls > 1 || later_calls > 1 {
-        return Err(format!(
-            "{} external calls for one request (downstream ignores keys): {:?} (first completed at {first_done:?})",
-            first_calls.max(later_calls),
-            h.calls
-        ));
-    }
-    if let Some((_, first)) = h.completions.first() {
-        let first_request: Vec<_> = h
-            .completions
-            .iter()
-            .filter(|(t, r)| is_first(*t) && r != first)
-            .collect();
-        if !first_request.is_empty() {
-            return Err(format!(
-                "two completed responses for one request: {first:?} then {first_request:?}"
-            ));
-        }
-        for (at, replayed) in &h.replays {
-            if is_first(*at) && replayed != first {
-                return Err(format!("replayed {replayed:?}, not the completed {first:?}"));
-            }
-        }
-    }
-    let now = clock.now();
-    let rec = target.store.get(s).await.map_err(|e| e.to_string())?;
-    if let Some(r) = &rec
-        && r.state == RecordState::InFlight
-        && r.lease_expires_at > now
-    {
-        return Err(format!("every actor is done, yet the record is held: {r:?}"));
-    }
-    let unfinished = !h.calls.is_empty() && h.completions.is_empty();
-    if unfinished {
-        let ok = match &rec {
-            Some(r) => matches!(r.state, RecordState::InFlight | RecordState::Parked),
-            None => match target.store.review(1000).await {
-                Ok(list) => list.iter().any(|e| e.scope == *s),
-                Err(StoreError::Unsupported(_)) => false,
-                Err(e) => return Err(e.to_string()),
-            },
-        };
-        if !ok {
-            return Err(format!(
-                "a request that called out never completed and is neither resumable, parked nor listed for review: {rec:?}"
-            ));
-        }
-    }
-    Ok(())
-}
-
 /// One step of `actor`'s program, as a future that owns what it needs.
 fn step(
     actor: &Actor,
@@ -738,114 +680,4 @@ fn step(
             (role, pc) => Err(format!("{role:?} has no step at {pc:?}")),
         }
     })
-}
-
-// ---- yield points: pausing a step inside a store operation ----
-
-enum Stepped {
-    Done(StepResult),
-    Paused(Paused),
-}
-
-/// The steps the scheduler is watching, and how to wake a paused one.
-#[derive(Default)]
-struct Pauses {
-    /// Tasks whose yield points pause.
-    watched: HashSet<tokio::task::Id>,
-    /// Paused tasks and the channel that lets each go on.
-    go: HashMap<tokio::task::Id, std::sync::mpsc::Sender<()>>,
-    /// Tells the scheduler a task reached a yield point.
-    hit: Option<tokio::sync::mpsc::UnboundedSender<tokio::task::Id>>,
-}
-
-fn pauses() -> &'static Mutex<Pauses> {
-    static PAUSES: OnceLock<Mutex<Pauses>> = OnceLock::new();
-    PAUSES.get_or_init(Mutex::default)
-}
-
-fn lock_pauses() -> std::sync::MutexGuard<'static, Pauses> {
-    pauses().lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// The scheduler's end of the hit channel (one scheduler runs at a time per
-/// process: `SCHEDULER` serialises them).
-fn hits() -> &'static tokio::sync::Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<tokio::task::Id>>> {
-    static HITS: OnceLock<tokio::sync::Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<tokio::task::Id>>>> =
-        OnceLock::new();
-    HITS.get_or_init(|| {
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        lock_pauses().hit = Some(tx);
-        tokio::sync::Mutex::new(Some(rx))
-    })
-}
-
-fn install_yield_points(points: &'static [&'static str]) {
-    static INSTALLED: OnceLock<Mutex<HashSet<&'static str>>> = OnceLock::new();
-    let installed = INSTALLED.get_or_init(Mutex::default);
-    let mut installed = installed.lock().unwrap_or_else(|e| e.into_inner());
-    for point in points {
-        if installed.insert(point) {
-            let _ = hits();
-            fail::cfg_callback(*point, yield_here).expect("failpoint callback");
-        }
-    }
-}
-
-/// The failpoint callback: a watched task blocks here (its worker thread
-/// parked) until the scheduler lets it go on; any other task passes.
-fn yield_here() {
-    let Some(id) = tokio::task::try_id() else { return };
-    let rx = {
-        let mut p = lock_pauses();
-        if !p.watched.contains(&id) {
-            return;
-        }
-        let (tx, rx) = std::sync::mpsc::channel();
-        p.go.insert(id, tx);
-        if let Some(hit) = &p.hit {
-            let _ = hit.send(id);
-        }
-        rx
-    };
-    // Parked without starving the tasks queued on this worker (tokio hands
-    // them to another thread): a parked step must not stall the others.
-    tokio::task::block_in_place(|| rx.recv()).ok();
-}
-
-async fn start_step(fut: Pin<Box<dyn Future<Output = StepResult> + Send>>) -> Stepped {
-    let (gate_tx, gate_rx) = tokio::sync::oneshot::channel::<()>();
-    let handle = tokio::spawn(async move {
-        let _ = gate_rx.await;
-        fut.await
-    });
-    let id = handle.id();
-    lock_pauses().watched.insert(id);
-    let _ = gate_tx.send(());
-    wait(Paused { handle, id }).await
-}
-
-async fn resume_paused(paused: Paused) -> Stepped {
-    if let Some(go) = lock_pauses().go.remove(&paused.id) {
-        let _ = go.send(());
-    }
-    wait(paused).await
-}
-
-/// Waits until the step ends or pauses at a yield point.
-async fn wait(mut paused: Paused) -> Stepped {
-    let mut hits = hits().lock().await;
-    let rx = hits.as_mut().expect("hit channel");
-    loop {
-        tokio::select! {
-            done = &mut paused.handle => {
-                lock_pauses().watched.remove(&paused.id);
-                return Stepped::Done(done.unwrap_or_else(|e| Err(format!("step panicked: {e}"))));
-            }
-            Some(id) = rx.recv() => {
-                if id == paused.id {
-                    return Stepped::Paused(paused);
-                }
-            }
-        }
-    }
 }
