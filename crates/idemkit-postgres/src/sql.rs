@@ -118,8 +118,9 @@ pub(crate) fn begin_with_lock_timeout(ms: u128) -> String {
     format!("BEGIN; SET LOCAL lock_timeout = {ms}")
 }
 
-/// The claim: inserts the in-flight row at recovery point `$11` (unless `$10`, a resume), or returns
-/// the existing record with the store's clock, in one statement. Columns: the
+/// The claim: inserts the in-flight row at recovery point `$11` (unless `$10`,
+/// a resume), or returns the existing record with the store's clock, in one
+/// statement. Columns: the
 /// new token and lease (NULL when nothing was inserted), the store's clock, then
 /// the existing record from column 3 (NULL columns when a row was inserted, or
 /// when the conflicting row was committed after this statement's snapshot).

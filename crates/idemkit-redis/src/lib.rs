@@ -546,21 +546,32 @@ mod tests {
     use super::*;
     use idemkit_core::{Account, IdempotencyKey, StoredResponse};
 
-    /// A reply lost on the way back makes the client send the same command
-    /// again; the second delivery must answer like the first.
-    #[tokio::test]
-    async fn redelivered_claims_and_writes_answer_like_the_first_delivery() {
+    /// A store on the test server under a fresh prefix; `None` (with a notice)
+    /// when `IDEMKIT_TEST_REDIS_URL` is unset, a failure under `CI`.
+    async fn test_store() -> Option<RedisStore> {
         let url = match std::env::var("IDEMKIT_TEST_REDIS_URL") {
             Ok(url) => url,
             Err(_) if std::env::var_os("CI").is_some() => {
                 panic!("IDEMKIT_TEST_REDIS_URL is not set under CI")
             }
-            Err(_) => return eprintln!("notice: IDEMKIT_TEST_REDIS_URL is not set; skipping"),
+            Err(_) => {
+                eprintln!("notice: IDEMKIT_TEST_REDIS_URL is not set; skipping");
+                return None;
+            }
         };
         let prefix = format!("idemkit-unit:{}:{}", std::process::id(), WriteIds::new().next());
-        let store = RedisStore::connect(RedisConfig::new(url).with_prefix(prefix))
-            .await
-            .unwrap();
+        Some(
+            RedisStore::connect(RedisConfig::new(url).with_prefix(prefix))
+                .await
+                .unwrap(),
+        )
+    }
+
+    /// A reply lost on the way back makes the client send the same command
+    /// again; the second delivery must answer like the first.
+    #[tokio::test]
+    async fn redelivered_claims_and_writes_answer_like_the_first_delivery() {
+        let Some(store) = test_store().await else { return };
         let scope = Scope::new(Account::new("a"), IdempotencyKey::parse("k").unwrap());
         let req = idemkit_testkit::suite::claim_req(&scope, "{}");
         let first = store.claim_as(&req, "attempt-1").await.unwrap();
@@ -612,17 +623,7 @@ mod tests {
     /// point the claim itself wrote), the record's point for a takeover.
     #[tokio::test]
     async fn redelivered_claims_resume_like_the_first_delivery() {
-        let url = match std::env::var("IDEMKIT_TEST_REDIS_URL") {
-            Ok(url) => url,
-            Err(_) if std::env::var_os("CI").is_some() => {
-                panic!("IDEMKIT_TEST_REDIS_URL is not set under CI")
-            }
-            Err(_) => return eprintln!("notice: IDEMKIT_TEST_REDIS_URL is not set; skipping"),
-        };
-        let prefix = format!("idemkit-unit:{}:{}", std::process::id(), WriteIds::new().next());
-        let store = RedisStore::connect(RedisConfig::new(url).with_prefix(prefix))
-            .await
-            .unwrap();
+        let Some(store) = test_store().await else { return };
         let scope = Scope::new(Account::new("a"), IdempotencyKey::parse("starts-at").unwrap());
         let req = ClaimRequest {
             lease: Duration::from_millis(100),

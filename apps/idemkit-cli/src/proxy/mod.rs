@@ -15,10 +15,9 @@
 //! - The key is validated as the layer does; the claim is a lease-mode engine
 //!   claim (fenced) that writes the intent (`recovery_point = "forwarded"`) with
 //!   the record, before the request is forwarded with the caller's own key
-//!   header; the
-//!   upstream's answer is stored or released by the route policy
-//!   (`Disposition::of`), with only the policy's allowlisted headers kept; replays
-//!   carry `Idempotent-Replayed: true`.
+//!   header; the upstream's answer is stored or released by the route policy
+//!   (`Disposition::of`), with only the policy's allowlisted headers kept;
+//!   replays carry `Idempotent-Replayed: true`.
 //! - A record found with an intent and no answer (the proxy died, or the upstream
 //!   timed out, after forwarding) is re-sent with the same key only when the
 //!   upstream is declared key-honouring (`--upstream-honours-keys`); otherwise it
