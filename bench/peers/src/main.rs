@@ -22,6 +22,7 @@
 //! Only ratios between setups measured in the same round are meaningful.
 //!
 //! `IDEMKIT_BENCH_REQUESTS`: requests per setup per round (default 3000).
+//! `IDEMKIT_BENCH_ONLY`: run only the setups whose name contains it (e.g. `PostgreSQL`).
 //! `IDEMKIT_TEST_POSTGRES_URL`: adds the PostgreSQL pair (fresh schemas, dropped at the end).
 
 use std::future::Future;
@@ -342,6 +343,13 @@ async fn run(server: Handle) {
     .await;
     sessions_for(&mut ai).await;
     setups.push(ai);
+
+    // `IDEMKIT_BENCH_ONLY=PostgreSQL` keeps the setups whose name contains it
+    // (a family's bare setup included), for a quicker look at one store.
+    if let Some(only) = std::env::var("IDEMKIT_BENCH_ONLY").ok().filter(|o| !o.is_empty()) {
+        setups.retain(|s| s.name.contains(&only));
+        assert!(!setups.is_empty(), "IDEMKIT_BENCH_ONLY={only} matches no setup");
+    }
 
     // Warm every setup (connection pools, allocator, page cache), replays included.
     for s in &setups {

@@ -1,23 +1,54 @@
-//! The claim algorithm on PostgreSQL, one algorithm for both modes. One
-//! statement inserts the in-flight row or returns the existing record with the
-//! store's clock; the decision on an existing record is shared by every store
+//! The claim algorithm on PostgreSQL. Lease mode: one autocommitted statement
+//! inserts the in-flight row or returns the existing record with the store's
+//! clock. Single-step mode, inside the handler's transaction: one statement
+//! takes the key's advisory lock (whose wait the transaction's `lock_timeout`
+//! bounds) and reads the record; a key read absent is written with the
+//! `COMMIT`. Both decide on an existing record as every store does
 //! (`Resolution::of`); a takeover or window reuse is a compare-and-swap on the
-//! record exactly as read (token, state and lease), on a fresh token. Lease mode
-//! runs it autocommitted; single-step mode inside the handler's transaction,
-//! whose `lock_timeout` bounds the wait on a concurrent uncommitted claim.
-
-use std::time::Duration;
+//! record exactly as read (token, state and lease), on a fresh token.
 
 use idemkit_core::{
-    ClaimOutcome, ClaimRequest, FencingToken, Lease, Millis, Record, Resolution, Scope, StoredHeader,
+    ClaimOutcome, ClaimRequest, FencingToken, Lease, Millis, Record, Resolution, Scope, StoreError,
+    StoredHeader,
 };
-use sqlx::{AssertSqlSafe, PgConnection, Postgres, Row};
+use sha2::{Digest, Sha256};
+use sqlx::pool::PoolConnection;
+
+use sqlx::postgres::PgTransactionManager;
+use sqlx::{AssertSqlSafe, PgConnection, Postgres, Row, SqlSafeStr};
+use sqlx_core::transaction::TransactionManager;
 
 use crate::PgStore;
 use crate::decode::decode_at;
-use crate::error::corrupt;
+use crate::error::{corrupt, is_lock_timeout};
 use crate::retry::Retry;
 use crate::sql::{self, lease_ms};
+
+/// The key's advisory lock for single-step claims: the first 8 bytes of
+/// SHA-256 over the account's length, the account and the key. Every instance
+/// sharing a store must compute the same value for a key, so this function is
+/// part of the store's format: changing it would let instances of two versions
+/// run one key at once during an upgrade. A collision between two keys only
+/// makes one wait for the other.
+pub(crate) fn lock_id(scope: &Scope) -> i64 {
+    let account = scope.account.as_str().as_bytes();
+    let mut h = Sha256::new();
+    h.update((account.len() as u64).to_be_bytes());
+    h.update(account);
+    h.update(scope.key.as_str().as_bytes());
+    let digest = h.finalize();
+    i64::from_be_bytes(digest[..8].try_into().expect("8 bytes"))
+}
+
+/// What a single-step claim found, holding the key's advisory lock.
+pub(crate) enum SingleStep {
+    /// The key is absent: the record is written, completed, at commit, on `token`.
+    Absent { token: FencingToken, now: Millis },
+    /// A record was taken over or reused (moved, uncommitted, in this transaction).
+    Moved(Lease),
+    /// Nothing to run: a replay, a conflict, in progress, stale.
+    Settled(ClaimOutcome),
+}
 
 impl PgStore {
     /// Reads the record and the store's clock in one statement.
@@ -45,40 +76,52 @@ impl PgStore {
         Ok((now, existing))
     }
 
-    /// Begins a transaction whose `lock_timeout` bounds the wait on a concurrent
-    /// claim: the configured reject timeout, or the request's own wait.
-    pub(crate) async fn begin_claim(
+    /// Opens a single-step claim's transaction holding the key's advisory lock
+    /// ([`lock_id`]), in one round trip. The wait for a concurrent holder is
+    /// bounded by the configured reject timeout, or by the request's own wait:
+    /// `None` when it ran out (the aborted transaction is rolled back).
+    pub(crate) async fn begin_single_step(
         &self,
-        lock_wait: Duration,
-    ) -> Result<sqlx::Transaction<'static, Postgres>, Retry> {
-        let ms = if lock_wait.is_zero() {
+        req: &ClaimRequest,
+    ) -> Result<Option<PoolConnection<Postgres>>, Retry> {
+        let ms = if req.lock_wait.is_zero() {
             self.config.reject_lock_timeout
         } else {
-            lock_wait
+            req.lock_wait
         }
         .as_millis()
         .max(1);
-        // One round trip: the simple-query protocol runs both statements.
-        let begin = AssertSqlSafe(sql::begin_with_lock_timeout(ms));
-        self.pool.begin_with(begin).await.map_err(Retry::from)
+        let mut conn = self.pool.acquire().await.map_err(Retry::from)?;
+        let begin = AssertSqlSafe(sql::begin_locked(ms, lock_id(&req.scope))).into_sql_str();
+        match PgTransactionManager::begin(&mut conn, Some(begin)).await {
+            Ok(()) => Ok(Some(conn)),
+            Err(e) if is_lock_timeout(&e) => {
+                // The transaction began and its lock wait failed: it is aborted,
+                // and sqlx does not count it (its depth is still 0).
+                sqlx::raw_sql("ROLLBACK")
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(Retry::from)?;
+                Ok(None)
+            }
+            Err(e) => {
+                // Whatever state the connection is in, it does not go back to the pool.
+                conn.close_on_drop();
+                Err(Retry::from(e))
+            }
+        }
     }
 
-    /// Claims on `conn`: autocommitted (lease mode), or inside the handler's
-    /// transaction (`in_tx`, single-step mode: the inserted row stays invisible
-    /// and locked until that transaction commits, and the claim's short
-    /// `lock_timeout` is lifted for the handler's own statements in the same
-    /// statement). One round trip when the key is absent or settled (replay,
-    /// in progress, mismatch); a takeover or window reuse adds the
-    /// compare-and-swap.
+    /// The lease-mode claim, autocommitted on `conn`. One round trip when the
+    /// key is absent or settled (replay, in progress, mismatch); a takeover or
+    /// window reuse adds the compare-and-swap.
     pub(crate) async fn claim_on(
         &self,
         conn: &mut PgConnection,
         req: &ClaimRequest,
-        in_tx: bool,
     ) -> Result<ClaimOutcome, Retry> {
         let headers = StoredHeader::encode_list(&req.request.headers)?;
-        let statement = if in_tx { &*sql::CLAIM_IN_TX } else { &*sql::CLAIM };
-        let row = sqlx::query(AssertSqlSafe(statement.as_str()))
+        let row = sqlx::query(AssertSqlSafe(sql::CLAIM.as_str()))
             .bind(req.scope.account.as_str())
             .bind(req.scope.key.as_str())
             .bind(&req.fingerprint.as_bytes()[..])
@@ -120,13 +163,56 @@ impl PgStore {
             Resolution::Settled(outcome) => return Ok(outcome),
         };
         fail::fail_point!("idemkit_postgres::claim::before_move");
-        match self
-            .move_claim(&mut *conn, req, &existing, now, takeover, in_tx)
-            .await?
-        {
+        match self.move_claim(&mut *conn, req, &existing, now, takeover).await? {
             Some(lease) => Ok(ClaimOutcome::Claimed(lease)),
             // The record changed since it was read (completed by a lapsed holder,
             // heartbeaten, moved by another attempt): decide again on its new state.
+            None => Err(Retry::Transient(sqlx::Error::RowNotFound)),
+        }
+    }
+
+    /// The single-step claim, on a transaction opened by
+    /// [`Self::begin_single_step`] (which holds the key's advisory lock): one
+    /// read of the record. A key read absent is not written now: the record is
+    /// inserted, completed, with the `COMMIT` ([`SingleStep::Absent`]). A
+    /// record that can be taken over or reused is moved in this transaction as
+    /// in lease mode.
+    pub(crate) async fn claim_single_step(
+        &self,
+        conn: &mut PgConnection,
+        req: &ClaimRequest,
+    ) -> Result<SingleStep, Retry> {
+        let row = sqlx::query(AssertSqlSafe(sql::CLAIM_SINGLE_STEP.as_str()))
+            .bind(req.scope.account.as_str())
+            .bind(req.scope.key.as_str())
+            .bind(self.test_now())
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(Retry::from)?;
+        let now = Millis(row.try_get(0).map_err(corrupt)?);
+        if row.try_get::<Option<String>, _>(2).map_err(corrupt)?.is_none() {
+            if req.resume.is_some() {
+                // A resume never inserts: a record that is gone is stale.
+                return Ok(SingleStep::Settled(ClaimOutcome::Stale));
+            }
+            let token = row
+                .try_get::<Option<i64>, _>(1)
+                .map_err(corrupt)?
+                .ok_or_else(|| Retry::Fatal(StoreError::Corrupt("no token for an absent key".into())))?;
+            return Ok(SingleStep::Absent {
+                token: FencingToken(token),
+                now,
+            });
+        }
+        let existing = decode_at(&row, 2)?;
+        let takeover = match Resolution::of(&existing, req, now)? {
+            Resolution::Move { takeover } => takeover,
+            Resolution::Settled(outcome) => return Ok(SingleStep::Settled(outcome)),
+        };
+        // Lease-mode actors (a heartbeat, the completer, the reaper) take no
+        // advisory lock: the move is a compare-and-swap on the record as read.
+        match self.move_claim(&mut *conn, req, &existing, now, takeover).await? {
+            Some(lease) => Ok(SingleStep::Moved(lease)),
             None => Err(Retry::Transient(sqlx::Error::RowNotFound)),
         }
     }
@@ -135,9 +221,7 @@ impl PgStore {
     /// keeps its progress and generation, window reuse starts clean. It succeeds
     /// only if the record is still exactly as `seen` (token, state and lease): a
     /// record that completed, was heartbeaten, parked, released or moved in
-    /// between is never reopened (SPEC §3). `None` when it changed. With
-    /// `lift_lock_timeout`, the single-step claim's short `lock_timeout` is lifted
-    /// for the handler's own statements in the same round trip.
+    /// between is never reopened (SPEC §3). `None` when it changed.
     async fn move_claim(
         &self,
         conn: &mut PgConnection,
@@ -145,7 +229,6 @@ impl PgStore {
         seen: &Record,
         now: Millis,
         takeover: bool,
-        lift_lock_timeout: bool,
     ) -> Result<Option<Lease>, Retry> {
         let expires = now.plus(req.lease);
         let moved = sqlx::query(AssertSqlSafe(sql::MOVE.as_str()))
@@ -162,7 +245,6 @@ impl PgStore {
             .bind(seen.fencing_token.0)
             .bind(seen.state.as_str())
             .bind(seen.lease_expires_at.0)
-            .bind(lift_lock_timeout)
             .bind(req.recovery_point.as_deref())
             .fetch_optional(conn)
             .await

@@ -70,13 +70,13 @@ pub fn claim_and_complete_sql() -> (String, String) {
 
 /// The single-step claim's statements as `TransactionalStore::claim_in_tx`
 /// sends them: the transaction's opening (with a `lock_timeout` of
-/// `lock_timeout_ms`) and the claim (parameters as in
-/// [`claim_and_complete_sql`]'s claim), for `benches/pgbench.rs`.
+/// `lock_timeout_ms`, holding advisory lock `lock`) and the claim's read
+/// (account `$1`, key `$2`, test clock `$3`), for `benches/pgbench.rs`.
 #[doc(hidden)]
-pub fn single_step_claim_sql(lock_timeout_ms: u128) -> (String, String) {
+pub fn single_step_claim_sql(lock_timeout_ms: u128, lock: i64) -> (String, String) {
     (
-        sql::begin_with_lock_timeout(lock_timeout_ms),
-        sql::CLAIM_IN_TX.clone(),
+        sql::begin_locked(lock_timeout_ms, lock),
+        sql::CLAIM_SINGLE_STEP.clone(),
     )
 }
 

@@ -6,7 +6,7 @@
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use idemkit_core::{FencingToken, PhaseUpdate, Scope};
+use idemkit_core::{FencingToken, PhaseUpdate, Scope, StoredRequest};
 use sqlx::Postgres;
 
 use crate::{CHANNEL, PgConfig};
@@ -112,26 +112,13 @@ pub(crate) const APPLIED_MIGRATIONS: &str = "SELECT version FROM _sqlx_migration
 
 // Claims.
 
-/// Opens a claim's transaction with its `lock_timeout` (ms), in one round
-/// trip: the simple-query protocol runs both statements.
-pub(crate) fn begin_with_lock_timeout(ms: u128) -> String {
-    format!("BEGIN; SET LOCAL lock_timeout = {ms}")
-}
-
-/// The claim: inserts the in-flight row at recovery point `$11` (unless `$10`,
-/// a resume), or returns the existing record with the store's clock, in one
-/// statement. Columns: the
-/// new token and lease (NULL when nothing was inserted), the store's clock, then
-/// the existing record from column 3 (NULL columns when a row was inserted, or
-/// when the conflicting row was committed after this statement's snapshot).
-fn claim(lift_lock_timeout: bool) -> String {
-    // Only when the row was inserted: lifts the claim's short lock_timeout for
-    // the handler's own statements, at no extra round trip.
-    let lift = if lift_lock_timeout {
-        ", (SELECT set_config('lock_timeout', '0', true) FROM ins)"
-    } else {
-        ""
-    };
+/// The lease-mode claim, autocommitted: inserts the in-flight row at recovery
+/// point `$11` (unless `$10`, a resume), or returns the existing record with the
+/// store's clock, in one statement. Columns: the new token and lease (NULL when
+/// nothing was inserted), the store's clock, then the existing record from
+/// column 3 (NULL columns when a row was inserted, or when the conflicting row
+/// was committed after this statement's snapshot).
+pub(crate) static CLAIM: LazyLock<String> = LazyLock::new(|| {
     format!(
         "WITH now AS (SELECT {} AS ms), \
          ins AS (INSERT INTO idemkit_keys (account, idem_key, fingerprint, state, created_at, \
@@ -140,38 +127,54 @@ fn claim(lift_lock_timeout: bool) -> String {
          WHERE NOT $10 \
          ON CONFLICT (account, idem_key) DO NOTHING RETURNING fencing_token, lease_expires_at) \
          SELECT (SELECT fencing_token FROM ins), (SELECT lease_expires_at FROM ins), \
-         (SELECT ms FROM now), k.*{lift} FROM (SELECT 1) AS one \
+         (SELECT ms FROM now), k.* FROM (SELECT 1) AS one \
          LEFT JOIN ({SELECT_RECORD}) AS k ON NOT EXISTS (SELECT 1 FROM ins)",
         now_sql(4)
     )
+});
+
+/// Opens a single-step claim's transaction holding the key's advisory lock
+/// (`lock`, see `PgStore::lock_id`), in one round trip: the simple-query
+/// protocol runs the statements in order, and skips the rest after an error.
+/// The wait for the lock is bounded by `lock_timeout` (`ms`), lifted for the
+/// handler's own statements once the lock is held.
+pub(crate) fn begin_locked(ms: u128, lock: i64) -> String {
+    format!(
+        "BEGIN; SET LOCAL lock_timeout = {ms}; SELECT pg_advisory_xact_lock({lock}); \
+         SET LOCAL lock_timeout = 0"
+    )
 }
 
-/// The lease-mode claim, autocommitted.
-pub(crate) static CLAIM: LazyLock<String> = LazyLock::new(|| claim(false));
-
-/// The single-step claim, in the handler's transaction.
-pub(crate) static CLAIM_IN_TX: LazyLock<String> = LazyLock::new(|| claim(true));
+/// The single-step claim's read, holding the key's advisory lock (so its
+/// snapshot includes whatever the lock's previous holder committed): the
+/// store's clock (test clock at `$3`), a fresh token when the key is absent,
+/// then the record from column 2 (NULL columns when absent).
+pub(crate) static CLAIM_SINGLE_STEP: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT {}, CASE WHEN k.account IS NULL THEN {NEXT_TOKEN} END, k.* \
+         FROM (SELECT 1) AS one LEFT JOIN ({SELECT_RECORD}) AS k ON true",
+        now_sql(3)
+    )
+});
 
 /// Compare-and-swap of a record to a new holder on a fresh token, only if it is
 /// still exactly as seen (token `$11`, state `$12`, lease `$13`). Takeover
 /// (`$4`) keeps progress (a record without a recovery point takes the claim's
-/// `$15`, and returns it); reuse starts at `$15`; `$14` lifts the claim's
-/// `lock_timeout`.
+/// `$14`, and returns it); reuse starts at `$14`.
 pub(crate) static MOVE: LazyLock<String> = LazyLock::new(|| {
     format!(
         "UPDATE idemkit_keys SET fencing_token = {NEXT_TOKEN}, lease_expires_at = $3, \
          state = 'in_flight', \
          fingerprint = CASE WHEN $4 THEN fingerprint ELSE $5 END, \
          created_at = CASE WHEN $4 THEN created_at ELSE $6 END, completed_at = NULL, \
-         recovery_point = CASE WHEN $4 THEN COALESCE(recovery_point, $15) ELSE $15 END, \
+         recovery_point = CASE WHEN $4 THEN COALESCE(recovery_point, $14) ELSE $14 END, \
          step_outputs = CASE WHEN $4 THEN step_outputs ELSE '{{}}' END, \
          req_method = $7, req_path = $8, req_headers = $9, req_body = $10, \
          resp_status = NULL, resp_headers = NULL, resp_body = NULL, \
          last_error = CASE WHEN $4 THEN last_error END \
          WHERE account = $1 AND idem_key = $2 AND fencing_token = $11 AND state = $12 \
          AND lease_expires_at = $13 \
-         RETURNING fencing_token, recovery_point, \
-         CASE WHEN $14 THEN set_config('lock_timeout', '0', true) END"
+         RETURNING fencing_token, recovery_point"
     )
 });
 
@@ -186,18 +189,48 @@ pub(crate) static COMPLETE: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
-/// SQL literals for the one statement sent without bind parameters: a
-/// single-step request's completion, fused with its `COMMIT` (the
-/// simple-query protocol runs several statements in one round trip, but binds
-/// nothing). Every value is a number or hex digits decoded by the server, so no
-/// input can escape its literal whatever the server's string settings.
+/// SQL literals for the statements sent without bind parameters: a
+/// single-step request's completion, fused with its `COMMIT` (the simple-query
+/// protocol runs several statements in one round trip, but binds nothing).
+/// Both kinds are escape strings (`E'…'`), which the server reads the same way
+/// whatever `standard_conforming_strings` says: text with its quotes doubled,
+/// its backslashes doubled and every ASCII control character as a `\x` escape;
+/// bytes as `\x` and hex digits for `bytea`'s input. So no input can end its
+/// literal, and the server parses constants, not function calls.
 mod literal {
+    use std::fmt::Write;
+
     pub(super) fn bytes(b: &[u8]) -> String {
-        format!("decode('{}', 'hex')", hex::encode(b))
+        format!(r"E'\\x{}'", hex::encode(b))
     }
 
     pub(super) fn text(s: &str) -> String {
-        format!("convert_from({}, 'UTF8')", bytes(s.as_bytes()))
+        let mut out = String::with_capacity(s.len() + 3);
+        out.push_str("E'");
+        for c in s.chars() {
+            match c {
+                '\'' => out.push_str("''"),
+                '\\' => out.push_str(r"\\"),
+                c if c.is_ascii_control() => {
+                    let _ = write!(out, r"\x{:02x}", u32::from(c));
+                }
+                c => out.push(c),
+            }
+        }
+        out.push('\'');
+        out
+    }
+
+    #[cfg(test)]
+    mod tests {
+        #[test]
+        fn literals_escape_what_would_end_them() {
+            assert_eq!(
+                super::text("a'b\\c\n\u{e9}"),
+                r"E'a''b\\c\x0a".to_owned() + "\u{e9}'"
+            );
+            assert_eq!(super::bytes(&[0, 0x27, 0xff]), r"E'\\x0027ff'");
+        }
     }
 }
 
@@ -221,6 +254,57 @@ pub(crate) fn complete_and_commit(
     format!(
         "SELECT {schema}.idemkit_complete_single_step({account}::text, {key}::text, {token}::bigint, \
          {now}::bigint, {status}::integer, {headers}::text, {body}::bytea); COMMIT; BEGIN",
+        account = literal::text(scope.account.as_str()),
+        key = literal::text(scope.key.as_str()),
+        token = token.0,
+        now = test_now.map_or_else(|| "NULL".to_owned(), |ms| ms.to_string()),
+        headers = literal::text(headers),
+        body = literal::bytes(body),
+    )
+}
+
+/// The request half of a single-step record, as SQL literals (see
+/// [`insert_and_commit`]): built when the claim reads the key absent, so the
+/// request is not kept twice until the completion.
+pub(crate) fn request_literals(
+    fingerprint: &[u8],
+    recovery_point: Option<&str>,
+    request: &StoredRequest,
+    headers: &str,
+) -> String {
+    format!(
+        "{fingerprint}::bytea, {recovery}::text, {method}::text, {path}::text, {headers}::text, {body}::bytea",
+        fingerprint = literal::bytes(fingerprint),
+        recovery = recovery_point.map_or_else(|| "NULL".to_owned(), literal::text),
+        method = literal::text(&request.method),
+        path = literal::text(&request.path),
+        headers = literal::text(headers),
+        body = literal::bytes(&request.body),
+    )
+}
+
+/// A single-step record written once, completed, and its transaction's
+/// `COMMIT`, in one round trip, through `idemkit_insert_single_step` (see its
+/// migration: it refuses, aborting the transaction before the `COMMIT`, when
+/// the key's row appeared since the claim). `request` is [`request_literals`];
+/// the trailing `BEGIN` is [`complete_and_commit`]'s.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn insert_and_commit(
+    schema: &str,
+    scope: &Scope,
+    token: FencingToken,
+    test_now: Option<i64>,
+    created_at: i64,
+    lease_expires_at: i64,
+    request: &str,
+    status: u16,
+    headers: &str,
+    body: &[u8],
+) -> String {
+    format!(
+        "SELECT {schema}.idemkit_insert_single_step({account}::text, {key}::text, {token}::bigint, \
+         {now}::bigint, {created_at}::bigint, {lease_expires_at}::bigint, {request}, {status}::integer, \
+         {headers}::text, {body}::bytea); COMMIT; BEGIN",
         account = literal::text(scope.account.as_str()),
         key = literal::text(scope.key.as_str()),
         token = token.0,

@@ -101,7 +101,7 @@ impl KeyStore for PgStore {
     async fn claim(&self, req: &ClaimRequest) -> StoreResult<ClaimOutcome> {
         self.retrying(|| async {
             let mut conn = self.pool.acquire().await.map_err(Retry::from)?;
-            self.claim_on(&mut conn, req, false).await
+            self.claim_on(&mut conn, req).await
         })
         .await
     }

@@ -5,13 +5,19 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use idemkit_core::{
-    ClaimOutcome, ClaimRequest, FencingToken, PhaseUpdate, Scope, StoreError, StoreResult, StoredHeader,
-    StoredResponse, TransactionalStore, TxClaim,
+    ClaimOutcome, ClaimRequest, FencingToken, Lease, Millis, PhaseUpdate, Scope, StoreError, StoreResult,
+    StoredHeader, StoredResponse, TransactionalStore, TxClaim,
 };
+use sqlx::pool::PoolConnection;
+
+use sqlx::postgres::PgTransactionManager;
 use sqlx::{AssertSqlSafe, PgConnection, Postgres};
+// sqlx does not re-export the trait that counts a connection's transactions.
+use sqlx_core::transaction::TransactionManager;
 
 use crate::PgStore;
-use crate::error::{is_lock_timeout, map_err, sqlstate};
+use crate::claim::SingleStep;
+use crate::error::{map_err, sqlstate};
 use crate::retry::Retry;
 use crate::sql::{self, advance_query};
 
@@ -19,28 +25,58 @@ use crate::sql::{self, advance_query};
 /// dereferences to the connection, so `&mut **tx` through the layer's `Tx`
 /// extractor is an sqlx executor. Dropping it rolls back.
 pub struct PgTx {
-    tx: sqlx::Transaction<'static, Postgres>,
-    /// Holds an uncommitted single-step claim (nobody can be waiting on it).
-    single_step: bool,
+    /// Inside a transaction that sqlx counts (its depth is 1 while open), so a
+    /// handler's nested `begin` is a savepoint.
+    conn: PoolConnection<Postgres>,
+    holds: Holds,
+}
+
+/// What a [`PgTx`] holds besides the caller's writes.
+enum Holds {
+    /// A phase transaction ([`TransactionalStore::begin_fenced`]).
+    Phase,
+    /// A single-step claim that moved an existing record (takeover, reuse):
+    /// completed by an update riding with the `COMMIT`.
+    MovedClaim,
+    /// A single-step claim of an absent key, holding its advisory lock: the
+    /// record is inserted, completed, with the `COMMIT`.
+    Pending(Box<PendingInsert>),
+}
+
+/// The claim half of a single-step record not yet written.
+struct PendingInsert {
+    token: FencingToken,
+    created_at: Millis,
+    lease_expires_at: Millis,
+    /// The request's columns as SQL literals (`sql::request_literals`).
+    request: String,
 }
 
 impl PgTx {
     /// Commits the transaction.
-    pub async fn commit(self) -> Result<(), sqlx::Error> {
-        self.tx.commit().await
+    pub async fn commit(mut self) -> Result<(), sqlx::Error> {
+        PgTransactionManager::commit(&mut self.conn).await
+    }
+}
+
+impl Drop for PgTx {
+    /// Rolls back a transaction still open: the `ROLLBACK` is queued and rides
+    /// on the connection's next round trip (the pool's release check).
+    fn drop(&mut self) {
+        PgTransactionManager::start_rollback(&mut self.conn);
     }
 }
 
 impl Deref for PgTx {
     type Target = PgConnection;
     fn deref(&self) -> &PgConnection {
-        &self.tx
+        &self.conn
     }
 }
 
 impl DerefMut for PgTx {
     fn deref_mut(&mut self) -> &mut PgConnection {
-        &mut self.tx
+        &mut self.conn
     }
 }
 
@@ -54,40 +90,76 @@ impl std::fmt::Debug for PgTx {
 impl TransactionalStore for PgStore {
     type Tx = PgTx;
 
-    /// The claim runs inside the transaction it returns: begin (with the
-    /// claim's `lock_timeout`), then one statement that inserts the in-flight row
-    /// or reads the existing record. A replay, conflict or in-progress answer
-    /// drops the transaction (its rollback rides on the connection's release).
+    /// The claim runs inside the transaction it returns: begin holding the
+    /// key's advisory lock (a holder that does not commit within the claim's
+    /// `lock_timeout` makes the answer "in progress"), then one statement that
+    /// reads the record. A key read absent is written, completed, with the
+    /// `COMMIT`. A replay, conflict or in-progress answer drops the transaction
+    /// (its rollback, which releases the lock, rides on the connection's
+    /// release).
     async fn claim_in_tx(&self, req: &ClaimRequest) -> StoreResult<TxClaim<PgTx>> {
         self.retrying(|| async {
-            let mut tx = self.begin_claim(req.lock_wait).await?;
-            match self.claim_on(&mut tx, req, true).await {
-                Ok(ClaimOutcome::Claimed(lease)) => Ok(TxClaim::Claimed {
-                    tx: PgTx {
-                        tx,
-                        single_step: true,
-                    },
-                    lease,
-                }),
-                Ok(outcome) => Ok(TxClaim::Other(outcome)),
-                Err(Retry::Fatal(StoreError::Unavailable(e))) if is_lock_timeout(&*e) => {
-                    // The holder's claim is still uncommitted after the allowed wait.
-                    Ok(TxClaim::Other(ClaimOutcome::InProgress {
-                        retry_after: Duration::from_secs(1),
-                    }))
+            let Some(conn) = self.begin_single_step(req).await? else {
+                // The key's holder has not committed within the allowed wait.
+                return Ok(TxClaim::Other(ClaimOutcome::InProgress {
+                    retry_after: Duration::from_secs(1),
+                }));
+            };
+            // Rolled back when dropped, whatever happens below.
+            let mut tx = PgTx {
+                conn,
+                holds: Holds::Phase,
+            };
+            let (holds, lease) = match self.claim_single_step(&mut tx, req).await {
+                Ok(SingleStep::Absent { token, now }) => {
+                    let lease = Lease {
+                        token,
+                        expires_at: now.plus(req.lease),
+                        resumed_from: None,
+                    };
+                    let request = sql::request_literals(
+                        &req.fingerprint.as_bytes()[..],
+                        req.recovery_point.as_deref(),
+                        &req.request,
+                        &StoredHeader::encode_list(&req.request.headers)?,
+                    );
+                    let pending = PendingInsert {
+                        token,
+                        created_at: now,
+                        lease_expires_at: lease.expires_at,
+                        request,
+                    };
+                    (Holds::Pending(Box::new(pending)), lease)
                 }
-                Err(e) => Err(e),
-            }
+                Ok(SingleStep::Moved(lease)) => (Holds::MovedClaim, lease),
+                Ok(SingleStep::Settled(outcome)) => return Ok(TxClaim::Other(outcome)),
+                Err(e) => return Err(e),
+            };
+            tx.holds = holds;
+            Ok(TxClaim::Claimed { tx, lease })
         })
         .await
     }
 
     async fn commit(&self, tx: PgTx) -> StoreResult<()> {
+        if matches!(tx.holds, Holds::Pending(_)) {
+            // A single-step claim of an absent key is written when it completes.
+            return Err(StoreError::Unsupported(
+                "committing a single-step claim without completing it",
+            ));
+        }
         tx.commit().await.map_err(map_err)
     }
 
     async fn begin_fenced(&self, scope: &Scope, token: FencingToken) -> StoreResult<PgTx> {
-        let mut tx = self.pool.begin().await.map_err(map_err)?;
+        let mut conn = self.pool.acquire().await.map_err(map_err)?;
+        PgTransactionManager::begin(&mut conn, None)
+            .await
+            .map_err(map_err)?;
+        let mut tx = PgTx {
+            conn,
+            holds: Holds::Phase,
+        };
         let held = sqlx::query(sql::HELD)
             .bind(scope.account.as_str())
             .bind(scope.key.as_str())
@@ -98,17 +170,15 @@ impl TransactionalStore for PgStore {
         if held.is_none() {
             return Err(StoreError::Fenced);
         }
-        Ok(PgTx {
-            tx,
-            single_step: false,
-        })
+        Ok(tx)
     }
 
     /// Runs on the caller's open transaction and does not commit: the phase's
     /// business writes and its progress commit together when the caller
     /// commits ([`PgTx::commit`]) or completes ([`TransactionalStore::complete_in_tx`]).
     /// Not retried: a deadlock aborts the caller's transaction, which must be
-    /// run again as a whole.
+    /// run again as a whole. A single-step claim of an absent key has no
+    /// record to advance until it completes: [`StoreError::Unsupported`].
     async fn advance_in_tx(
         &self,
         tx: &mut PgTx,
@@ -116,6 +186,9 @@ impl TransactionalStore for PgStore {
         token: FencingToken,
         update: &PhaseUpdate,
     ) -> StoreResult<()> {
+        if matches!(tx.holds, Holds::Pending(_)) {
+            return Err(StoreError::Unsupported("phases inside a single-step claim"));
+        }
         let changed = advance_query(scope, token, update)
             .execute(&mut **tx)
             .await
@@ -136,27 +209,48 @@ impl TransactionalStore for PgStore {
         response: &StoredResponse,
     ) -> StoreResult<()> {
         // On an error the transaction is dropped, rolling back the business writes.
-        if tx.single_step {
-            // Nobody waits on an uncommitted claim, and the row is ours until the
-            // commit: the completion rides with the COMMIT (one round trip).
-            let statement = sql::complete_and_commit(
+        // Nobody waits on a single-step claim (it was never committed) and its
+        // row is ours until the commit: the completion rides with the COMMIT
+        // (one round trip).
+        if let Holds::Phase = tx.holds {
+            self.complete_on(&mut tx, scope, token, response, true)
+                .await
+                .map_err(Retry::into_store)?;
+            return tx.commit().await.map_err(map_err);
+        }
+        let headers = StoredHeader::encode_list(&response.headers)?;
+        let statement = match &tx.holds {
+            Holds::Phase => unreachable!("completed above"),
+            Holds::Pending(p) if p.token != token => return Err(StoreError::Fenced),
+            Holds::Pending(p) => sql::insert_and_commit(
+                &self.config.schema,
+                scope,
+                token,
+                self.test_now(),
+                p.created_at.0,
+                p.lease_expires_at.0,
+                &p.request,
+                response.status,
+                &headers,
+                &response.body,
+            ),
+            Holds::MovedClaim => sql::complete_and_commit(
                 &self.config.schema,
                 scope,
                 token,
                 self.test_now(),
                 response.status,
-                &StoredHeader::encode_list(&response.headers)?,
+                &headers,
                 &response.body,
-            );
-            return match sqlx::raw_sql(AssertSqlSafe(statement)).execute(&mut *tx).await {
-                Ok(_) => Ok(()),
-                Err(e) if sqlstate(&e).as_deref() == Some("IK001") => Err(StoreError::Fenced),
-                Err(e) => Err(map_err(e)),
-            };
+            ),
+        };
+        match sqlx::raw_sql(AssertSqlSafe(statement)).execute(&mut *tx).await {
+            Ok(_) => Ok(()),
+            Err(e) if sqlstate(&e).as_deref() == Some("IK001") => Err(StoreError::Fenced),
+            // The key's row appeared since the claim read it absent (a lease-mode
+            // claim, which takes no advisory lock): nothing committed.
+            Err(e) if sqlstate(&e).as_deref() == Some("IK002") => Err(StoreError::Conflict),
+            Err(e) => Err(map_err(e)),
         }
-        self.complete_on(&mut tx, scope, token, response, true)
-            .await
-            .map_err(Retry::into_store)?;
-        tx.tx.commit().await.map_err(map_err)
     }
 }

@@ -134,11 +134,12 @@ async fn parking_wakes_waiters() {
     assert_eq!(store.claim(&req).await.unwrap(), ClaimOutcome::Parked);
 }
 
-/// In PostgreSQL a single-step transaction holds a real (uncommitted) claim
-/// row, so a phase may advance inside it; everything commits together.
+/// A single-step claim of an absent key has no row until it completes (the
+/// record is written, completed, with the `COMMIT`), so a phase cannot advance
+/// inside it, as on SQLite; the claim can still complete.
 #[tokio::test]
-async fn advance_inside_a_single_step_claim_commits_with_it() {
-    use idemkit_core::{KeyStore, PhaseUpdate, TransactionalStore, TxClaim};
+async fn advance_inside_a_single_step_claim_is_refused() {
+    use idemkit_core::{KeyStore, PhaseUpdate, StoreError, TransactionalStore, TxClaim};
     use idemkit_testkit::suite::{claim_req, response, scope};
     let Some(store) = store_in_fresh_schema(None).await else {
         return;
@@ -151,17 +152,15 @@ async fn advance_inside_a_single_step_claim_commits_with_it() {
         recovery_point: "p".into(),
         step: Some(("s".into(), serde_json::json!({"n": 1}))),
     };
-    store
-        .advance_in_tx(&mut tx, &s, lease.token, &update)
-        .await
-        .unwrap();
+    let refused = store.advance_in_tx(&mut tx, &s, lease.token, &update).await;
+    assert!(matches!(refused, Err(StoreError::Unsupported(_))), "{refused:?}");
     store
         .complete_in_tx(tx, &s, lease.token, &response(201, "ok"))
         .await
         .unwrap();
     let rec = store.get(&s).await.unwrap().unwrap();
-    assert_eq!(rec.recovery_point.as_deref(), Some("p"));
-    assert_eq!(rec.step_outputs["s"], serde_json::json!({"n": 1}));
+    assert_eq!(rec.recovery_point, None);
+    assert_eq!(rec.response, Some(response(201, "ok")));
 }
 
 /// A schema name that is not a plain identifier (it is formatted into SQL) is
@@ -279,7 +278,7 @@ async fn waiters_are_woken_by_notifications() {
 }
 
 /// In-flight = reject on single-step: a duplicate arriving while the winner's
-/// claim is uncommitted answers in progress after the short lock timeout; it
+/// claim is uncommitted answers in progress at once (its try-lock fails); it
 /// neither waits for the winner nor holds a connection.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn single_step_duplicate_is_rejected_quickly_while_winner_runs() {
@@ -300,13 +299,15 @@ async fn single_step_duplicate_is_rejected_quickly_while_winner_runs() {
     }
     let took = started.elapsed();
     assert!(took < Duration::from_secs(2), "rejected after {took:?}");
-    // With a wait, the duplicate blocks on the winner and then replays it.
+    // With a wait, the duplicate blocks on the winner's lock and then reads,
+    // with a snapshot taken after it, the committed record: a replay.
     let waiting = tokio::spawn({
         let (store, mut req) = (store.clone(), req.clone());
         req.lock_wait = Duration::from_secs(10);
         async move { store.claim_in_tx(&req).await.unwrap() }
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiting.is_finished(), "the duplicate waits for the winner");
     store
         .complete_in_tx(tx, &s, lease.token, &response(201, "won"))
         .await

@@ -1,9 +1,10 @@
-//! Single-step mode sends the completion with the `COMMIT` in one round trip
-//! (a simple query, values as hex literals). These pin what that must keep:
-//! the stored answer byte for byte, nothing committed when the completion
-//! changes no row, and a connection that goes back to the pool outside any
-//! transaction with sqlx's savepoint bookkeeping intact. Also the pool's
-//! liveness check, which the single-step path's round-trip budget shapes.
+//! Single-step mode claims with the key's advisory lock and a read, and writes
+//! the record with the `COMMIT` in one round trip (a simple query, values as
+//! hex literals). These pin what that must keep: the stored answer byte for
+//! byte, nothing committed when the record cannot be written, and a connection that goes back to the
+//! pool outside any transaction with sqlx's savepoint bookkeeping intact. Also
+//! the pool's liveness check, which the single-step path's round-trip budget
+//! shapes.
 
 use std::sync::Arc;
 
@@ -46,7 +47,7 @@ async fn the_fused_completion_stores_the_answer_byte_for_byte() {
     let Some((_, store)) = one_connection_store().await else {
         return;
     };
-    let s = scope("acct'; DROP TABLE biz; --", "fused-bytes");
+    let s = scope("acct'; DROP TABLE biz; -- \\' \t", "fused-bytes");
     let TxClaim::Claimed { tx, lease } = store.claim_in_tx(&claim_req(&s, "{}")).await.unwrap() else {
         panic!("a fresh key is claimed")
     };
@@ -71,16 +72,68 @@ async fn the_fused_completion_stores_the_answer_byte_for_byte() {
     );
 }
 
-/// A completion that changes no row (here the handler deleted the claim
-/// row) aborts before the `COMMIT`: the business write does not commit.
+/// A single-step claim of an absent key writes nothing until it completes;
+/// a lease-mode claim of the same key (which takes no advisory lock) that
+/// commits in between wins: the completion reports a conflict and the
+/// handler's write does not commit.
+#[tokio::test]
+async fn a_completion_that_finds_the_key_taken_commits_nothing() {
+    let Some((url, store)) = one_connection_store().await else {
+        return;
+    };
+    let s = scope("a", "fused-taken");
+    let req = claim_req(&s, "{}");
+    let TxClaim::Claimed { mut tx, lease } = store.claim_in_tx(&req).await.unwrap() else {
+        panic!("a fresh key is claimed")
+    };
+    sqlx::query("INSERT INTO biz (tag) VALUES ('lost')")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let schema: String = sqlx::query_scalar("SELECT current_schema()")
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+    let other = PgStore::connect(
+        &url,
+        PgConfig {
+            schema,
+            ..PgConfig::default()
+        },
+    )
+    .await
+    .unwrap();
+    let idemkit_core::ClaimOutcome::Claimed(held) = other.claim(&req).await.unwrap() else {
+        panic!("the lease-mode claim sees the key absent")
+    };
+    let err = store
+        .complete_in_tx(tx, &s, lease.token, &idemkit_testkit::suite::response(201, "ok"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Conflict), "{err:?}");
+    assert!(tags(&store).await.is_empty(), "nothing committed");
+    let rec = store.get(&s).await.unwrap().expect("the lease-mode record");
+    assert_eq!(rec.state, RecordState::InFlight);
+    assert_eq!(rec.fencing_token, held.token);
+}
+
+/// A completion of a moved record (here a lease-mode record taken over) that
+/// changes no row (the handler deleted it) aborts before the `COMMIT`: the
+/// business write does not commit.
 #[tokio::test]
 async fn a_completion_that_changes_no_row_commits_nothing() {
     let Some((_, store)) = one_connection_store().await else {
         return;
     };
     let s = scope("a", "fused-miss");
-    let TxClaim::Claimed { mut tx, lease } = store.claim_in_tx(&claim_req(&s, "{}")).await.unwrap() else {
+    let mut req = claim_req(&s, "{}");
+    req.lease = std::time::Duration::from_millis(1);
+    let idemkit_core::ClaimOutcome::Claimed(_) = store.claim(&req).await.unwrap() else {
         panic!("a fresh key is claimed")
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    let TxClaim::Claimed { mut tx, lease } = store.claim_in_tx(&req).await.unwrap() else {
+        panic!("an expired lease is taken over")
     };
     sqlx::query("INSERT INTO biz (tag) VALUES ('lost')")
         .execute(&mut *tx)
@@ -96,7 +149,10 @@ async fn a_completion_that_changes_no_row_commits_nothing() {
         .unwrap_err();
     assert!(matches!(err, StoreError::Fenced), "{err:?}");
     assert!(tags(&store).await.is_empty(), "nothing committed");
-    assert!(store.get(&s).await.unwrap().is_none());
+    assert_eq!(
+        store.get(&s).await.unwrap().expect("kept").state,
+        RecordState::InFlight
+    );
 }
 
 /// On a pool with one connection for queries: a handler's nested transaction is a savepoint
