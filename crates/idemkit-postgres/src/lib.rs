@@ -3,18 +3,22 @@
 //! A [`KeyStore`] on PostgreSQL for services that run many instances on one
 //! database. Both claim modes of the contract:
 //!
-//! - **single-step** ([`TransactionalStore`]): the claim is an
-//!   `INSERT … ON CONFLICT DO NOTHING` at the start of the handler's own
-//!   transaction. A concurrent duplicate's INSERT blocks on the unique index
-//!   until the winner commits, then reads the completed row and replays it; with
-//!   in-flight = reject, a short `lock_timeout` turns that wait into SQLSTATE
-//!   55P03 and a quick `409`, so no pool connection is held waiting.
+//! - **single-step** ([`TransactionalStore`]): the handler's own transaction
+//!   opens holding the key's transaction-scoped advisory lock, reads the key,
+//!   and writes the record, completed, with its `COMMIT` (one row written per
+//!   request). A concurrent duplicate waits on the lock until the winner
+//!   commits, then reads the completed record and replays it; with in-flight =
+//!   reject, a short `lock_timeout` turns that wait into SQLSTATE 55P03 and a
+//!   quick `409`, so no pool connection is held waiting. The primary key still
+//!   arbitrates against lease-mode claims of the same key, which take no lock:
+//!   the later commit is refused and rolled back.
 //! - **lease** ([`KeyStore::claim`]): the claim commits on its own as
 //!   `in_flight` with a lease and a fencing token; every later write is
 //!   `… WHERE fencing_token = $mine`.
 //!
-//! Waiters for an in-flight key are woken by `LISTEN/NOTIFY` (a trigger notifies
-//! at commit), not by polling. Deadlocks and serialization failures are retried
+//! Waiters for an in-flight key are woken by `LISTEN/NOTIFY` (the statement that
+//! completes, releases or ends a lease notifies when somebody waits), not by
+//! polling. Deadlocks and serialization failures are retried
 //! inside the store a bounded number of times; a lost connection surfaces as
 //! [`StoreError::Unavailable`] (a retryable `503`).
 //!
