@@ -1,9 +1,9 @@
 //! The claim algorithm on PostgreSQL. Lease mode: one autocommitted statement
 //! inserts the in-flight row or returns the existing record with the store's
-//! clock. Single-step mode, inside the handler's transaction: one statement
-//! takes the key's advisory lock (whose wait the transaction's `lock_timeout`
-//! bounds) and reads the record; a key read absent is written with the
-//! `COMMIT`. Both decide on an existing record as every store does
+//! clock. Single-step mode, inside the handler's transaction: the round trip
+//! that opens it takes the key's advisory lock (a wait bounded by the claim's
+//! `lock_timeout`), one statement reads the record, and a key read absent is
+//! written with the `COMMIT`. Both decide on an existing record as every store does
 //! (`Resolution::of`); a takeover or window reuse is a compare-and-swap on the
 //! record exactly as read (token, state and lease), on a fresh token.
 
@@ -13,7 +13,6 @@ use idemkit_core::{
 };
 use sha2::{Digest, Sha256};
 use sqlx::pool::PoolConnection;
-
 use sqlx::postgres::PgTransactionManager;
 use sqlx::{AssertSqlSafe, PgConnection, Postgres, Row, SqlSafeStr};
 use sqlx_core::transaction::TransactionManager;
@@ -38,6 +37,37 @@ pub(crate) fn lock_id(scope: &Scope) -> i64 {
     h.update(scope.key.as_str().as_bytes());
     let digest = h.finalize();
     i64::from_be_bytes(digest[..8].try_into().expect("8 bytes"))
+}
+
+/// A connection on which a transaction is being opened. sqlx counts a
+/// transaction only once its `BEGIN` has answered, and its pool does not look
+/// at a returned connection's transaction state; the opening round trip may wait
+/// for the key's lock. So if the caller is cancelled meanwhile, or the opening
+/// fails, the connection is closed (which ends its transaction and releases the
+/// lock) instead of going back to the pool inside a transaction nobody owns.
+pub(crate) struct Opening(Option<PoolConnection<Postgres>>);
+
+impl Opening {
+    pub(crate) fn new(conn: PoolConnection<Postgres>) -> Self {
+        Self(Some(conn))
+    }
+
+    pub(crate) fn conn(&mut self) -> &mut PoolConnection<Postgres> {
+        self.0.as_mut().expect("kept only once")
+    }
+
+    /// The connection, in a known state: returned to the pool when dropped.
+    pub(crate) fn keep(mut self) -> PoolConnection<Postgres> {
+        self.0.take().expect("kept only once")
+    }
+}
+
+impl Drop for Opening {
+    fn drop(&mut self) {
+        if let Some(conn) = &mut self.0 {
+            conn.close_on_drop();
+        }
+    }
 }
 
 /// What a single-step claim found, holding the key's advisory lock.
@@ -91,24 +121,21 @@ impl PgStore {
         }
         .as_millis()
         .max(1);
-        let mut conn = self.pool.acquire().await.map_err(Retry::from)?;
+        let mut opening = Opening::new(self.pool.acquire().await.map_err(Retry::from)?);
         let begin = AssertSqlSafe(sql::begin_locked(ms, lock_id(&req.scope))).into_sql_str();
-        match PgTransactionManager::begin(&mut conn, Some(begin)).await {
-            Ok(()) => Ok(Some(conn)),
+        match PgTransactionManager::begin(opening.conn(), Some(begin)).await {
+            Ok(()) => Ok(Some(opening.keep())),
             Err(e) if is_lock_timeout(&e) => {
                 // The transaction began and its lock wait failed: it is aborted,
                 // and sqlx does not count it (its depth is still 0).
                 sqlx::raw_sql("ROLLBACK")
-                    .execute(&mut *conn)
+                    .execute(&mut **opening.conn())
                     .await
                     .map_err(Retry::from)?;
+                drop(opening.keep());
                 Ok(None)
             }
-            Err(e) => {
-                // Whatever state the connection is in, it does not go back to the pool.
-                conn.close_on_drop();
-                Err(Retry::from(e))
-            }
+            Err(e) => Err(Retry::from(e)),
         }
     }
 

@@ -16,7 +16,7 @@ use sqlx::{AssertSqlSafe, PgConnection, Postgres};
 use sqlx_core::transaction::TransactionManager;
 
 use crate::PgStore;
-use crate::claim::SingleStep;
+use crate::claim::{Opening, SingleStep};
 use crate::error::{map_err, sqlstate};
 use crate::retry::Retry;
 use crate::sql::{self, advance_query};
@@ -152,12 +152,12 @@ impl TransactionalStore for PgStore {
     }
 
     async fn begin_fenced(&self, scope: &Scope, token: FencingToken) -> StoreResult<PgTx> {
-        let mut conn = self.pool.acquire().await.map_err(map_err)?;
-        PgTransactionManager::begin(&mut conn, None)
+        let mut opening = Opening::new(self.pool.acquire().await.map_err(map_err)?);
+        PgTransactionManager::begin(opening.conn(), None)
             .await
             .map_err(map_err)?;
         let mut tx = PgTx {
-            conn,
+            conn: opening.keep(),
             holds: Holds::Phase,
         };
         let held = sqlx::query(sql::HELD)

@@ -155,6 +155,67 @@ async fn a_completion_that_changes_no_row_commits_nothing() {
     );
 }
 
+/// A claim cancelled while its opening round trip waits for the key's lock
+/// (the caller's deadline, a client gone) must not leave its connection in the
+/// pool inside a transaction: once the holder commits, the server grants the
+/// lock to that transaction, which nobody would ever end. The connection is
+/// closed instead; the next query on the pool runs in a transaction of its own.
+#[tokio::test]
+async fn a_claim_cancelled_while_waiting_for_the_lock_leaves_no_transaction_behind() {
+    let Some((url, store)) = one_connection_store().await else {
+        return;
+    };
+    let schema: String = sqlx::query_scalar("SELECT current_schema()")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    let holder = PgStore::connect(
+        &url,
+        PgConfig {
+            schema,
+            ..PgConfig::default()
+        },
+    )
+    .await
+    .unwrap();
+    let s = scope("a", "cancelled-wait");
+    let req = claim_req(&s, "{}");
+    let TxClaim::Claimed { tx, lease } = holder.claim_in_tx(&req).await.unwrap() else {
+        panic!("a fresh key is claimed")
+    };
+    let mut waiting = req.clone();
+    waiting.lock_wait = std::time::Duration::from_secs(10);
+    let cancelled =
+        tokio::time::timeout(std::time::Duration::from_millis(300), store.claim_in_tx(&waiting)).await;
+    assert!(cancelled.is_err(), "the claim was still waiting for the lock");
+    holder
+        .complete_in_tx(
+            tx,
+            &s,
+            lease.token,
+            &idemkit_testkit::suite::response(201, "held"),
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let own_transaction: bool =
+        sqlx::query_scalar("SELECT clock_timestamp() - transaction_timestamp() < interval '100 ms'")
+            .fetch_one(store.pool())
+            .await
+            .unwrap();
+    assert!(
+        own_transaction,
+        "the pool's connection was inside a leftover transaction"
+    );
+    match store.claim_in_tx(&req).await.unwrap() {
+        TxClaim::Other(idemkit_core::ClaimOutcome::Replay(r)) => {
+            assert_eq!(r, idemkit_testkit::suite::response(201, "held"))
+        }
+        TxClaim::Other(o) => panic!("expected the replay, got {o:?}"),
+        TxClaim::Claimed { .. } => panic!("the key was claimed again"),
+    }
+}
+
 /// On a pool with one connection for queries: a handler's nested transaction is a savepoint
 /// (sqlx still counts the claim's transaction), and after the fused commit the
 /// connection is back outside any transaction: its next autocommitted write is
