@@ -134,7 +134,7 @@ pub(crate) static CLAIM: LazyLock<String> = LazyLock::new(|| {
 });
 
 /// Opens a single-step claim's transaction holding the key's advisory lock
-/// (`lock`, see `PgStore::lock_id`), in one round trip: the simple-query
+/// (`lock`, see `claim::lock_id`), in one round trip: the simple-query
 /// protocol runs the statements in order, and skips the rest after an error.
 /// The wait for the lock is bounded by `lock_timeout` (`ms`), lifted for the
 /// handler's own statements once the lock is held.

@@ -9,7 +9,6 @@ use idemkit_core::{
     StoredHeader, StoredResponse, TransactionalStore, TxClaim,
 };
 use sqlx::pool::PoolConnection;
-
 use sqlx::postgres::PgTransactionManager;
 use sqlx::{AssertSqlSafe, PgConnection, Postgres};
 // sqlx does not re-export the trait that counts a connection's transactions.
@@ -105,7 +104,8 @@ impl TransactionalStore for PgStore {
                     retry_after: Duration::from_secs(1),
                 }));
             };
-            // Rolled back when dropped, whatever happens below.
+            // Rolled back when dropped, whatever happens below; what it holds is
+            // set once the claim has decided.
             let mut tx = PgTx {
                 conn,
                 holds: Holds::Phase,
@@ -209,20 +209,13 @@ impl TransactionalStore for PgStore {
         response: &StoredResponse,
     ) -> StoreResult<()> {
         // On an error the transaction is dropped, rolling back the business writes.
-        // Nobody waits on a single-step claim (it was never committed) and its
-        // row is ours until the commit: the completion rides with the COMMIT
-        // (one round trip).
-        if let Holds::Phase = tx.holds {
-            self.complete_on(&mut tx, scope, token, response, true)
-                .await
-                .map_err(Retry::into_store)?;
-            return tx.commit().await.map_err(map_err);
-        }
-        let headers = StoredHeader::encode_list(&response.headers)?;
+        // A single-step claim was never committed, so nobody waits on it, and
+        // its key is ours until the commit: the record's write rides with the
+        // COMMIT (one round trip).
         let statement = match &tx.holds {
-            Holds::Phase => unreachable!("completed above"),
+            Holds::Phase => None,
             Holds::Pending(p) if p.token != token => return Err(StoreError::Fenced),
-            Holds::Pending(p) => sql::insert_and_commit(
+            Holds::Pending(p) => Some(sql::insert_and_commit(
                 &self.config.schema,
                 scope,
                 token,
@@ -231,18 +224,25 @@ impl TransactionalStore for PgStore {
                 p.lease_expires_at.0,
                 &p.request,
                 response.status,
-                &headers,
+                &StoredHeader::encode_list(&response.headers)?,
                 &response.body,
-            ),
-            Holds::MovedClaim => sql::complete_and_commit(
+            )),
+            Holds::MovedClaim => Some(sql::complete_and_commit(
                 &self.config.schema,
                 scope,
                 token,
                 self.test_now(),
                 response.status,
-                &headers,
+                &StoredHeader::encode_list(&response.headers)?,
                 &response.body,
-            ),
+            )),
+        };
+        let Some(statement) = statement else {
+            // A phase transaction: the fenced completion, then the COMMIT.
+            self.complete_on(&mut tx, scope, token, response, true)
+                .await
+                .map_err(Retry::into_store)?;
+            return tx.commit().await.map_err(map_err);
         };
         match sqlx::raw_sql(AssertSqlSafe(statement)).execute(&mut *tx).await {
             Ok(_) => Ok(()),
