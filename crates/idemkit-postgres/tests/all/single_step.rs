@@ -33,6 +33,15 @@ async fn one_connection_store() -> Option<(String, Arc<PgStore>)> {
     Some((url, Arc::new(store)))
 }
 
+/// Another instance on the same store (its own pool), as a second process would be.
+async fn another_instance(url: &str, schema: String) -> PgStore {
+    let config = PgConfig {
+        schema,
+        ..PgConfig::default()
+    };
+    PgStore::connect(url, config).await.expect("connect")
+}
+
 async fn tags(store: &PgStore) -> Vec<String> {
     sqlx::query_scalar("SELECT tag FROM biz ORDER BY tag")
         .fetch_all(store.pool())
@@ -94,15 +103,7 @@ async fn a_completion_that_finds_the_key_taken_commits_nothing() {
         .fetch_one(&mut *tx)
         .await
         .unwrap();
-    let other = PgStore::connect(
-        &url,
-        PgConfig {
-            schema,
-            ..PgConfig::default()
-        },
-    )
-    .await
-    .unwrap();
+    let other = another_instance(&url, schema).await;
     let idemkit_core::ClaimOutcome::Claimed(held) = other.claim(&req).await.unwrap() else {
         panic!("the lease-mode claim sees the key absent")
     };
@@ -169,15 +170,7 @@ async fn a_claim_cancelled_while_waiting_for_the_lock_leaves_no_transaction_behi
         .fetch_one(store.pool())
         .await
         .unwrap();
-    let holder = PgStore::connect(
-        &url,
-        PgConfig {
-            schema,
-            ..PgConfig::default()
-        },
-    )
-    .await
-    .unwrap();
+    let holder = another_instance(&url, schema).await;
     let s = scope("a", "cancelled-wait");
     let req = claim_req(&s, "{}");
     let TxClaim::Claimed { tx, lease } = holder.claim_in_tx(&req).await.unwrap() else {
