@@ -6,7 +6,9 @@
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use idemkit_core::{FencingToken, PhaseUpdate, Scope, StoredRequest};
+use idemkit_core::{
+    FencingToken, PhaseUpdate, Scope, StoreResult, StoredHeader, StoredRequest, StoredResponse,
+};
 use sqlx::Postgres;
 
 use crate::{CHANNEL, PgConfig};
@@ -237,29 +239,22 @@ mod literal {
 /// A single-step request's completion and its transaction's `COMMIT`, in one
 /// round trip, through the `idemkit_complete_single_step` function (see its
 /// migration: it refuses, aborting the transaction before the `COMMIT`, unless
-/// exactly one row changes). The trailing `BEGIN` opens an empty transaction
-/// for the caller's transaction handle to roll back when dropped, so sqlx's
-/// bookkeeping stays true without another round trip.
+/// exactly one row changes). See [`fused_completion`].
 pub(crate) fn complete_and_commit(
     schema: &str,
     scope: &Scope,
     token: FencingToken,
     test_now: Option<i64>,
-    status: u16,
-    headers: &str,
-    body: &[u8],
+    response: &Answer<'_>,
 ) -> String {
-    // Qualified by the store's schema and every argument typed, so no function
-    // of the same name elsewhere on the search path (`public`) can be chosen.
-    format!(
-        "SELECT {schema}.idemkit_complete_single_step({account}::text, {key}::text, {token}::bigint, \
-         {now}::bigint, {status}::integer, {headers}::text, {body}::bytea); COMMIT; BEGIN",
-        account = literal::text(scope.account.as_str()),
-        key = literal::text(scope.key.as_str()),
-        token = token.0,
-        now = test_now.map_or_else(|| "NULL".to_owned(), |ms| ms.to_string()),
-        headers = literal::text(headers),
-        body = literal::bytes(body),
+    fused_completion(
+        schema,
+        "idemkit_complete_single_step",
+        scope,
+        token,
+        test_now,
+        "",
+        response,
     )
 }
 
@@ -286,31 +281,73 @@ pub(crate) fn request_literals(
 /// A single-step record written once, completed, and its transaction's
 /// `COMMIT`, in one round trip, through `idemkit_insert_single_step` (see its
 /// migration: it refuses, aborting the transaction before the `COMMIT`, when
-/// the key's row appeared since the claim). `request` is [`request_literals`];
-/// the trailing `BEGIN` is [`complete_and_commit`]'s.
-#[allow(clippy::too_many_arguments)]
+/// the key's row appeared since the claim). `request` is [`request_literals`].
+/// See [`fused_completion`].
 pub(crate) fn insert_and_commit(
     schema: &str,
     scope: &Scope,
     token: FencingToken,
     test_now: Option<i64>,
-    created_at: i64,
-    lease_expires_at: i64,
+    (created_at, lease_expires_at): (i64, i64),
     request: &str,
+    response: &Answer<'_>,
+) -> String {
+    let claim = format!("{created_at}::bigint, {lease_expires_at}::bigint, {request}, ");
+    fused_completion(
+        schema,
+        "idemkit_insert_single_step",
+        scope,
+        token,
+        test_now,
+        &claim,
+        response,
+    )
+}
+
+/// The answer a single-step completion stores: status, encoded headers, body.
+pub(crate) struct Answer<'a> {
     status: u16,
-    headers: &str,
-    body: &[u8],
+    headers: String,
+    body: &'a [u8],
+}
+
+impl<'a> Answer<'a> {
+    pub(crate) fn of(response: &'a StoredResponse) -> StoreResult<Self> {
+        Ok(Self {
+            status: response.status,
+            headers: StoredHeader::encode_list(&response.headers)?,
+            body: &response.body,
+        })
+    }
+}
+
+/// `SELECT <schema>.<function>(account, key, token, test clock, <middle> status,
+/// headers, body); COMMIT; BEGIN`: both single-step completions, whose
+/// functions take the same leading and trailing arguments (`middle` is empty or
+/// ends with a comma). Qualified by the store's schema and every argument
+/// typed, so no function of the same name elsewhere on the search path
+/// (`public`) can be chosen. The trailing `BEGIN` opens an empty transaction
+/// for the caller's transaction handle to roll back when dropped, so sqlx's
+/// bookkeeping stays true without another round trip.
+fn fused_completion(
+    schema: &str,
+    function: &str,
+    scope: &Scope,
+    token: FencingToken,
+    test_now: Option<i64>,
+    middle: &str,
+    response: &Answer<'_>,
 ) -> String {
     format!(
-        "SELECT {schema}.idemkit_insert_single_step({account}::text, {key}::text, {token}::bigint, \
-         {now}::bigint, {created_at}::bigint, {lease_expires_at}::bigint, {request}, {status}::integer, \
-         {headers}::text, {body}::bytea); COMMIT; BEGIN",
+        "SELECT {schema}.{function}({account}::text, {key}::text, {token}::bigint, {now}::bigint, \
+         {middle}{status}::integer, {headers}::text, {body}::bytea); COMMIT; BEGIN",
         account = literal::text(scope.account.as_str()),
         key = literal::text(scope.key.as_str()),
         token = token.0,
         now = test_now.map_or_else(|| "NULL".to_owned(), |ms| ms.to_string()),
-        headers = literal::text(headers),
-        body = literal::bytes(body),
+        status = response.status,
+        headers = literal::text(&response.headers),
+        body = literal::bytes(response.body),
     )
 }
 

@@ -212,37 +212,28 @@ impl TransactionalStore for PgStore {
         // A single-step claim was never committed, so nobody waits on it, and
         // its key is ours until the commit: the record's write rides with the
         // COMMIT (one round trip).
+        let (schema, now) = (&self.config.schema, self.test_now());
         let statement = match &tx.holds {
-            Holds::Phase => None,
+            Holds::Phase => {
+                // A phase transaction: the fenced completion, then the COMMIT.
+                self.complete_on(&mut tx, scope, token, response, true)
+                    .await
+                    .map_err(Retry::into_store)?;
+                return tx.commit().await.map_err(map_err);
+            }
             Holds::Pending(p) if p.token != token => return Err(StoreError::Fenced),
-            Holds::Pending(p) => Some(sql::insert_and_commit(
-                &self.config.schema,
+            Holds::Pending(p) => sql::insert_and_commit(
+                schema,
                 scope,
                 token,
-                self.test_now(),
-                p.created_at.0,
-                p.lease_expires_at.0,
+                now,
+                (p.created_at.0, p.lease_expires_at.0),
                 &p.request,
-                response.status,
-                &StoredHeader::encode_list(&response.headers)?,
-                &response.body,
-            )),
-            Holds::MovedClaim => Some(sql::complete_and_commit(
-                &self.config.schema,
-                scope,
-                token,
-                self.test_now(),
-                response.status,
-                &StoredHeader::encode_list(&response.headers)?,
-                &response.body,
-            )),
-        };
-        let Some(statement) = statement else {
-            // A phase transaction: the fenced completion, then the COMMIT.
-            self.complete_on(&mut tx, scope, token, response, true)
-                .await
-                .map_err(Retry::into_store)?;
-            return tx.commit().await.map_err(map_err);
+                &sql::Answer::of(response)?,
+            ),
+            Holds::MovedClaim => {
+                sql::complete_and_commit(schema, scope, token, now, &sql::Answer::of(response)?)
+            }
         };
         match sqlx::raw_sql(AssertSqlSafe(statement)).execute(&mut *tx).await {
             Ok(_) => Ok(()),
