@@ -1,7 +1,9 @@
-//! The claim algorithm on SQLite. A claim first reads the record without the
-//! write lock and decides (`ClaimRequest::decide`, shared by every store); only
-//! when the decision needs a write does it take the lock, insert, or move the
-//! record it re-reads under the lock by a compare-and-swap on its token.
+//! The claim algorithm on SQLite. A claim of a key this process knows to have
+//! a row (`known`) first reads the record without the write lock and decides
+//! (`ClaimRequest::decide`, shared by every store); only when the decision
+//! needs a write does it take the lock, insert, or move the record it re-reads
+//! under the lock by a compare-and-swap on its token. A claim of any other key
+//! skips the read: its insert arbitrates on the primary key.
 
 use idemkit_core::{
     ClaimOutcome, ClaimRequest, Decision, FencingToken, Lease, Record, RecordHead, Resolution, Scope,
@@ -91,6 +93,8 @@ impl SqliteStore {
             .fetch_optional(&mut *conn)
             .await
             .map_err(map_err)?;
+        // Inserted or not, the key has a row now.
+        self.known.add(&req.scope);
         inserted
             .map(|row| {
                 Ok(Lease {
@@ -102,6 +106,13 @@ impl SqliteStore {
             .transpose()
     }
 
+    /// Whether a claim may skip its read: a new request (not a resume of a
+    /// record it saw) for a key with no row this process knows of (see
+    /// `known`). Its write then arbitrates on the primary key.
+    pub(crate) fn assume_absent(&self, req: &ClaimRequest) -> bool {
+        req.resume.is_none() && !self.known.may_exist(&req.scope)
+    }
+
     /// Reads the record with a plain read (no write lock) and decides. A
     /// completed record within its window is immutable and an in-flight one with
     /// a live lease is in progress at the moment it was read, so those answers
@@ -109,6 +120,9 @@ impl SqliteStore {
     pub(crate) async fn read_decision(&self, req: &ClaimRequest) -> StoreResult<(Option<Record>, Decision)> {
         let mut conn = self.pool.acquire().await.map_err(map_err)?;
         let existing = fetch_record(&mut conn, &req.scope).await?;
+        if existing.is_some() {
+            self.known.add(&req.scope);
+        }
         let decision = req.decide(existing.as_ref().map(RecordHead::from).as_ref(), self.clock.now());
         Ok((existing, decision))
     }
@@ -149,11 +163,17 @@ impl SqliteStore {
             .bind(StoredHeader::encode_list(&response.headers)?)
             .bind(&response.body);
         let Some(seen) = p.replaces else {
-            return match tx.finish_with(query).await {
+            let inserted = tx.finish_with(query).await;
+            let taken = matches!(&inserted, Err(sqlx::Error::Database(db))
+                if db.kind() == sqlx::error::ErrorKind::UniqueViolation);
+            if inserted.is_ok() || taken {
+                // Inserted, or another process's row was there first: the key
+                // has a row, and the retry of this claim reads it.
+                self.known.add(scope);
+            }
+            return match inserted {
                 Ok(_) => Ok(()),
-                Err(sqlx::Error::Database(db)) if db.kind() == sqlx::error::ErrorKind::UniqueViolation => {
-                    Err(StoreError::Conflict)
-                }
+                Err(_) if taken => Err(StoreError::Conflict),
                 Err(e) => Err(map_err(e)),
             };
         };

@@ -10,6 +10,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, S
 use tokio::sync::Mutex;
 
 use crate::error::{backend, map_err};
+use crate::known::KnownKeys;
 use crate::{MIGRATOR, SqliteConfig, SqliteStore};
 
 impl SqliteStore {
@@ -53,11 +54,13 @@ impl SqliteStore {
             .run(&pool)
             .await
             .map_err(|e| StoreError::Backend(Box::new(e)))?;
+        let known = Arc::new(KnownKeys::load(&pool).await?);
         Ok(Self {
             pool,
             clock: Arc::new(SystemClock),
             writer: Arc::new(Mutex::new(())),
             pending: Arc::default(),
+            known,
         })
     }
 }

@@ -185,6 +185,6 @@ pub(crate) static REAP_RAISE_FLOOR: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
-/// Deletes the expired records.
+/// Deletes the expired records, returning their scopes.
 pub(crate) static REAP_DELETE: LazyLock<String> =
-    LazyLock::new(|| format!("DELETE FROM idemkit_keys WHERE {EXPIRED}"));
+    LazyLock::new(|| format!("DELETE FROM idemkit_keys WHERE {EXPIRED} RETURNING account, idem_key"));

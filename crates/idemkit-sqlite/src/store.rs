@@ -115,6 +115,15 @@ impl SqliteStore {
 #[async_trait]
 impl KeyStore for SqliteStore {
     async fn claim(&self, req: &ClaimRequest) -> StoreResult<ClaimOutcome> {
+        if self.assume_absent(req) {
+            // No row this process knows of: the insert alone, autocommitted, is
+            // the claim, without the read that would only find the key absent.
+            // A row written by another process makes it insert nothing, and the
+            // read below decides on it.
+            if let Some(lease) = self.insert_claim(&mut *self.solo().await?, req).await? {
+                return Ok(ClaimOutcome::Claimed(lease));
+            }
+        }
         let (existing, decision) = self.read_decision(req).await?;
         if let Some(outcome) = decision.settle(existing)? {
             return Ok(outcome);
@@ -258,13 +267,17 @@ impl KeyStore for SqliteStore {
             .execute(&mut *tx)
             .await
             .map_err(map_err)?;
-        let deleted = sqlx::query(AssertSqlSafe(sql::REAP_DELETE.as_str()))
+        let deleted: Vec<(String, String)> = sqlx::query_as(AssertSqlSafe(sql::REAP_DELETE.as_str()))
             .bind(before.0)
-            .execute(&mut *tx)
+            .fetch_all(&mut *tx)
             .await
-            .map_err(map_err)?
-            .rows_affected();
+            .map_err(map_err)?;
+        // Forgotten while this process's writer slot is held, so no claim of
+        // this process can write one of these keys again in between.
+        self.known
+            .forget(deleted.iter().map(|(a, k)| (a.as_str(), k.as_str())));
         tx.commit().await.map_err(map_err)?;
+        let deleted = deleted.len() as u64;
         Ok(ReapReport {
             deleted,
             moved_to_review: moved,
@@ -308,5 +321,52 @@ impl KeyStore for SqliteStore {
             .map_err(map_err)?
             .rows_affected();
         Ok(changed == 1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use idemkit_core::{KeyStore, TransactionalStore, TxClaim};
+    use idemkit_testkit::ManualClock;
+    use idemkit_testkit::suite::{claim_req, must_claim, response, scope};
+
+    use crate::SqliteStore;
+
+    /// Every key written is known, and the reaper's deletions are forgotten
+    /// (the set does not grow for as long as the process runs).
+    #[tokio::test]
+    async fn the_known_keys_follow_writes_and_the_reaper() {
+        let dir = std::env::temp_dir().join(format!("idemkit-sqlite-known-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let clock = Arc::new(ManualClock::new());
+        let store = SqliteStore::open(dir.join("keys.db"))
+            .await
+            .unwrap()
+            .with_clock(clock.clone());
+        let lease_mode = scope("a", "lease-mode");
+        let held = must_claim(&store, &claim_req(&lease_mode, "{}")).await;
+        store
+            .complete(&lease_mode, held.token, &response(201, "one"))
+            .await
+            .unwrap();
+        let single = scope("a", "single-step");
+        let TxClaim::Claimed { tx, lease } = store.claim_in_tx(&claim_req(&single, "{}")).await.unwrap()
+        else {
+            panic!("claims")
+        };
+        store
+            .complete_in_tx(tx, &single, lease.token, &response(201, "two"))
+            .await
+            .unwrap();
+        assert_eq!(store.known.len(), 2);
+        clock.advance(std::time::Duration::from_secs(3600));
+        let report = store.reap(store.now()).await.unwrap();
+        assert_eq!(report.deleted, 2);
+        assert_eq!(store.known.len(), 0, "reaped keys are forgotten");
+        let reopened = SqliteStore::open(dir.join("keys.db")).await.unwrap();
+        assert_eq!(reopened.known.len(), 0);
     }
 }

@@ -224,7 +224,14 @@ impl TransactionalStore for SqliteStore {
     type Tx = SqliteTx;
 
     async fn claim_in_tx(&self, req: &ClaimRequest) -> StoreResult<TxClaim<SqliteTx>> {
-        let (existing, decision) = self.read_decision(req).await?;
+        // A key with no row this process knows of is claimed without reading
+        // it: the insert at commit arbitrates (a row written meanwhile by
+        // another process fails it, and everything rolls back).
+        let (existing, decision) = if self.assume_absent(req) {
+            (None, Decision::Insert)
+        } else {
+            self.read_decision(req).await?
+        };
         if let Some(outcome) = decision.settle(existing.clone())? {
             return Ok(TxClaim::Other(outcome));
         }

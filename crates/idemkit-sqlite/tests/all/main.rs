@@ -257,6 +257,89 @@ async fn two_processes_racing_one_key_commit_once() {
     assert_eq!(orders.count("race").await, 1, "B's business write rolled back");
 }
 
+/// A second store on the file (another process) opened before a key was
+/// written does not know the key: its single-step claim skips the read, runs
+/// the handler, and loses at commit on the primary key, its business write
+/// rolled back. It then knows the key: the retry replays without running the
+/// handler.
+#[tokio::test]
+async fn a_key_unknown_to_this_process_is_arbitrated_by_the_primary_key() {
+    use idemkit_core::{ClaimOutcome, KeyStore, StoreError, TransactionalStore, TxClaim};
+    use idemkit_testkit::suite::{claim_req, must_claim, response, scope};
+    let dir = std::env::temp_dir().join(format!("idemkit-sqlite-unknown-{}", uuid_like()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("shared.db");
+    let a = Arc::new(SqliteStore::open(&path).await.unwrap());
+    let b = Arc::new(SqliteStore::open(&path).await.unwrap());
+    let orders = probe(a.clone()).await;
+    let s = scope("acct", "written-by-a");
+    let req = claim_req(&s, "{}");
+    let TxClaim::Claimed { mut tx, lease } = a.claim_in_tx(&req).await.unwrap() else {
+        panic!("A claims")
+    };
+    orders.insert(&mut tx, "unknown").await;
+    a.complete_in_tx(tx, &s, lease.token, &response(201, "A"))
+        .await
+        .unwrap();
+
+    let TxClaim::Claimed { mut tx, lease } = b.claim_in_tx(&req).await.unwrap() else {
+        panic!("B has not seen the key: it claims without reading")
+    };
+    orders.insert(&mut tx, "unknown").await;
+    match b.complete_in_tx(tx, &s, lease.token, &response(201, "B")).await {
+        Err(StoreError::Conflict) => {}
+        other => panic!("B must lose at commit, got {other:?}"),
+    }
+    assert_eq!(orders.count("unknown").await, 1, "B's business write rolled back");
+    match b.claim_in_tx(&req).await.unwrap() {
+        TxClaim::Other(ClaimOutcome::Replay(r)) => assert_eq!(r, response(201, "A")),
+        other => panic!("B's retry must replay A's answer, got {other:?}"),
+    }
+
+    // Lease mode: an unknown key's insert finds the row and the claim decides on it.
+    let s2 = scope("acct", "held-by-a");
+    let req2 = claim_req(&s2, "{}");
+    let held = must_claim(a.as_ref(), &req2).await;
+    match b.claim(&req2).await.unwrap() {
+        ClaimOutcome::InProgress { .. } => {}
+        other => panic!("A holds the key, got {other:?}"),
+    }
+    a.complete(&s2, held.token, &response(201, "A2")).await.unwrap();
+    match b.claim(&req2).await.unwrap() {
+        ClaimOutcome::Replay(r) => assert_eq!(r, response(201, "A2")),
+        other => panic!("expected A's replay, got {other:?}"),
+    }
+}
+
+/// A store opened on a file that has keys knows them: a retry of one reads it
+/// and replays, and its handler never runs.
+#[tokio::test]
+async fn a_store_opened_on_existing_keys_reads_them_before_claiming() {
+    use idemkit_core::{ClaimOutcome, TransactionalStore, TxClaim};
+    use idemkit_testkit::suite::{claim_req, response, scope};
+    let dir = std::env::temp_dir().join(format!("idemkit-sqlite-reopen-{}", uuid_like()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("keys.db");
+    let s = scope("acct", "before-restart");
+    let req = claim_req(&s, "{}");
+    {
+        let first = SqliteStore::open(&path).await.unwrap();
+        let TxClaim::Claimed { tx, lease } = first.claim_in_tx(&req).await.unwrap() else {
+            panic!("claims")
+        };
+        first
+            .complete_in_tx(tx, &s, lease.token, &response(201, "before"))
+            .await
+            .unwrap();
+        first.pool().close().await;
+    }
+    let restarted = SqliteStore::open(&path).await.unwrap();
+    match restarted.claim_in_tx(&req).await.unwrap() {
+        TxClaim::Other(ClaimOutcome::Replay(r)) => assert_eq!(r, response(201, "before")),
+        other => panic!("expected a replay without a claim, got {other:?}"),
+    }
+}
+
 mod race {
     use std::sync::Arc;
 
