@@ -1,9 +1,9 @@
 //! What `idemkit proxy` adds in front of an upstream, measured in one run.
 //!
 //! `cargo bench -p idemkit-cli --bench proxy` starts, in this process and over
-//! loopback HTTP, a quickstart-sized upstream (`POST /orders`: parse the JSON
-//! order, insert it into the upstream's own SQLite file, answer `201` with
-//! it; it ignores idempotency keys), and `idemkit proxy`'s router in front of it
+//! loopback HTTP, the quickstart's order write as the upstream (`POST /orders`:
+//! parse and validate the JSON order, insert it in its own SQLite transaction,
+//! answer `201` with it; it ignores idempotency keys), and `idemkit proxy`'s router in front of it
 //! on a SQLite key store (and on PostgreSQL and Redis when
 //! `IDEMKIT_TEST_POSTGRES_URL` / `IDEMKIT_TEST_REDIS_URL` are set). It then
 //! alternates rounds, direct and through the proxy, with a fresh key per
@@ -18,6 +18,7 @@
 //! Single absolute times on a shared machine are noise; compare the ratios.
 //! `IDEMKIT_BENCH_REQUESTS` sets the requests per round (default 2000).
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::Router;
@@ -26,10 +27,11 @@ use axum::response::IntoResponse;
 use axum::routing::post;
 use http::StatusCode;
 use idemkit_cli::proxy::{ProxyArgs, router};
+use idemkit_sqlite::SqliteStore;
 
 const ROUNDS: usize = 3;
 const CONCURRENCY: usize = 16;
-const BODY: &str = r#"{"sku":"BENCH-1","quantity":2,"note":"a typical small order body"}"#;
+const BODY: &str = r#"{"sku":"BENCH-1","quantity":2}"#;
 
 fn requests() -> usize {
     std::env::var("IDEMKIT_BENCH_REQUESTS")
@@ -38,27 +40,52 @@ fn requests() -> usize {
         .unwrap_or(2000)
 }
 
-#[derive(serde::Deserialize, serde::Serialize)]
-struct Order {
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewOrder {
     sku: String,
     quantity: i64,
-    note: String,
 }
 
-/// The upstream: the quickstart's order write, without idempotency.
-async fn create(State(db): State<sqlx::SqlitePool>, axum::Json(o): axum::Json<Order>) -> impl IntoResponse {
+#[derive(serde::Serialize)]
+struct Order {
+    id: i64,
+    sku: String,
+    quantity: i64,
+}
+
+/// The upstream: the quickstart's order write without idempotency (as the
+/// quickstart's Redis variant and the peers harness's bare setup run it):
+/// validate, `BEGIN IMMEDIATE` through the store's writer queue, one
+/// `INSERT … RETURNING id`, `COMMIT`, `201` with the order and a `Location`.
+async fn create(
+    State(db): State<Arc<SqliteStore>>,
+    axum::Json(o): axum::Json<NewOrder>,
+) -> Result<axum::response::Response, StatusCode> {
+    if o.sku.trim().is_empty() || o.sku.len() > 100 || o.quantity < 1 {
+        return Err(StatusCode::UNPROCESSABLE_ENTITY);
+    }
+    let mut tx = db.begin().await.map_err(|_| StatusCode::SERVICE_UNAVAILABLE)?;
     let id: i64 =
-        sqlx::query_scalar("INSERT INTO orders (sku, quantity, note) VALUES (?1, ?2, ?3) RETURNING id")
+        sqlx::query_scalar("INSERT INTO orders (account, sku, quantity) VALUES (?1, ?2, ?3) RETURNING id")
+            .bind("bench")
             .bind(&o.sku)
             .bind(o.quantity)
-            .bind(&o.note)
-            .fetch_one(&db)
+            .fetch_one(&mut *tx)
             .await
-            .expect("insert");
-    (
+            .map_err(|_| StatusCode::INTERNAL_SERVER_ERROR)?;
+    tx.commit().await.map_err(|_| StatusCode::INTERNAL_SERVER_ERROR)?;
+    let order = Order {
+        id,
+        sku: o.sku,
+        quantity: o.quantity,
+    };
+    Ok((
         StatusCode::CREATED,
-        axum::Json(serde_json::json!({ "id": id, "order": o })),
+        [(http::header::LOCATION, format!("/orders/{id}"))],
+        axum::Json(order),
     )
+        .into_response())
 }
 
 fn tempdir(tag: &str) -> std::path::PathBuf {
@@ -76,24 +103,22 @@ async fn serve(app: Router) -> String {
 }
 
 async fn upstream() -> String {
-    let file = tempdir("upstream").join("orders.db");
-    let options = sqlx::sqlite::SqliteConnectOptions::new()
-        .filename(file)
-        .create_if_missing(true)
-        .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
-        .synchronous(sqlx::sqlite::SqliteSynchronous::Normal);
-    let db = sqlx::sqlite::SqlitePoolOptions::new()
-        .max_connections(4)
-        .connect_with(options)
+    let db = SqliteStore::open(tempdir("upstream").join("orders.db"))
         .await
         .unwrap();
     sqlx::query(
-        "CREATE TABLE orders (id INTEGER PRIMARY KEY AUTOINCREMENT, sku TEXT, quantity INTEGER, note TEXT)",
+        "CREATE TABLE orders (id INTEGER PRIMARY KEY AUTOINCREMENT, account TEXT NOT NULL, sku TEXT NOT NULL, \
+         quantity INTEGER NOT NULL)",
     )
-    .execute(&db)
+    .execute(db.pool())
     .await
     .unwrap();
-    serve(Router::new().route("/orders", post(create)).with_state(db)).await
+    serve(
+        Router::new()
+            .route("/orders", post(create))
+            .with_state(Arc::new(db)),
+    )
+    .await
 }
 
 async fn proxy(upstream: &str, database_url: String) -> String {
@@ -233,7 +258,7 @@ async fn main() {
     let upstream = upstream().await;
     let direct = Target::new(&upstream);
     println!(
-        "idemkit proxy in front of a quickstart-sized upstream (SQLite insert), loopback HTTP, {n} requests per round, \
+        "idemkit proxy in front of the quickstart's order write (SQLite transaction), loopback HTTP, {n} requests per round, \
          {CONCURRENCY} concurrent callers, median of {ROUNDS} alternating rounds"
     );
     println!(
