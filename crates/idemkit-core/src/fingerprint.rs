@@ -139,22 +139,31 @@ impl Fingerprinter {
     /// Hashes one value as a prefix-free sequence of tokens (`{`, `}`, `[`, `]`,
     /// and tagged, length-prefixed member names, strings and scalars), which is
     /// injective: two documents hash the same input only if they are the same tree.
+    ///
+    /// Names and strings are borrowed from the body unless they contain escapes,
+    /// and the JSON pointer of each value is only built when a route excludes
+    /// fields: a request's fingerprint allocates per object and array, not per
+    /// member.
     fn walk(&self, raw: &RawValue, pointer: &mut String, h: &mut Sha256) -> Result<(), serde_json::Error> {
         let text = raw.get().trim_matches(JSON_WS);
         match text.as_bytes().first() {
             Some(b'{') => {
                 // Member names are decoded (escapes resolved) and sorted; a
                 // repeated name keeps its last value, as `serde_json::Value` does.
-                let members: BTreeMap<String, &RawValue> = serde_json::from_str(text)?;
+                let members: BTreeMap<Text<'_>, &RawValue> = serde_json::from_str(text)?;
                 h.update(b"{");
-                for (name, value) in &members {
+                for (Text(name), value) in &members {
                     let at = pointer.len();
-                    pointer.push('/');
-                    pointer.push_str(&name.replace('~', "~0").replace('/', "~1"));
-                    if !self.is_excluded(pointer) {
-                        put(h, b'k', name.as_bytes());
-                        self.walk(value, pointer, h)?;
+                    if !self.excluded.is_empty() {
+                        pointer.push('/');
+                        pointer.push_str(&name.replace('~', "~0").replace('/', "~1"));
+                        if self.is_excluded(pointer) {
+                            pointer.truncate(at);
+                            continue;
+                        }
                     }
+                    put(h, b'k', name.as_bytes());
+                    self.walk(value, pointer, h)?;
                     pointer.truncate(at);
                 }
                 h.update(b"}");
@@ -164,17 +173,21 @@ impl Fingerprinter {
                 h.update(b"[");
                 for (i, item) in items.iter().enumerate() {
                     let at = pointer.len();
-                    pointer.push('/');
-                    pointer.push_str(&i.to_string());
-                    if !self.is_excluded(pointer) {
-                        self.walk(item, pointer, h)?;
+                    if !self.excluded.is_empty() {
+                        pointer.push('/');
+                        pointer.push_str(&i.to_string());
+                        if self.is_excluded(pointer) {
+                            pointer.truncate(at);
+                            continue;
+                        }
                     }
+                    self.walk(item, pointer, h)?;
                     pointer.truncate(at);
                 }
                 h.update(b"]");
             }
             Some(b'"') => {
-                let s: String = serde_json::from_str(text)?;
+                let Text(s) = serde_json::from_str(text)?;
                 put(h, b's', s.as_bytes());
             }
             // Numbers, `true`, `false` and `null`, already validated by the parse:
@@ -188,6 +201,11 @@ impl Fingerprinter {
         !self.excluded.is_empty() && self.excluded.iter().any(|e| e == pointer)
     }
 }
+
+/// A JSON string's decoded text, borrowed from the document when it has no
+/// escapes. Ordered as `String` is (by bytes), so member order is unchanged.
+#[derive(serde::Deserialize, PartialEq, Eq, PartialOrd, Ord)]
+struct Text<'a>(#[serde(borrow)] std::borrow::Cow<'a, str>);
 
 /// JSON's insignificant whitespace (RFC 8259 §2).
 const JSON_WS: &[char] = &[' ', '\t', '\n', '\r'];
@@ -286,6 +304,28 @@ mod tests {
         assert_eq!(f(&a), f(&b));
         assert_ne!(f(&a), f(&c));
         assert!(Fingerprinter::new().exclude("nope").is_err());
+    }
+
+    /// Fingerprints are stored: a retry after an upgrade must still match.
+    /// These values were computed before the walk stopped allocating per member.
+    #[test]
+    fn fingerprints_are_stable_across_versions() {
+        let body = br#"{"b":[1,2.50,{"z":"\u00e9t\u00e9","a":null}],"a~/\"x":true,"s":"plain","n":-0.0e+1}"#;
+        let plain = Fingerprinter::new().compute("POST", "/orders?x=1", body);
+        let excluding = Fingerprinter::new()
+            .exclude("/a~0~1\"x")
+            .unwrap()
+            .exclude("/b/2/z")
+            .unwrap()
+            .compute("POST", "/orders?x=1", body);
+        assert_eq!(
+            plain.to_hex(),
+            "8ba35ac85aae218655da30e295da59a7e9a977b0bff7c2efde6c347a156f1a20"
+        );
+        assert_eq!(
+            excluding.to_hex(),
+            "1d75215781179848e3295e71d690cc558beaed3f98835083157d79d870dfbcfc"
+        );
     }
 
     #[test]

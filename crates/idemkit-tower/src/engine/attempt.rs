@@ -97,7 +97,9 @@ pub enum Finished {
 /// A claim held while the handler runs.
 pub struct Attempt {
     engine: Engine,
-    claim: ClaimRequest,
+    /// Shared with [`Attempt::recovery_handle`]'s copy (the stored request
+    /// is not copied per request for a panic that rarely comes).
+    claim: Arc<ClaimRequest>,
     pub(super) lease: Lease,
     /// Single-step mode: the open transaction holding the uncommitted claim,
     /// until the adapter hands it to the handler (behind a mutex only so that
@@ -119,7 +121,7 @@ impl std::fmt::Debug for Attempt {
 impl Attempt {
     pub(super) fn new(
         engine: Engine,
-        claim: ClaimRequest,
+        claim: Arc<ClaimRequest>,
         lease: Lease,
         tx: Option<Box<dyn Any + Send>>,
         deadline: Option<Instant>,
@@ -257,7 +259,7 @@ impl Attempt {
                 // Another request with this key committed first and this attempt's
                 // writes were rolled back: answer what the key now answers.
                 tracing::debug!("idempotency: single-step claim lost the race at commit");
-                match self.engine.begin(self.claim.clone()).await {
+                match self.engine.begin(ClaimRequest::clone(&self.claim)).await {
                     Err(settled) => Finished::Refused(settled),
                     Ok(_) => Finished::Refused(Refused::new(
                         outcome::IN_PROGRESS,

@@ -317,7 +317,7 @@ impl Engine {
                 span.record("outcome", refused.outcome);
             }
         }
-        result.map(|(lease, tx)| Attempt::new(self.clone(), claim, lease, tx, deadline))
+        result.map(|(lease, tx)| Attempt::new(self.clone(), Arc::new(claim), lease, tx, deadline))
     }
 
     async fn acquire(
