@@ -261,6 +261,9 @@ fn claim_request(
 const OVERSIZE_DRAIN: usize = 8 * 1024 * 1024;
 
 async fn read_body(mut body: Body, limit: usize) -> Result<Bytes, ProblemResponse> {
+    // A body that arrives in one frame (most small ones) is kept as it came;
+    // later frames are appended to a copy.
+    let mut first: Option<Bytes> = None;
     let mut buf = bytes::BytesMut::new();
     let mut seen = 0usize;
     while let Some(frame) = body.frame().await {
@@ -273,7 +276,15 @@ async fn read_body(mut body: Body, limit: usize) -> Result<Bytes, ProblemRespons
         let Ok(data) = frame.into_data() else { continue };
         seen = seen.saturating_add(data.len());
         if seen <= limit {
-            buf.extend_from_slice(&data);
+            match first.take() {
+                None if buf.is_empty() => first = Some(data),
+                held => {
+                    if let Some(held) = held {
+                        buf.extend_from_slice(&held);
+                    }
+                    buf.extend_from_slice(&data);
+                }
+            }
         } else if seen > limit.saturating_add(OVERSIZE_DRAIN) {
             break;
         }
@@ -284,7 +295,7 @@ async fn read_body(mut body: Body, limit: usize) -> Result<Bytes, ProblemRespons
             format!("the request body is larger than {limit} bytes"),
         ));
     }
-    Ok(buf.freeze())
+    Ok(first.unwrap_or_else(|| buf.freeze()))
 }
 
 /// Runs the handler under the attempt and finishes it by the route's policy.
@@ -422,5 +433,35 @@ where
     match attempt.store(tx, &stored).await {
         Finished::Stored => (outcome::EXECUTED, Response::from_parts(parts, Body::from(body))),
         Finished::Refused(refused) => (refused.outcome, refused_response(refused.refusal)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chunked(chunks: &[&'static str]) -> Body {
+        let frames: Vec<Result<Bytes, std::io::Error>> = chunks
+            .iter()
+            .map(|c| Ok(Bytes::from_static(c.as_bytes())))
+            .collect();
+        Body::from_stream(futures::stream::iter(frames))
+    }
+
+    #[tokio::test]
+    async fn a_body_is_read_whole_from_any_number_of_frames() {
+        let one = Bytes::from_static(b"{\"a\":1}");
+        let read = read_body(Body::from(one.clone()), 1024).await.unwrap();
+        assert_eq!(read, one);
+        assert_eq!(read.as_ptr(), one.as_ptr(), "one frame is kept, not copied");
+        for chunks in [
+            &["{\"a\"", ":1", "}"][..],
+            &["", "{\"a\":1}"][..],
+            &["", "", "{\"a\"", "", ":1}"][..],
+        ] {
+            assert_eq!(read_body(chunked(chunks), 1024).await.unwrap(), one, "{chunks:?}");
+        }
+        let err = read_body(chunked(&["{\"a\"", ":1}"]), 5).await.unwrap_err();
+        assert_eq!(err.problem.code, ErrorCode::PayloadTooLarge);
     }
 }
