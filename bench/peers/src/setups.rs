@@ -160,6 +160,7 @@ pub(crate) async fn sqlite_store(server: &Handle, path: PathBuf) -> (Arc<SqliteS
                 .await
                 .unwrap();
             let store = SqliteStore::from_pool(pool).await.unwrap();
+            assert!(store.keys_loaded().await);
             sqlx::query(SQLITE_ORDERS).execute(store.pool()).await.unwrap();
             Arc::new(store)
         })

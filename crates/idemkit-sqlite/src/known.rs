@@ -13,11 +13,13 @@
 //! the layer answers what the key answers. A hash collision only makes a claim
 //! read first, as it did before the set existed.
 //!
-//! Memory: about 16 bytes per record in the table.
+//! Memory: about 16 bytes per record in the table. The table is loaded in
+//! the background when the store opens ([`KnownKeys::spawn_load`]).
 
 use std::collections::HashSet;
 use std::hash::BuildHasher;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 use futures::TryStreamExt;
 use idemkit_core::{Scope, StoreResult};
@@ -30,6 +32,10 @@ use crate::error::map_err;
 pub(crate) struct KnownKeys {
     hasher: std::hash::RandomState,
     set: Mutex<HashSet<u64>>,
+    /// Until the table has been loaded, every key may exist.
+    loaded: AtomicBool,
+    /// Set when the load has ended, loaded or not.
+    ended: tokio::sync::SetOnce<()>,
 }
 
 impl KnownKeys {
@@ -41,22 +47,41 @@ impl KnownKeys {
         self.set.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Loads every scope in the table.
-    pub(crate) async fn load(pool: &SqlitePool) -> StoreResult<Self> {
-        let known = Self::default();
+    /// Loads every scope in the table in the background, so opening a large
+    /// store does not wait for the scan. Until it is done every key may exist
+    /// (claims read first, as without the set). The scan reads one snapshot;
+    /// keys written meanwhile are added by their writers, and a key the
+    /// reaper deletes meanwhile may stay (a stale entry only costs a read).
+    pub(crate) fn spawn_load(self: &Arc<Self>, pool: SqlitePool) {
+        let known = self.clone();
+        tokio::spawn(async move {
+            match known.load(&pool).await {
+                Ok(()) => known.loaded.store(true, Ordering::Release),
+                Err(e) => tracing::warn!(
+                    error = %e,
+                    "idemkit-sqlite: could not load the keys in the table; every claim reads its key first"
+                ),
+            }
+            let _ = known.ended.set(());
+        });
+    }
+
+    async fn load(&self, pool: &SqlitePool) -> StoreResult<()> {
         let mut rows =
             sqlx::query_as::<_, (String, String)>("SELECT account, idem_key FROM idemkit_keys").fetch(pool);
         while let Some((account, key)) = rows.try_next().await.map_err(map_err)? {
-            let h = known.hash(&account, &key);
-            known.set().insert(h);
+            let h = self.hash(&account, &key);
+            self.set().insert(h);
         }
-        drop(rows);
-        Ok(known)
+        Ok(())
     }
 
     /// Whether `scope` may have a row: `false` means no row this process
     /// knows of (see the module documentation for what that promises).
     pub(crate) fn may_exist(&self, scope: &Scope) -> bool {
+        if !self.loaded.load(Ordering::Acquire) {
+            return true;
+        }
         let h = self.hash(scope.account.as_str(), scope.key.as_str());
         self.set().contains(&h)
     }
@@ -76,9 +101,16 @@ impl KnownKeys {
         }
     }
 
-    /// How many scopes are known.
+    /// Waits for the load to end; whether the table was loaded.
+    pub(crate) async fn wait(&self) -> bool {
+        self.ended.wait().await;
+        self.loaded.load(Ordering::Acquire)
+    }
+
+    /// How many scopes are known, once the table is loaded.
     #[cfg(test)]
-    pub(crate) fn len(&self) -> usize {
+    pub(crate) async fn loaded_len(&self) -> usize {
+        assert!(self.wait().await, "the table loads");
         self.set().len()
     }
 }

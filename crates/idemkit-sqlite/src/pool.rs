@@ -54,7 +54,8 @@ impl SqliteStore {
             .run(&pool)
             .await
             .map_err(|e| StoreError::Backend(Box::new(e)))?;
-        let known = Arc::new(KnownKeys::load(&pool).await?);
+        let known = Arc::new(KnownKeys::default());
+        known.spawn_load(pool.clone());
         Ok(Self {
             pool,
             clock: Arc::new(SystemClock),

@@ -334,10 +334,11 @@ mod tests {
 
     use crate::SqliteStore;
 
-    /// Every key written is known, and the reaper's deletions are forgotten
-    /// (the set does not grow for as long as the process runs).
+    /// Every key written is known, a store opened on existing keys loads
+    /// them, and the reaper's deletions are forgotten (the set does not grow
+    /// for as long as the process runs).
     #[tokio::test]
-    async fn the_known_keys_follow_writes_and_the_reaper() {
+    async fn the_known_keys_follow_writes_loads_and_the_reaper() {
         let dir = std::env::temp_dir().join(format!("idemkit-sqlite-known-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
@@ -346,6 +347,7 @@ mod tests {
             .await
             .unwrap()
             .with_clock(clock.clone());
+        assert_eq!(store.known.loaded_len().await, 0);
         let lease_mode = scope("a", "lease-mode");
         let held = must_claim(&store, &claim_req(&lease_mode, "{}")).await;
         store
@@ -361,12 +363,14 @@ mod tests {
             .complete_in_tx(tx, &single, lease.token, &response(201, "two"))
             .await
             .unwrap();
-        assert_eq!(store.known.len(), 2);
+        assert_eq!(store.known.loaded_len().await, 2);
+        let reopened = SqliteStore::open(dir.join("keys.db")).await.unwrap();
+        assert_eq!(reopened.known.loaded_len().await, 2, "loaded at open");
+        assert!(reopened.known.may_exist(&single));
+        assert!(!reopened.known.may_exist(&scope("a", "never-written")));
         clock.advance(std::time::Duration::from_secs(3600));
         let report = store.reap(store.now()).await.unwrap();
         assert_eq!(report.deleted, 2);
-        assert_eq!(store.known.len(), 0, "reaped keys are forgotten");
-        let reopened = SqliteStore::open(dir.join("keys.db")).await.unwrap();
-        assert_eq!(reopened.known.len(), 0);
+        assert_eq!(store.known.loaded_len().await, 0, "reaped keys are forgotten");
     }
 }

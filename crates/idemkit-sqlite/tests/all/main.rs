@@ -271,6 +271,7 @@ async fn a_key_unknown_to_this_process_is_arbitrated_by_the_primary_key() {
     let path = dir.join("shared.db");
     let a = Arc::new(SqliteStore::open(&path).await.unwrap());
     let b = Arc::new(SqliteStore::open(&path).await.unwrap());
+    assert!(a.keys_loaded().await && b.keys_loaded().await);
     let orders = probe(a.clone()).await;
     let s = scope("acct", "written-by-a");
     let req = claim_req(&s, "{}");
@@ -334,6 +335,12 @@ async fn a_store_opened_on_existing_keys_reads_them_before_claiming() {
         first.pool().close().await;
     }
     let restarted = SqliteStore::open(&path).await.unwrap();
+    // Before the table is loaded every key is read first; after, this one is known.
+    match restarted.claim_in_tx(&req).await.unwrap() {
+        TxClaim::Other(ClaimOutcome::Replay(r)) => assert_eq!(r, response(201, "before")),
+        other => panic!("expected a replay without a claim, got {other:?}"),
+    }
+    assert!(restarted.keys_loaded().await);
     match restarted.claim_in_tx(&req).await.unwrap() {
         TxClaim::Other(ClaimOutcome::Replay(r)) => assert_eq!(r, response(201, "before")),
         other => panic!("expected a replay without a claim, got {other:?}"),
