@@ -246,9 +246,10 @@ impl Policy {
 
     /// Whether a response header is stored and replayed under this policy.
     pub fn replays_header(&self, name: &str) -> bool {
-        let name = name.to_ascii_lowercase();
-        !NEVER_REPLAYED_HEADERS.contains(&name.as_str())
-            && (DEFAULT_REPLAYED_HEADERS.contains(&name.as_str()) || self.replayed_headers.contains(&name))
+        let is = |n: &&str| n.eq_ignore_ascii_case(name);
+        !NEVER_REPLAYED_HEADERS.iter().any(is)
+            && (DEFAULT_REPLAYED_HEADERS.iter().any(is)
+                || self.replayed_headers.iter().any(|n| n.eq_ignore_ascii_case(name)))
     }
 
     /// Checks the invariants of SPEC §6.

@@ -233,7 +233,7 @@ async fn prepare(
 /// fingerprint covers the method name and the whole frame (prefix and message
 /// bytes).
 fn claim_for(shared: &Shared, parts: &Parts, scope: Scope, bytes: &Bytes) -> ClaimRequest {
-    shared.engine.claim_request(&Incoming {
+    shared.engine.claim_request(Incoming {
         scope,
         method: "POST",
         target: parts.uri.path(),

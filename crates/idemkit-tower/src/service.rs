@@ -245,7 +245,7 @@ fn claim_request(
         .uri
         .path_and_query()
         .map_or_else(|| parts.uri.path(), |p| p.as_str());
-    let claim = shared.engine.claim_request(&Incoming {
+    let claim = shared.engine.claim_request(Incoming {
         scope,
         method: parts.method.as_str(),
         target,

@@ -397,7 +397,7 @@ impl Proxy {
             .uri
             .path_and_query()
             .map_or_else(|| parts.uri.path(), |p| p.as_str());
-        let mut claim = route.engine.claim_request(&Incoming {
+        let mut claim = route.engine.claim_request(Incoming {
             scope: Scope::new(account, key),
             method: parts.method.as_str(),
             target,

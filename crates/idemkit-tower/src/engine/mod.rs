@@ -244,14 +244,14 @@ impl Engine {
 
     /// The claim for `req`: its fingerprint (method, target with query, body)
     /// and the request kept for the completer.
-    pub fn claim_request(&self, req: &Incoming<'_>) -> ClaimRequest {
+    pub fn claim_request(&self, req: Incoming<'_>) -> ClaimRequest {
         ClaimRequest {
-            scope: req.scope.clone(),
             fingerprint: self.fingerprinter.compute(req.method, req.target, req.body),
+            scope: req.scope,
             request: StoredRequest {
                 method: req.method.to_owned(),
                 path: req.target.to_owned(),
-                headers: req.headers.clone(),
+                headers: req.headers,
                 body: req.body.to_vec(),
             },
             lease: self.policy.lease,
