@@ -3,8 +3,8 @@
 //! `cargo bench -p idemkit-cli --bench proxy` starts, in this process and over
 //! loopback HTTP, the quickstart's order write as the upstream (`POST /orders`:
 //! parse and validate the JSON order, insert it in its own SQLite transaction,
-//! answer `201` with it; it ignores idempotency keys), and `idemkit proxy`'s router in front of it
-//! on a SQLite key store (and on PostgreSQL and Redis when
+//! answer `201` with it; it ignores idempotency keys), and `idemkit proxy`'s
+//! router in front of it on a SQLite key store (and on PostgreSQL and Redis when
 //! `IDEMKIT_TEST_POSTGRES_URL` / `IDEMKIT_TEST_REDIS_URL` are set). It then
 //! alternates rounds, direct and through the proxy, with a fresh key per
 //! request, and prints per store:

@@ -2,8 +2,9 @@
 //! of any other key can skip the read that would only find it absent.
 //!
 //! The set is a hint, never the arbiter: the table's primary key is. It holds
-//! a 64-bit hash of every scope this store read or wrote a row for since it
-//! loaded the table at open, and loses the ones its reaper deletes. A scope
+//! a 64-bit hash of every scope in the table when the store opened, and of
+//! every scope this store has read or written a row for since, and loses the
+//! ones its reaper deletes. A scope
 //! missing from it is either absent or was written by another process (or
 //! another store on the same file) since; a claim that skips the read then
 //! meets that row at its insert, which fails on the primary key: a lease-mode

@@ -32,9 +32,10 @@
 //! ## Layout
 //!
 //! `config` (settings), `pool` (opening, migrations), `sql` (every statement's
-//! text), `known` (the keys known to have a row), `claim` (the claim algorithm), `store` (the [`KeyStore`] methods),
-//! `tx` (single-step transactions, [`TransactionalStore`]), `decode` (rows to
-//! records) and `error` (sqlx errors to store error kinds).
+//! text), `known` (the keys known to have a row), `claim` (the claim
+//! algorithm), `store` (the [`KeyStore`] methods), `tx` (single-step
+//! transactions, [`TransactionalStore`]), `decode` (rows to records) and
+//! `error` (sqlx errors to store error kinds).
 //!
 //! [`KeyStore`]: idemkit_core::KeyStore
 //! [`TransactionalStore`]: idemkit_core::TransactionalStore

@@ -27,10 +27,8 @@ use idemkit_tower::{BearerTokenAccount, IdempotencyLayer, Json};
 use serde_json::Value;
 use tower::ServiceExt;
 
+/// The same handler with and without the layer.
 async fn echo(Json(v): Json<Value>) -> impl IntoResponse {
-    (StatusCode::CREATED, axum::Json(v))
-}
-async fn echo_plain(axum::Json(v): axum::Json<Value>) -> impl IntoResponse {
     (StatusCode::CREATED, axum::Json(v))
 }
 
@@ -66,7 +64,7 @@ fn main() {
                 .unwrap();
             Router::new().route("/op", post(echo).layer(layer))
         } else {
-            Router::new().route("/op", post(echo_plain))
+            Router::new().route("/op", post(echo))
         };
         for i in 0..n {
             let res = app.clone().oneshot(request(&format!("k-{i}"))).await.unwrap();
