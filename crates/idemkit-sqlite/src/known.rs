@@ -54,8 +54,17 @@ impl KnownKeys {
     /// keys written meanwhile are added by their writers, and a key the
     /// reaper deletes meanwhile may stay (a stale entry only costs a read).
     pub(crate) fn spawn_load(self: &Arc<Self>, pool: SqlitePool) {
-        let known = self.clone();
+        /// Ends the load however the task ends, even dropped with its runtime
+        /// half-way, so nobody waits for it forever.
+        struct Ended(Arc<KnownKeys>);
+        impl Drop for Ended {
+            fn drop(&mut self) {
+                let _ = self.0.ended.set(());
+            }
+        }
+        let ended = Ended(self.clone());
         tokio::spawn(async move {
+            let known = &ended.0;
             match known.load(&pool).await {
                 Ok(()) => known.loaded.store(true, Ordering::Release),
                 Err(e) => tracing::warn!(
@@ -63,7 +72,6 @@ impl KnownKeys {
                     "idemkit-sqlite: could not load the keys in the table; every claim reads its key first"
                 ),
             }
-            let _ = known.ended.set(());
         });
     }
 

@@ -334,6 +334,37 @@ mod tests {
 
     use crate::SqliteStore;
 
+    /// A store whose runtime ends before its load ran says so instead of
+    /// making `keys_loaded` wait forever; its claims keep reading first.
+    #[test]
+    fn a_load_dropped_with_its_runtime_ends() {
+        let dir = std::env::temp_dir().join(format!("idemkit-sqlite-dropped-load-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let first = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        // The load task is spawned as `open` returns and never polled: a
+        // current-thread runtime runs spawned tasks only inside `block_on`.
+        let store = first.block_on(SqliteStore::open(dir.join("keys.db"))).unwrap();
+        drop(first);
+        let second = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let loaded = second.block_on(async {
+            tokio::time::timeout(std::time::Duration::from_secs(10), store.keys_loaded())
+                .await
+                .expect("keys_loaded returns")
+        });
+        assert!(!loaded);
+        assert!(
+            store.known.may_exist(&scope("a", "any")),
+            "every key is read first"
+        );
+    }
+
     /// Every key written is known, a store opened on existing keys loads
     /// them, and the reaper's deletions are forgotten (the set does not grow
     /// for as long as the process runs).
