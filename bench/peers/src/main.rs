@@ -53,6 +53,8 @@ use handlers::*;
 use setups::*;
 
 const ROUNDS: usize = 3;
+/// Passes over the setups per round (see the rounds in `run`).
+const SLICES: usize = 6;
 const CONCURRENCY: usize = 16;
 const SERVER_WORKERS: usize = 2;
 const CLIENT_WORKERS: usize = 2;
@@ -62,7 +64,7 @@ fn requests() -> usize {
     std::env::var("IDEMKIT_BENCH_REQUESTS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .filter(|&n| n >= CONCURRENCY)
+        .filter(|&n| n >= CONCURRENCY * SLICES)
         .unwrap_or(3000)
 }
 
@@ -146,8 +148,8 @@ async fn run(server: Handle) {
 
     println!("idemkit-bench-peers: the quickstart's order write over loopback HTTP");
     println!(
-        "  {n} requests per setup per round (+{warm} warm-up), {ROUNDS} rounds, {CONCURRENCY} client tasks \
-         ({CLIENT_WORKERS} client threads), servers on {SERVER_WORKERS} worker threads"
+        "  {n} requests per setup per round in {SLICES} interleaved slices (+{warm} warm-up), {ROUNDS} rounds, \
+         {CONCURRENCY} client tasks ({CLIENT_WORKERS} client threads), servers on {SERVER_WORKERS} worker threads"
     );
 
     let mut setups = Vec::new();
@@ -359,18 +361,33 @@ async fn run(server: Handle) {
         }
     }
 
-    // rps[setup][round], replay[setup][round].
+    // rps[setup][round], replay[setup][round]. A round is SLICES passes over
+    // the setups, n / SLICES requests each, so every setup and its baseline
+    // are measured a few seconds apart all through the round: a change of the
+    // machine's speed mid-round weighs on both instead of on whichever setup
+    // ran then. A setup's rate in a round is its requests ÷ its summed time.
+    let slice = n / SLICES;
     let mut rps = vec![Vec::new(); setups.len()];
     let mut replay = vec![Vec::new(); setups.len()];
     for round in 0..ROUNDS {
-        let mut order: Vec<usize> = (0..setups.len()).collect();
-        order.rotate_left(round % setups.len());
-        for i in order {
-            let s = &setups[i];
-            let tag = format!("r{round}");
-            rps[i].push(drive(s, n, &tag, false).await);
+        let mut time = vec![0.0; setups.len()];
+        let mut replay_time = vec![0.0; setups.len()];
+        for pass in 0..SLICES {
+            let mut order: Vec<usize> = (0..setups.len()).collect();
+            order.rotate_left((round * SLICES + pass) % setups.len());
+            for i in order {
+                let s = &setups[i];
+                let tag = format!("r{round}p{pass}");
+                time[i] += slice as f64 / drive(s, slice, &tag, false).await;
+                if s.replay_marker.is_some() {
+                    replay_time[i] += slice as f64 / drive(s, slice, &tag, true).await;
+                }
+            }
+        }
+        for (i, s) in setups.iter().enumerate() {
+            rps[i].push((slice * SLICES) as f64 / time[i]);
             if s.replay_marker.is_some() {
-                replay[i].push(drive(s, n, &tag, true).await);
+                replay[i].push((slice * SLICES) as f64 / replay_time[i]);
             }
         }
         eprintln!("  round {} of {ROUNDS} done", round + 1);
@@ -443,7 +460,7 @@ async fn run(server: Handle) {
 
     // Every setup ran its handler once per distinct key: replays never reached it.
     println!();
-    let expected = (warm + ROUNDS * n) as i64;
+    let expected = (warm + ROUNDS * SLICES * (n / SLICES)) as i64;
     let expected_for = |s: &Setup| expected + if s.statements.is_some() { counted as i64 } else { 0 };
     let mut all_ok = true;
     for s in &setups {
