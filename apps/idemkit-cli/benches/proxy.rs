@@ -6,14 +6,15 @@
 //! answer `201` with it; it ignores idempotency keys), and `idemkit proxy`'s
 //! router in front of it on a SQLite key store (and on PostgreSQL and Redis when
 //! `IDEMKIT_TEST_POSTGRES_URL` / `IDEMKIT_TEST_REDIS_URL` are set). It then
-//! alternates rounds, direct and through the proxy, with a fresh key per
+//! measures direct and through the proxy side by side, with a fresh key per
 //! request, and prints per store:
 //!
-//! - throughput through the proxy ÷ direct (median round; 16 concurrent
-//!   callers), and
-//! - latency p50 and p99 of sequential requests, direct and through the proxy,
-//!   and the proxy's added p50 ÷ the upstream's own p50 (the issue's target:
-//!   below 1, the proxy adds less than the upstream's own request costs).
+//! - throughput through the proxy ÷ direct (median of 3 rounds, each of 5
+//!   slices alternating direct and proxied; 16 concurrent callers), and
+//! - latency p50 and p99 of sequential requests, one direct and one through
+//!   the proxy in turn, and the proxy's added p50 ÷ the upstream's own p50 (the
+//!   issue's target: below 1, the proxy adds less than the upstream's own
+//!   request costs).
 //!
 //! Single absolute times on a shared machine are noise; compare the ratios.
 //! `IDEMKIT_BENCH_REQUESTS` sets the requests per round (default 2000).
@@ -30,6 +31,8 @@ use idemkit_cli::proxy::{ProxyArgs, router};
 use idemkit_sqlite::SqliteStore;
 
 const ROUNDS: usize = 3;
+/// Slices per round, alternating direct and through the proxy.
+const SLICES: usize = 5;
 const CONCURRENCY: usize = 16;
 const BODY: &str = r#"{"sku":"BENCH-1","quantity":2}"#;
 
@@ -191,15 +194,21 @@ async fn drive(target: &Target, n: usize, tag: &str) -> Duration {
     started.elapsed()
 }
 
-async fn latencies(target: &Target, n: usize, tag: &str) -> Vec<Duration> {
-    let mut out = Vec::with_capacity(n);
+/// `n` sequential requests to each target, alternating one by one, so each pair
+/// of samples is taken under the same machine conditions. Sorted latencies of
+/// `a` and of `b`.
+async fn latencies(a: &Target, b: &Target, n: usize, tag: &str) -> (Vec<Duration>, Vec<Duration>) {
+    let (mut la, mut lb) = (Vec::with_capacity(n), Vec::with_capacity(n));
     for i in 0..n {
-        let started = Instant::now();
-        target.send(&format!("{tag}-{i}")).await;
-        out.push(started.elapsed());
+        for (target, out, side) in [(a, &mut la, "a"), (b, &mut lb, "b")] {
+            let started = Instant::now();
+            target.send(&format!("{tag}-{side}-{i}")).await;
+            out.push(started.elapsed());
+        }
     }
-    out.sort();
-    out
+    la.sort();
+    lb.sort();
+    (la, lb)
 }
 
 fn pct(sorted: &[Duration], p: f64) -> Duration {
@@ -222,11 +231,15 @@ async fn measure(name: &str, direct: &Target, proxied: &Target, n: usize) {
     let mut ratios = Vec::new();
     let (mut d50, mut d99, mut p50, mut p99) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for round in 0..ROUNDS {
-        let a = drive(direct, n, &format!("{run}-r{round}-a")).await;
-        let b = drive(proxied, n, &format!("{run}-r{round}-b")).await;
+        // Throughput in interleaved slices: a change of the machine's speed
+        // mid-round weighs on both sides.
+        let (mut a, mut b) = (Duration::ZERO, Duration::ZERO);
+        for slice in 0..SLICES {
+            a += drive(direct, n / SLICES, &format!("{run}-r{round}s{slice}-a")).await;
+            b += drive(proxied, n / SLICES, &format!("{run}-r{round}s{slice}-b")).await;
+        }
         ratios.push(a.as_secs_f64() / b.as_secs_f64());
-        let la = latencies(direct, n / 8, &format!("{run}-l{round}-a")).await;
-        let lb = latencies(proxied, n / 8, &format!("{run}-l{round}-b")).await;
+        let (la, lb) = latencies(direct, proxied, n / 8, &format!("{run}-l{round}")).await;
         d50.push(us(pct(&la, 0.5)));
         d99.push(us(pct(&la, 0.99)));
         p50.push(us(pct(&lb, 0.5)));
@@ -259,7 +272,7 @@ async fn main() {
     let direct = Target::new(&upstream);
     println!(
         "idemkit proxy in front of the quickstart's order write (SQLite transaction), loopback HTTP, {n} requests per round, \
-         {CONCURRENCY} concurrent callers, median of {ROUNDS} alternating rounds"
+         {CONCURRENCY} concurrent callers, median of {ROUNDS} rounds of {SLICES} alternating slices"
     );
     println!(
         "{:<10} {:>10} {:>9} {:>9} {:>9} {:>9} {:>12} {:>12}",
