@@ -334,13 +334,19 @@ mod tests {
 
     use crate::SqliteStore;
 
+    /// An empty directory of this process for one test.
+    fn fresh_dir(tag: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("idemkit-sqlite-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
     /// A store whose runtime ends before its load ran says so instead of
     /// making `keys_loaded` wait forever; its claims keep reading first.
     #[test]
     fn a_load_dropped_with_its_runtime_ends() {
-        let dir = std::env::temp_dir().join(format!("idemkit-sqlite-dropped-load-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = fresh_dir("dropped-load");
         let first = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -370,9 +376,7 @@ mod tests {
     /// for as long as the process runs).
     #[tokio::test]
     async fn the_known_keys_follow_writes_loads_and_the_reaper() {
-        let dir = std::env::temp_dir().join(format!("idemkit-sqlite-known-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = fresh_dir("known");
         let clock = Arc::new(ManualClock::new());
         let store = SqliteStore::open(dir.join("keys.db"))
             .await

@@ -9,10 +9,16 @@ use idemkit_testkit::tx_suite::BusinessProbe;
 
 /// A fresh database in its own temporary directory (kept alive for the test).
 async fn fresh(clock: Arc<ManualClock>) -> Arc<SqliteStore> {
-    let dir = std::env::temp_dir().join(format!("idemkit-sqlite-test-{}", uuid_like()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = test_dir("test");
     let store = SqliteStore::open(dir.join("keys.db")).await.expect("open sqlite");
     Arc::new(store.with_clock(clock))
+}
+
+/// A new, empty directory of its own for one test (`tag` names the test).
+fn test_dir(tag: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("idemkit-sqlite-{tag}-{}", uuid_like()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
 }
 
 fn uuid_like() -> String {
@@ -115,8 +121,7 @@ async fn lifecycle_migration_keeps_existing_records() {
     use idemkit_core::{Clock, KeyStore, RecordState};
     use idemkit_testkit::suite::{claim_req, must_claim, response, scope};
     use sqlx::migrate::Migrator;
-    let dir = std::env::temp_dir().join(format!("idemkit-sqlite-migrate-{}", uuid_like()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = test_dir("migrate");
     let url = format!("sqlite://{}?mode=rwc", dir.join("old.db").display());
     let clock = Arc::new(ManualClock::new());
     let s = scope("a", "before-upgrade");
@@ -167,8 +172,7 @@ async fn lifecycle_migration_keeps_existing_records() {
 
 #[tokio::test]
 async fn opens_sqlite_urls_and_reopens_existing_files() {
-    let dir = std::env::temp_dir().join(format!("idemkit-sqlite-url-{}", uuid_like()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = test_dir("url");
     let path = dir.join("u.db");
     let url = format!("sqlite://{}", path.display());
     let a = SqliteStore::open(&url).await.expect("url form");
@@ -215,8 +219,7 @@ async fn in_process_duplicate_of_a_pending_single_step_claim_is_in_progress() {
 async fn two_processes_racing_one_key_commit_once() {
     use idemkit_core::{StoreError, TransactionalStore, TxClaim};
     use idemkit_testkit::suite::{claim_req, response, scope};
-    let dir = std::env::temp_dir().join(format!("idemkit-sqlite-two-{}", uuid_like()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = test_dir("two");
     let path = dir.join("shared.db");
     let a = Arc::new(SqliteStore::open(&path).await.unwrap());
     let b = Arc::new(SqliteStore::open(&path).await.unwrap());
@@ -266,8 +269,7 @@ async fn two_processes_racing_one_key_commit_once() {
 async fn a_key_unknown_to_this_process_is_arbitrated_by_the_primary_key() {
     use idemkit_core::{ClaimOutcome, KeyStore, StoreError, TransactionalStore, TxClaim};
     use idemkit_testkit::suite::{claim_req, must_claim, response, scope};
-    let dir = std::env::temp_dir().join(format!("idemkit-sqlite-unknown-{}", uuid_like()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = test_dir("unknown");
     let path = dir.join("shared.db");
     let a = Arc::new(SqliteStore::open(&path).await.unwrap());
     let b = Arc::new(SqliteStore::open(&path).await.unwrap());
@@ -318,8 +320,7 @@ async fn a_key_unknown_to_this_process_is_arbitrated_by_the_primary_key() {
 async fn a_store_opened_on_existing_keys_reads_them_before_claiming() {
     use idemkit_core::{ClaimOutcome, TransactionalStore, TxClaim};
     use idemkit_testkit::suite::{claim_req, response, scope};
-    let dir = std::env::temp_dir().join(format!("idemkit-sqlite-reopen-{}", uuid_like()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = test_dir("reopen");
     let path = dir.join("keys.db");
     let s = scope("acct", "before-restart");
     let req = claim_req(&s, "{}");
@@ -362,8 +363,7 @@ mod race {
         static BASE: OnceCell<SqliteStore> = OnceCell::const_new();
         let base = BASE
             .get_or_init(|| async {
-                let dir = std::env::temp_dir().join(format!("idemkit-sqlite-race-{}", super::uuid_like()));
-                std::fs::create_dir_all(&dir).unwrap();
+                let dir = super::test_dir("race");
                 SqliteStore::open(dir.join("keys.db")).await.expect("open sqlite")
             })
             .await;
@@ -458,8 +458,7 @@ async fn cancelled_transactions_never_leave_the_connection_in_one() {
     use idemkit_sqlite::SqliteConfig;
     use sqlx::Connection;
 
-    let dir = std::env::temp_dir().join(format!("idemkit-sqlite-cancel-{}", uuid_like()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = test_dir("cancel");
     let path = dir.join("keys.db");
     let config = SqliteConfig {
         max_connections: 1,
