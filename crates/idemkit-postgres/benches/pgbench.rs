@@ -15,19 +15,20 @@
 //!
 //! A second table is what the SQL alone costs the layer's single-step ratio:
 //! pgbench (16 clients, prepared) runs the quickstart's order transaction bare
-//! (`BEGIN`; insert; `COMMIT`), bare with three empty statements (`SELECT 1`),
-//! and with the single-step layer's statements (the store's opening and its
-//! `lock_timeout`; its claim; the insert; the completion function; `COMMIT`),
-//! each ÷ bare. The last two send as many statements, so their quotient is the
-//! record's own cost in the database (the layer itself sends the opening and
-//! the completion each with its neighbour: four round trips, not six).
+//! (`BEGIN`; insert; `COMMIT`), bare with five empty statements (`SELECT 1`),
+//! and with the single-step layer's statements (the store's opening with its
+//! `lock_timeout`, lock and absence check; the insert; the completion function;
+//! `COMMIT`), each ÷ bare. The last two send as many statements, so their
+//! quotient is the record's own cost in the database (the layer itself sends
+//! the opening's five statements together, and the completion with the
+//! `COMMIT`: three round trips, the handler's own).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use idemkit_core::{ClaimOutcome, KeyStore, StoredResponse};
-use idemkit_postgres::{PgConfig, PgStore, claim_and_complete_sql, single_step_claim_sql};
+use idemkit_postgres::{PgConfig, PgStore, claim_and_complete_sql, single_step_sql};
 use idemkit_testkit::suite::{claim_req, scope};
 
 const ROUNDS: usize = 3;
@@ -140,20 +141,22 @@ fn fill_claim(claim: &str, key: &str, body_hex: &str) -> String {
 const ORDER_INSERT: &str =
     "INSERT INTO orders (account, sku, quantity) VALUES ('bench', 'SKU-1', 2) RETURNING id";
 
-/// The order transaction bare, bare with three empty statements, and with the
+/// The order transaction bare, bare with five empty statements, and with the
 /// single-step layer's statements, one statement per line (pgbench's prepared
 /// mode sends one per round trip; the layer sends the opening with its
-/// `lock_timeout`, and the completion with the `COMMIT`, together).
+/// `lock_timeout`, lock and absence check together, and the completion with
+/// the `COMMIT`: the handler's three round trips).
 fn order_scripts(schema: &str) -> [(&'static str, String); 3] {
     // pgbench cannot compute the store's lock id per key; the script uses the
     // key's number itself, which is as cheap for the server.
-    let (begin, claim) = single_step_claim_sql(50, 0);
-    let begin = begin.replace("pg_advisory_xact_lock(0)", "pg_advisory_xact_lock(:k)");
-    let key = "'ss-' || :k";
-    let claim = fill(&claim, &["'bench'", key, "NULL"]);
+    let key = "('ss-' || :k)";
+    let begin = single_step_sql(50, 0, schema, &scope("bench", "PLACEHOLDER"))
+        .replace("pg_advisory_xact_lock(0)", "pg_advisory_xact_lock(:k)")
+        .replace("E'bench'", "'bench'")
+        .replace("E'PLACEHOLDER'", key);
     let complete = format!(
-        "SELECT {schema}.idemkit_insert_single_step('bench'::text, ({key})::text, \
-         currval('idemkit_fencing_seq')::bigint, NULL::bigint, 0::bigint, 30000::bigint, \
+        "SELECT {schema}.idemkit_insert_single_step_at_commit('bench'::text, {key}::text, \
+         NULL::bigint, NULL::bigint, 30000::bigint, \
          decode(repeat('ab', 32), 'hex')::bytea, NULL::text, 'POST'::text, '/orders'::text, \
          '[]'::text, decode('7b22736b75223a22534b552d31222c227175616e74697479223a327d', 'hex')::bytea, \
          201::integer, '[[\"location\",\"/orders/1\"]]'::text, \
@@ -165,13 +168,15 @@ fn order_scripts(schema: &str) -> [(&'static str, String); 3] {
             format!("BEGIN;\n{ORDER_INSERT};\nCOMMIT;\n"),
         ),
         (
-            "bare + 3 empty (6)",
-            format!("BEGIN;\nSELECT 1;\nSELECT 1;\n{ORDER_INSERT};\nSELECT 1;\nCOMMIT;\n"),
+            "bare + 5 empty (8)",
+            format!(
+                "BEGIN;\nSELECT 1;\nSELECT 1;\nSELECT 1;\nSELECT 1;\n{ORDER_INSERT};\nSELECT 1;\nCOMMIT;\n"
+            ),
         ),
         (
-            "single-step layer (6)",
+            "single-step layer (8)",
             format!(
-                "\\set k random(1, 9000000000000000000)\n{};\n{claim};\n{ORDER_INSERT};\n{complete};\nCOMMIT;\n",
+                "\\set k random(1, 9000000000000000000)\n{};\n{ORDER_INSERT};\n{complete};\nCOMMIT;\n",
                 begin.replace("; ", ";\n")
             ),
         ),

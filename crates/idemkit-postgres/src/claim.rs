@@ -2,14 +2,17 @@
 //! inserts the in-flight row or returns the existing record with the store's
 //! clock. Single-step mode, inside the handler's transaction: the round trip
 //! that opens it takes the key's advisory lock (a wait bounded by the claim's
-//! `lock_timeout`), one statement reads the record, and a key read absent is
-//! written with the `COMMIT`. Both decide on an existing record as every store does
+//! `lock_timeout`) and checks that the key has no record; a key without one
+//! is written with the `COMMIT`, so a first request costs no round trip of its
+//! own. A key with a record is read, and decided as every store decides
 //! (`Resolution::of`); a takeover or window reuse is a compare-and-swap on the
-//! record exactly as read (token, state and lease), on a fresh token.
+//! record exactly as read (token, state and lease), on a fresh token, under
+//! the lock.
+
+use std::time::Duration;
 
 use idemkit_core::{
-    ClaimOutcome, ClaimRequest, FencingToken, Lease, Millis, Record, Resolution, Scope, StoreError,
-    StoredHeader,
+    ClaimOutcome, ClaimRequest, FencingToken, Lease, Millis, Record, Resolution, Scope, StoredHeader,
 };
 use sha2::{Digest, Sha256};
 use sqlx::pool::PoolConnection;
@@ -19,7 +22,7 @@ use sqlx_core::transaction::TransactionManager;
 
 use crate::PgStore;
 use crate::decode::decode_at;
-use crate::error::{corrupt, is_lock_timeout};
+use crate::error::{corrupt, is_lock_timeout, sqlstate};
 use crate::retry::Retry;
 use crate::sql::{self, lease_ms};
 
@@ -70,10 +73,25 @@ impl Drop for Opening {
     }
 }
 
+/// How a single-step claim's transaction opened ([`PgStore::open_single_step`]).
+pub(crate) enum Opened {
+    /// Holding the key's advisory lock, and the key has no record: nothing to
+    /// read, the record is written, completed, at commit.
+    Absent(PoolConnection<Postgres>),
+    /// Holding the key's advisory lock: the record must be read
+    /// ([`PgStore::claim_single_step`]).
+    Locked(PoolConnection<Postgres>),
+    /// Nothing to run, and no transaction: a replay, a conflict, in progress.
+    Settled(ClaimOutcome),
+}
+
 /// What a single-step claim found, holding the key's advisory lock.
 pub(crate) enum SingleStep {
-    /// The key is absent: the record is written, completed, at commit, on `token`.
-    Absent { token: FencingToken, now: Millis },
+    /// The key is absent: the record is written, completed, at commit. It was
+    /// read absent at `read_at` by the store's clock, which becomes its
+    /// creation time (`None`: the opening's check found it absent, and the
+    /// record is created at commit).
+    Absent { read_at: Option<Millis> },
     /// A record was taken over or reused (moved, uncommitted, in this transaction).
     Moved(Lease),
     /// Nothing to run: a replay, a conflict, in progress, stale.
@@ -107,13 +125,19 @@ impl PgStore {
     }
 
     /// Opens a single-step claim's transaction holding the key's advisory lock
-    /// ([`lock_id`]), in one round trip. The wait for a concurrent holder is
-    /// bounded by the configured reject timeout, or by the request's own wait:
-    /// `None` when it ran out (the aborted transaction is rolled back).
-    pub(crate) async fn begin_single_step(
-        &self,
-        req: &ClaimRequest,
-    ) -> Result<Option<PoolConnection<Postgres>>, Retry> {
+    /// ([`lock_id`]). The wait for a concurrent holder is bounded by the
+    /// configured reject timeout, or by the request's own wait; when it runs
+    /// out the answer is "in progress" (the aborted transaction is rolled back).
+    ///
+    /// A first attempt (no resume) also checks, in the same round trip, that
+    /// the key has no record ([`sql::begin_locked_absent`]): then the claim
+    /// needs no read, and a first request sends nothing but the handler's own
+    /// round trips. A key with a record fails the check; its transaction is
+    /// rolled back and the record read in one round trip, which settles a
+    /// replay, a conflict or an in-progress answer without a transaction. Only
+    /// a record to move (a takeover, a window reuse, a released key), or one
+    /// gone since, opens the transaction again and reads under the lock.
+    pub(crate) async fn open_single_step(&self, req: &ClaimRequest) -> Result<Opened, Retry> {
         let ms = if req.lock_wait.is_zero() {
             self.config.reject_lock_timeout
         } else {
@@ -121,22 +145,55 @@ impl PgStore {
         }
         .as_millis()
         .max(1);
+        let lock = lock_id(&req.scope);
         let mut opening = Opening::new(self.pool.acquire().await.map_err(Retry::from)?);
-        let begin = AssertSqlSafe(sql::begin_locked(ms, lock_id(&req.scope))).into_sql_str();
-        match PgTransactionManager::begin(opening.conn(), Some(begin)).await {
-            Ok(()) => Ok(Some(opening.keep())),
-            Err(e) if is_lock_timeout(&e) => {
-                // The transaction began and its lock wait failed: it is aborted,
-                // and sqlx does not count it (its depth is still 0).
-                sqlx::raw_sql("ROLLBACK")
-                    .execute(&mut **opening.conn())
-                    .await
-                    .map_err(Retry::from)?;
-                drop(opening.keep());
-                Ok(None)
+        if req.resume.is_none() {
+            let begin = sql::begin_locked_absent(ms, lock, &self.config.schema, &req.scope);
+            match PgTransactionManager::begin(opening.conn(), Some(AssertSqlSafe(begin).into_sql_str())).await
+            {
+                Ok(()) => return Ok(Opened::Absent(opening.keep())),
+                Err(e) if sqlstate(&e).as_deref() == Some("IK003") => {
+                    // The transaction is aborted, and sqlx does not count it.
+                    let read = sql::rollback_and_read(&req.scope, self.test_now());
+                    let row = sqlx::raw_sql(AssertSqlSafe(read))
+                        .fetch_optional(&mut **opening.conn())
+                        .await
+                        .map_err(Retry::from)?;
+                    if let Some(row) = row {
+                        let now = Millis(row.try_get(0).map_err(corrupt)?);
+                        if let Resolution::Settled(outcome) = Resolution::of(&decode_at(&row, 1)?, req, now)?
+                        {
+                            drop(opening.keep());
+                            return Ok(Opened::Settled(outcome));
+                        }
+                    }
+                }
+                Err(e) => return self.busy_or_fail(opening, e).await,
             }
-            Err(e) => Err(Retry::from(e)),
         }
+        let begin = AssertSqlSafe(sql::begin_locked(ms, lock)).into_sql_str();
+        match PgTransactionManager::begin(opening.conn(), Some(begin)).await {
+            Ok(()) => Ok(Opened::Locked(opening.keep())),
+            Err(e) => self.busy_or_fail(opening, e).await,
+        }
+    }
+
+    /// A single-step opening that failed: "in progress" if its wait for the
+    /// key's lock ran out (the transaction began and is aborted, and sqlx does
+    /// not count it: it is rolled back here), the error otherwise (the
+    /// connection is closed with `opening`).
+    async fn busy_or_fail(&self, mut opening: Opening, e: sqlx::Error) -> Result<Opened, Retry> {
+        if !is_lock_timeout(&e) {
+            return Err(Retry::from(e));
+        }
+        sqlx::raw_sql("ROLLBACK")
+            .execute(&mut **opening.conn())
+            .await
+            .map_err(Retry::from)?;
+        drop(opening.keep());
+        Ok(Opened::Settled(ClaimOutcome::InProgress {
+            retry_after: Duration::from_secs(1),
+        }))
     }
 
     /// The lease-mode claim, autocommitted on `conn`. One round trip when the
@@ -199,17 +256,17 @@ impl PgStore {
     }
 
     /// The single-step claim, on a transaction opened by
-    /// [`Self::begin_single_step`] (which holds the key's advisory lock): one
-    /// read of the record. A key read absent is not written now: the record is
-    /// inserted, completed, with the `COMMIT` ([`SingleStep::Absent`]). A
-    /// record that can be taken over or reused is moved in this transaction as
-    /// in lease mode.
+    /// [`Self::open_single_step`] whose record must be read (it holds the key's
+    /// advisory lock): one read of the record. A key read absent is not written
+    /// now: the record is inserted, completed, with the `COMMIT`
+    /// ([`SingleStep::Absent`]). A record that can be taken over or reused is
+    /// moved in this transaction as in lease mode.
     pub(crate) async fn claim_single_step(
         &self,
         conn: &mut PgConnection,
         req: &ClaimRequest,
     ) -> Result<SingleStep, Retry> {
-        let row = sqlx::query(AssertSqlSafe(sql::CLAIM_SINGLE_STEP.as_str()))
+        let row = sqlx::query(AssertSqlSafe(sql::SELECT_WITH_NOW.as_str()))
             .bind(req.scope.account.as_str())
             .bind(req.scope.key.as_str())
             .bind(self.test_now())
@@ -217,21 +274,14 @@ impl PgStore {
             .await
             .map_err(Retry::from)?;
         let now = Millis(row.try_get(0).map_err(corrupt)?);
-        if row.try_get::<Option<String>, _>(2).map_err(corrupt)?.is_none() {
+        if row.try_get::<Option<String>, _>(1).map_err(corrupt)?.is_none() {
             if req.resume.is_some() {
                 // A resume never inserts: a record that is gone is stale.
                 return Ok(SingleStep::Settled(ClaimOutcome::Stale));
             }
-            let token = row
-                .try_get::<Option<i64>, _>(1)
-                .map_err(corrupt)?
-                .ok_or_else(|| Retry::Fatal(StoreError::Corrupt("no token for an absent key".into())))?;
-            return Ok(SingleStep::Absent {
-                token: FencingToken(token),
-                now,
-            });
+            return Ok(SingleStep::Absent { read_at: Some(now) });
         }
-        let existing = decode_at(&row, 2)?;
+        let existing = decode_at(&row, 1)?;
         let takeover = match Resolution::of(&existing, req, now)? {
             Resolution::Move { takeover } => takeover,
             Resolution::Settled(outcome) => return Ok(SingleStep::Settled(outcome)),

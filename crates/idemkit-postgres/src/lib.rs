@@ -72,21 +72,25 @@ pub fn claim_and_complete_sql() -> (String, String) {
     (sql::CLAIM.clone(), sql::COMPLETE_NOTIFYING.clone())
 }
 
-/// The single-step claim's statements as `TransactionalStore::claim_in_tx`
-/// sends them: the transaction's opening (with a `lock_timeout` of
-/// `lock_timeout_ms`, holding advisory lock `lock`) and the claim's read
-/// (account `$1`, key `$2`, test clock `$3`), for `benches/pgbench.rs`.
+/// The single-step claim's opening as `TransactionalStore::claim_in_tx` sends
+/// it for a first attempt (with a `lock_timeout` of `lock_timeout_ms`, holding
+/// advisory lock `lock`, checking that `scope` has no record), and the
+/// completion's function call for that key, up to the request and response
+/// arguments (`SELECT <schema>.idemkit_insert_single_step_at_commit(account,
+/// key, test clock, created at, lease ms, `), for `benches/pgbench.rs`.
 #[doc(hidden)]
-pub fn single_step_claim_sql(lock_timeout_ms: u128, lock: i64) -> (String, String) {
-    (
-        sql::begin_locked(lock_timeout_ms, lock),
-        sql::CLAIM_SINGLE_STEP.clone(),
-    )
+pub fn single_step_sql(
+    lock_timeout_ms: u128,
+    lock: i64,
+    schema: &str,
+    scope: &idemkit_core::Scope,
+) -> String {
+    sql::begin_locked_absent(lock_timeout_ms, lock, schema, scope)
 }
 
 pub use config::PgConfig;
 pub use listener::CHANNEL;
-pub use tx::PgTx;
+pub use tx::{PROVISIONAL_TOKEN, PgTx};
 
 use listener::AbortOnDrop;
 

@@ -147,17 +147,33 @@ pub(crate) fn begin_locked(ms: u128, lock: i64) -> String {
     )
 }
 
-/// The single-step claim's read, holding the key's advisory lock (so its
-/// snapshot includes whatever the lock's previous holder committed): the
-/// store's clock (test clock at `$3`), a fresh token when the key is absent,
-/// then the record from column 2 (NULL columns when absent).
-pub(crate) static CLAIM_SINGLE_STEP: LazyLock<String> = LazyLock::new(|| {
+/// [`begin_locked`], then the check that the key has no record, in the same
+/// round trip: `idemkit_single_step_absent` raises SQLSTATE `IK003` when it
+/// has one, which aborts the transaction (see its migration). The opening's
+/// rows never reach the caller, so an error is how it answers. Literals as in
+/// [`fused_completion`].
+pub(crate) fn begin_locked_absent(ms: u128, lock: i64, schema: &str, scope: &Scope) -> String {
     format!(
-        "SELECT {}, CASE WHEN k.account IS NULL THEN {NEXT_TOKEN} END, k.* \
-         FROM (SELECT 1) AS one LEFT JOIN ({SELECT_RECORD}) AS k ON true",
-        now_sql(3)
+        "{}; SELECT {schema}.idemkit_single_step_absent({}::text, {}::text)",
+        begin_locked(ms, lock),
+        literal::text(scope.account.as_str()),
+        literal::text(scope.key.as_str()),
     )
-});
+}
+
+/// After [`begin_locked_absent`] found a record: the aborted transaction's
+/// `ROLLBACK`, then the store's clock (column 0; the test clock when given)
+/// and the record (from column 1), in one round trip. No row if the record
+/// went away since.
+pub(crate) fn rollback_and_read(scope: &Scope, test_now: Option<i64>) -> String {
+    format!(
+        "ROLLBACK; SELECT COALESCE({}::bigint, (extract(epoch from clock_timestamp()) * 1000)::bigint), \
+         {RECORD_COLUMNS} FROM idemkit_keys WHERE account = {} AND idem_key = {}",
+        test_now.map_or_else(|| "NULL".to_owned(), |ms| ms.to_string()),
+        literal::text(scope.account.as_str()),
+        literal::text(scope.key.as_str()),
+    )
+}
 
 /// Compare-and-swap of a record to a new holder on a fresh token, only if it is
 /// still exactly as seen (token `$11`, state `$12`, lease `$13`). Takeover
@@ -247,15 +263,8 @@ pub(crate) fn complete_and_commit(
     test_now: Option<i64>,
     response: &Answer<'_>,
 ) -> String {
-    fused_completion(
-        schema,
-        "idemkit_complete_single_step",
-        scope,
-        token,
-        test_now,
-        "",
-        response,
-    )
+    let lead = format!("{}::bigint, {}::bigint, ", token.0, nullable(test_now));
+    fused_completion(schema, "idemkit_complete_single_step", scope, &lead, response)
 }
 
 /// The request half of a single-step record, as SQL literals (see
@@ -279,29 +288,37 @@ pub(crate) fn request_literals(
 }
 
 /// A single-step record written once, completed, and its transaction's
-/// `COMMIT`, in one round trip, through `idemkit_insert_single_step` (see its
-/// migration: it refuses, aborting the transaction before the `COMMIT`, when
-/// the key's row appeared since the claim). `request` is [`request_literals`].
-/// See [`fused_completion`].
+/// `COMMIT`, in one round trip, through `idemkit_insert_single_step_at_commit`
+/// (see its migration: it draws the record's token, and refuses, aborting the
+/// transaction before the `COMMIT`, when the key's row appeared since the
+/// claim). `created_at` is the store's clock when the claim read the key
+/// absent (`None`: the claim did not read it, and the record is created at
+/// commit); `request` is [`request_literals`]. See [`fused_completion`].
 pub(crate) fn insert_and_commit(
     schema: &str,
     scope: &Scope,
-    token: FencingToken,
     test_now: Option<i64>,
-    (created_at, lease_expires_at): (i64, i64),
+    (created_at, lease_ms): (Option<i64>, i64),
     request: &str,
     response: &Answer<'_>,
 ) -> String {
-    let claim = format!("{created_at}::bigint, {lease_expires_at}::bigint, {request}, ");
+    let lead = format!(
+        "{}::bigint, {}::bigint, {lease_ms}::bigint, {request}, ",
+        nullable(test_now),
+        nullable(created_at)
+    );
     fused_completion(
         schema,
-        "idemkit_insert_single_step",
+        "idemkit_insert_single_step_at_commit",
         scope,
-        token,
-        test_now,
-        &claim,
+        &lead,
         response,
     )
+}
+
+/// A number as an SQL literal, or `NULL`.
+fn nullable(n: Option<i64>) -> String {
+    n.map_or_else(|| "NULL".to_owned(), |n| n.to_string())
 }
 
 /// The answer a single-step completion stores: status, encoded headers, body.
@@ -321,30 +338,26 @@ impl<'a> Answer<'a> {
     }
 }
 
-/// `SELECT <schema>.<function>(account, key, token, test clock, <middle> status,
-/// headers, body); COMMIT; BEGIN`: both single-step completions, whose
-/// functions take the same leading and trailing arguments (`middle` is empty or
-/// ends with a comma). Qualified by the store's schema and every argument
-/// typed, so no function of the same name elsewhere on the search path
-/// (`public`) can be chosen. The trailing `BEGIN` opens an empty transaction
-/// for the caller's transaction handle to roll back when dropped, so sqlx's
-/// bookkeeping stays true without another round trip.
+/// `SELECT <schema>.<function>(account, key, <lead> status, headers, body);
+/// COMMIT; BEGIN`: both single-step completions, whose functions take the same
+/// leading and trailing arguments (`lead`, the function's own, ends with a
+/// comma). Qualified by the store's schema and every argument typed, so no
+/// function of the same name elsewhere on the search path (`public`) can be
+/// chosen. The trailing `BEGIN` opens an empty transaction for the caller's
+/// transaction handle to roll back when dropped, so sqlx's bookkeeping stays
+/// true without another round trip.
 fn fused_completion(
     schema: &str,
     function: &str,
     scope: &Scope,
-    token: FencingToken,
-    test_now: Option<i64>,
-    middle: &str,
+    lead: &str,
     response: &Answer<'_>,
 ) -> String {
     format!(
-        "SELECT {schema}.{function}({account}::text, {key}::text, {token}::bigint, {now}::bigint, \
-         {middle}{status}::integer, {headers}::text, {body}::bytea); COMMIT; BEGIN",
+        "SELECT {schema}.{function}({account}::text, {key}::text, {lead}\
+         {status}::integer, {headers}::text, {body}::bytea); COMMIT; BEGIN",
         account = literal::text(scope.account.as_str()),
         key = literal::text(scope.key.as_str()),
-        token = token.0,
-        now = test_now.map_or_else(|| "NULL".to_owned(), |ms| ms.to_string()),
         status = response.status,
         headers = literal::text(&response.headers),
         body = literal::bytes(response.body),

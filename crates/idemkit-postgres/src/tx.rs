@@ -1,12 +1,11 @@
 //! Single-step mode: [`PgTx`] and the [`TransactionalStore`] implementation.
 
 use std::ops::{Deref, DerefMut};
-use std::time::Duration;
 
 use async_trait::async_trait;
 use idemkit_core::{
-    ClaimOutcome, ClaimRequest, FencingToken, Lease, Millis, PhaseUpdate, Scope, StoreError, StoreResult,
-    StoredHeader, StoredResponse, TransactionalStore, TxClaim,
+    ClaimRequest, FencingToken, Lease, PhaseUpdate, Scope, StoreError, StoreResult, StoredHeader,
+    StoredResponse, TransactionalStore, TxClaim,
 };
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::PgTransactionManager;
@@ -15,10 +14,10 @@ use sqlx::{AssertSqlSafe, PgConnection, Postgres};
 use sqlx_core::transaction::TransactionManager;
 
 use crate::PgStore;
-use crate::claim::{Opening, SingleStep};
+use crate::claim::{Opened, Opening, SingleStep};
 use crate::error::{map_err, sqlstate};
 use crate::retry::Retry;
-use crate::sql::{self, advance_query};
+use crate::sql::{self, advance_query, lease_ms};
 
 /// A transaction on the store's database, handed to single-step handlers. It
 /// dereferences to the connection, so `&mut **tx` through the layer's `Tx`
@@ -44,12 +43,19 @@ enum Holds {
 
 /// The claim half of a single-step record not yet written.
 struct PendingInsert {
-    token: FencingToken,
-    created_at: Millis,
-    lease_expires_at: Millis,
+    /// The store's clock when the claim read the key absent; `None` when the
+    /// opening's check found it absent (the record is created at commit).
+    created_at: Option<i64>,
+    lease_ms: i64,
     /// The request's columns as SQL literals (`sql::request_literals`).
     request: String,
 }
+
+/// The token a single-step claim of an absent key hands its holder. The record
+/// does not exist until it is written, completed, at commit, and its fencing
+/// token is drawn from the store's sequence then; until that commit the key's
+/// advisory lock, not a token, keeps other single-step claims out.
+pub const PROVISIONAL_TOKEN: FencingToken = FencingToken(0);
 
 impl PgTx {
     /// Commits the transaction.
@@ -89,20 +95,20 @@ impl std::fmt::Debug for PgTx {
 impl TransactionalStore for PgStore {
     type Tx = PgTx;
 
-    /// The claim runs inside the transaction it returns: begin holding the
-    /// key's advisory lock (a holder that does not commit within the claim's
-    /// `lock_timeout` makes the answer "in progress"), then one statement that
-    /// reads the record. A key read absent is written, completed, with the
-    /// `COMMIT`. A replay, conflict or in-progress answer drops the transaction
-    /// (its rollback, which releases the lock, rides on the connection's
-    /// release).
+    /// The claim runs inside the transaction it returns, which begins holding
+    /// the key's advisory lock (a holder that does not commit within the
+    /// claim's `lock_timeout` makes the answer "in progress") and, for a first
+    /// attempt, checks in the same round trip that the key has no record. A
+    /// key without one is written, completed, with the `COMMIT`, on a token
+    /// drawn then ([`PROVISIONAL_TOKEN`] until then). A key with a record is
+    /// read: a replay, conflict or in-progress answer needs no transaction; a
+    /// record to take over or reuse is moved under the lock.
     async fn claim_in_tx(&self, req: &ClaimRequest) -> StoreResult<TxClaim<PgTx>> {
         self.retrying(|| async {
-            let Some(conn) = self.begin_single_step(req).await? else {
-                // The key's holder has not committed within the allowed wait.
-                return Ok(TxClaim::Other(ClaimOutcome::InProgress {
-                    retry_after: Duration::from_secs(1),
-                }));
+            let (conn, absent) = match self.open_single_step(req).await? {
+                Opened::Settled(outcome) => return Ok(TxClaim::Other(outcome)),
+                Opened::Absent(conn) => (conn, true),
+                Opened::Locked(conn) => (conn, false),
             };
             // Rolled back when dropped, whatever happens below; what it holds is
             // set once the claim has decided.
@@ -110,11 +116,16 @@ impl TransactionalStore for PgStore {
                 conn,
                 holds: Holds::Phase,
             };
-            let (holds, lease) = match self.claim_single_step(&mut tx, req).await {
-                Ok(SingleStep::Absent { token, now }) => {
+            let step = if absent {
+                SingleStep::Absent { read_at: None }
+            } else {
+                self.claim_single_step(&mut tx, req).await?
+            };
+            let (holds, lease) = match step {
+                SingleStep::Absent { read_at } => {
                     let lease = Lease {
-                        token,
-                        expires_at: now.plus(req.lease),
+                        token: PROVISIONAL_TOKEN,
+                        expires_at: read_at.unwrap_or_else(|| self.clock.now()).plus(req.lease),
                         resumed_from: None,
                     };
                     let request = sql::request_literals(
@@ -124,16 +135,15 @@ impl TransactionalStore for PgStore {
                         &StoredHeader::encode_list(&req.request.headers)?,
                     );
                     let pending = PendingInsert {
-                        token,
-                        created_at: now,
-                        lease_expires_at: lease.expires_at,
+                        // Under a test clock, the claim's time.
+                        created_at: read_at.map(|t| t.0).or_else(|| self.test_now()),
+                        lease_ms: lease_ms(req.lease),
                         request,
                     };
                     (Holds::Pending(Box::new(pending)), lease)
                 }
-                Ok(SingleStep::Moved(lease)) => (Holds::MovedClaim, lease),
-                Ok(SingleStep::Settled(outcome)) => return Ok(TxClaim::Other(outcome)),
-                Err(e) => return Err(e),
+                SingleStep::Moved(lease) => (Holds::MovedClaim, lease),
+                SingleStep::Settled(outcome) => return Ok(TxClaim::Other(outcome)),
             };
             tx.holds = holds;
             Ok(TxClaim::Claimed { tx, lease })
@@ -221,13 +231,12 @@ impl TransactionalStore for PgStore {
                     .map_err(Retry::into_store)?;
                 return tx.commit().await.map_err(map_err);
             }
-            Holds::Pending(p) if p.token != token => return Err(StoreError::Fenced),
+            Holds::Pending(_) if token != PROVISIONAL_TOKEN => return Err(StoreError::Fenced),
             Holds::Pending(p) => sql::insert_and_commit(
                 schema,
                 scope,
-                token,
                 now,
-                (p.created_at.0, p.lease_expires_at.0),
+                (p.created_at, p.lease_ms),
                 &p.request,
                 &sql::Answer::of(response)?,
             ),

@@ -9,10 +9,11 @@
 use std::sync::Arc;
 
 use idemkit_core::{
-    KeyStore, RecordState, StoreError, StoredHeader, StoredResponse, TransactionalStore, TxClaim,
+    ClaimOutcome, FencingToken, KeyStore, RecordState, StoreError, StoredHeader, StoredResponse,
+    TransactionalStore, TxClaim,
 };
-use idemkit_postgres::{PgConfig, PgStore};
-use idemkit_testkit::suite::{claim_req, scope};
+use idemkit_postgres::{PROVISIONAL_TOKEN, PgConfig, PgStore};
+use idemkit_testkit::suite::{claim_req, response, scope};
 use sqlx::Connection;
 
 use crate::{database_url, fresh_schema};
@@ -79,6 +80,97 @@ async fn the_fused_completion_stores_the_answer_byte_for_byte() {
         tags(&store).await.is_empty(),
         "the table the account name mentions is intact"
     );
+    // The retry fails the opening's absence check and reads the record back
+    // as literals in the simple-query protocol's text format: the same answer.
+    match store.claim_in_tx(&claim_req(&s, "{}")).await.unwrap() {
+        TxClaim::Other(ClaimOutcome::Replay(replayed)) => assert_eq!(replayed, response),
+        _ => panic!("the retry replays"),
+    }
+}
+
+/// A first request's record does not exist until its commit, and its token is
+/// drawn then: the holder gets the provisional token, the record a real one
+/// above every token drawn before. A claim with a different token cannot
+/// complete it. The connection that answered a retry from the opening's failed
+/// check goes back to the pool outside any transaction.
+#[tokio::test]
+async fn a_first_requests_record_and_token_are_written_at_commit() {
+    let Some((url, store)) = one_connection_store().await else {
+        return;
+    };
+    let before = scope("a", "token-before");
+    let TxClaim::Claimed { tx, lease } = store.claim_in_tx(&claim_req(&before, "{}")).await.unwrap() else {
+        panic!("a fresh key is claimed")
+    };
+    assert_eq!(lease.token, PROVISIONAL_TOKEN);
+    store
+        .complete_in_tx(tx, &before, lease.token, &response(201, "one"))
+        .await
+        .unwrap();
+    let first = store.get(&before).await.unwrap().expect("stored").fencing_token;
+
+    let s = scope("a", "token-at-commit");
+    let TxClaim::Claimed { mut tx, lease } = store.claim_in_tx(&claim_req(&s, "{}")).await.unwrap() else {
+        panic!("a fresh key is claimed")
+    };
+    sqlx::query("INSERT INTO biz (tag) VALUES ('kept')")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let schema: String = sqlx::query_scalar("SELECT current_schema()")
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+    let other = another_instance(&url, schema).await;
+    assert!(
+        other.get(&s).await.unwrap().is_none(),
+        "nothing written before the commit"
+    );
+    let err = store
+        .complete_in_tx(tx, &s, FencingToken(lease.token.0 + 1), &response(201, "two"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Fenced), "{err:?}");
+    assert!(
+        tags(&store).await.is_empty(),
+        "the refused completion committed nothing"
+    );
+
+    let TxClaim::Claimed { mut tx, lease } = store.claim_in_tx(&claim_req(&s, "{}")).await.unwrap() else {
+        panic!("the key is still free")
+    };
+    sqlx::query("INSERT INTO biz (tag) VALUES ('kept')")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    store
+        .complete_in_tx(tx, &s, lease.token, &response(201, "two"))
+        .await
+        .unwrap();
+    let rec = store.get(&s).await.unwrap().expect("stored");
+    assert!(
+        rec.fencing_token > first,
+        "{:?} after {first:?}",
+        rec.fencing_token
+    );
+    assert_eq!(tags(&store).await, ["kept"]);
+
+    // A retry: the opening's check fails, the record is read in the round
+    // trip that rolls it back, and the pool's only connection is clean.
+    assert!(matches!(
+        store.claim_in_tx(&claim_req(&s, "{}")).await.unwrap(),
+        TxClaim::Other(ClaimOutcome::Replay(_))
+    ));
+    // The only connection, reused: autocommitted, seen from elsewhere.
+    sqlx::query("INSERT INTO biz (tag) VALUES ('after')")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let seen: Vec<String> = sqlx::query_scalar("SELECT tag FROM biz ORDER BY tag")
+        .fetch_all(other.pool())
+        .await
+        .unwrap();
+    assert_eq!(seen, ["after", "kept"]);
 }
 
 /// A single-step claim of an absent key writes nothing until it completes;
@@ -108,7 +200,7 @@ async fn a_completion_that_finds_the_key_taken_commits_nothing() {
         panic!("the lease-mode claim sees the key absent")
     };
     let err = store
-        .complete_in_tx(tx, &s, lease.token, &idemkit_testkit::suite::response(201, "ok"))
+        .complete_in_tx(tx, &s, lease.token, &response(201, "ok"))
         .await
         .unwrap_err();
     assert!(matches!(err, StoreError::Conflict), "{err:?}");
@@ -145,7 +237,7 @@ async fn a_completion_that_changes_no_row_commits_nothing() {
         .await
         .unwrap();
     let err = store
-        .complete_in_tx(tx, &s, lease.token, &idemkit_testkit::suite::response(201, "ok"))
+        .complete_in_tx(tx, &s, lease.token, &response(201, "ok"))
         .await
         .unwrap_err();
     assert!(matches!(err, StoreError::Fenced), "{err:?}");
@@ -182,12 +274,7 @@ async fn a_claim_cancelled_while_waiting_for_the_lock_leaves_no_transaction_behi
         tokio::time::timeout(std::time::Duration::from_millis(300), store.claim_in_tx(&waiting)).await;
     assert!(cancelled.is_err(), "the claim was still waiting for the lock");
     holder
-        .complete_in_tx(
-            tx,
-            &s,
-            lease.token,
-            &idemkit_testkit::suite::response(201, "held"),
-        )
+        .complete_in_tx(tx, &s, lease.token, &response(201, "held"))
         .await
         .unwrap();
     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
@@ -202,7 +289,7 @@ async fn a_claim_cancelled_while_waiting_for_the_lock_leaves_no_transaction_behi
     );
     match store.claim_in_tx(&req).await.unwrap() {
         TxClaim::Other(idemkit_core::ClaimOutcome::Replay(r)) => {
-            assert_eq!(r, idemkit_testkit::suite::response(201, "held"))
+            assert_eq!(r, response(201, "held"))
         }
         TxClaim::Other(o) => panic!("expected the replay, got {o:?}"),
         TxClaim::Claimed { .. } => panic!("the key was claimed again"),
@@ -235,7 +322,7 @@ async fn the_connection_leaves_the_fused_commit_clean() {
         nested.rollback().await.unwrap();
     }
     store
-        .complete_in_tx(tx, &s, lease.token, &idemkit_testkit::suite::response(201, "ok"))
+        .complete_in_tx(tx, &s, lease.token, &response(201, "ok"))
         .await
         .unwrap();
     assert_eq!(tags(&store).await, ["kept"]);
