@@ -129,14 +129,16 @@ impl PgStore {
     /// configured reject timeout, or by the request's own wait; when it runs
     /// out the answer is "in progress" (the aborted transaction is rolled back).
     ///
-    /// A first attempt (no resume) also checks, in the same round trip, that
-    /// the key has no record ([`sql::begin_locked_absent`]): then the claim
-    /// needs no read, and a first request sends nothing but the handler's own
-    /// round trips. A key with a record fails the check; its transaction is
-    /// rolled back and the record read in one round trip, which settles a
-    /// replay, a conflict or an in-progress answer without a transaction. Only
-    /// a record to move (a takeover, a window reuse, a released key), or one
-    /// gone since, opens the transaction again and reads under the lock.
+    /// A first attempt (no resume) of a key this process has not claimed lately
+    /// (`recent`) also checks, in the same round trip, that the key has no
+    /// record ([`sql::begin_locked_absent`]): then the claim needs no read, and
+    /// a first request sends nothing but the handler's own round trips. A key
+    /// with a record fails the check; its transaction is rolled back and the
+    /// record read in one round trip, which settles a replay, a conflict or an
+    /// in-progress answer without a transaction. Only a record to move (a
+    /// takeover, a window reuse, a released key), or one gone since, opens the
+    /// transaction again and reads under the lock, which is also how a key
+    /// claimed here lately (likely a retry) is opened.
     pub(crate) async fn open_single_step(&self, req: &ClaimRequest) -> Result<Opened, Retry> {
         let ms = if req.lock_wait.is_zero() {
             self.config.reject_lock_timeout
@@ -147,7 +149,10 @@ impl PgStore {
         .max(1);
         let lock = lock_id(&req.scope);
         let mut opening = Opening::new(self.pool.acquire().await.map_err(Retry::from)?);
-        if req.resume.is_none() {
+        // A key claimed here before is likely a retry: read it (see `recent`).
+        let seen = self.recent.contains(lock);
+        self.recent.remember(lock);
+        if req.resume.is_none() && !seen {
             let begin = sql::begin_locked_absent(ms, lock, &self.config.schema, &req.scope);
             match PgTransactionManager::begin(opening.conn(), Some(AssertSqlSafe(begin).into_sql_str())).await
             {

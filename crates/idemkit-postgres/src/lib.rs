@@ -49,6 +49,7 @@ mod decode;
 mod error;
 mod listener;
 mod pool;
+mod recent;
 mod retry;
 mod sql;
 mod store;
@@ -107,6 +108,9 @@ pub struct PgStore {
     /// Replaces the database's clock in every statement (tests only).
     test_clock: Option<Arc<dyn Clock>>,
     config: Arc<PgConfig>,
+    /// Keys this process claimed in single-step mode lately: which way to open
+    /// the next claim of a key (see `recent`).
+    recent: Arc<recent::RecentKeys>,
     changes: broadcast::Sender<(String, String)>,
     _listener: Arc<AbortOnDrop>,
 }

@@ -119,6 +119,7 @@ impl PgStore {
             clock: Arc::new(SystemClock),
             test_clock: None,
             config: Arc::new(config),
+            recent: Arc::new(crate::recent::RecentKeys::new()),
             changes,
             _listener: Arc::new(listener),
         })

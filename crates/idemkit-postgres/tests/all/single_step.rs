@@ -20,18 +20,22 @@ use crate::{database_url, fresh_schema};
 
 async fn one_connection_store() -> Option<(String, Arc<PgStore>)> {
     let url = database_url()?;
-    let config = PgConfig {
-        schema: fresh_schema(),
-        // One for the notification listener, one for everything else.
-        max_connections: 2,
-        ..PgConfig::default()
-    };
-    let store = PgStore::connect(&url, config).await.expect("connect");
+    let store = one_connection_instance(&url, fresh_schema()).await;
     sqlx::query("CREATE TABLE biz (tag TEXT NOT NULL)")
         .execute(store.pool())
         .await
         .unwrap();
     Some((url, Arc::new(store)))
+}
+
+/// An instance whose pool has one connection besides the notification listener's.
+async fn one_connection_instance(url: &str, schema: String) -> PgStore {
+    let config = PgConfig {
+        schema,
+        max_connections: 2,
+        ..PgConfig::default()
+    };
+    PgStore::connect(url, config).await.expect("connect")
 }
 
 /// Another instance on the same store (its own pool), as a second process would be.
@@ -54,7 +58,7 @@ async fn tags(store: &PgStore) -> Vec<String> {
 /// survive the literal encoding; the record is completed with them.
 #[tokio::test]
 async fn the_fused_completion_stores_the_answer_byte_for_byte() {
-    let Some((_, store)) = one_connection_store().await else {
+    let Some((url, store)) = one_connection_store().await else {
         return;
     };
     let s = scope("acct'; DROP TABLE biz; -- \\' \t", "fused-bytes");
@@ -80,11 +84,20 @@ async fn the_fused_completion_stores_the_answer_byte_for_byte() {
         tags(&store).await.is_empty(),
         "the table the account name mentions is intact"
     );
-    // The retry fails the opening's absence check and reads the record back
-    // as literals in the simple-query protocol's text format: the same answer.
-    match store.claim_in_tx(&claim_req(&s, "{}")).await.unwrap() {
-        TxClaim::Other(ClaimOutcome::Replay(replayed)) => assert_eq!(replayed, response),
-        _ => panic!("the retry replays"),
+    // A retry here reads the record with a prepared statement (the key was
+    // claimed here); on another instance it fails the opening's absence check
+    // and reads the record back in the simple-query protocol's text format.
+    // The same answer both ways.
+    let schema: String = sqlx::query_scalar("SELECT current_schema()")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    let other = another_instance(&url, schema).await;
+    for instance in [&*store, &other] {
+        match instance.claim_in_tx(&claim_req(&s, "{}")).await.unwrap() {
+            TxClaim::Other(ClaimOutcome::Replay(replayed)) => assert_eq!(replayed, response),
+            _ => panic!("the retry replays"),
+        }
     }
 }
 
@@ -155,15 +168,21 @@ async fn a_first_requests_record_and_token_are_written_at_commit() {
     );
     assert_eq!(tags(&store).await, ["kept"]);
 
-    // A retry: the opening's check fails, the record is read in the round
-    // trip that rolls it back, and the pool's only connection is clean.
+    // A retry on an instance that has not claimed the key: the opening's check
+    // fails, the record is read in the round trip that rolls it back, and
+    // that instance's only connection is clean.
+    let schema: String = sqlx::query_scalar("SELECT current_schema()")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    let fresh = one_connection_instance(&url, schema).await;
     assert!(matches!(
-        store.claim_in_tx(&claim_req(&s, "{}")).await.unwrap(),
+        fresh.claim_in_tx(&claim_req(&s, "{}")).await.unwrap(),
         TxClaim::Other(ClaimOutcome::Replay(_))
     ));
     // The only connection, reused: autocommitted, seen from elsewhere.
     sqlx::query("INSERT INTO biz (tag) VALUES ('after')")
-        .execute(store.pool())
+        .execute(fresh.pool())
         .await
         .unwrap();
     let seen: Vec<String> = sqlx::query_scalar("SELECT tag FROM biz ORDER BY tag")
