@@ -74,11 +74,8 @@ pub fn claim_and_complete_sql() -> (String, String) {
 }
 
 /// The single-step claim's opening as `TransactionalStore::claim_in_tx` sends
-/// it for a first attempt (with a `lock_timeout` of `lock_timeout_ms`, holding
-/// advisory lock `lock`, checking that `scope` has no record), and the
-/// completion's function call for that key, up to the request and response
-/// arguments (`SELECT <schema>.idemkit_insert_single_step_at_commit(account,
-/// key, test clock, created at, lease ms, `), for `benches/pgbench.rs`.
+/// it for a first attempt: a `lock_timeout` of `lock_timeout_ms`, advisory lock
+/// `lock`, and the check that `scope` has no record; for `benches/pgbench.rs`.
 #[doc(hidden)]
 pub fn single_step_sql(
     lock_timeout_ms: u128,

@@ -169,7 +169,7 @@ pub(crate) fn rollback_and_read(scope: &Scope, test_now: Option<i64>) -> String 
     format!(
         "ROLLBACK; SELECT COALESCE({}::bigint, (extract(epoch from clock_timestamp()) * 1000)::bigint), \
          {RECORD_COLUMNS} FROM idemkit_keys WHERE account = {} AND idem_key = {}",
-        test_now.map_or_else(|| "NULL".to_owned(), |ms| ms.to_string()),
+        nullable(test_now),
         literal::text(scope.account.as_str()),
         literal::text(scope.key.as_str()),
     )
