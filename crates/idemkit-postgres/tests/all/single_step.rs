@@ -414,3 +414,74 @@ async fn a_connection_dropped_while_idle_is_replaced_before_use() {
         .unwrap();
     assert_ne!(now, pid, "the dropped connection was replaced");
 }
+
+/// Four instances (four pools, four empty recent-key hints) race one key with
+/// eight tasks each: each instance's first claim takes the opening's absence
+/// check, so several checks wait on the key's lock at once, and those that get
+/// it after the winner's commit fail the check and answer from the record. The
+/// business row is written once; every other answer is the stored response,
+/// in progress, or a conflict at commit whose write was rolled back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn instances_racing_one_key_write_once() {
+    let Some((url, store)) = one_connection_store().await else {
+        return;
+    };
+    let schema: String = sqlx::query_scalar("SELECT current_schema()")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    let mut instances = Vec::new();
+    for _ in 0..4 {
+        let config = PgConfig {
+            schema: schema.clone(),
+            max_connections: 4,
+            ..PgConfig::default()
+        };
+        instances.push(Arc::new(PgStore::connect(&url, config).await.expect("connect")));
+    }
+    let s = scope("a", "instances-race");
+    let barrier = Arc::new(tokio::sync::Barrier::new(32));
+    let tasks: Vec<_> = (0..32)
+        .map(|i| {
+            let (store, barrier, s) = (instances[i % 4].clone(), barrier.clone(), s.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                match store.claim_in_tx(&claim_req(&s, "{}")).await.expect("claim") {
+                    TxClaim::Claimed { mut tx, lease } => {
+                        sqlx::query("INSERT INTO biz (tag) VALUES ('raced')")
+                            .execute(&mut *tx)
+                            .await
+                            .unwrap();
+                        match store
+                            .complete_in_tx(tx, &s, lease.token, &response(201, "won"))
+                            .await
+                        {
+                            Ok(()) => "executed",
+                            Err(StoreError::Conflict) => "conflict",
+                            Err(e) => panic!("complete: {e}"),
+                        }
+                    }
+                    TxClaim::Other(ClaimOutcome::Replay(r)) => {
+                        assert_eq!(r, response(201, "won"));
+                        "replayed"
+                    }
+                    TxClaim::Other(ClaimOutcome::InProgress { .. }) => "in progress",
+                    TxClaim::Other(other) => panic!("unexpected {other:?}"),
+                }
+            })
+        })
+        .collect();
+    let mut answers = std::collections::BTreeMap::<&str, usize>::new();
+    for t in tasks {
+        *answers.entry(t.await.unwrap()).or_default() += 1;
+    }
+    assert_eq!(answers.get("executed"), Some(&1), "{answers:?}");
+    assert_eq!(tags(&store).await, ["raced"], "{answers:?}");
+    // Every instance now answers the retry from the record, whichever way it opens.
+    for instance in &instances {
+        assert!(matches!(
+            instance.claim_in_tx(&claim_req(&s, "{}")).await.unwrap(),
+            TxClaim::Other(ClaimOutcome::Replay(_))
+        ));
+    }
+}
