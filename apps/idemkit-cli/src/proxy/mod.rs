@@ -166,6 +166,11 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
             .with_context(|| format!("binding {}", args.listen))?;
         let app = router(args).await?;
         println!("idemkit proxy listening on http://{}", listener.local_addr()?);
+        // Both directions stream (pass-through bodies arrive in chunks): no
+        // Nagle delay on a chunk written while the previous one is unacknowledged.
+        let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
         axum::serve(listener, app)
             .with_graceful_shutdown(async {
                 let _ = tokio::signal::ctrl_c().await;
@@ -240,7 +245,12 @@ pub async fn router(args: ProxyArgs) -> anyhow::Result<Router> {
     let proxy = Proxy {
         routes,
         store,
-        client: Client::builder(TokioExecutor::new()).build_http(),
+        client: {
+            // As on the listening side (see `run`).
+            let mut connector = HttpConnector::new();
+            connector.set_nodelay(true);
+            Client::builder(TokioExecutor::new()).build(connector)
+        },
         upstream,
         account_header: HeaderName::from_bytes(args.account_header.as_bytes())
             .with_context(|| format!("--account-header {}", args.account_header))?,
