@@ -31,7 +31,8 @@
 //!
 //! ## Layout
 //!
-//! `config` (settings), `pool` (opening, migrations), `sql` (every statement's
+//! `config` (settings), `pool` (opening, migrations), `checkpoint` (the
+//! write-ahead log's checkpoints, in the background), `sql` (every statement's
 //! text), `known` (the keys known to have a row), `claim` (the claim
 //! algorithm), `store` (the [`KeyStore`] methods), `tx` (single-step
 //! transactions, [`TransactionalStore`]), `decode` (rows to records) and
@@ -40,6 +41,7 @@
 //! [`KeyStore`]: idemkit_core::KeyStore
 //! [`TransactionalStore`]: idemkit_core::TransactionalStore
 
+mod checkpoint;
 mod claim;
 mod config;
 mod decode;
@@ -75,6 +77,9 @@ pub struct SqliteStore {
     /// Scopes this process knows to have a row (a claim of any other key
     /// skips its read; see `known`).
     known: Arc<known::KnownKeys>,
+    /// Checkpoints the log in the background, for a store that opened its own
+    /// pool (see `checkpoint`); the application's pool keeps its own settings.
+    checkpointer: Option<Arc<checkpoint::Checkpointer>>,
 }
 
 impl SqliteStore {

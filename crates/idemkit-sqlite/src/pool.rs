@@ -9,6 +9,7 @@ use sqlx::SqlitePool;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use tokio::sync::Mutex;
 
+use crate::checkpoint::{Checkpointer, LOG_BOUND_PAGES};
 use crate::error::{backend, map_err};
 use crate::known::KnownKeys;
 use crate::{MIGRATOR, SqliteConfig, SqliteStore};
@@ -36,6 +37,13 @@ impl SqliteStore {
         .synchronous(SqliteSynchronous::Normal)
         .busy_timeout(config.busy_timeout)
         .foreign_keys(true);
+        // Checkpoints run in the background (see `checkpoint`); a commit does
+        // one only past this bound.
+        let options = if config.checkpoint_interval.is_zero() {
+            options
+        } else {
+            options.pragma("wal_autocheckpoint", LOG_BOUND_PAGES.to_string())
+        };
         let pool = SqlitePoolOptions::new()
             .max_connections(config.max_connections)
             // A local file cannot drop a connection the way a network can; the
@@ -44,7 +52,14 @@ impl SqliteStore {
             .connect_with(options)
             .await
             .map_err(map_err)?;
-        Self::from_pool(pool).await
+        let mut store = Self::from_pool(pool).await?;
+        if !config.checkpoint_interval.is_zero() {
+            store.checkpointer = Some(Arc::new(Checkpointer::spawn(
+                store.pool.clone(),
+                config.checkpoint_interval,
+            )));
+        }
+        Ok(store)
     }
 
     /// Uses an existing pool (the application's own, so business tables and keys
@@ -62,6 +77,7 @@ impl SqliteStore {
             writer: Arc::new(Mutex::new(())),
             pending: Arc::default(),
             known,
+            checkpointer: None,
         })
     }
 }

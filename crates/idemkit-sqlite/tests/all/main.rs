@@ -463,6 +463,7 @@ async fn cancelled_transactions_never_leave_the_connection_in_one() {
     let config = SqliteConfig {
         max_connections: 1,
         busy_timeout: Duration::from_secs(2),
+        ..SqliteConfig::default()
     };
     let store = SqliteStore::open_with(&path, &config).await.unwrap();
     sqlx::query("CREATE TABLE biz (tag TEXT NOT NULL)")
@@ -500,4 +501,67 @@ async fn cancelled_transactions_never_leave_the_connection_in_one() {
     );
     let tx = store.begin().await.expect("a new transaction opens");
     tx.rollback().await.unwrap();
+}
+
+/// The write-ahead log reaches the database file through the background
+/// checkpoints, not through the commits: with the task on, the file grows
+/// while no commit crossed SQLite's own threshold; with it off, the same
+/// writes stay in the log (the control).
+#[tokio::test]
+async fn the_log_is_checkpointed_in_the_background() {
+    use std::time::Duration;
+
+    use idemkit_sqlite::SqliteConfig;
+
+    async fn file_len_after_writes(tag: &str, checkpoint_interval: Duration) -> (u64, u64) {
+        let path = test_dir(tag).join("keys.db");
+        let config = SqliteConfig {
+            checkpoint_interval,
+            ..SqliteConfig::default()
+        };
+        let store = SqliteStore::open_with(&path, &config).await.unwrap();
+        // Whatever opening wrote, checkpointed: the file's size before the writes.
+        sqlx::query("PRAGMA wal_checkpoint(TRUNCATE)")
+            .execute(store.pool())
+            .await
+            .unwrap();
+        sqlx::query("CREATE TABLE biz (tag TEXT NOT NULL)")
+            .execute(store.pool())
+            .await
+            .unwrap();
+        sqlx::query("PRAGMA wal_checkpoint(TRUNCATE)")
+            .execute(store.pool())
+            .await
+            .unwrap();
+        let before = std::fs::metadata(&path).unwrap().len();
+        // ~200 small commits: a few hundred log pages, under SQLite's own
+        // threshold of 1 000, with a row the file's pages must grow to hold.
+        for i in 0..200 {
+            sqlx::query("INSERT INTO biz (tag) VALUES (?1)")
+                .bind(format!("{i:0>200}"))
+                .execute(store.pool())
+                .await
+                .unwrap();
+        }
+        let mut after = std::fs::metadata(&path).unwrap().len();
+        for _ in 0..100 {
+            if after > before {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            after = std::fs::metadata(&path).unwrap().len();
+        }
+        (before, after)
+    }
+
+    let (before, after) = file_len_after_writes("checkpoint-on", Duration::from_millis(20)).await;
+    assert!(
+        after > before,
+        "the background checkpoint wrote the rows into the file: {before} -> {after}"
+    );
+    let (before, after) = file_len_after_writes("checkpoint-off", Duration::ZERO).await;
+    assert_eq!(
+        after, before,
+        "no checkpoint ran: the rows are still only in the log"
+    );
 }
