@@ -47,6 +47,23 @@ async fn another_instance(url: &str, schema: String) -> PgStore {
     PgStore::connect(url, config).await.expect("connect")
 }
 
+/// The schema `e` works in (the store's: the head of its pool's `search_path`).
+async fn schema_of<'e>(e: impl sqlx::PgExecutor<'e>) -> String {
+    sqlx::query_scalar("SELECT current_schema()")
+        .fetch_one(e)
+        .await
+        .unwrap()
+}
+
+/// A business row, written through `e`.
+async fn insert_tag<'e>(e: impl sqlx::PgExecutor<'e>, tag: &str) {
+    sqlx::query("INSERT INTO biz (tag) VALUES ($1)")
+        .bind(tag)
+        .execute(e)
+        .await
+        .unwrap();
+}
+
 async fn tags(store: &PgStore) -> Vec<String> {
     sqlx::query_scalar("SELECT tag FROM biz ORDER BY tag")
         .fetch_all(store.pool())
@@ -88,10 +105,7 @@ async fn the_fused_completion_stores_the_answer_byte_for_byte() {
     // claimed here); on another instance it fails the opening's absence check
     // and reads the record back in the simple-query protocol's text format.
     // The same answer both ways.
-    let schema: String = sqlx::query_scalar("SELECT current_schema()")
-        .fetch_one(store.pool())
-        .await
-        .unwrap();
+    let schema = schema_of(store.pool()).await;
     let other = another_instance(&url, schema).await;
     for instance in [&*store, &other] {
         match instance.claim_in_tx(&claim_req(&s, "{}")).await.unwrap() {
@@ -126,14 +140,8 @@ async fn a_first_requests_record_and_token_are_written_at_commit() {
     let TxClaim::Claimed { mut tx, lease } = store.claim_in_tx(&claim_req(&s, "{}")).await.unwrap() else {
         panic!("a fresh key is claimed")
     };
-    sqlx::query("INSERT INTO biz (tag) VALUES ('kept')")
-        .execute(&mut *tx)
-        .await
-        .unwrap();
-    let schema: String = sqlx::query_scalar("SELECT current_schema()")
-        .fetch_one(&mut *tx)
-        .await
-        .unwrap();
+    insert_tag(&mut *tx, "kept").await;
+    let schema = schema_of(&mut *tx).await;
     let other = another_instance(&url, schema).await;
     assert!(
         other.get(&s).await.unwrap().is_none(),
@@ -152,10 +160,7 @@ async fn a_first_requests_record_and_token_are_written_at_commit() {
     let TxClaim::Claimed { mut tx, lease } = store.claim_in_tx(&claim_req(&s, "{}")).await.unwrap() else {
         panic!("the key is still free")
     };
-    sqlx::query("INSERT INTO biz (tag) VALUES ('kept')")
-        .execute(&mut *tx)
-        .await
-        .unwrap();
+    insert_tag(&mut *tx, "kept").await;
     store
         .complete_in_tx(tx, &s, lease.token, &response(201, "two"))
         .await
@@ -171,20 +176,14 @@ async fn a_first_requests_record_and_token_are_written_at_commit() {
     // A retry on an instance that has not claimed the key: the opening's check
     // fails, the record is read in the round trip that rolls it back, and
     // that instance's only connection is clean.
-    let schema: String = sqlx::query_scalar("SELECT current_schema()")
-        .fetch_one(store.pool())
-        .await
-        .unwrap();
+    let schema = schema_of(store.pool()).await;
     let fresh = one_connection_instance(&url, schema).await;
     assert!(matches!(
         fresh.claim_in_tx(&claim_req(&s, "{}")).await.unwrap(),
         TxClaim::Other(ClaimOutcome::Replay(_))
     ));
     // The only connection, reused: autocommitted, seen from elsewhere.
-    sqlx::query("INSERT INTO biz (tag) VALUES ('after')")
-        .execute(fresh.pool())
-        .await
-        .unwrap();
+    insert_tag(fresh.pool(), "after").await;
     let seen: Vec<String> = sqlx::query_scalar("SELECT tag FROM biz ORDER BY tag")
         .fetch_all(other.pool())
         .await
@@ -206,14 +205,8 @@ async fn a_completion_that_finds_the_key_taken_commits_nothing() {
     let TxClaim::Claimed { mut tx, lease } = store.claim_in_tx(&req).await.unwrap() else {
         panic!("a fresh key is claimed")
     };
-    sqlx::query("INSERT INTO biz (tag) VALUES ('lost')")
-        .execute(&mut *tx)
-        .await
-        .unwrap();
-    let schema: String = sqlx::query_scalar("SELECT current_schema()")
-        .fetch_one(&mut *tx)
-        .await
-        .unwrap();
+    insert_tag(&mut *tx, "lost").await;
+    let schema = schema_of(&mut *tx).await;
     let other = another_instance(&url, schema).await;
     let idemkit_core::ClaimOutcome::Claimed(held) = other.claim(&req).await.unwrap() else {
         panic!("the lease-mode claim sees the key absent")
@@ -247,10 +240,7 @@ async fn a_completion_that_changes_no_row_commits_nothing() {
     let TxClaim::Claimed { mut tx, lease } = store.claim_in_tx(&req).await.unwrap() else {
         panic!("an expired lease is taken over")
     };
-    sqlx::query("INSERT INTO biz (tag) VALUES ('lost')")
-        .execute(&mut *tx)
-        .await
-        .unwrap();
+    insert_tag(&mut *tx, "lost").await;
     sqlx::query("DELETE FROM idemkit_keys WHERE account = 'a' AND idem_key = 'fused-miss'")
         .execute(&mut *tx)
         .await
@@ -277,10 +267,7 @@ async fn a_claim_cancelled_while_waiting_for_the_lock_leaves_no_transaction_behi
     let Some((url, store)) = one_connection_store().await else {
         return;
     };
-    let schema: String = sqlx::query_scalar("SELECT current_schema()")
-        .fetch_one(store.pool())
-        .await
-        .unwrap();
+    let schema = schema_of(store.pool()).await;
     let holder = another_instance(&url, schema).await;
     let s = scope("a", "cancelled-wait");
     let req = claim_req(&s, "{}");
@@ -328,16 +315,10 @@ async fn the_connection_leaves_the_fused_commit_clean() {
     let TxClaim::Claimed { mut tx, lease } = store.claim_in_tx(&claim_req(&s, "{}")).await.unwrap() else {
         panic!("a fresh key is claimed")
     };
-    sqlx::query("INSERT INTO biz (tag) VALUES ('kept')")
-        .execute(&mut *tx)
-        .await
-        .unwrap();
+    insert_tag(&mut *tx, "kept").await;
     {
         let mut nested = Connection::begin(&mut *tx).await.unwrap();
-        sqlx::query("INSERT INTO biz (tag) VALUES ('undone')")
-            .execute(&mut *nested)
-            .await
-            .unwrap();
+        insert_tag(&mut *nested, "undone").await;
         nested.rollback().await.unwrap();
     }
     store
@@ -347,14 +328,8 @@ async fn the_connection_leaves_the_fused_commit_clean() {
     assert_eq!(tags(&store).await, ["kept"]);
 
     // The only connection, reused: autocommitted, seen from elsewhere.
-    sqlx::query("INSERT INTO biz (tag) VALUES ('after')")
-        .execute(store.pool())
-        .await
-        .unwrap();
-    let schema: String = sqlx::query_scalar("SELECT current_schema()")
-        .fetch_one(store.pool())
-        .await
-        .unwrap();
+    insert_tag(store.pool(), "after").await;
+    let schema = schema_of(store.pool()).await;
     let mut other = sqlx::PgConnection::connect(&url).await.unwrap();
     let seen: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "SELECT tag FROM {schema}.biz ORDER BY tag"
@@ -426,10 +401,7 @@ async fn instances_racing_one_key_write_once() {
     let Some((url, store)) = one_connection_store().await else {
         return;
     };
-    let schema: String = sqlx::query_scalar("SELECT current_schema()")
-        .fetch_one(store.pool())
-        .await
-        .unwrap();
+    let schema = schema_of(store.pool()).await;
     let mut instances = Vec::new();
     for _ in 0..4 {
         let config = PgConfig {
@@ -448,10 +420,7 @@ async fn instances_racing_one_key_write_once() {
                 barrier.wait().await;
                 match store.claim_in_tx(&claim_req(&s, "{}")).await.expect("claim") {
                     TxClaim::Claimed { mut tx, lease } => {
-                        sqlx::query("INSERT INTO biz (tag) VALUES ('raced')")
-                            .execute(&mut *tx)
-                            .await
-                            .unwrap();
+                        insert_tag(&mut *tx, "raced").await;
                         match store
                             .complete_in_tx(tx, &s, lease.token, &response(201, "won"))
                             .await
