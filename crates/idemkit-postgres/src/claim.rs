@@ -16,6 +16,7 @@ use idemkit_core::{
 };
 use sha2::{Digest, Sha256};
 use sqlx::pool::PoolConnection;
+use sqlx::postgres::PgRow;
 use sqlx::postgres::PgTransactionManager;
 use sqlx::{AssertSqlSafe, PgConnection, Postgres, Row, SqlSafeStr};
 use sqlx_core::transaction::TransactionManager;
@@ -98,6 +99,19 @@ pub(crate) enum SingleStep {
     Settled(ClaimOutcome),
 }
 
+/// The store's clock (column 0) and the record from column 1 (`None` when its
+/// columns are NULL: the key is absent), as `SELECT_WITH_NOW` and
+/// `rollback_and_read` lay them out.
+fn now_and_record(row: &PgRow) -> Result<(Millis, Option<Record>), Retry> {
+    let now = Millis(row.try_get(0).map_err(corrupt)?);
+    let existing = if row.try_get::<Option<String>, _>(1).map_err(corrupt)?.is_some() {
+        Some(decode_at(row, 1)?)
+    } else {
+        None
+    };
+    Ok((now, existing))
+}
+
 impl PgStore {
     /// Reads the record and the store's clock in one statement.
     async fn fetch_with_now(
@@ -112,16 +126,10 @@ impl PgStore {
             .fetch_optional(&mut *conn)
             .await
             .map_err(Retry::from)?;
-        let Some(row) = row else {
-            return Ok((self.clock.now(), None));
-        };
-        let now = Millis(row.try_get(0).map_err(corrupt)?);
-        let existing = if row.try_get::<Option<String>, _>(1).map_err(corrupt)?.is_some() {
-            Some(decode_at(&row, 1)?)
-        } else {
-            None
-        };
-        Ok((now, existing))
+        match row {
+            Some(row) => now_and_record(&row),
+            None => Ok((self.clock.now(), None)),
+        }
     }
 
     /// Opens a single-step claim's transaction holding the key's advisory lock
@@ -164,13 +172,11 @@ impl PgStore {
                         .fetch_optional(&mut **opening.conn())
                         .await
                         .map_err(Retry::from)?;
-                    if let Some(row) = row {
-                        let now = Millis(row.try_get(0).map_err(corrupt)?);
-                        if let Resolution::Settled(outcome) = Resolution::of(&decode_at(&row, 1)?, req, now)?
-                        {
-                            drop(opening.keep());
-                            return Ok(Opened::Settled(outcome));
-                        }
+                    if let Some((now, Some(existing))) = row.as_ref().map(now_and_record).transpose()?
+                        && let Resolution::Settled(outcome) = Resolution::of(&existing, req, now)?
+                    {
+                        drop(opening.keep());
+                        return Ok(Opened::Settled(outcome));
                     }
                 }
                 Err(e) => return self.busy_or_fail(opening, e).await,
@@ -271,22 +277,14 @@ impl PgStore {
         conn: &mut PgConnection,
         req: &ClaimRequest,
     ) -> Result<SingleStep, Retry> {
-        let row = sqlx::query(AssertSqlSafe(sql::SELECT_WITH_NOW.as_str()))
-            .bind(req.scope.account.as_str())
-            .bind(req.scope.key.as_str())
-            .bind(self.test_now())
-            .fetch_one(&mut *conn)
-            .await
-            .map_err(Retry::from)?;
-        let now = Millis(row.try_get(0).map_err(corrupt)?);
-        if row.try_get::<Option<String>, _>(1).map_err(corrupt)?.is_none() {
+        let (now, existing) = self.fetch_with_now(&mut *conn, &req.scope).await?;
+        let Some(existing) = existing else {
             if req.resume.is_some() {
                 // A resume never inserts: a record that is gone is stale.
                 return Ok(SingleStep::Settled(ClaimOutcome::Stale));
             }
             return Ok(SingleStep::Absent { read_at: Some(now) });
-        }
-        let existing = decode_at(&row, 1)?;
+        };
         let takeover = match Resolution::of(&existing, req, now)? {
             Resolution::Move { takeover } => takeover,
             Resolution::Settled(outcome) => return Ok(SingleStep::Settled(outcome)),

@@ -29,7 +29,13 @@ pub(crate) fn notifying(update: &str) -> String {
 /// Every lease is judged by it, so an instance whose own clock is skewed can
 /// never take over a live lease (SPEC §3).
 pub(crate) fn now_sql(n: usize) -> String {
-    format!("COALESCE(${n}::bigint, (extract(epoch from clock_timestamp()) * 1000)::bigint)")
+    now_with(&format!("${n}"))
+}
+
+/// [`now_sql`] with the test clock given as an SQL expression (a parameter, a
+/// literal, or `NULL` for none).
+fn now_with(test_clock: &str) -> String {
+    format!("COALESCE({test_clock}::bigint, (extract(epoch from clock_timestamp()) * 1000)::bigint)")
 }
 
 /// A fresh fencing token from the store-wide sequence (see the migration).
@@ -167,9 +173,8 @@ pub(crate) fn begin_locked_absent(ms: u128, lock: i64, schema: &str, scope: &Sco
 /// went away since.
 pub(crate) fn rollback_and_read(scope: &Scope, test_now: Option<i64>) -> String {
     format!(
-        "ROLLBACK; SELECT COALESCE({}::bigint, (extract(epoch from clock_timestamp()) * 1000)::bigint), \
-         {RECORD_COLUMNS} FROM idemkit_keys WHERE account = {} AND idem_key = {}",
-        nullable(test_now),
+        "ROLLBACK; SELECT {}, {RECORD_COLUMNS} FROM idemkit_keys WHERE account = {} AND idem_key = {}",
+        now_with(&nullable(test_now)),
         literal::text(scope.account.as_str()),
         literal::text(scope.key.as_str()),
     )
