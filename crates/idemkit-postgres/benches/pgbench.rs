@@ -15,13 +15,14 @@
 //!
 //! A second table is what the SQL alone costs the layer's single-step ratio:
 //! pgbench (16 clients, prepared) runs the quickstart's order transaction bare
-//! (`BEGIN`; insert; `COMMIT`), bare with five empty statements (`SELECT 1`),
-//! and with the single-step layer's statements (the store's opening with its
-//! `lock_timeout`, lock and absence check; the insert; the completion function;
-//! `COMMIT`), each ÷ bare. The last two send as many statements, so their
-//! quotient is the record's own cost in the database (the layer itself sends
-//! the opening's five statements together, and the completion with the
-//! `COMMIT`: three round trips, the handler's own).
+//! (`BEGIN`; insert; `COMMIT`), bare with two empty statements (`SELECT 1`),
+//! and with the single-step layer's statements (the store's opening, a
+//! function that takes the key's try-lock and checks that it has no record;
+//! the insert; the completion function; `COMMIT`), each ÷ bare. The last two
+//! send as many statements, so their quotient is the record's own cost in the
+//! database (the layer itself sends the opening's `BEGIN` and function call
+//! together, and the completion with the `COMMIT`: three round trips, the
+//! handler's own).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -141,17 +142,17 @@ fn fill_claim(claim: &str, key: &str, body_hex: &str) -> String {
 const ORDER_INSERT: &str =
     "INSERT INTO orders (account, sku, quantity) VALUES ('bench', 'SKU-1', 2) RETURNING id";
 
-/// The order transaction bare, bare with five empty statements, and with the
+/// The order transaction bare, bare with two empty statements, and with the
 /// single-step layer's statements, one statement per line (pgbench's prepared
-/// mode sends one per round trip; the layer sends the opening with its
-/// `lock_timeout`, lock and absence check together, and the completion with
-/// the `COMMIT`: the handler's three round trips).
+/// mode sends one per round trip; the layer sends the opening's `BEGIN` and
+/// its try-lock and absence check together, and the completion with the
+/// `COMMIT`: the handler's three round trips).
 fn order_scripts(schema: &str) -> [(&'static str, String); 3] {
     // pgbench cannot compute the store's lock id per key; the script uses the
     // key's number itself, which is as cheap for the server.
     let key = "('ss-' || :k)";
-    let begin = single_step_sql(50, 0, schema, &scope("bench", "PLACEHOLDER"))
-        .replace("pg_advisory_xact_lock(0)", "pg_advisory_xact_lock(:k)")
+    let begin = single_step_sql(None, 0, schema, &scope("bench", "PLACEHOLDER"))
+        .replace("_open(0,", "_open(:k,")
         .replace("E'bench'", "'bench'")
         .replace("E'PLACEHOLDER'", key);
     let complete = format!(
@@ -168,13 +169,11 @@ fn order_scripts(schema: &str) -> [(&'static str, String); 3] {
             format!("BEGIN;\n{ORDER_INSERT};\nCOMMIT;\n"),
         ),
         (
-            "bare + 5 empty (8)",
-            format!(
-                "BEGIN;\nSELECT 1;\nSELECT 1;\nSELECT 1;\nSELECT 1;\n{ORDER_INSERT};\nSELECT 1;\nCOMMIT;\n"
-            ),
+            "bare + 2 empty (5)",
+            format!("BEGIN;\nSELECT 1;\n{ORDER_INSERT};\nSELECT 1;\nCOMMIT;\n"),
         ),
         (
-            "single-step layer (8)",
+            "single-step layer (5)",
             format!(
                 "\\set k random(1, 9000000000000000000)\n{};\n{ORDER_INSERT};\n{complete};\nCOMMIT;\n",
                 begin.replace("; ", ";\n")

@@ -1,8 +1,8 @@
 //! The claim algorithm on PostgreSQL. Lease mode: one autocommitted statement
 //! inserts the in-flight row or returns the existing record with the store's
 //! clock. Single-step mode, inside the handler's transaction: the round trip
-//! that opens it takes the key's advisory lock (a wait bounded by the claim's
-//! `lock_timeout`) and checks that the key has no record; a key without one
+//! that opens it takes the key's advisory lock (a try-lock, or a wait bounded
+//! by the claim's `lock_timeout`) and checks that the key has no record; a key without one
 //! is written with the `COMMIT`, so a first request costs no round trip of its
 //! own. A key with a record is read, and decided as every store decides
 //! (`Resolution::of`); a takeover or window reuse is a compare-and-swap on the
@@ -133,9 +133,9 @@ impl PgStore {
     }
 
     /// Opens a single-step claim's transaction holding the key's advisory lock
-    /// ([`lock_id`]). The wait for a concurrent holder is bounded by the
-    /// configured reject timeout, or by the request's own wait; when it runs
-    /// out the answer is "in progress" (the aborted transaction is rolled back).
+    /// ([`lock_id`]). A concurrent holder makes the answer "in progress" (the
+    /// aborted transaction is rolled back): at once by default, or once the
+    /// request's own wait, or the configured reject timeout, has run out.
     ///
     /// A first attempt (no resume) of a key this process has not claimed lately
     /// (`recent`) also checks, in the same round trip, that the key has no
@@ -143,25 +143,27 @@ impl PgStore {
     /// a first request sends nothing but the handler's own round trips. A key
     /// with a record fails the check; its transaction is rolled back and the
     /// record read in one round trip, which settles a replay, a conflict or an
-    /// in-progress answer without a transaction. Only a record to move (a
-    /// takeover, a window reuse, a released key), or one gone since, opens the
-    /// transaction again and reads under the lock, which is also how a key
-    /// claimed here lately (likely a retry) is opened.
+    /// in-progress answer without a transaction. A key claimed here lately
+    /// (likely a retry) or a resume is read first, outside a transaction, and
+    /// settled the same way. Only a record to move (a takeover, a window
+    /// reuse, a released key), or a key read absent, opens the transaction
+    /// holding the lock and reads again under it.
     pub(crate) async fn open_single_step(&self, req: &ClaimRequest) -> Result<Opened, Retry> {
-        let ms = if req.lock_wait.is_zero() {
+        // No wait: a held lock answers "in progress" at once. (A `lock_timeout`
+        // of zero would mean no bound, hence the floor of 1 ms.)
+        let wait = if req.lock_wait.is_zero() {
             self.config.reject_lock_timeout
         } else {
             req.lock_wait
-        }
-        .as_millis()
-        .max(1);
+        };
+        let wait_ms = (!wait.is_zero()).then(|| wait.as_millis().max(1));
         let lock = lock_id(&req.scope);
         let mut opening = Opening::new(self.pool.acquire().await.map_err(Retry::from)?);
         // A key claimed here before is likely a retry: read it (see `recent`).
         let seen = self.recent.contains(lock);
         self.recent.remember(lock);
         if req.resume.is_none() && !seen {
-            let begin = sql::begin_locked_absent(ms, lock, &self.config.schema, &req.scope);
+            let begin = sql::begin_locked_absent(wait_ms, lock, &self.config.schema, &req.scope);
             match PgTransactionManager::begin(opening.conn(), Some(AssertSqlSafe(begin).into_sql_str())).await
             {
                 Ok(()) => return Ok(Opened::Absent(opening.keep())),
@@ -181,8 +183,20 @@ impl PgStore {
                 }
                 Err(e) => return self.busy_or_fail(opening, e).await,
             }
+        } else {
+            // A retry or a resume: read first, outside any transaction. A
+            // replay, a conflict or a live holder settles here, without the
+            // lock (a transaction would hold it until its rollback, where a
+            // retry that follows at once would find it held).
+            let (now, existing) = self.fetch_with_now(&mut **opening.conn(), &req.scope).await?;
+            if let Some(existing) = existing
+                && let Resolution::Settled(outcome) = Resolution::of(&existing, req, now)?
+            {
+                drop(opening.keep());
+                return Ok(Opened::Settled(outcome));
+            }
         }
-        let begin = AssertSqlSafe(sql::begin_locked(ms, lock)).into_sql_str();
+        let begin = AssertSqlSafe(sql::begin_locked(wait_ms, lock, &self.config.schema)).into_sql_str();
         match PgTransactionManager::begin(opening.conn(), Some(begin)).await {
             Ok(()) => Ok(Opened::Locked(opening.keep())),
             Err(e) => self.busy_or_fail(opening, e).await,

@@ -18,7 +18,11 @@ pub struct PgConfig {
     /// `statement_timeout` of every connection (default 10 s).
     pub statement_timeout: Duration,
     /// With in-flight = reject, how long a single-step claim waits on a
-    /// concurrent holder's uncommitted claim before answering 409 (default 100 ms).
+    /// concurrent holder's uncommitted claim before answering 409. Default
+    /// zero: it answers at once, and the opening is one function call (a
+    /// try-lock and the absence check). A wait lets a duplicate that arrives
+    /// just before the holder commits replay instead, for two more statements
+    /// per first request (`SET LOCAL lock_timeout` before the lock and after).
     pub reject_lock_timeout: Duration,
     /// Attempts for an operation that hits a deadlock or serialization failure
     /// (default 3).
@@ -40,7 +44,7 @@ impl Default for PgConfig {
             max_connections: 5,
             acquire_timeout: Duration::from_secs(5),
             statement_timeout: Duration::from_secs(10),
-            reject_lock_timeout: Duration::from_millis(100),
+            reject_lock_timeout: Duration::ZERO,
             max_attempts: 3,
             ping_if_idle_for: Duration::from_secs(1),
         }

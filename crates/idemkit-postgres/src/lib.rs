@@ -6,10 +6,12 @@
 //! - **single-step** ([`TransactionalStore`]): the handler's own transaction
 //!   opens holding the key's transaction-scoped advisory lock, reads the key,
 //!   and writes the record, completed, with its `COMMIT` (one row written per
-//!   request). A concurrent duplicate waits on the lock until the winner
-//!   commits, then reads the completed record and replays it; with in-flight =
-//!   reject, a short `lock_timeout` turns that wait into SQLSTATE 55P03 and a
-//!   quick `409`, so no pool connection is held waiting. The primary key still
+//!   request). With in-flight = reject (the default), a concurrent duplicate
+//!   finds the lock held and answers `409` at once, so no pool connection is
+//!   held waiting (`PgConfig::reject_lock_timeout` can grant it a short wait,
+//!   after which it replays a winner that committed meanwhile); with in-flight
+//!   = wait, it waits on the lock until the winner commits, then reads the
+//!   completed record and replays it. The primary key still
 //!   arbitrates against lease-mode claims of the same key, which take no lock:
 //!   the later commit is refused and rolled back.
 //! - **lease** ([`KeyStore::claim`]): the claim commits on its own as
@@ -74,11 +76,12 @@ pub fn claim_and_complete_sql() -> (String, String) {
 }
 
 /// The single-step claim's opening as `TransactionalStore::claim_in_tx` sends
-/// it for a first attempt: a `lock_timeout` of `lock_timeout_ms`, advisory lock
-/// `lock`, and the check that `scope` has no record; for `benches/pgbench.rs`.
+/// it for a first attempt: advisory lock `lock` (waiting at most
+/// `lock_timeout_ms`, or a try-lock when `None`) and the check that `scope`
+/// has no record; for `benches/pgbench.rs`.
 #[doc(hidden)]
 pub fn single_step_sql(
-    lock_timeout_ms: u128,
+    lock_timeout_ms: Option<u128>,
     lock: i64,
     schema: &str,
     scope: &idemkit_core::Scope,

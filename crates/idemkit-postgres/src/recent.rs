@@ -4,12 +4,13 @@
 //! A first request opens its transaction with the check that the key has no
 //! record (`sql::begin_locked_absent`), which saves the claim's read. A retry
 //! fails that check, and the error, the rollback and a read built from
-//! literals cost the server more than opening the transaction and reading the
-//! record with a prepared statement. A key this process has claimed before is
-//! likely a retry, so it takes the read. Either way the database decides: a
-//! key the hint forgot (evicted, or first claimed by another instance) takes
-//! the check and falls back to the read; a key it remembers that has no record
-//! is read absent and claimed.
+//! literals cost the server more than reading the record with a prepared
+//! statement, outside any transaction. A key this process has claimed before
+//! is likely a retry, so it takes the read, which settles a replay without a
+//! transaction or a lock. Either way the database decides: a key the hint
+//! forgot (evicted, or first claimed by another instance) takes the check and
+//! falls back to the read; a key it remembers that has no record is read
+//! absent, then opened holding the lock, read again and claimed.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 

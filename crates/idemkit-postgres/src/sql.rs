@@ -144,27 +144,38 @@ pub(crate) static CLAIM: LazyLock<String> = LazyLock::new(|| {
 /// Opens a single-step claim's transaction holding the key's advisory lock
 /// (`lock`, see `claim::lock_id`), in one round trip: the simple-query
 /// protocol runs the statements in order, and skips the rest after an error.
-/// The wait for the lock is bounded by `lock_timeout` (`ms`), lifted for the
-/// handler's own statements once the lock is held.
-pub(crate) fn begin_locked(ms: u128, lock: i64) -> String {
-    format!(
-        "BEGIN; SET LOCAL lock_timeout = {ms}; SELECT pg_advisory_xact_lock({lock}); \
-         SET LOCAL lock_timeout = 0"
-    )
+/// Without a wait (`wait_ms` `None`) a held lock raises SQLSTATE 55P03 at once
+/// (`idemkit_try_lock`, migration `20261220000001`); with one, the wait is
+/// bounded by `lock_timeout`, which raises the same error when it runs out and
+/// is lifted for the handler's own statements once the lock is held.
+pub(crate) fn begin_locked(wait_ms: Option<u128>, lock: i64, schema: &str) -> String {
+    match wait_ms {
+        None => format!("BEGIN; SELECT {schema}.idemkit_try_lock({lock})"),
+        Some(ms) => format!(
+            "BEGIN; SET LOCAL lock_timeout = {ms}; SELECT pg_advisory_xact_lock({lock}); \
+             SET LOCAL lock_timeout = 0"
+        ),
+    }
 }
 
 /// [`begin_locked`], then the check that the key has no record, in the same
-/// round trip: `idemkit_single_step_absent` raises SQLSTATE `IK003` when it
-/// has one, which aborts the transaction (see its migration). The opening's
-/// rows never reach the caller, so an error is how it answers. Literals as in
-/// [`fused_completion`].
-pub(crate) fn begin_locked_absent(ms: u128, lock: i64, schema: &str, scope: &Scope) -> String {
-    format!(
-        "{}; SELECT {schema}.idemkit_single_step_absent({}::text, {}::text)",
-        begin_locked(ms, lock),
-        literal::text(scope.account.as_str()),
-        literal::text(scope.key.as_str()),
-    )
+/// round trip: SQLSTATE `IK003` when it has one, which aborts the transaction
+/// (see the migrations of `idemkit_single_step_open` and
+/// `idemkit_single_step_absent`). The opening's rows never reach the caller,
+/// so an error is how it answers. Without a wait, the try-lock and the check
+/// are one function call. Literals as in [`fused_completion`].
+pub(crate) fn begin_locked_absent(wait_ms: Option<u128>, lock: i64, schema: &str, scope: &Scope) -> String {
+    let account = literal::text(scope.account.as_str());
+    let key = literal::text(scope.key.as_str());
+    match wait_ms {
+        None => {
+            format!("BEGIN; SELECT {schema}.idemkit_single_step_open({lock}, {account}::text, {key}::text)")
+        }
+        Some(_) => format!(
+            "{}; SELECT {schema}.idemkit_single_step_absent({account}::text, {key}::text)",
+            begin_locked(wait_ms, lock, schema),
+        ),
+    }
 }
 
 /// After [`begin_locked_absent`] found a record: the aborted transaction's

@@ -96,8 +96,8 @@ impl TransactionalStore for PgStore {
     type Tx = PgTx;
 
     /// The claim runs inside the transaction it returns, which begins holding
-    /// the key's advisory lock (a holder that does not commit within the
-    /// claim's `lock_timeout` makes the answer "in progress") and, for a first
+    /// the key's advisory lock (a concurrent holder makes the answer "in
+    /// progress", at once or after the configured wait) and, for a first
     /// attempt, checks in the same round trip that the key has no record. A
     /// key without one is written, completed, with the `COMMIT`, on a token
     /// drawn then ([`PROVISIONAL_TOKEN`] until then). A key with a record is

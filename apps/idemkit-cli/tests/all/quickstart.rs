@@ -181,8 +181,8 @@ async fn quickstart_on_postgres_with_slow_handlers_passes_every_gate() {
 }
 
 /// PostgreSQL with the winner's commit held back (its order insert waits on a lock
-/// the test holds on the business table): duplicates are refused with
-/// `409 idempotency_request_in_progress` after the reject `lock_timeout`, and the
+/// the test holds on the business table): duplicates find the key's lock held
+/// and are refused with `409 idempotency_request_in_progress`, and the
 /// in-progress gate passes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quickstart_on_postgres_refuses_duplicates_of_a_running_request() {

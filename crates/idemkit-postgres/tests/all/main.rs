@@ -318,6 +318,60 @@ async fn single_step_duplicate_is_rejected_quickly_while_winner_runs() {
     }
 }
 
+/// `PgConfig::reject_lock_timeout` grants the in-flight = reject duplicate a
+/// wait: an instance that has never seen the key (so its opening is the
+/// absence check, in its waiting form) blocks on the winner's lock, then fails
+/// the check against the committed record and replays it. The control is the
+/// default instance, which answers in progress at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_configured_reject_wait_lets_a_duplicate_replay_the_winner() {
+    use idemkit_core::{ClaimOutcome, TransactionalStore, TxClaim};
+    use idemkit_testkit::suite::{claim_req, response, scope};
+    let Some(store) = store_in_fresh_schema(None).await else {
+        return;
+    };
+    let url = database_url().expect("the store above connected");
+    let instance = |reject_lock_timeout| {
+        let url = url.clone();
+        let schema = store.config().schema.clone();
+        async move {
+            let config = PgConfig {
+                schema,
+                reject_lock_timeout,
+                ..PgConfig::default()
+            };
+            Arc::new(PgStore::connect(&url, config).await.expect("connect"))
+        }
+    };
+    let (patient, impatient) = (
+        instance(Duration::from_secs(10)).await,
+        instance(Duration::ZERO).await,
+    );
+    let s = scope("a", "patient");
+    let req = claim_req(&s, "{}");
+    let TxClaim::Claimed { tx, lease } = store.claim_in_tx(&req).await.unwrap() else {
+        panic!("winner")
+    };
+    assert!(matches!(
+        impatient.claim_in_tx(&req).await.unwrap(),
+        TxClaim::Other(ClaimOutcome::InProgress { .. })
+    ));
+    let waiting = tokio::spawn({
+        let req = req.clone();
+        async move { patient.claim_in_tx(&req).await.unwrap() }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiting.is_finished(), "the duplicate waits for the winner");
+    store
+        .complete_in_tx(tx, &s, lease.token, &response(201, "won"))
+        .await
+        .unwrap();
+    match waiting.await.unwrap() {
+        TxClaim::Other(ClaimOutcome::Replay(r)) => assert_eq!(r, response(201, "won")),
+        other => panic!("expected replay, got {other:?}"),
+    }
+}
+
 mod race {
     use std::sync::Arc;
 

@@ -391,11 +391,12 @@ async fn a_connection_dropped_while_idle_is_replaced_before_use() {
 }
 
 /// Four instances (four pools, four empty recent-key hints) race one key with
-/// eight tasks each: each instance's first claim takes the opening's absence
-/// check, so several checks wait on the key's lock at once, and those that get
-/// it after the winner's commit fail the check and answer from the record. The
-/// business row is written once; every other answer is the stored response,
-/// in progress, or a conflict at commit whose write was rolled back.
+/// eight tasks each: each instance's first claims take the opening's try-lock
+/// and absence check; those that find the lock held answer in progress, and
+/// those that get it after the winner's commit fail the check and answer from
+/// the record. The business row is written once; every other answer is the
+/// stored response, in progress, or a conflict at commit whose write was
+/// rolled back. A retry then replays on every instance.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn instances_racing_one_key_write_once() {
     let Some((url, store)) = one_connection_store().await else {
