@@ -188,7 +188,7 @@ impl PgStore {
             // replay, a conflict or a live holder settles here, without the
             // lock (a transaction would hold it until its rollback, where a
             // retry that follows at once would find it held).
-            let (now, existing) = self.fetch_with_now(&mut **opening.conn(), &req.scope).await?;
+            let (now, existing) = self.fetch_with_now(opening.conn(), &req.scope).await?;
             if let Some(existing) = existing
                 && let Resolution::Settled(outcome) = Resolution::of(&existing, req, now)?
             {
