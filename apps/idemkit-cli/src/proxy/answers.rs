@@ -26,29 +26,13 @@ pub(super) fn bad_gateway(e: &hyper_util::client::legacy::Error) -> Response {
     .into_response()
 }
 
-/// Collects the upstream's answer (up to the storage cap), stores it, and sends it.
-pub(super) async fn store_response(attempt: Attempt, res: Response) -> (&'static str, Response) {
-    let (parts, body) = res.into_parts();
+/// Stores the upstream's answer, read whole, and sends it.
+pub(super) async fn store_response(
+    attempt: Attempt,
+    parts: http::response::Parts,
+    body: Bytes,
+) -> (&'static str, Response) {
     let policy = attempt.policy().clone();
-    let cap = policy.max_stored_body;
-    let body = match Limited::new(body, cap).collect().await {
-        Ok(c) => c.to_bytes(),
-        Err(e) => {
-            let too_large = e.is::<http_body_util::LengthLimitError>();
-            let p = if too_large {
-                Problem::new(
-                    ErrorCode::ResponseTooLarge,
-                    format!(
-                        "the upstream's answer is larger than the {cap}-byte storage cap; this key answers this problem from now on"
-                    ),
-                )
-            } else {
-                Problem::new(ErrorCode::Internal, "the upstream's answer body failed")
-            };
-            let refused = attempt.unstorable(None, p, too_large).await;
-            return (refused.outcome, refusal_response(refused.refusal, &policy));
-        }
-    };
     let stored = stored_response(&parts, &body, &policy);
     match attempt.store(None, &stored).await {
         Finished::Stored => (outcome::EXECUTED, Response::from_parts(parts, Body::from(body))),

@@ -133,13 +133,29 @@ enum KeySource {
     JsonField(String),
 }
 
-#[derive(Debug)]
 struct Route {
     method: Method,
-    /// `None`: every path (the default table).
-    path: Option<String>,
+    /// `None`: every path (the default table). A configured path is a
+    /// template as the service's routes write it (`/orders/{id}/confirm`),
+    /// matched segment by segment against the request's path as sent.
+    path: Option<matchit::Router<()>>,
     engine: Engine,
     key: KeySource,
+}
+
+impl Route {
+    fn matches(&self, method: &Method, path: &str) -> bool {
+        self.method == method && self.path.as_ref().is_none_or(|p| p.at(path).is_ok())
+    }
+}
+
+/// Whether `method` is safe (RFC 9110 §9.2.1): such requests always pass
+/// through, whatever the configuration says.
+fn is_safe(method: &Method) -> bool {
+    matches!(
+        *method,
+        Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE
+    )
 }
 
 /// The proxy's state.
@@ -209,6 +225,18 @@ pub async fn router(args: ProxyArgs) -> anyhow::Result<Router> {
             for r in config.routes.iter().filter(|r| r.retry_safe) {
                 let method = Method::from_bytes(r.method.to_ascii_uppercase().as_bytes())
                     .with_context(|| format!("route method {}", r.method))?;
+                if is_safe(&method) {
+                    tracing::warn!(
+                        method = %method,
+                        path = %r.path,
+                        "proxy: a safe method is never keyed; this route passes through"
+                    );
+                    continue;
+                }
+                let mut template = matchit::Router::new();
+                template
+                    .insert(r.path.as_str(), ())
+                    .with_context(|| format!("route path {}", r.path))?;
                 let key = match &r.key_field {
                     Some(pointer) => KeySource::JsonField(pointer.clone()),
                     None => KeySource::Header(
@@ -218,7 +246,7 @@ pub async fn router(args: ProxyArgs) -> anyhow::Result<Router> {
                 };
                 routes.push(Route {
                     method,
-                    path: Some(r.path.clone()),
+                    path: Some(template),
                     engine: Engine::lease(store.clone(), r.policy())?,
                     key,
                 });
@@ -274,7 +302,7 @@ async fn handle(State(proxy): State<Arc<Proxy>>, req: Request) -> Response {
     let route = proxy
         .routes
         .iter()
-        .position(|r| r.method == req.method() && r.path.as_deref().is_none_or(|p| p == req.uri().path()));
+        .position(|r| r.matches(req.method(), req.uri().path()));
     match route {
         Some(i) => proxy.keyed(i, req).await,
         None => match proxy.forward(req).await {
@@ -342,17 +370,29 @@ impl Proxy {
     async fn keyed_inner(self: &Arc<Self>, route: usize, req: Request) -> (&'static str, Response) {
         let route = &self.routes[route];
         let (parts, body) = req.into_parts();
-        let Some(credential) = parts.headers.get(&self.account_header) else {
-            return (
-                outcome::REJECTED,
-                problem(
-                    ErrorCode::Unauthorized,
-                    format!(
-                        "this route requires the `{}` header: idempotency keys are scoped to the caller",
-                        self.account_header
+        // Exactly one non-empty credential: an empty one would put every caller
+        // that sends it in one scope, and of two, the upstream may authenticate
+        // another than the one the scope is made of.
+        let mut credentials = parts.headers.get_all(&self.account_header).iter();
+        let credential = match (credentials.next(), credentials.next()) {
+            (Some(v), None) if !v.as_bytes().trim_ascii().is_empty() => v,
+            (first, _) => {
+                let which = if first.is_none() {
+                    "requires"
+                } else {
+                    "requires exactly one non-empty"
+                };
+                return (
+                    outcome::REJECTED,
+                    problem(
+                        ErrorCode::Unauthorized,
+                        format!(
+                            "this route {which} `{}` header: idempotency keys are scoped to the caller",
+                            self.account_header
+                        ),
                     ),
-                ),
-            );
+                );
+            }
         };
         let account = self.account(credential.as_bytes());
         let header_key = match &route.key {
@@ -454,13 +494,43 @@ impl Proxy {
         let req = Request::from_parts(parts, Body::from(bytes));
         #[cfg(feature = "failpoints")]
         fail::fail_point!("idemkit::proxy::before_forward");
+        // The timeout and the lease's heartbeat cover the whole answer: its
+        // head and, when it is to be stored, its body.
         let sent = attempt
-            .run(tokio::time::timeout(self.timeout, self.forward(req)))
+            .run(tokio::time::timeout(self.timeout, self.answer(req, &policy)))
             .await;
         #[cfg(feature = "failpoints")]
         fail::fail_point!("idemkit::proxy::after_forward");
-        let res = match sent {
-            Ok(Ok(res)) => res,
+        match sent {
+            Ok(Ok(Answer::Store(parts, Ok(body)))) => store_response(attempt, parts, body).await,
+            Ok(Ok(Answer::Store(_, Err(e)))) if e.is::<http_body_util::LengthLimitError>() => {
+                let cap = policy.max_stored_body;
+                let p = Problem::new(
+                    ErrorCode::ResponseTooLarge,
+                    format!(
+                        "the upstream's answer is larger than the {cap}-byte storage cap; this key answers this problem from now on"
+                    ),
+                );
+                let refused = attempt.unstorable(None, p, true).await;
+                (refused.outcome, refusal_response(refused.refusal, &policy))
+            }
+            Ok(Ok(Answer::Store(parts, Err(e)))) => {
+                let why = format!(
+                    "the upstream answered {} and its body failed part-way: {e}",
+                    parts.status.as_u16()
+                );
+                self.maybe_executed(attempt, &why, 502).await
+            }
+            Ok(Ok(Answer::Gateway(res))) => {
+                let status = res.status().as_u16();
+                let why = format!(
+                    "the upstream answered {status}, a gateway's answer: the service behind it may have run the request"
+                );
+                self.maybe_executed(attempt, &why, status).await
+            }
+            // Validation-class 4xx, or 5xx under `retry`: answered, not executed.
+            // Not stored, and the key is free again, as below.
+            Ok(Ok(Answer::Pass(res))) => (attempt.settle(None, Disposition::Discard).await, res),
             Ok(Err(e)) if e.is_connect() => {
                 // Nothing was sent: the key is free again. The recorded intent is
                 // discarded with the release, in one write fenced by this attempt's
@@ -470,32 +540,47 @@ impl Proxy {
                 // that takes over finds the intent (re-sent to a key-honouring
                 // upstream, parked otherwise): never forwarded twice blind.
                 let counted = attempt.settle(None, Disposition::Discard).await;
-                return (counted, bad_gateway(&e));
+                (counted, bad_gateway(&e))
             }
             Ok(Err(e)) => {
-                return self
-                    .maybe_executed(
-                        attempt,
-                        &format!("the upstream failed after the request was sent: {e}"),
-                        502,
-                    )
-                    .await;
+                self.maybe_executed(
+                    attempt,
+                    &format!("the upstream failed after the request was sent: {e}"),
+                    502,
+                )
+                .await
             }
             Err(_) => {
-                return self
-                    .maybe_executed(attempt, "the upstream did not answer in time", 504)
-                    .await;
-            }
-        };
-        let status = res.status().as_u16();
-        match Disposition::of(status, None, &policy) {
-            Disposition::Store => store_response(attempt, res).await,
-            _ => {
-                // Validation-class 4xx, or 5xx under `retry`: answered, not executed.
-                // Not stored, and the key is free again, as above.
-                (attempt.settle(None, Disposition::Discard).await, res)
+                self.maybe_executed(attempt, "the upstream did not answer in time", 504)
+                    .await
             }
         }
+    }
+
+    /// Forwards a claimed request and reads as much of the answer as its
+    /// disposition needs: all of it (up to the storage cap) when it is to be
+    /// stored; only its head otherwise, the body streaming on to the caller.
+    async fn answer(
+        &self,
+        req: Request,
+        policy: &Policy,
+    ) -> Result<Answer, hyper_util::client::legacy::Error> {
+        let res = self.forward(req).await?;
+        let status = res.status().as_u16();
+        Ok(match Disposition::of(status, None, policy) {
+            Disposition::Store => {
+                let (parts, body) = res.into_parts();
+                let body = Limited::new(body, policy.max_stored_body)
+                    .collect()
+                    .await
+                    .map(|c| c.to_bytes());
+                Answer::Store(parts, body)
+            }
+            // A 502 or 504 is a gateway's answer: the service behind it may
+            // still run the request (SPEC §8), so it is not "not executed".
+            _ if matches!(status, 502 | 504) => Answer::Gateway(res),
+            _ => Answer::Pass(res),
+        })
     }
 
     /// The upstream may have executed the request and its answer is lost.
@@ -542,6 +627,19 @@ impl Proxy {
             ),
         )
     }
+}
+
+/// The upstream's answer to a forwarded request, as far as it was read.
+enum Answer {
+    /// To be stored: its head, and its body or what stopped it.
+    Store(
+        http::response::Parts,
+        Result<Bytes, Box<dyn std::error::Error + Send + Sync>>,
+    ),
+    /// A 502 or 504 the route's policy does not store: maybe executed.
+    Gateway(Response),
+    /// Not to be stored (the policy releases its status): passed on as it streams.
+    Pass(Response),
 }
 
 /// HMAC-SHA256 (RFC 2104), with the `hmac` crate.

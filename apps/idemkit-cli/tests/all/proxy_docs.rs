@@ -123,7 +123,8 @@ async fn the_proxy_contract_lists_the_configured_routes() {
         &file,
         "[defaults]\nreplay_window = \"2h\"\nmismatch_status = 422\n\n\
          [[routes]]\nmethod = \"POST\"\npath = \"/orders\"\ndescription = \"Place an order.\"\n\n\
-         [[routes]]\nmethod = \"POST\"\npath = \"/legacy\"\nretry_safe = false\n",
+         [[routes]]\nmethod = \"POST\"\npath = \"/legacy\"\nretry_safe = false\n\n\
+         [[routes]]\nmethod = \"GET\"\npath = \"/orders/{id}\"\n",
     )
     .unwrap();
     let run = docs(&["--proxy", "--config", file.to_str().unwrap()]).await;
@@ -146,7 +147,7 @@ async fn the_proxy_contract_lists_the_configured_routes() {
     );
     let behind = section(&doc, "## Behind idemkit proxy");
     assert!(
-        behind.contains("**Keyed routes:** `POST /orders`, matched by method and exact path"),
+        behind.contains("**Keyed routes:** `POST /orders`, matched by method and path (a `{name}` segment"),
         "{behind}"
     );
     assert!(!behind.contains("every POST"), "{behind}");

@@ -75,7 +75,13 @@ fn proxy_markdown(proxy: &ProxyContract, client: &RetryConfig) -> String {
             config
                 .routes
                 .iter()
-                .filter(|r| r.retry_safe)
+                // The proxy keys no safe method, whatever the file says.
+                .filter(|r| {
+                    r.retry_safe
+                        && !["GET", "HEAD", "OPTIONS", "TRACE"]
+                            .iter()
+                            .any(|m| r.method.eq_ignore_ascii_case(m))
+                })
                 .map(KeyedRoute::of)
                 .collect::<Vec<_>>(),
             defaults_policy(config),
@@ -169,7 +175,8 @@ fn behind_the_proxy(w: &mut String, proxy: &ProxyContract, keyed: &[KeyedRoute],
     let routes = match &proxy.config {
         Some(_) if keyed.is_empty() => "none: every request is forwarded untouched".to_owned(),
         Some(_) => format!(
-            "{}, matched by method and exact path",
+            "{}, matched by method and path (a `{{name}}` segment matches any one segment; the path is compared \
+             as sent, without case folding, trailing-slash or percent-decoding normalisation)",
             and_list(&keyed.iter().map(|r| r.route.clone()).collect::<Vec<_>>())
         ),
         None => format!(
@@ -190,17 +197,26 @@ fn behind_the_proxy(w: &mut String, proxy: &ProxyContract, keyed: &[KeyedRoute],
             "stored or not by the route's policy (*on 5xx* under *Routes*)"
         }
     };
+    let gateway = if keyed
+        .iter()
+        .any(|r| r.policy.on_server_error == ServerErrorPolicy::Retry)
+    {
+        ", except a `502` or `504` that is not stored: that is an unknown outcome (*When the outcome is \
+         unknown*)"
+    } else {
+        ""
+    };
     let _ = writeln!(
         w,
-        "- **Keyed routes:** {routes}. Every other request (and every `GET`, `HEAD` and `OPTIONS`) is forwarded \
+        "- **Keyed routes:** {routes}. Every other request (and every `GET`, `HEAD`, `OPTIONS` and `TRACE`) is forwarded \
          untouched: no key is read and nothing is de-duplicated.\n\
-         - **The `{credential}` header is required** on a keyed route: without it the proxy answers `{}` \
-         `{unauthorized}` and the request is never forwarded. The scope is a keyed hash (HMAC-SHA256) of the \
+         - **Exactly one non-empty `{credential}` header is required** on a keyed route: without it (or with \
+         an empty one, or two) the proxy answers `{}` `{unauthorized}` and the request is never forwarded. The scope is a keyed hash (HMAC-SHA256) of the \
          header's value; the credential itself is never stored.\n\
          - **Your key is forwarded to the upstream as sent**, where you put it (header or body).\n\
-         - **Answers.** Validation-class answers ({}) are not stored: the same request with the same key is forwarded again, \
-         a corrected one needs a new key. `5xx` answers are \
-         {five}. Every other answer is stored and replayed byte for byte, with `Idempotent-Replayed: true`; a \
+         - **Answers.** Validation-class answers ({}) are not stored and free the key: the same key, with the request \
+         corrected or not, is forwarded again. `5xx` answers are \
+         {five}{gateway}. Every other answer is stored and replayed byte for byte, with `Idempotent-Replayed: true`; a \
          replay carries the stored status, body and the headers {}. `Set-Cookie` and hop-by-hop headers are \
          never stored.\n\
          - **Request size.** A keyed request body over **{}** is `{}` `{too_large}`; nothing is claimed or \
@@ -224,7 +240,9 @@ fn behind_the_proxy(w: &mut String, proxy: &ProxyContract, keyed: &[KeyedRoute],
     let _ = writeln!(
         w,
         "The outcome of a keyed request is unknown when the upstream did not answer in time, when the \
-         connection failed after the request was sent, or when the proxy died after forwarding it (a retry \
+         connection failed after the request was sent (or part-way through an answer to be stored), when the \
+         upstream answered `502` or `504` on a route that does not store `5xx` (a gateway's answer: the \
+         service behind it may have run the request), or when the proxy died after forwarding it (a retry \
          after the lease finds it). A connection that failed *before* sending is not one of them: you get `502` \
          `{internal}` (`retryable: {}`), nothing was sent, and a retry with the same key is forwarded again.\n",
         internal.retryable()
@@ -307,7 +325,10 @@ fn proxy_codes(w: &mut String, proxy: &ProxyContract, mismatch_status: u16) {
                 "another attempt took the request over: retry with the same key".to_owned()
             }
             ErrorCode::StoreUnavailable => {
-                "the proxy's key store failed; nothing was forwarded: retry with the same key".to_owned()
+                "the proxy's key store failed: retry with the same key. Nothing was forwarded, unless it failed \
+                 while storing the upstream's answer: that retry is then answered as *When the outcome is \
+                 unknown* says"
+                    .to_owned()
             }
             ErrorCode::ResponseTooLarge => {
                 "the upstream's answer was too large to store; the key answers this from now on".to_owned()

@@ -55,6 +55,35 @@ async fn invalid(State(n): State<Arc<Naive>>) -> impl IntoResponse {
     (StatusCode::UNPROCESSABLE_ENTITY, "no")
 }
 
+/// A `201` whose body stalls after its first chunk, past the proxy's
+/// upstream timeout (300 ms in these tests).
+async fn stall(State(n): State<Arc<Naive>>) -> impl IntoResponse {
+    n.posts.fetch_add(1, Ordering::SeqCst);
+    use futures::StreamExt;
+    let chunks =
+        futures::stream::iter([Ok::<_, std::io::Error>("{\"id\":")]).chain(futures::stream::once(async {
+            tokio::time::sleep(Duration::from_millis(800)).await;
+            Ok("1}")
+        }));
+    (StatusCode::CREATED, axum::body::Body::from_stream(chunks))
+}
+
+/// A `201` whose body fails part-way (the connection is cut mid-body).
+async fn cut(State(n): State<Arc<Naive>>) -> impl IntoResponse {
+    n.posts.fetch_add(1, Ordering::SeqCst);
+    let chunks = futures::stream::iter([
+        Ok("{\"id\":"),
+        Err(std::io::Error::other("the upstream fell over")),
+    ]);
+    (StatusCode::CREATED, axum::body::Body::from_stream(chunks))
+}
+
+/// A gateway's `504`: the service behind it may have run the request.
+async fn gateway(State(n): State<Arc<Naive>>) -> impl IntoResponse {
+    n.posts.fetch_add(1, Ordering::SeqCst);
+    (StatusCode::GATEWAY_TIMEOUT, "upstream timed out")
+}
+
 async fn count(State(n): State<Arc<Naive>>, uri: axum::http::Uri) -> String {
     format!("{} {}", n.posts.load(Ordering::SeqCst), uri.query().unwrap_or(""))
 }
@@ -113,10 +142,19 @@ struct Setup {
 }
 
 async fn setup(name: &str, honours_keys: bool) -> Setup {
+    setup_with(name, honours_keys, None).await
+}
+
+/// [`setup`], with `config` (TOML) as the proxy's `--config` file.
+async fn setup_with(name: &str, honours_keys: bool, config: Option<&str>) -> Setup {
     let naive = Arc::new(Naive::default());
     let upstream = serve(
         Router::new()
             .route("/orders", post(create))
+            .route("/orders/{id}/confirm", post(create))
+            .route("/stall", post(stall))
+            .route("/cut", post(cut))
+            .route("/gateway", post(gateway))
             .route("/slow", post(slow))
             .route("/invalid", post(invalid))
             .route("/big", post(big))
@@ -126,11 +164,16 @@ async fn setup(name: &str, honours_keys: bool) -> Setup {
     .await;
     let db = std::env::temp_dir().join(format!("idemkit-proxy-{name}-{}.db", std::process::id()));
     let _ = std::fs::remove_file(&db);
+    let config = config.map(|toml| {
+        let path = db.with_extension("toml");
+        std::fs::write(&path, toml).unwrap();
+        path
+    });
     let app = router(ProxyArgs {
         listen: "127.0.0.1:0".parse().unwrap(),
         upstream,
         database_url: format!("sqlite://{}", db.display()),
-        config: None,
+        config,
         account_header: "Authorization".into(),
         scope_secret: "test-secret".into(),
         upstream_honours_keys: honours_keys,
@@ -256,11 +299,26 @@ async fn refusals_never_reach_the_upstream() {
         .await,
         (409, "idempotency_key_reused".into())
     );
-    // No credential: 401 from the proxy.
+    // No credential, an empty one, or two: 401 from the proxy.
     assert_eq!(
         code(s.post("/orders", Some("k2"), None, "{}").await).await,
         (401, "unauthorized".into())
     );
+    assert_eq!(
+        code(s.post("/orders", Some("k2"), Some(" "), "{}").await).await,
+        (401, "unauthorized".into())
+    );
+    let two = s
+        .http
+        .post(format!("{}/orders", s.proxy))
+        .header("Idempotency-Key", "k2")
+        .header("Authorization", "Bearer victim")
+        .header("Authorization", "Bearer mallory")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(code(two).await, (401, "unauthorized".into()));
     // No key, a bad key.
     assert_eq!(
         code(s.post("/orders", None, Some("Bearer a"), "{}").await).await,
@@ -363,6 +421,96 @@ async fn an_unknown_outcome_is_resent_with_the_same_key_to_a_key_honouring_upstr
     let again = s.post("/slow", Some("h"), Some("Bearer a"), "{}").await;
     assert_eq!(again.status(), 504);
     assert_eq!(s.posts(), 2, "re-sent with the same key");
+}
+
+/// The timeout covers an answer's body too: a `201` whose body stalls past it
+/// is an unknown outcome (parked, never forwarded again), not a caller held
+/// for as long as the upstream stalls.
+#[tokio::test]
+async fn an_answer_whose_body_stalls_is_an_unknown_outcome() {
+    let s = setup("stall", false).await;
+    for _ in 0..2 {
+        assert_eq!(
+            code(s.post("/stall", Some("st"), Some("Bearer a"), "{}").await).await,
+            (409, "idempotency_request_parked".into())
+        );
+    }
+    assert_eq!(s.posts(), 1, "never forwarded twice");
+}
+
+/// A connection cut part-way through an answer to be stored: the upstream
+/// acted, so the request is parked (a key-ignoring upstream) or re-sent with
+/// the same key (a key-honouring one), never answered as retryable and freed.
+#[tokio::test]
+async fn an_answer_cut_part_way_is_an_unknown_outcome() {
+    let s = setup("cut", false).await;
+    for _ in 0..2 {
+        assert_eq!(
+            code(s.post("/cut", Some("c"), Some("Bearer a"), "{}").await).await,
+            (409, "idempotency_request_parked".into())
+        );
+    }
+    assert_eq!(s.posts(), 1, "never forwarded twice");
+    let h = setup("cut-honours", true).await;
+    let res = h.post("/cut", Some("c"), Some("Bearer a"), "{}").await;
+    assert_eq!(res.status(), 502);
+    assert!(res.headers().contains_key("retry-after"));
+    assert_eq!(
+        h.post("/cut", Some("c"), Some("Bearer a"), "{}").await.status(),
+        502
+    );
+    assert_eq!(h.posts(), 2, "re-sent with the same key");
+}
+
+/// A `502` or `504` the policy does not store is a gateway's answer: the
+/// service behind it may have run the request, so the key is not freed for a
+/// second forward (it is under `retry` for a `500` or `503`).
+#[tokio::test]
+async fn a_gateway_answer_is_an_unknown_outcome() {
+    let s = setup("gateway", false).await;
+    for _ in 0..2 {
+        assert_eq!(
+            code(s.post("/gateway", Some("g"), Some("Bearer a"), "{}").await).await,
+            (409, "idempotency_request_parked".into())
+        );
+    }
+    assert_eq!(s.posts(), 1, "never forwarded twice");
+}
+
+/// `--config` routes are templates, as the service writes them; a configured
+/// safe method is never keyed.
+#[tokio::test]
+async fn configured_routes_match_path_templates_and_skip_safe_methods() {
+    let s = setup_with(
+        "templates",
+        false,
+        Some(
+            "[[routes]]\nmethod = \"POST\"\npath = \"/orders/{id}/confirm\"\n\
+             [[routes]]\nmethod = \"GET\"\npath = \"/count\"\n",
+        ),
+    )
+    .await;
+    for _ in 0..2 {
+        let res = s
+            .post("/orders/7/confirm", Some("t"), Some("Bearer a"), "{}")
+            .await;
+        assert_eq!(res.status(), 201);
+    }
+    assert_eq!(s.posts(), 1, "the template keyed the route");
+    let replay = s
+        .post("/orders/8/confirm", Some("t"), Some("Bearer a"), "{}")
+        .await;
+    assert_eq!(
+        code(replay).await,
+        (409, "idempotency_key_reused".into()),
+        "another path is another request under the key"
+    );
+    // Not a configured route: passed through, not keyed.
+    assert_eq!(s.post("/orders", Some("t"), None, "{}").await.status(), 201);
+    assert_eq!(s.posts(), 2);
+    // A keyed GET would need the credential; a safe method passes through.
+    let res = s.http.get(format!("{}/count", s.proxy)).send().await.unwrap();
+    assert_eq!(res.status(), 200);
 }
 
 /// The issue's acceptance over real processes (the checker is the real binary):
