@@ -58,5 +58,5 @@ pub use phases::{CallError, Downstream, PhaseError, Phases};
 pub use problem::{Json, ProblemResponse, method_not_allowed, not_found};
 pub use resolver::{AccountResolver, BearerTokenAccount, TrustedHeaderAccount, bearer_token};
 pub use response::{STORED_REQUEST_HEADERS, replay_response, stored_request_headers, stored_response};
-pub use service::Idempotency;
+pub use service::{Idempotency, read_body};
 pub use shared::{DEFAULT_STATUS_PATH, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, KeySource};

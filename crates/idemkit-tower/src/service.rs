@@ -260,7 +260,11 @@ fn claim_request(
 /// that clients still sending get the problem document instead of a reset.
 const OVERSIZE_DRAIN: usize = 8 * 1024 * 1024;
 
-async fn read_body(mut body: Body, limit: usize) -> Result<Bytes, ProblemResponse> {
+/// Reads a keyed request's body, as the layer does: up to `limit` bytes, else
+/// `413 payload_too_large` (after draining up to 8 MiB more, so a client still
+/// sending reads the problem instead of a reset); a body that fails to arrive
+/// is `400 validation_failed`. `idemkit proxy` reads its keyed requests with it.
+pub async fn read_body(mut body: Body, limit: usize) -> Result<Bytes, ProblemResponse> {
     // A body that arrives in one frame (most small ones) is kept as it came;
     // later frames are appended to a copy.
     let mut first: Option<Bytes> = None;

@@ -407,26 +407,9 @@ impl Proxy {
                 ProblemResponse::from(key_problem(e)).into_response(),
             );
         }
-        let bytes = match Limited::new(body, self.max_request_body).collect().await {
-            Ok(c) => c.to_bytes(),
-            Err(e) if e.is::<http_body_util::LengthLimitError>() => {
-                return (
-                    outcome::REJECTED,
-                    problem(
-                        ErrorCode::PayloadTooLarge,
-                        format!("the request body is larger than {} bytes", self.max_request_body),
-                    ),
-                );
-            }
-            Err(e) => {
-                return (
-                    outcome::REJECTED,
-                    problem(
-                        ErrorCode::ValidationFailed,
-                        format!("could not read the request body: {e}"),
-                    ),
-                );
-            }
+        let bytes = match idemkit_tower::read_body(body, self.max_request_body).await {
+            Ok(bytes) => bytes,
+            Err(refused) => return (outcome::REJECTED, refused.into_response()),
         };
         let key = match (header_key, &route.key) {
             (Some(Ok(k)), _) => k,
