@@ -4,8 +4,10 @@
 //! loopback HTTP, the quickstart's order write as the upstream (`POST /orders`:
 //! parse and validate the JSON order, insert it in its own SQLite transaction,
 //! answer `201` with it; it ignores idempotency keys), and `idemkit proxy`'s
-//! router in front of it on a SQLite key store (and on PostgreSQL and Redis when
-//! `IDEMKIT_TEST_POSTGRES_URL` / `IDEMKIT_TEST_REDIS_URL` are set). It then
+//! router in front of it on a SQLite key store (twice: as the proxy opens it by
+//! default, syncing every commit, and with `--sqlite-synchronous normal`, row
+//! `sqlite-nrm`), and on PostgreSQL and Redis when
+//! `IDEMKIT_TEST_POSTGRES_URL` / `IDEMKIT_TEST_REDIS_URL` are set. It then
 //! measures direct and through the proxy side by side, with a fresh key per
 //! request, and prints per store:
 //!
@@ -27,7 +29,7 @@ use axum::extract::State;
 use axum::response::IntoResponse;
 use axum::routing::post;
 use http::StatusCode;
-use idemkit_cli::proxy::{ProxyArgs, router};
+use idemkit_cli::proxy::{ProxyArgs, SqliteSync, router};
 use idemkit_sqlite::SqliteStore;
 
 const ROUNDS: usize = 3;
@@ -128,7 +130,7 @@ async fn upstream() -> String {
     .await
 }
 
-async fn proxy(upstream: &str, database_url: String) -> String {
+async fn proxy(upstream: &str, database_url: String, sqlite_synchronous: SqliteSync) -> String {
     let app = router(ProxyArgs {
         listen: "127.0.0.1:0".parse().unwrap(),
         upstream: upstream.to_owned(),
@@ -140,6 +142,7 @@ async fn proxy(upstream: &str, database_url: String) -> String {
         upstream_timeout_ms: 30_000,
         lease_ms: None,
         max_request_body: 1 << 20,
+        sqlite_synchronous,
     })
     .await
     .unwrap();
@@ -282,19 +285,28 @@ async fn main() {
         "{:<10} {:>10} {:>9} {:>9} {:>9} {:>9} {:>12} {:>12}",
         "store", "thr ratio", "p50 dir", "p50 prx", "p99 dir", "p99 prx", "added/own50", "added/own99"
     );
-    let sqlite = format!("sqlite://{}", tempdir("keys").join("keys.db").display());
-    measure(
-        "sqlite",
-        &direct,
-        &Target::new(&proxy(&upstream, sqlite).await),
-        n,
-    )
-    .await;
+    for (name, sync) in [("sqlite", SqliteSync::Full), ("sqlite-nrm", SqliteSync::Normal)] {
+        let sqlite = format!("sqlite://{}", tempdir(name).join("keys.db").display());
+        let proxied = Target::new(&proxy(&upstream, sqlite, sync).await);
+        measure(name, &direct, &proxied, n).await;
+    }
     if let Some(url) = env("IDEMKIT_TEST_POSTGRES_URL") {
-        measure("postgres", &direct, &Target::new(&proxy(&upstream, url).await), n).await;
+        measure(
+            "postgres",
+            &direct,
+            &Target::new(&proxy(&upstream, url, SqliteSync::Full).await),
+            n,
+        )
+        .await;
     }
     if let Some(url) = env("IDEMKIT_TEST_REDIS_URL") {
-        measure("redis", &direct, &Target::new(&proxy(&upstream, url).await), n).await;
+        measure(
+            "redis",
+            &direct,
+            &Target::new(&proxy(&upstream, url, SqliteSync::Full).await),
+            n,
+        )
+        .await;
     }
     println!(
         "thr ratio = throughput through the proxy ÷ direct; p50/p99 in µs of sequential requests; \

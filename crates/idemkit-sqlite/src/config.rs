@@ -1,4 +1,4 @@
-//! [`SqliteConfig`]: pool size, lock wait and checkpoints.
+//! [`SqliteConfig`]: pool size, lock wait, checkpoints and durability.
 
 use std::time::Duration;
 
@@ -18,6 +18,17 @@ pub struct SqliteConfig {
     /// (~40 MiB of log), a bound for when the task cannot keep up. Zero turns
     /// the task off and leaves SQLite's default (1 000 pages).
     pub checkpoint_interval: Duration,
+    /// Sync the write-ahead log to disk at every commit (`synchronous = FULL`;
+    /// default off: `NORMAL`). With `NORMAL` a commit survives the process
+    /// being killed but not the host crashing or losing power: the last
+    /// commits (up to the operating system's write-back delay) may be lost.
+    /// The layer's single-step records commit with the business rows they
+    /// guard, so those are lost together. A record guarding an effect outside
+    /// this database (a lease-mode claim before a call to another service, the
+    /// proxy's intent before it forwards) is not: if it is lost, the retry runs
+    /// the effect again. Turn this on for those; each commit then waits for
+    /// the disk (about 0.2 ms on the machine the benchmarks ran on).
+    pub sync_every_commit: bool,
 }
 
 impl Default for SqliteConfig {
@@ -26,6 +37,7 @@ impl Default for SqliteConfig {
             max_connections: 8,
             busy_timeout: Duration::from_secs(10),
             checkpoint_interval: Duration::from_millis(100),
+            sync_every_commit: false,
         }
     }
 }

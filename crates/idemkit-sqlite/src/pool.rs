@@ -32,9 +32,13 @@ impl SqliteStore {
         .create_if_missing(true)
         .journal_mode(SqliteJournalMode::Wal)
         // NORMAL in WAL mode never corrupts; a power loss may drop the last commits.
-        // Idempotency records are written in the same transaction as the business
-        // rows, so they are lost (or kept) together.
-        .synchronous(SqliteSynchronous::Normal)
+        // Single-step records are written in the same transaction as the business
+        // rows, so they are lost (or kept) together; see `sync_every_commit`.
+        .synchronous(if config.sync_every_commit {
+            SqliteSynchronous::Full
+        } else {
+            SqliteSynchronous::Normal
+        })
         .busy_timeout(config.busy_timeout)
         .foreign_keys(true);
         // Checkpoints run in the background (see `checkpoint`); a commit does

@@ -115,6 +115,9 @@ pub struct OpenOptions {
     pub max_connections: Option<u32>,
     /// Redis: the key prefix (default: the store's, `idemkit`).
     pub redis_prefix: Option<String>,
+    /// SQLite: sync the log at every commit (default off; see
+    /// [`SqliteConfig::sync_every_commit`](crate::sqlite::SqliteConfig::sync_every_commit)).
+    pub sqlite_sync_every_commit: bool,
 }
 
 impl Default for OpenOptions {
@@ -124,6 +127,7 @@ impl Default for OpenOptions {
             pg_schema: "idemkit".to_owned(),
             max_connections: None,
             redis_prefix: None,
+            sqlite_sync_every_commit: false,
         }
     }
 }
@@ -155,6 +159,12 @@ impl OpenOptions {
     /// Sets the Redis key prefix.
     pub fn with_redis_prefix(mut self, prefix: impl Into<String>) -> Self {
         self.redis_prefix = Some(prefix.into());
+        self
+    }
+
+    /// Makes a SQLite store sync its log at every commit.
+    pub fn with_sqlite_sync_every_commit(mut self, on: bool) -> Self {
+        self.sqlite_sync_every_commit = on;
         self
     }
 }
@@ -255,17 +265,15 @@ pub async fn open_store(url: &str, options: &OpenOptions) -> Result<OpenedStore,
             {
                 return Err(OpenError::NoSqliteFile(url.to_owned()));
             }
-            let store = match options.max_connections {
-                None => crate::sqlite::SqliteStore::open(url).await,
-                Some(max_connections) => {
-                    let config = crate::sqlite::SqliteConfig {
-                        max_connections,
-                        ..Default::default()
-                    };
-                    crate::sqlite::SqliteStore::open_with(url, &config).await
-                }
-            }
-            .map_err(store_err)?;
+            let defaults = crate::sqlite::SqliteConfig::default();
+            let config = crate::sqlite::SqliteConfig {
+                max_connections: options.max_connections.unwrap_or(defaults.max_connections),
+                sync_every_commit: options.sqlite_sync_every_commit,
+                ..defaults
+            };
+            let store = crate::sqlite::SqliteStore::open_with(url, &config)
+                .await
+                .map_err(store_err)?;
             Ok(OpenedStore::Sqlite(Arc::new(store)))
         }
         #[cfg(feature = "postgres")]

@@ -124,6 +124,29 @@ pub struct ProxyArgs {
     /// The largest keyed request body accepted, in bytes.
     #[arg(long, default_value_t = 1 << 20)]
     pub max_request_body: usize,
+    /// A SQLite key store's durability. `full` (the default) syncs the log at
+    /// every commit, so the intent recorded before a forward survives a host
+    /// crash or power loss. `normal` survives the proxy being killed, not the
+    /// host: the last commits may be lost, and a request whose record is lost
+    /// is forwarded again when retried.
+    #[arg(long, value_enum, default_value_t = SqliteSync::Full)]
+    pub sqlite_synchronous: SqliteSync,
+}
+
+/// `--sqlite-synchronous`: when a SQLite key store's commits reach the disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum SqliteSync {
+    /// At every commit (`PRAGMA synchronous = FULL`).
+    Full,
+    /// At checkpoints (`PRAGMA synchronous = NORMAL`).
+    Normal,
+}
+
+impl ProxyArgs {
+    /// How the key store is opened.
+    fn open_options(&self) -> idemkit::OpenOptions {
+        idemkit::OpenOptions::new().with_sqlite_sync_every_commit(self.sqlite_synchronous == SqliteSync::Full)
+    }
 }
 
 /// Where a keyed route reads its key.
@@ -209,7 +232,7 @@ pub async fn router(args: ProxyArgs) -> anyhow::Result<Router> {
         parsed.scheme_str() == Some("http") && parsed.authority().is_some(),
         "--upstream must be an http://host:port URL"
     );
-    let opened = idemkit::open_store(&args.database_url, &idemkit::OpenOptions::new())
+    let opened = idemkit::open_store(&args.database_url, &args.open_options())
         .await
         .with_context(|| format!("opening the key store {}", args.database_url))?;
     let store = opened.key_store();
@@ -636,6 +659,48 @@ fn hmac_sha256(secret: &[u8], message: &[u8]) -> [u8; 32] {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A SQLite key store syncs every commit unless told otherwise: the
+    /// intent written before a forward must outlive the host.
+    #[tokio::test]
+    async fn the_sqlite_key_store_syncs_every_commit_by_default() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            proxy: ProxyArgs,
+        }
+        let dir = std::env::temp_dir().join(format!("idemkit-proxy-sync-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for (flag, expected) in [(None, 2), (Some("normal"), 1), (Some("full"), 2)] {
+            let db = dir.join(format!("{flag:?}.db"));
+            let url = format!("sqlite://{}", db.display());
+            let mut argv = vec![
+                "proxy",
+                "--listen",
+                "127.0.0.1:0",
+                "--upstream",
+                "http://127.0.0.1:1",
+            ];
+            argv.extend(["--database-url", &url, "--scope-secret", "s"]);
+            if let Some(flag) = flag {
+                argv.extend(["--sqlite-synchronous", flag]);
+            }
+            let args = Cli::try_parse_from(argv).unwrap().proxy;
+            let opened = idemkit::open_store(&args.database_url, &args.open_options())
+                .await
+                .unwrap();
+            let idemkit::OpenedStore::Sqlite(store) = opened else {
+                panic!("a SQLite store")
+            };
+            let synchronous: i64 = sqlx::query_scalar("PRAGMA synchronous")
+                .fetch_one(store.pool())
+                .await
+                .unwrap();
+            assert_eq!(synchronous, expected, "{flag:?}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn hmac_matches_rfc_4231_case_2() {

@@ -11,7 +11,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
-use idemkit_cli::proxy::{ProxyArgs, router};
+use idemkit_cli::proxy::{ProxyArgs, SqliteSync, router};
 use serde_json::Value;
 
 mod processes;
@@ -180,6 +180,7 @@ async fn setup_with(name: &str, honours_keys: bool, config: Option<&str>) -> Set
         upstream_timeout_ms: 300,
         lease_ms: None,
         max_request_body: 1 << 20,
+        sqlite_synchronous: SqliteSync::Full,
     })
     .await
     .unwrap();
@@ -546,6 +547,7 @@ async fn idemkit_check_passes_every_gate_through_the_proxy_and_fails_without_it(
         upstream_timeout_ms: 10_000,
         lease_ms: None,
         max_request_body: 1 << 20,
+        sqlite_synchronous: SqliteSync::Full,
     })
     .await
     .unwrap();
