@@ -31,8 +31,8 @@ use crate::sql::{self, lease_ms};
 /// SHA-256 over the account's length, the account and the key. Every instance
 /// sharing a store must compute the same value for a key, so this function is
 /// part of the store's format: changing it would let instances of two versions
-/// run one key at once during an upgrade. A collision between two keys only
-/// makes one wait for the other.
+/// run one key at once during an upgrade. A collision between two keys (one
+/// in 2^64) only makes one answer "in progress" (or wait) while the other runs.
 pub(crate) fn lock_id(scope: &Scope) -> i64 {
     let account = scope.account.as_str().as_bytes();
     let mut h = Sha256::new();
@@ -73,6 +73,11 @@ impl Drop for Opening {
         }
     }
 }
+
+/// How long a single-step claim that found the key's lock held waits before
+/// its one more try, when no wait is configured (see
+/// [`PgStore::open_single_step`]).
+const BUSY_GRACE: Duration = Duration::from_millis(20);
 
 /// How a single-step claim's transaction opened ([`PgStore::open_single_step`]).
 pub(crate) enum Opened {
@@ -149,24 +154,63 @@ impl PgStore {
     /// reuse, a released key), or a key read absent, opens the transaction
     /// holding the lock and reads again under it.
     pub(crate) async fn open_single_step(&self, req: &ClaimRequest) -> Result<Opened, Retry> {
-        // No wait: a held lock answers "in progress" at once. (A `lock_timeout`
-        // of zero would mean no bound, hence the floor of 1 ms.)
         let wait = if req.lock_wait.is_zero() {
             self.config.reject_lock_timeout
         } else {
             req.lock_wait
         };
+        // No wait: a try-lock. (A `lock_timeout` of zero would mean no bound,
+        // hence the floor of 1 ms.)
         let wait_ms = (!wait.is_zero()).then(|| wait.as_millis().max(1));
         let lock = lock_id(&req.scope);
-        let mut opening = Opening::new(self.pool.acquire().await.map_err(Retry::from)?);
         // A key claimed here before is likely a retry: read it (see `recent`).
         let seen = self.recent.contains(lock);
         self.recent.remember(lock);
-        if req.resume.is_none() && !seen {
+        let mut opened = self.open_once(req, wait_ms, lock, seen).await?;
+        if opened.is_none() && wait_ms.is_none() {
+            // The lock may be held by a transaction that is over but whose
+            // rollback has not reached the server yet: a dropped transaction's
+            // `ROLLBACK` rides on its connection's release to the pool. One
+            // more try after a short grace tells that from a live holder.
+            tokio::time::sleep(BUSY_GRACE).await;
+            opened = self.open_once(req, wait_ms, lock, seen).await?;
+        }
+        Ok(opened.unwrap_or(Opened::Settled(ClaimOutcome::InProgress {
+            retry_after: Duration::from_secs(1),
+        })))
+    }
+
+    /// One try of [`Self::open_single_step`]; `None` when the key's lock is
+    /// held (at once, or past the wait).
+    async fn open_once(
+        &self,
+        req: &ClaimRequest,
+        wait_ms: Option<u128>,
+        lock: i64,
+        seen: bool,
+    ) -> Result<Option<Opened>, Retry> {
+        let mut opening = Opening::new(self.pool.acquire().await.map_err(Retry::from)?);
+        let mut check_absence = req.resume.is_none() && !seen;
+        if !check_absence {
+            // A retry or a resume: read first, outside any transaction. A
+            // replay, a conflict or a live holder settles here, without the
+            // lock; a key read absent opens as a first request does.
+            let (now, existing) = self.fetch_with_now(opening.conn(), &req.scope).await?;
+            match existing {
+                Some(existing) => {
+                    if let Resolution::Settled(outcome) = Resolution::of(&existing, req, now)? {
+                        drop(opening.keep());
+                        return Ok(Some(Opened::Settled(outcome)));
+                    }
+                }
+                None => check_absence = req.resume.is_none(),
+            }
+        }
+        if check_absence {
             let begin = sql::begin_locked_absent(wait_ms, lock, &self.config.schema, &req.scope);
             match PgTransactionManager::begin(opening.conn(), Some(AssertSqlSafe(begin).into_sql_str())).await
             {
-                Ok(()) => return Ok(Opened::Absent(opening.keep())),
+                Ok(()) => return Ok(Some(Opened::Absent(opening.keep()))),
                 Err(e) if sqlstate(&e).as_deref() == Some("IK003") => {
                     // The transaction is aborted, and sqlx does not count it.
                     let read = sql::rollback_and_read(&req.scope, self.test_now());
@@ -178,36 +222,24 @@ impl PgStore {
                         && let Resolution::Settled(outcome) = Resolution::of(&existing, req, now)?
                     {
                         drop(opening.keep());
-                        return Ok(Opened::Settled(outcome));
+                        return Ok(Some(Opened::Settled(outcome)));
                     }
                 }
                 Err(e) => return self.busy_or_fail(opening, e).await,
             }
-        } else {
-            // A retry or a resume: read first, outside any transaction. A
-            // replay, a conflict or a live holder settles here, without the
-            // lock (a transaction would hold it until its rollback, where a
-            // retry that follows at once would find it held).
-            let (now, existing) = self.fetch_with_now(opening.conn(), &req.scope).await?;
-            if let Some(existing) = existing
-                && let Resolution::Settled(outcome) = Resolution::of(&existing, req, now)?
-            {
-                drop(opening.keep());
-                return Ok(Opened::Settled(outcome));
-            }
         }
         let begin = AssertSqlSafe(sql::begin_locked(wait_ms, lock, &self.config.schema)).into_sql_str();
         match PgTransactionManager::begin(opening.conn(), Some(begin)).await {
-            Ok(()) => Ok(Opened::Locked(opening.keep())),
+            Ok(()) => Ok(Some(Opened::Locked(opening.keep()))),
             Err(e) => self.busy_or_fail(opening, e).await,
         }
     }
 
-    /// A single-step opening that failed: "in progress" if its wait for the
-    /// key's lock ran out (the transaction began and is aborted, and sqlx does
-    /// not count it: it is rolled back here), the error otherwise (the
-    /// connection is closed with `opening`).
-    async fn busy_or_fail(&self, mut opening: Opening, e: sqlx::Error) -> Result<Opened, Retry> {
+    /// A single-step opening that failed: `None` if the key's lock is held
+    /// (at once, or past the wait; the transaction began and is aborted, and
+    /// sqlx does not count it: it is rolled back here), the error otherwise
+    /// (the connection is closed with `opening`).
+    async fn busy_or_fail(&self, mut opening: Opening, e: sqlx::Error) -> Result<Option<Opened>, Retry> {
         if !is_lock_timeout(&e) {
             return Err(Retry::from(e));
         }
@@ -216,9 +248,7 @@ impl PgStore {
             .await
             .map_err(Retry::from)?;
         drop(opening.keep());
-        Ok(Opened::Settled(ClaimOutcome::InProgress {
-            retry_after: Duration::from_secs(1),
-        }))
+        Ok(None)
     }
 
     /// The lease-mode claim, autocommitted on `conn`. One round trip when the

@@ -141,6 +141,12 @@ pub(crate) static CLAIM: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
+/// A single-step transaction's `BEGIN`. READ COMMITTED whatever the database's
+/// default: the check after the lock must see what the lock's previous holder
+/// committed, which a snapshot taken at the transaction's first statement
+/// (REPEATABLE READ) would not.
+const BEGIN: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
+
 /// Opens a single-step claim's transaction holding the key's advisory lock
 /// (`lock`, see `claim::lock_id`), in one round trip: the simple-query
 /// protocol runs the statements in order, and skips the rest after an error.
@@ -150,9 +156,9 @@ pub(crate) static CLAIM: LazyLock<String> = LazyLock::new(|| {
 /// is lifted for the handler's own statements once the lock is held.
 pub(crate) fn begin_locked(wait_ms: Option<u128>, lock: i64, schema: &str) -> String {
     match wait_ms {
-        None => format!("BEGIN; SELECT {schema}.idemkit_try_lock({lock})"),
+        None => format!("{BEGIN}; SELECT {schema}.idemkit_try_lock({lock})"),
         Some(ms) => format!(
-            "BEGIN; SET LOCAL lock_timeout = {ms}; SELECT pg_advisory_xact_lock({lock}); \
+            "{BEGIN}; SET LOCAL lock_timeout = {ms}; SELECT pg_advisory_xact_lock({lock}); \
              SET LOCAL lock_timeout = 0"
         ),
     }
@@ -169,7 +175,7 @@ pub(crate) fn begin_locked_absent(wait_ms: Option<u128>, lock: i64, schema: &str
     let key = literal::text(scope.key.as_str());
     match wait_ms {
         None => {
-            format!("BEGIN; SELECT {schema}.idemkit_single_step_open({lock}, {account}::text, {key}::text)")
+            format!("{BEGIN}; SELECT {schema}.idemkit_single_step_open({lock}, {account}::text, {key}::text)")
         }
         Some(_) => format!(
             "{}; SELECT {schema}.idemkit_single_step_absent({account}::text, {key}::text)",

@@ -170,9 +170,9 @@ async fn quickstart_on_postgres_passes_every_gate_but_in_flight_is_unprovable() 
     }
 }
 
-/// PostgreSQL with handlers that take a while (`IDEMKIT_HANDLER_DELAY_MS`, longer
-/// than the 100 ms reject lock timeout): duplicates of a running request are
-/// refused with `409 idempotency_request_in_progress`, and all seven gates pass.
+/// PostgreSQL with handlers that take a while (`IDEMKIT_HANDLER_DELAY_MS`):
+/// duplicates of a running request find its lock held and are refused with
+/// `409 idempotency_request_in_progress`, and all seven gates pass.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quickstart_on_postgres_with_slow_handlers_passes_every_gate() {
     if let Some(backend) = Backend::postgres() {

@@ -455,3 +455,86 @@ async fn instances_racing_one_key_write_once() {
         ));
     }
 }
+
+/// A claim whose transaction was dropped (a handler that failed, a caller that
+/// hung up) leaves the key free, and a retry that follows at once is claimed:
+/// the dropped transaction's `ROLLBACK` rides on its connection's release, so
+/// its lock can outlive the answer by a moment, which the opening's one more
+/// try after a short grace covers. A live holder still answers in progress.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_right_after_a_dropped_claim_is_claimed() {
+    let Some((url, store)) = one_connection_store().await else {
+        return;
+    };
+    let other = another_instance(&url, schema_of(store.pool()).await).await;
+    for round in 0..20 {
+        let s = scope("a", &format!("dropped-{round}"));
+        let req = claim_req(&s, "{}");
+        let TxClaim::Claimed { mut tx, .. } = store.claim_in_tx(&req).await.unwrap() else {
+            panic!("first claim")
+        };
+        insert_tag(&mut *tx, "rolled back").await;
+        drop(tx);
+        // Another instance, then this one, at once.
+        let instance = if round % 2 == 0 { &other } else { &*store };
+        match instance.claim_in_tx(&req).await.unwrap() {
+            TxClaim::Claimed { tx, lease } => {
+                instance
+                    .complete_in_tx(tx, &s, lease.token, &response(201, "second"))
+                    .await
+                    .unwrap();
+            }
+            TxClaim::Other(o) => panic!("round {round}: the key is free, got {o:?}"),
+        }
+    }
+    assert!(tags(&store).await.is_empty(), "dropped writes rolled back");
+    // The control: a live holder answers in progress.
+    let s = scope("a", "live");
+    let req = claim_req(&s, "{}");
+    let TxClaim::Claimed { tx: _held, .. } = store.claim_in_tx(&req).await.unwrap() else {
+        panic!("holder")
+    };
+    assert!(matches!(
+        other.claim_in_tx(&req).await.unwrap(),
+        TxClaim::Other(ClaimOutcome::InProgress { .. })
+    ));
+}
+
+/// The single-step transaction is READ COMMITTED whatever the database's
+/// default: under REPEATABLE READ the check after the lock could miss what
+/// the lock's previous holder committed.
+#[tokio::test]
+async fn single_step_transactions_are_read_committed_whatever_the_default() {
+    let Some((url, store)) = one_connection_store().await else {
+        return;
+    };
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let rr = format!("{url}{sep}options=-c%20default_transaction_isolation%3Drepeatable%5C%20read");
+    let instance = another_instance(&rr, schema_of(store.pool()).await).await;
+    let default: String = sqlx::query_scalar("SHOW default_transaction_isolation")
+        .fetch_one(instance.pool())
+        .await
+        .unwrap();
+    assert_eq!(default, "repeatable read", "the control: the session default");
+    for (i, seen) in [false, true].into_iter().enumerate() {
+        // A first claim opens with the absence check; a key claimed here
+        // before (`seen`) is read first and opened with it too.
+        let s = scope("a", &format!("isolation-{i}"));
+        if seen {
+            let TxClaim::Claimed { tx, .. } = instance.claim_in_tx(&claim_req(&s, "{}")).await.unwrap()
+            else {
+                panic!("claim")
+            };
+            drop(tx);
+        }
+        let TxClaim::Claimed { mut tx, .. } = instance.claim_in_tx(&claim_req(&s, "{}")).await.unwrap()
+        else {
+            panic!("claim")
+        };
+        let level: String = sqlx::query_scalar("SHOW transaction_isolation")
+            .fetch_one(&mut *tx)
+            .await
+            .unwrap();
+        assert_eq!(level, "read committed", "seen: {seen}");
+    }
+}
