@@ -9,8 +9,7 @@
 --
 -- instead of five statements. "Not acquired" raises SQLSTATE 55P03
 -- (lock_not_available), the error a `lock_timeout` raises, so both forms are
--- answered the same way. The function is VOLATILE (the default; never mark it
--- STABLE, whose one snapshot is taken before the lock is granted), so its
+-- answered the same way. The function is VOLATILE (the default), so its
 -- EXISTS takes a snapshot after the lock is granted: it sees what the lock's
 -- previous holder committed, whose commit is visible before its locks are
 -- released.

@@ -169,7 +169,10 @@ pub(crate) fn begin_locked(wait_ms: Option<u128>, lock: i64, schema: &str) -> St
 /// (see the migrations of `idemkit_single_step_open` and
 /// `idemkit_single_step_absent`). The opening's rows never reach the caller,
 /// so an error is how it answers. Without a wait, the try-lock and the check
-/// are one function call. Literals as in [`fused_completion`].
+/// are one function call, which must stay VOLATILE (PostgreSQL's default): a
+/// STABLE function keeps its statement's snapshot, taken before the lock is
+/// granted, and would miss what the lock's previous holder committed.
+/// Literals as in [`fused_completion`].
 pub(crate) fn begin_locked_absent(wait_ms: Option<u128>, lock: i64, schema: &str, scope: &Scope) -> String {
     let account = literal::text(scope.account.as_str());
     let key = literal::text(scope.key.as_str());
