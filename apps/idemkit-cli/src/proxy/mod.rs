@@ -172,15 +172,6 @@ impl Route {
     }
 }
 
-/// Whether `method` is safe (RFC 9110 §9.2.1): such requests always pass
-/// through, whatever the configuration says.
-fn is_safe(method: &Method) -> bool {
-    matches!(
-        *method,
-        Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE
-    )
-}
-
 /// The proxy's state.
 struct Proxy {
     routes: Vec<Route>,
@@ -248,7 +239,8 @@ pub async fn router(args: ProxyArgs) -> anyhow::Result<Router> {
             for r in config.routes.iter().filter(|r| r.retry_safe) {
                 let method = Method::from_bytes(r.method.to_ascii_uppercase().as_bytes())
                     .with_context(|| format!("route method {}", r.method))?;
-                if is_safe(&method) {
+                // Safe methods (RFC 9110 §9.2.1) always pass through.
+                if method.is_safe() {
                     tracing::warn!(
                         method = %method,
                         path = %r.path,

@@ -78,9 +78,8 @@ fn proxy_markdown(proxy: &ProxyContract, client: &RetryConfig) -> String {
                 // The proxy keys no safe method, whatever the file says.
                 .filter(|r| {
                     r.retry_safe
-                        && !["GET", "HEAD", "OPTIONS", "TRACE"]
-                            .iter()
-                            .any(|m| r.method.eq_ignore_ascii_case(m))
+                        && !http::Method::from_bytes(r.method.to_ascii_uppercase().as_bytes())
+                            .is_ok_and(|m| m.is_safe())
                 })
                 .map(KeyedRoute::of)
                 .collect::<Vec<_>>(),
