@@ -134,6 +134,18 @@ pub struct DocsCommand {
     /// instead of being parked.
     #[arg(long, requires = "proxy")]
     pub upstream_honours_keys: bool,
+    /// As the proxy's flag: the header carrying the caller's credential
+    /// (default: the proxy's).
+    #[arg(long, requires = "proxy")]
+    pub account_header: Option<String>,
+    /// As the proxy's flag: the largest keyed request body accepted, in bytes
+    /// (default: the proxy's).
+    #[arg(long, requires = "proxy")]
+    pub max_request_body: Option<usize>,
+    /// As the proxy's flag: every keyed route's lease, in milliseconds
+    /// (default: the configuration's).
+    #[arg(long, requires = "proxy")]
+    pub lease_ms: Option<u64>,
 }
 
 /// `idemkit docs`: the labels service's contract, or the proxy's with `--proxy`.
@@ -143,19 +155,34 @@ fn run_docs(args: DocsCommand) -> anyhow::Result<ExitCode> {
     if !args.proxy {
         return docs::run(args.docs);
     }
+    let lease = args.lease_ms.map(std::time::Duration::from_millis);
     let config = match &args.docs.config {
-        Some(path) => Some(idemkit_tower::config::IdemkitConfig::from_toml(
-            &std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?,
-        )?),
+        Some(path) => {
+            let config = idemkit_tower::config::IdemkitConfig::from_toml(
+                &std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?,
+            )?;
+            // As the proxy applies `--lease-ms`.
+            Some(match lease {
+                Some(lease) => config.with_lease(lease)?,
+                None => config,
+            })
+        }
         None => None,
     };
     let contract = ProxyContract {
         config,
         upstream_honours_keys: args.upstream_honours_keys,
-        account_header: proxy_default("account_header")?,
-        max_request_body: proxy_default("max_request_body")?
-            .parse()
-            .context("the default of --max-request-body")?,
+        account_header: match args.account_header {
+            Some(header) => header,
+            None => proxy_default("account_header")?,
+        },
+        max_request_body: match args.max_request_body {
+            Some(n) => n,
+            None => proxy_default("max_request_body")?
+                .parse()
+                .context("the default of --max-request-body")?,
+        },
+        default_lease: lease,
     };
     let format = match args.docs.format {
         docs::DocsFormat::Markdown => Format::Markdown,

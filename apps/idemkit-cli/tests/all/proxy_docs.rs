@@ -153,6 +153,36 @@ async fn the_proxy_contract_lists_the_configured_routes() {
     assert!(!behind.contains("every POST"), "{behind}");
 }
 
+/// The contract publishes what the proxy runs with: its flags, not only their
+/// defaults.
+#[tokio::test]
+async fn the_proxy_contract_follows_the_proxys_flags() {
+    let doc = docs(&[
+        "--proxy",
+        "--account-header",
+        "X-Api-Key",
+        "--max-request-body",
+        "65536",
+        "--lease-ms",
+        "90000",
+    ])
+    .await
+    .stdout;
+    let behind = section(&doc, "## Behind idemkit proxy");
+    assert!(behind.contains("`X-Api-Key` header is required"), "{behind}");
+    assert!(!behind.contains("`Authorization`"), "{behind}");
+    assert!(behind.contains("**64 KiB**"), "{behind}");
+    assert!(doc.contains("a lease of **1m 30s**"), "{doc}");
+    // The control: the defaults.
+    let default = docs(&["--proxy"]).await.stdout;
+    assert!(
+        default.contains("`Authorization` header is required"),
+        "{default}"
+    );
+    assert!(default.contains("**1 MiB**"), "{default}");
+    assert!(default.contains("a lease of **30s**"), "{default}");
+}
+
 #[tokio::test]
 async fn upstream_honours_keys_requires_proxy() {
     let run = idemkit(vec!["docs".into(), "--upstream-honours-keys".into()]).await;

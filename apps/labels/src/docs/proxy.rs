@@ -23,6 +23,11 @@ pub struct ProxyContract {
     /// The largest keyed request body the proxy accepts, in bytes
     /// (`--max-request-body`).
     pub max_request_body: usize,
+    /// The proxy's `--lease-ms` without `--config`: the default table's lease
+    /// (`None`: the default policy's). With a configuration, the proxy applies
+    /// it to the configuration (`IdemkitConfig::with_lease`); so does the
+    /// caller, before handing it over here.
+    pub default_lease: Option<std::time::Duration>,
 }
 
 /// The codes the proxy answers with, in the order its contract lists them.
@@ -87,16 +92,20 @@ fn proxy_markdown(proxy: &ProxyContract, client: &RetryConfig) -> String {
             config.defaults.mismatch_status,
         ),
         None => {
+            let policy = proxy
+                .default_lease
+                .map_or_else(Policy::new, |lease| Policy::new().with_lease(lease));
             let header = idemkit_tower::config::RouteDefaults::default().key_header;
             let keyed = PROXY_DEFAULT_METHODS
                 .iter()
                 .map(|m| KeyedRoute {
                     route: format!("`{m}` (any path)"),
                     key: format!("header `{header}`"),
-                    policy: Policy::new(),
+                    policy: policy.clone(),
                 })
                 .collect();
-            (keyed, Policy::new(), Policy::new().mismatch_status.as_u16())
+            let mismatch = policy.mismatch_status.as_u16();
+            (keyed, policy, mismatch)
         }
     };
     let credential = &proxy.account_header;
