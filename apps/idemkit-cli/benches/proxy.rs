@@ -4,9 +4,9 @@
 //! loopback HTTP, the quickstart's order write as the upstream (`POST /orders`:
 //! parse and validate the JSON order, insert it in its own SQLite transaction,
 //! answer `201` with it; it ignores idempotency keys), and `idemkit proxy`'s
-//! router in front of it on a SQLite key store (twice: as the proxy opens it by
-//! default, syncing every commit, and with `--sqlite-synchronous normal`, row
-//! `sqlite-nrm`), and on PostgreSQL and Redis when
+//! router in front of it on a SQLite key store (three times: as the proxy opens
+//! it by default, syncing each claim; with `--sqlite-synchronous full`, row
+//! `sqlite-full`; with `normal`, row `sqlite-nrm`), and on PostgreSQL and Redis when
 //! `IDEMKIT_TEST_POSTGRES_URL` / `IDEMKIT_TEST_REDIS_URL` are set. It then
 //! measures direct and through the proxy side by side, with a fresh key per
 //! request, and prints per store:
@@ -285,7 +285,11 @@ async fn main() {
         "{:<10} {:>10} {:>9} {:>9} {:>9} {:>9} {:>12} {:>12}",
         "store", "thr ratio", "p50 dir", "p50 prx", "p99 dir", "p99 prx", "added/own50", "added/own99"
     );
-    for (name, sync) in [("sqlite", SqliteSync::Full), ("sqlite-nrm", SqliteSync::Normal)] {
+    for (name, sync) in [
+        ("sqlite", SqliteSync::Claims),
+        ("sqlite-full", SqliteSync::Full),
+        ("sqlite-nrm", SqliteSync::Normal),
+    ] {
         let sqlite = format!("sqlite://{}", tempdir(name).join("keys.db").display());
         let proxied = Target::new(&proxy(&upstream, sqlite, sync).await);
         measure(name, &direct, &proxied, n).await;
@@ -294,7 +298,7 @@ async fn main() {
         measure(
             "postgres",
             &direct,
-            &Target::new(&proxy(&upstream, url, SqliteSync::Full).await),
+            &Target::new(&proxy(&upstream, url, SqliteSync::Claims).await),
             n,
         )
         .await;
@@ -303,7 +307,7 @@ async fn main() {
         measure(
             "redis",
             &direct,
-            &Target::new(&proxy(&upstream, url, SqliteSync::Full).await),
+            &Target::new(&proxy(&upstream, url, SqliteSync::Claims).await),
             n,
         )
         .await;

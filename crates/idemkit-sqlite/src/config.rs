@@ -18,17 +18,35 @@ pub struct SqliteConfig {
     /// (~40 MiB of log), a bound for when the task cannot keep up. Zero turns
     /// the task off and leaves SQLite's default (1 000 pages).
     pub checkpoint_interval: Duration,
-    /// Sync the write-ahead log to disk at every commit (`synchronous = FULL`;
-    /// default off: `NORMAL`). With `NORMAL` a commit survives the process
-    /// being killed but not the host crashing or losing power: the last
-    /// commits (up to the operating system's write-back delay) may be lost.
-    /// The layer's single-step records commit with the business rows they
-    /// guard, so those are lost together. A record guarding an effect outside
-    /// this database (a lease-mode claim before a call to another service, the
-    /// proxy's intent before it forwards) is not: if it is lost, the retry runs
-    /// the effect again. Turn this on for those; each commit then waits for
-    /// the disk (about 0.2 ms on the machine the benchmarks ran on).
-    pub sync_every_commit: bool,
+    /// Which commits wait for the disk (default [`Durability::Normal`]).
+    pub durability: Durability,
+}
+
+/// Which commits sync the write-ahead log to disk ([`SqliteConfig::durability`]).
+///
+/// With SQLite's `synchronous = NORMAL` a commit survives the process being
+/// killed, not the host crashing or losing power: the last commits (up to the
+/// operating system's write-back delay, seconds) may be lost. The layer's
+/// single-step records commit with the business rows they guard, so those are
+/// lost together. A record guarding an effect outside this database is not:
+/// the proxy's intent, written before it forwards a request, if lost, lets the
+/// retry forward it again. A synced commit costs a disk flush (about 0.2 ms on
+/// the machine the benchmarks ran on), inside SQLite's single writer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Durability {
+    /// No commit waits for the disk (`synchronous = NORMAL`).
+    #[default]
+    Normal,
+    /// A lease-mode claim (the write made before the effect it guards: an
+    /// absent key's insert, or a record moved to a new holder) syncs the log,
+    /// which also makes every earlier commit durable; other commits do not
+    /// wait. One flush per request: a later write lost with the host (a
+    /// completion, a release) leaves the record as the claim left it, in
+    /// flight with its progress, which the next attempt treats as "maybe
+    /// executed", never as a key to run afresh.
+    Claims,
+    /// Every commit syncs the log (`synchronous = FULL`).
+    EveryCommit,
 }
 
 impl Default for SqliteConfig {
@@ -37,7 +55,7 @@ impl Default for SqliteConfig {
             max_connections: 8,
             busy_timeout: Duration::from_secs(10),
             checkpoint_interval: Duration::from_millis(100),
-            sync_every_commit: false,
+            durability: Durability::Normal,
         }
     }
 }

@@ -59,7 +59,7 @@ use idemkit_core::Clock;
 use sqlx::SqlitePool;
 use tokio::sync::Mutex;
 
-pub use config::SqliteConfig;
+pub use config::{Durability, SqliteConfig};
 pub use tx::SqliteTx;
 
 /// Embedded migrations (run by [`SqliteStore::from_pool`]).
@@ -80,6 +80,9 @@ pub struct SqliteStore {
     /// Checkpoints the log in the background, for a store that opened its own
     /// pool (see `checkpoint`); the application's pool keeps its own settings.
     checkpointer: Option<Arc<checkpoint::Checkpointer>>,
+    /// With [`Durability::Claims`]: one connection whose commits sync the
+    /// log, for the lease-mode claims of absent keys.
+    claims: Option<SqlitePool>,
 }
 
 impl SqliteStore {
@@ -92,6 +95,12 @@ impl SqliteStore {
     /// The pool, for the application's own queries.
     pub fn pool(&self) -> &SqlitePool {
         &self.pool
+    }
+
+    /// The connection lease-mode claims use under [`Durability::Claims`]
+    /// (`None` otherwise: they use [`Self::pool`]).
+    pub fn claims_pool(&self) -> Option<&SqlitePool> {
+        self.claims.as_ref()
     }
 
     /// Waits until the store has loaded the keys already in its table, which

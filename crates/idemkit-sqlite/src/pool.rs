@@ -12,7 +12,7 @@ use tokio::sync::Mutex;
 use crate::checkpoint::{Checkpointer, LOG_BOUND_PAGES};
 use crate::error::{backend, map_err};
 use crate::known::KnownKeys;
-use crate::{MIGRATOR, SqliteConfig, SqliteStore};
+use crate::{Durability, MIGRATOR, SqliteConfig, SqliteStore};
 
 impl SqliteStore {
     /// Opens (creating if missing) the database file at `path` with defaults.
@@ -33,8 +33,8 @@ impl SqliteStore {
         .journal_mode(SqliteJournalMode::Wal)
         // NORMAL in WAL mode never corrupts; a power loss may drop the last commits.
         // Single-step records are written in the same transaction as the business
-        // rows, so they are lost (or kept) together; see `sync_every_commit`.
-        .synchronous(if config.sync_every_commit {
+        // rows, so they are lost (or kept) together; see `Durability`.
+        .synchronous(if config.durability == Durability::EveryCommit {
             SqliteSynchronous::Full
         } else {
             SqliteSynchronous::Normal
@@ -53,10 +53,21 @@ impl SqliteStore {
             // A local file cannot drop a connection the way a network can; the
             // ping sqlx would send on every acquire is a wasted round trip.
             .test_before_acquire(false)
-            .connect_with(options)
+            .connect_with(options.clone())
             .await
             .map_err(map_err)?;
         let mut store = Self::from_pool(pool).await?;
+        if config.durability == Durability::Claims {
+            // Claims queue on the writer slot anyway: one connection.
+            store.claims = Some(
+                SqlitePoolOptions::new()
+                    .max_connections(1)
+                    .test_before_acquire(false)
+                    .connect_with(options.synchronous(SqliteSynchronous::Full))
+                    .await
+                    .map_err(map_err)?,
+            );
+        }
         if !config.checkpoint_interval.is_zero() {
             store.checkpointer = Some(Arc::new(Checkpointer::spawn(
                 store.pool.clone(),
@@ -82,6 +93,7 @@ impl SqliteStore {
             pending: Arc::default(),
             known,
             checkpointer: None,
+            claims: None,
         })
     }
 }

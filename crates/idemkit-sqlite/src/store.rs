@@ -120,7 +120,7 @@ impl KeyStore for SqliteStore {
             // the claim, without the read that would only find the key absent.
             // A row written by another process makes it insert nothing, and the
             // read below decides on it.
-            if let Some(lease) = self.insert_claim(&mut *self.solo().await?, req).await? {
+            if let Some(lease) = self.insert_claim(&mut *self.solo_for_claim().await?, req).await? {
                 return Ok(ClaimOutcome::Claimed(lease));
             }
         }
@@ -132,11 +132,11 @@ impl KeyStore for SqliteStore {
             // Read as absent: the insert alone, autocommitted, is the claim.
             // A key that appeared meanwhile makes it insert nothing, and the
             // transaction below decides on the row it finds.
-            if let Some(lease) = self.insert_claim(&mut *self.solo().await?, req).await? {
+            if let Some(lease) = self.insert_claim(&mut *self.solo_for_claim().await?, req).await? {
                 return Ok(ClaimOutcome::Claimed(lease));
             }
         }
-        let mut tx = self.begin().await?;
+        let mut tx = self.begin_for_claim().await?;
         match self.claim_on(&mut tx, req).await? {
             Ok(lease) => {
                 tx.commit().await.map_err(map_err)?;

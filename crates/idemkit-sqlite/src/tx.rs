@@ -185,8 +185,18 @@ impl DerefMut for Solo {
 impl SqliteStore {
     /// A connection for one autocommitted write statement (see [`Solo`]).
     pub(crate) async fn solo(&self) -> StoreResult<Solo> {
+        self.solo_on(&self.pool).await
+    }
+
+    /// [`Self::solo`] for the lease-mode claim of an absent key: on the
+    /// connection that syncs its commits, under [`crate::Durability::Claims`].
+    pub(crate) async fn solo_for_claim(&self) -> StoreResult<Solo> {
+        self.solo_on(self.claims.as_ref().unwrap_or(&self.pool)).await
+    }
+
+    async fn solo_on(&self, pool: &sqlx::SqlitePool) -> StoreResult<Solo> {
         let writer = self.writer.clone().lock_owned().await;
-        let conn = self.pool.acquire().await.map_err(map_err)?;
+        let conn = pool.acquire().await.map_err(map_err)?;
         Ok(Solo {
             conn,
             _writer: writer,
@@ -199,8 +209,19 @@ impl SqliteStore {
     /// conflicting insert cannot go stale. Use it for the application's own
     /// writes too, so they queue with the store's instead of contending.
     pub async fn begin(&self) -> StoreResult<SqliteTx> {
+        self.begin_on(&self.pool).await
+    }
+
+    /// [`Self::begin`] for a lease-mode claim that moves a record (a key
+    /// released or past its window claimed again, a takeover): on the
+    /// connection that syncs its commits, under [`crate::Durability::Claims`].
+    pub(crate) async fn begin_for_claim(&self) -> StoreResult<SqliteTx> {
+        self.begin_on(self.claims.as_ref().unwrap_or(&self.pool)).await
+    }
+
+    async fn begin_on(&self, pool: &sqlx::SqlitePool) -> StoreResult<SqliteTx> {
         let writer = self.writer.clone().lock_owned().await;
-        let conn = self.pool.acquire().await.map_err(map_err)?;
+        let conn = pool.acquire().await.map_err(map_err)?;
         // The handle exists before `BEGIN` is sent: if this future is dropped
         // once it has been, dropping the handle rolls the transaction back
         // rather than returning a connection inside it to the pool.

@@ -115,9 +115,11 @@ pub struct OpenOptions {
     pub max_connections: Option<u32>,
     /// Redis: the key prefix (default: the store's, `idemkit`).
     pub redis_prefix: Option<String>,
-    /// SQLite: sync the log at every commit (default off; see
-    /// [`SqliteConfig::sync_every_commit`](crate::sqlite::SqliteConfig::sync_every_commit)).
-    pub sqlite_sync_every_commit: bool,
+    /// SQLite: which commits wait for the disk (default
+    /// [`Durability::Normal`](crate::sqlite::Durability::Normal)).
+    #[cfg(feature = "sqlite")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
+    pub sqlite_durability: crate::sqlite::Durability,
 }
 
 impl Default for OpenOptions {
@@ -127,7 +129,8 @@ impl Default for OpenOptions {
             pg_schema: "idemkit".to_owned(),
             max_connections: None,
             redis_prefix: None,
-            sqlite_sync_every_commit: false,
+            #[cfg(feature = "sqlite")]
+            sqlite_durability: crate::sqlite::Durability::Normal,
         }
     }
 }
@@ -162,9 +165,11 @@ impl OpenOptions {
         self
     }
 
-    /// Makes a SQLite store sync its log at every commit.
-    pub fn with_sqlite_sync_every_commit(mut self, on: bool) -> Self {
-        self.sqlite_sync_every_commit = on;
+    /// Sets which commits of a SQLite store wait for the disk.
+    #[cfg(feature = "sqlite")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
+    pub fn with_sqlite_durability(mut self, durability: crate::sqlite::Durability) -> Self {
+        self.sqlite_durability = durability;
         self
     }
 }
@@ -268,7 +273,7 @@ pub async fn open_store(url: &str, options: &OpenOptions) -> Result<OpenedStore,
             let defaults = crate::sqlite::SqliteConfig::default();
             let config = crate::sqlite::SqliteConfig {
                 max_connections: options.max_connections.unwrap_or(defaults.max_connections),
-                sync_every_commit: options.sqlite_sync_every_commit,
+                durability: options.sqlite_durability,
                 ..defaults
             };
             let store = crate::sqlite::SqliteStore::open_with(url, &config)

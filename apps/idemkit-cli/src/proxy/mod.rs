@@ -124,28 +124,37 @@ pub struct ProxyArgs {
     /// The largest keyed request body accepted, in bytes.
     #[arg(long, default_value_t = 1 << 20)]
     pub max_request_body: usize,
-    /// A SQLite key store's durability. `full` (the default) syncs the log at
-    /// every commit, so the intent recorded before a forward survives a host
-    /// crash or power loss. `normal` survives the proxy being killed, not the
-    /// host: the last commits may be lost, and a request whose record is lost
-    /// is forwarded again when retried.
-    #[arg(long, value_enum, default_value_t = SqliteSync::Full)]
+    /// A SQLite key store's durability. `claims` (the default) syncs the log
+    /// at each claim, so the intent recorded before a forward survives a host
+    /// crash or power loss (a completion lost with the host leaves that intent:
+    /// the retry is parked, or re-sent to a key-honouring upstream). `full`
+    /// syncs every commit, so completions survive too. `normal` survives the
+    /// proxy being killed, not the host: the last commits may be lost, and a
+    /// request whose claim is lost is forwarded again when retried.
+    #[arg(long, value_enum, default_value_t = SqliteSync::Claims)]
     pub sqlite_synchronous: SqliteSync,
 }
 
-/// `--sqlite-synchronous`: when a SQLite key store's commits reach the disk.
+/// `--sqlite-synchronous`: which of a SQLite key store's commits wait for the disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum SqliteSync {
-    /// At every commit (`PRAGMA synchronous = FULL`).
+    /// Claims (`idemkit::sqlite::Durability::Claims`).
+    Claims,
+    /// Every commit (`PRAGMA synchronous = FULL`).
     Full,
-    /// At checkpoints (`PRAGMA synchronous = NORMAL`).
+    /// None: checkpoints only (`PRAGMA synchronous = NORMAL`).
     Normal,
 }
 
 impl ProxyArgs {
     /// How the key store is opened.
     fn open_options(&self) -> idemkit::OpenOptions {
-        idemkit::OpenOptions::new().with_sqlite_sync_every_commit(self.sqlite_synchronous == SqliteSync::Full)
+        use idemkit::sqlite::Durability;
+        idemkit::OpenOptions::new().with_sqlite_durability(match self.sqlite_synchronous {
+            SqliteSync::Claims => Durability::Claims,
+            SqliteSync::Full => Durability::EveryCommit,
+            SqliteSync::Normal => Durability::Normal,
+        })
     }
 }
 
@@ -652,19 +661,43 @@ fn hmac_sha256(secret: &[u8], message: &[u8]) -> [u8; 32] {
 mod tests {
     use super::*;
 
-    /// A SQLite key store syncs every commit unless told otherwise: the
-    /// intent written before a forward must outlive the host.
+    /// A SQLite key store syncs its claims unless told otherwise: the intent
+    /// written before a forward must outlive the host. Each setting is checked
+    /// on the connections that write: `PRAGMA synchronous` (1 NORMAL, 2 FULL)
+    /// on the store's pool and on its claims connection, and which of them
+    /// wrote a claim and its completion (`total_changes()` per connection).
     #[tokio::test]
-    async fn the_sqlite_key_store_syncs_every_commit_by_default() {
+    async fn the_sqlite_key_store_syncs_claims_by_default() {
         use clap::Parser;
+        use idemkit_core::{ClaimOutcome, KeyStore, StoredResponse};
+        use idemkit_testkit::suite::{claim_req, scope};
         #[derive(Parser)]
         struct Cli {
             #[command(flatten)]
             proxy: ProxyArgs,
         }
+        async fn pragma(pool: &sqlx::SqlitePool) -> (i64, i64) {
+            let mut conn = pool.acquire().await.unwrap();
+            let sync = sqlx::query_scalar("PRAGMA synchronous")
+                .fetch_one(&mut *conn)
+                .await
+                .unwrap();
+            let changes = sqlx::query_scalar("SELECT total_changes()")
+                .fetch_one(&mut *conn)
+                .await
+                .unwrap();
+            (sync, changes)
+        }
         let dir = std::env::temp_dir().join(format!("idemkit-proxy-sync-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        for (flag, expected) in [(None, 2), (Some("normal"), 1), (Some("full"), 2)] {
+        // (flag, the pool's synchronous, the claims connection's (synchronous, rows written)).
+        let cases = [
+            (None, 1, Some((2, 1))),
+            (Some("claims"), 1, Some((2, 1))),
+            (Some("full"), 2, None),
+            (Some("normal"), 1, None),
+        ];
+        for (flag, pool_sync, claims) in cases {
             let db = dir.join(format!("{flag:?}.db"));
             let url = format!("sqlite://{}", db.display());
             let mut argv = vec![
@@ -685,11 +718,22 @@ mod tests {
             let idemkit::OpenedStore::Sqlite(store) = opened else {
                 panic!("a SQLite store")
             };
-            let synchronous: i64 = sqlx::query_scalar("PRAGMA synchronous")
-                .fetch_one(store.pool())
-                .await
-                .unwrap();
-            assert_eq!(synchronous, expected, "{flag:?}");
+            let s = scope("a", "k");
+            let ClaimOutcome::Claimed(lease) = store.claim(&claim_req(&s, "{}")).await.unwrap() else {
+                panic!("claimed")
+            };
+            let answer = StoredResponse {
+                status: 201,
+                headers: vec![],
+                body: b"ok".to_vec(),
+            };
+            store.complete(&s, lease.token, &answer).await.unwrap();
+            assert_eq!(pragma(store.pool()).await.0, pool_sync, "{flag:?}");
+            match (store.claims_pool(), claims) {
+                (Some(pool), Some(expected)) => assert_eq!(pragma(pool).await, expected, "{flag:?}"),
+                (None, None) => {}
+                (got, _) => panic!("{flag:?}: claims connection {}", got.is_some()),
+            }
         }
         let _ = std::fs::remove_dir_all(&dir);
     }

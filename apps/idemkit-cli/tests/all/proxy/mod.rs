@@ -180,7 +180,7 @@ async fn setup_with(name: &str, honours_keys: bool, config: Option<&str>) -> Set
         upstream_timeout_ms: 300,
         lease_ms: None,
         max_request_body: 1 << 20,
-        sqlite_synchronous: SqliteSync::Full,
+        sqlite_synchronous: SqliteSync::Claims,
     })
     .await
     .unwrap();
@@ -547,7 +547,7 @@ async fn idemkit_check_passes_every_gate_through_the_proxy_and_fails_without_it(
         upstream_timeout_ms: 10_000,
         lease_ms: None,
         max_request_body: 1 << 20,
-        sqlite_synchronous: SqliteSync::Full,
+        sqlite_synchronous: SqliteSync::Claims,
     })
     .await
     .unwrap();
