@@ -565,3 +565,46 @@ async fn the_log_is_checkpointed_in_the_background() {
         "no checkpoint ran: the rows are still only in the log"
     );
 }
+
+/// Under `Durability::Claims`, every lease-mode claim (an absent key's insert,
+/// and a released key claimed again, which moves its record) commits on the
+/// connection that syncs (`synchronous = FULL`), and nothing else does: a
+/// completion or a release commits on the pool, which does not wait.
+#[tokio::test]
+async fn claims_commit_on_the_syncing_connection_and_nothing_else_does() {
+    use idemkit_core::{ClaimOutcome, KeyStore};
+    use idemkit_sqlite::{Durability, SqliteConfig};
+    use idemkit_testkit::suite::{claim_req, scope};
+
+    async fn pragma(pool: &sqlx::SqlitePool) -> (i64, i64) {
+        let mut conn = pool.acquire().await.unwrap();
+        let sync = sqlx::query_scalar("PRAGMA synchronous").fetch_one(&mut *conn).await.unwrap();
+        let changes = sqlx::query_scalar("SELECT total_changes()")
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap();
+        (sync, changes)
+    }
+    let dir = test_dir("durable-claims");
+    let config = SqliteConfig {
+        durability: Durability::Claims,
+        ..SqliteConfig::default()
+    };
+    let store = SqliteStore::open_with(dir.join("keys.db"), &config).await.unwrap();
+    let claims = store.claims_pool().expect("a syncing connection").clone();
+    let s = scope("a", "k");
+    let ClaimOutcome::Claimed(lease) = store.claim(&claim_req(&s, "{}")).await.unwrap() else {
+        panic!("claimed")
+    };
+    assert_eq!(pragma(&claims).await, (2, 1), "the insert");
+    store.release(&s, lease.token).await.unwrap();
+    assert_eq!(pragma(&claims).await, (2, 1), "the release is not a claim");
+    let ClaimOutcome::Claimed(_) = store.claim(&claim_req(&s, "{}")).await.unwrap() else {
+        panic!("claimed again")
+    };
+    assert_eq!(pragma(&claims).await, (2, 2), "the move of the released record");
+    assert_eq!(pragma(store.pool()).await.0, 1, "the pool does not wait");
+    // The control: the default has no syncing connection.
+    let plain = SqliteStore::open(dir.join("plain.db")).await.unwrap();
+    assert!(plain.claims_pool().is_none());
+}
