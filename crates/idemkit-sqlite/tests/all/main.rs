@@ -578,7 +578,10 @@ async fn claims_commit_on_the_syncing_connection_and_nothing_else_does() {
 
     async fn pragma(pool: &sqlx::SqlitePool) -> (i64, i64) {
         let mut conn = pool.acquire().await.unwrap();
-        let sync = sqlx::query_scalar("PRAGMA synchronous").fetch_one(&mut *conn).await.unwrap();
+        let sync = sqlx::query_scalar("PRAGMA synchronous")
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap();
         let changes = sqlx::query_scalar("SELECT total_changes()")
             .fetch_one(&mut *conn)
             .await
@@ -590,7 +593,9 @@ async fn claims_commit_on_the_syncing_connection_and_nothing_else_does() {
         durability: Durability::Claims,
         ..SqliteConfig::default()
     };
-    let store = SqliteStore::open_with(dir.join("keys.db"), &config).await.unwrap();
+    let store = SqliteStore::open_with(dir.join("keys.db"), &config)
+        .await
+        .unwrap();
     let claims = store.claims_pool().expect("a syncing connection").clone();
     let s = scope("a", "k");
     let ClaimOutcome::Claimed(lease) = store.claim(&claim_req(&s, "{}")).await.unwrap() else {
