@@ -19,8 +19,9 @@ pub struct PgConfig {
     pub statement_timeout: Duration,
     /// With in-flight = reject, how long a single-step claim waits on a
     /// concurrent holder's uncommitted claim before answering 409. Default
-    /// zero: it answers at once, and the opening is one function call (a
-    /// try-lock and the absence check). A wait lets a duplicate that arrives
+    /// zero: no wait (one more try after 20 ms, for a transaction that ended
+    /// but whose rollback has not reached the server yet), and the opening is
+    /// one function call (a try-lock and the absence check). A wait lets a duplicate that arrives
     /// just before the holder commits replay instead, for two more statements
     /// per first request (`SET LOCAL lock_timeout` before the lock and after).
     pub reject_lock_timeout: Duration,

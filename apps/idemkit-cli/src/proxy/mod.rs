@@ -662,42 +662,27 @@ mod tests {
     use super::*;
 
     /// A SQLite key store syncs its claims unless told otherwise: the intent
-    /// written before a forward must outlive the host. Each setting is checked
-    /// on the connections that write: `PRAGMA synchronous` (1 NORMAL, 2 FULL)
-    /// on the store's pool and on its claims connection, and which of them
-    /// wrote a claim and its completion (`total_changes()` per connection).
+    /// written before a forward must outlive the host. (Which connection a
+    /// claim commits on under each setting is the store's test,
+    /// `claims_commit_on_the_syncing_connection_and_nothing_else_does`.)
     #[tokio::test]
     async fn the_sqlite_key_store_syncs_claims_by_default() {
         use clap::Parser;
-        use idemkit_core::{ClaimOutcome, KeyStore, StoredResponse};
-        use idemkit_testkit::suite::{claim_req, scope};
+        use idemkit::sqlite::Durability;
         #[derive(Parser)]
         struct Cli {
             #[command(flatten)]
             proxy: ProxyArgs,
         }
-        async fn pragma(pool: &sqlx::SqlitePool) -> (i64, i64) {
-            let mut conn = pool.acquire().await.unwrap();
-            let sync = sqlx::query_scalar("PRAGMA synchronous")
-                .fetch_one(&mut *conn)
-                .await
-                .unwrap();
-            let changes = sqlx::query_scalar("SELECT total_changes()")
-                .fetch_one(&mut *conn)
-                .await
-                .unwrap();
-            (sync, changes)
-        }
         let dir = std::env::temp_dir().join(format!("idemkit-proxy-sync-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        // (flag, the pool's synchronous, the claims connection's (synchronous, rows written)).
         let cases = [
-            (None, 1, Some((2, 1))),
-            (Some("claims"), 1, Some((2, 1))),
-            (Some("full"), 2, None),
-            (Some("normal"), 1, None),
+            (None, Durability::Claims),
+            (Some("claims"), Durability::Claims),
+            (Some("full"), Durability::EveryCommit),
+            (Some("normal"), Durability::Normal),
         ];
-        for (flag, pool_sync, claims) in cases {
+        for (flag, expected) in cases {
             let db = dir.join(format!("{flag:?}.db"));
             let url = format!("sqlite://{}", db.display());
             let mut argv = vec![
@@ -711,29 +696,26 @@ mod tests {
             if let Some(flag) = flag {
                 argv.extend(["--sqlite-synchronous", flag]);
             }
-            let args = Cli::try_parse_from(argv).unwrap().proxy;
-            let opened = idemkit::open_store(&args.database_url, &args.open_options())
-                .await
-                .unwrap();
+            let options = Cli::try_parse_from(argv).unwrap().proxy.open_options();
+            assert_eq!(options.sqlite_durability, expected, "{flag:?}");
+            let opened = idemkit::open_store(&url, &options).await.unwrap();
             let idemkit::OpenedStore::Sqlite(store) = opened else {
                 panic!("a SQLite store")
             };
-            let s = scope("a", "k");
-            let ClaimOutcome::Claimed(lease) = store.claim(&claim_req(&s, "{}")).await.unwrap() else {
-                panic!("claimed")
-            };
-            let answer = StoredResponse {
-                status: 201,
-                headers: vec![],
-                body: b"ok".to_vec(),
-            };
-            store.complete(&s, lease.token, &answer).await.unwrap();
-            assert_eq!(pragma(store.pool()).await.0, pool_sync, "{flag:?}");
-            match (store.claims_pool(), claims) {
-                (Some(pool), Some(expected)) => assert_eq!(pragma(pool).await, expected, "{flag:?}"),
-                (None, None) => {}
-                (got, _) => panic!("{flag:?}: claims connection {}", got.is_some()),
-            }
+            let synchronous: i64 = sqlx::query_scalar("PRAGMA synchronous")
+                .fetch_one(store.pool())
+                .await
+                .unwrap();
+            // 1 NORMAL, 2 FULL; under `Claims` the pool does not wait, its claims connection does.
+            assert_eq!(
+                synchronous,
+                if expected == Durability::EveryCommit { 2 } else { 1 }
+            );
+            assert_eq!(
+                store.claims_pool().is_some(),
+                expected == Durability::Claims,
+                "{flag:?}"
+            );
         }
         let _ = std::fs::remove_dir_all(&dir);
     }
