@@ -81,7 +81,7 @@ pub struct SqliteStore {
     /// pool (see `checkpoint`); the application's pool keeps its own settings.
     checkpointer: Option<Arc<checkpoint::Checkpointer>>,
     /// With [`Durability::Claims`]: one connection whose commits sync the
-    /// log, for the lease-mode claims of absent keys.
+    /// log, for lease-mode claims (inserts and moves).
     claims: Option<SqlitePool>,
 }
 
