@@ -37,13 +37,17 @@ pub enum Durability {
     /// No commit waits for the disk (`synchronous = NORMAL`).
     #[default]
     Normal,
-    /// A lease-mode claim (the write made before the effect it guards: an
-    /// absent key's insert, or a record moved to a new holder) syncs the log,
-    /// which also makes every earlier commit durable; other commits do not
-    /// wait. One flush per request: a later write lost with the host (a
-    /// completion, a release) leaves the record as the claim left it, in
-    /// flight with its progress, which the next attempt treats as "maybe
-    /// executed", never as a key to run afresh.
+    /// A lease-mode claim (an absent key's insert, or a record moved to a new
+    /// holder) syncs the log, which also makes every earlier commit durable;
+    /// no other commit waits. One flush per request. Made for a claim that
+    /// records its own intent, as `idemkit proxy`'s does (recovery point
+    /// `forwarded`): a later write lost with the host (a completion, a
+    /// release) leaves the record in flight at that intent, which the next
+    /// attempt treats as "maybe executed". It does not cover a handler whose
+    /// effects follow the claim: a lost completion there means a takeover runs
+    /// the handler again, and a phase's progress (`Phases`, written by
+    /// `advance` and `begin_fenced` transactions) is not synced. Use
+    /// [`Durability::EveryCommit`] for those.
     Claims,
     /// Every commit syncs the log (`synchronous = FULL`).
     EveryCommit,

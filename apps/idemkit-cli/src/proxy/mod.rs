@@ -301,6 +301,13 @@ pub async fn router(args: ProxyArgs) -> anyhow::Result<Router> {
             // As on the listening side (see `run`).
             let mut connector = HttpConnector::new();
             connector.set_nodelay(true);
+            // A connect that fails is "not sent" (the key is freed), but only
+            // if it fails before the upstream timeout, which would make it
+            // "maybe executed": an unreachable host that never resets would
+            // park every request.
+            connector.set_connect_timeout(Some(
+                (Duration::from_millis(args.upstream_timeout_ms) / 2).min(Duration::from_secs(10)),
+            ));
             Client::builder(TokioExecutor::new()).build(connector)
         },
         upstream,
@@ -466,15 +473,24 @@ impl Proxy {
         // proxy: what is forwarded is the request the claim stores, to the
         // upstream the proxy runs with.
         claim.recovery_point = Some(FORWARDED.to_owned());
-        let policy = route.engine.policy().clone();
-        let attempt = match route.engine.begin(claim).await {
-            Ok(attempt) => attempt,
-            Err(refused) => return (refused.outcome, refusal_response(refused.refusal, &policy)),
+        // The claim, the forward and the store go on even if the caller hangs
+        // up: a claim cut off after its write committed would leave an intent
+        // with no holder (its retry parked, though nothing was sent), and a
+        // forward cut off would leave a stuck key instead of a replay.
+        let (this, engine) = (self.clone(), route.engine.clone());
+        let work = async move {
+            let attempt = match engine.begin(claim).await {
+                Ok(attempt) => attempt,
+                Err(refused) => {
+                    return (
+                        refused.outcome,
+                        refusal_response(refused.refusal, engine.policy()),
+                    );
+                }
+            };
+            this.execute(attempt, parts, bytes).await
         };
-        // The claim is committed: the forward and the store go on even if the
-        // caller hangs up, so its retry replays instead of finding a stuck key.
-        let this = self.clone();
-        match Detached::new(async move { this.execute(attempt, parts, bytes).await }).await {
+        match Detached::new(work).await {
             Ok(res) => res,
             Err(Panicked) => {
                 tracing::error!("proxy: the forwarding task panicked");
