@@ -277,13 +277,37 @@ async fn waiters_are_woken_by_notifications() {
     assert!(started.elapsed() >= Duration::from_millis(290));
 }
 
+/// A duplicate claim (`waiting`, spawned) that waits on the winner's lock: it
+/// is still waiting 300 ms on, and once the winner completes with `201 won`
+/// it replays that.
+async fn waits_then_replays(
+    store: &PgStore,
+    waiting: tokio::task::JoinHandle<idemkit_core::TxClaim<idemkit_postgres::PgTx>>,
+    tx: idemkit_postgres::PgTx,
+    s: &idemkit_core::Scope,
+    token: idemkit_core::FencingToken,
+) {
+    use idemkit_core::{ClaimOutcome, TransactionalStore, TxClaim};
+    use idemkit_testkit::suite::response;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiting.is_finished(), "the duplicate waits for the winner");
+    store
+        .complete_in_tx(tx, s, token, &response(201, "won"))
+        .await
+        .unwrap();
+    match waiting.await.unwrap() {
+        TxClaim::Other(ClaimOutcome::Replay(r)) => assert_eq!(r, response(201, "won")),
+        other => panic!("expected replay, got {other:?}"),
+    }
+}
+
 /// In-flight = reject on single-step: a duplicate arriving while the winner's
 /// claim is uncommitted answers in progress at once (its try-lock fails); it
 /// neither waits for the winner nor holds a connection.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn single_step_duplicate_is_rejected_quickly_while_winner_runs() {
     use idemkit_core::{ClaimOutcome, TransactionalStore, TxClaim};
-    use idemkit_testkit::suite::{claim_req, response, scope};
+    use idemkit_testkit::suite::{claim_req, scope};
     let Some(store) = store_in_fresh_schema(None).await else {
         return;
     };
@@ -306,16 +330,7 @@ async fn single_step_duplicate_is_rejected_quickly_while_winner_runs() {
         req.lock_wait = Duration::from_secs(10);
         async move { store.claim_in_tx(&req).await.unwrap() }
     });
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(!waiting.is_finished(), "the duplicate waits for the winner");
-    store
-        .complete_in_tx(tx, &s, lease.token, &response(201, "won"))
-        .await
-        .unwrap();
-    match waiting.await.unwrap() {
-        TxClaim::Other(ClaimOutcome::Replay(r)) => assert_eq!(r, response(201, "won")),
-        other => panic!("expected replay, got {other:?}"),
-    }
+    waits_then_replays(&store, waiting, tx, &s, lease.token).await;
 }
 
 /// `PgConfig::reject_lock_timeout` grants the in-flight = reject duplicate a
@@ -326,7 +341,7 @@ async fn single_step_duplicate_is_rejected_quickly_while_winner_runs() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_configured_reject_wait_lets_a_duplicate_replay_the_winner() {
     use idemkit_core::{ClaimOutcome, TransactionalStore, TxClaim};
-    use idemkit_testkit::suite::{claim_req, response, scope};
+    use idemkit_testkit::suite::{claim_req, scope};
     let Some(store) = store_in_fresh_schema(None).await else {
         return;
     };
@@ -360,16 +375,7 @@ async fn a_configured_reject_wait_lets_a_duplicate_replay_the_winner() {
         let req = req.clone();
         async move { patient.claim_in_tx(&req).await.unwrap() }
     });
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(!waiting.is_finished(), "the duplicate waits for the winner");
-    store
-        .complete_in_tx(tx, &s, lease.token, &response(201, "won"))
-        .await
-        .unwrap();
-    match waiting.await.unwrap() {
-        TxClaim::Other(ClaimOutcome::Replay(r)) => assert_eq!(r, response(201, "won")),
-        other => panic!("expected replay, got {other:?}"),
-    }
+    waits_then_replays(&store, waiting, tx, &s, lease.token).await;
 }
 
 mod race {
