@@ -54,9 +54,13 @@ use idemkit_tower::{
 use sha2::Sha256;
 
 mod answers;
+mod args;
+mod execute;
 
 use answers::{bad_gateway, key_outcome, problem, refusal_response, store_response};
 use tracing::Instrument;
+
+pub use args::{ProxyArgs, SqliteSync};
 
 /// The recovery point recorded just before a request is forwarded: the upstream
 /// may have executed it. A record found here without an answer is re-sent only
@@ -80,83 +84,6 @@ const HOP_BY_HOP: &[&str] = &[
     "transfer-encoding",
     "upgrade",
 ];
-
-/// Arguments of `idemkit proxy`.
-#[derive(Debug, clap::Args)]
-pub struct ProxyArgs {
-    /// Address to listen on, e.g. `127.0.0.1:8080`.
-    #[arg(long)]
-    pub listen: SocketAddr,
-    /// The upstream's base URL (`http://host:port`); the request's path and query
-    /// are appended.
-    #[arg(long)]
-    pub upstream: String,
-    /// The key store: `sqlite://FILE` (or a file path), `postgres://…`,
-    /// `redis://…`, `redis+cluster://…`.
-    #[arg(long, default_value = "sqlite://idemkit-proxy.db")]
-    pub database_url: String,
-    /// The idempotency configuration (TOML, the service's format): its
-    /// `retry_safe` routes are the keyed ones. Without it, every POST, PUT, PATCH
-    /// and DELETE is keyed with the default policy.
-    #[arg(long, value_name = "FILE")]
-    pub config: Option<PathBuf>,
-    /// The header carrying the caller's credential; the scope's account is a
-    /// keyed hash of its value.
-    #[arg(long, default_value = "Authorization")]
-    pub account_header: String,
-    /// The secret of the keyed hash that turns a credential into an account.
-    /// Every proxy sharing one store must use the same secret.
-    #[arg(long, env = "IDEMKIT_PROXY_SECRET", hide_env_values = true)]
-    pub scope_secret: String,
-    /// The upstream de-duplicates by `Idempotency-Key` itself: a request whose
-    /// outcome is unknown is re-sent with the same key instead of being parked.
-    #[arg(long)]
-    pub upstream_honours_keys: bool,
-    /// How long the upstream may take to answer a keyed request, in
-    /// milliseconds; past it the request is "maybe executed".
-    #[arg(long, default_value_t = 30_000)]
-    pub upstream_timeout_ms: u64,
-    /// Overrides the lease of every keyed route, in milliseconds (default: the
-    /// configuration's, 30 s). A proxy that dies leaves its requests to the next
-    /// attempt after this long.
-    #[arg(long)]
-    pub lease_ms: Option<u64>,
-    /// The largest keyed request body accepted, in bytes.
-    #[arg(long, default_value_t = 1 << 20)]
-    pub max_request_body: usize,
-    /// A SQLite key store's durability. `claims` (the default) syncs the log
-    /// at each claim, so the intent recorded before a forward survives a host
-    /// crash or power loss (a completion lost with the host leaves that intent:
-    /// the retry is parked, or re-sent to a key-honouring upstream). `full`
-    /// syncs every commit, so completions survive too. `normal` survives the
-    /// proxy being killed, not the host: the last commits may be lost, and a
-    /// request whose claim is lost is forwarded again when retried.
-    #[arg(long, value_enum, default_value_t = SqliteSync::Claims)]
-    pub sqlite_synchronous: SqliteSync,
-}
-
-/// `--sqlite-synchronous`: which of a SQLite key store's commits wait for the disk.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum SqliteSync {
-    /// Claims (`idemkit::sqlite::Durability::Claims`).
-    Claims,
-    /// Every commit (`PRAGMA synchronous = FULL`).
-    Full,
-    /// None: checkpoints only (`PRAGMA synchronous = NORMAL`).
-    Normal,
-}
-
-impl ProxyArgs {
-    /// How the key store is opened.
-    fn open_options(&self) -> idemkit::OpenOptions {
-        use idemkit::sqlite::Durability;
-        idemkit::OpenOptions::new().with_sqlite_durability(match self.sqlite_synchronous {
-            SqliteSync::Claims => Durability::Claims,
-            SqliteSync::Full => Durability::EveryCommit,
-            SqliteSync::Normal => Durability::Normal,
-        })
-    }
-}
 
 /// Where a keyed route reads its key.
 #[derive(Debug, Clone)]
@@ -501,168 +428,6 @@ impl Proxy {
             }
         }
     }
-
-    /// Forwards a claimed request and finishes its record.
-    async fn execute(&self, attempt: Attempt, parts: Parts, bytes: Bytes) -> (&'static str, Response) {
-        let policy = attempt.policy().clone();
-        if attempt.lease().resumed_from.as_deref() == Some(FORWARDED) && !self.honours_keys {
-            return self
-                .park(
-                    &attempt,
-                    "an earlier attempt claimed this request to forward it (and may have) and never stored \
-                     the upstream's answer",
-                )
-                .await;
-        }
-        let req = Request::from_parts(parts, Body::from(bytes));
-        #[cfg(feature = "failpoints")]
-        fail::fail_point!("idemkit::proxy::before_forward");
-        // The timeout and the lease's heartbeat cover the whole answer: its
-        // head and, when it is to be stored, its body.
-        let sent = attempt
-            .run(tokio::time::timeout(self.timeout, self.answer(req, &policy)))
-            .await;
-        #[cfg(feature = "failpoints")]
-        fail::fail_point!("idemkit::proxy::after_forward");
-        match sent {
-            Ok(Ok(Answer::Store(parts, Ok(body)))) => store_response(attempt, parts, body).await,
-            Ok(Ok(Answer::Store(_, Err(e)))) if e.is::<http_body_util::LengthLimitError>() => {
-                let cap = policy.max_stored_body;
-                let p = Problem::new(
-                    ErrorCode::ResponseTooLarge,
-                    format!(
-                        "the upstream's answer is larger than the {cap}-byte storage cap; this key answers this problem from now on"
-                    ),
-                );
-                let refused = attempt.unstorable(None, p, true).await;
-                (refused.outcome, refusal_response(refused.refusal, &policy))
-            }
-            Ok(Ok(Answer::Store(parts, Err(e)))) => {
-                let why = format!(
-                    "the upstream answered {} and its body failed part-way: {e}",
-                    parts.status.as_u16()
-                );
-                self.maybe_executed(attempt, &why, 502).await
-            }
-            Ok(Ok(Answer::Gateway(res))) => {
-                let status = res.status().as_u16();
-                let why = format!(
-                    "the upstream answered {status}, a gateway's answer: the service behind it may have run the request"
-                );
-                self.maybe_executed(attempt, &why, status).await
-            }
-            // Validation-class 4xx, or 5xx under `retry`: answered, not executed.
-            // Not stored, and the key is free again, as below.
-            Ok(Ok(Answer::Pass(res))) => (attempt.settle(None, Disposition::Discard).await, res),
-            Ok(Err(e)) if e.is_connect() => {
-                // Nothing was sent: the key is free again. The recorded intent is
-                // discarded with the release, in one write fenced by this attempt's
-                // token: a proxy that lost its lease meanwhile (another attempt took
-                // the record over, perhaps forwarded and parked it) changes nothing.
-                // If the store cannot be reached, the lease runs out and the attempt
-                // that takes over finds the intent (re-sent to a key-honouring
-                // upstream, parked otherwise): never forwarded twice blind.
-                let counted = attempt.settle(None, Disposition::Discard).await;
-                (counted, bad_gateway(&e))
-            }
-            Ok(Err(e)) => {
-                self.maybe_executed(
-                    attempt,
-                    &format!("the upstream failed after the request was sent: {e}"),
-                    502,
-                )
-                .await
-            }
-            Err(_) => {
-                self.maybe_executed(attempt, "the upstream did not answer in time", 504)
-                    .await
-            }
-        }
-    }
-
-    /// Forwards a claimed request and reads as much of the answer as its
-    /// disposition needs: all of it (up to the storage cap) when it is to be
-    /// stored; only its head otherwise, the body streaming on to the caller.
-    async fn answer(
-        &self,
-        req: Request,
-        policy: &Policy,
-    ) -> Result<Answer, hyper_util::client::legacy::Error> {
-        let res = self.forward(req).await?;
-        let status = res.status().as_u16();
-        Ok(match Disposition::of(status, None, policy) {
-            Disposition::Store => {
-                let (parts, body) = res.into_parts();
-                let body = Limited::new(body, policy.max_stored_body)
-                    .collect()
-                    .await
-                    .map(|c| c.to_bytes());
-                Answer::Store(parts, body)
-            }
-            // A 502 or 504 is a gateway's answer: the service behind it may
-            // still run the request (SPEC §8), so it is not "not executed".
-            _ if matches!(status, 502 | 504) => Answer::Gateway(res),
-            _ => Answer::Pass(res),
-        })
-    }
-
-    /// The upstream may have executed the request and its answer is lost.
-    async fn maybe_executed(&self, attempt: Attempt, why: &str, status: u16) -> (&'static str, Response) {
-        if !self.honours_keys {
-            return self.park(&attempt, why).await;
-        }
-        attempt.settle(None, Disposition::Abandon).await;
-        let mut p = Problem::new(
-            ErrorCode::Internal,
-            format!("{why}; its outcome is unknown. The upstream honours idempotency keys: retry with the same key"),
-        )
-        .with_status(status);
-        p.retryable = true;
-        (
-            outcome::ABANDONED,
-            ProblemResponse::from(p)
-                .retry_after(Duration::from_secs(1))
-                .into_response(),
-        )
-    }
-
-    /// Parks the record for review and answers `idempotency_request_parked`.
-    async fn park(&self, attempt: &Attempt, why: &str) -> (&'static str, Response) {
-        let reason = format!(
-            "{why}; the upstream does not honour idempotency keys, so the outcome is unknown and the request is not forwarded again"
-        );
-        if let Err(e) = self
-            .store
-            .park(attempt.scope(), attempt.lease().token, &reason)
-            .await
-        {
-            let refused = Refused::store(&e);
-            return (
-                refused.outcome,
-                refusal_response(refused.refusal, attempt.policy()),
-            );
-        }
-        (
-            outcome::PARKED,
-            problem(
-                ErrorCode::RequestParked,
-                format!("{reason}; it was parked for human review (`idemkit keys list --state parked`)"),
-            ),
-        )
-    }
-}
-
-/// The upstream's answer to a forwarded request, as far as it was read.
-enum Answer {
-    /// To be stored: its head, and its body or what stopped it.
-    Store(
-        http::response::Parts,
-        Result<Bytes, Box<dyn std::error::Error + Send + Sync>>,
-    ),
-    /// A 502 or 504 the route's policy does not store: maybe executed.
-    Gateway(Response),
-    /// Not to be stored (the policy releases its status): passed on as it streams.
-    Pass(Response),
 }
 
 /// HMAC-SHA256 (RFC 2104), with the `hmac` crate.
@@ -676,65 +441,6 @@ fn hmac_sha256(secret: &[u8], message: &[u8]) -> [u8; 32] {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A SQLite key store syncs its claims unless told otherwise: the intent
-    /// written before a forward must outlive the host. (Which connection a
-    /// claim commits on under each setting is the store's test,
-    /// `claims_commit_on_the_syncing_connection_and_nothing_else_does`.)
-    #[tokio::test]
-    async fn the_sqlite_key_store_syncs_claims_by_default() {
-        use clap::Parser;
-        use idemkit::sqlite::Durability;
-        #[derive(Parser)]
-        struct Cli {
-            #[command(flatten)]
-            proxy: ProxyArgs,
-        }
-        let dir = std::env::temp_dir().join(format!("idemkit-proxy-sync-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let cases = [
-            (None, Durability::Claims),
-            (Some("claims"), Durability::Claims),
-            (Some("full"), Durability::EveryCommit),
-            (Some("normal"), Durability::Normal),
-        ];
-        for (flag, expected) in cases {
-            let db = dir.join(format!("{flag:?}.db"));
-            let url = format!("sqlite://{}", db.display());
-            let mut argv = vec![
-                "proxy",
-                "--listen",
-                "127.0.0.1:0",
-                "--upstream",
-                "http://127.0.0.1:1",
-            ];
-            argv.extend(["--database-url", &url, "--scope-secret", "s"]);
-            if let Some(flag) = flag {
-                argv.extend(["--sqlite-synchronous", flag]);
-            }
-            let options = Cli::try_parse_from(argv).unwrap().proxy.open_options();
-            assert_eq!(options.sqlite_durability, expected, "{flag:?}");
-            let opened = idemkit::open_store(&url, &options).await.unwrap();
-            let idemkit::OpenedStore::Sqlite(store) = opened else {
-                panic!("a SQLite store")
-            };
-            let synchronous: i64 = sqlx::query_scalar("PRAGMA synchronous")
-                .fetch_one(store.pool())
-                .await
-                .unwrap();
-            // 1 NORMAL, 2 FULL; under `Claims` the pool does not wait, its claims connection does.
-            assert_eq!(
-                synchronous,
-                if expected == Durability::EveryCommit { 2 } else { 1 }
-            );
-            assert_eq!(
-                store.claims_pool().is_some(),
-                expected == Durability::Claims,
-                "{flag:?}"
-            );
-        }
-        let _ = std::fs::remove_dir_all(&dir);
-    }
 
     #[test]
     fn hmac_matches_rfc_4231_case_2() {

@@ -210,6 +210,18 @@ impl Setup {
     fn posts(&self) -> u64 {
         self.naive.posts.load(Ordering::SeqCst)
     }
+
+    /// Sends `POST path` with `key` `times` times: every answer is the parked
+    /// problem, and the upstream saw the request once.
+    async fn parked_every_time(&self, path: &str, key: &str, times: usize) {
+        for _ in 0..times {
+            assert_eq!(
+                code(self.post(path, Some(key), Some("Bearer a"), "{}").await).await,
+                (409, "idempotency_request_parked".into())
+            );
+        }
+        assert_eq!(self.posts(), 1, "never forwarded twice");
+    }
 }
 
 async fn code(res: reqwest::Response) -> (u16, String) {
@@ -404,13 +416,7 @@ async fn an_answer_over_the_storage_cap_is_refused_and_never_forwarded_again() {
 #[tokio::test]
 async fn an_unknown_outcome_is_parked_for_a_key_ignoring_upstream() {
     let s = setup("parked", false).await;
-    for _ in 0..3 {
-        assert_eq!(
-            code(s.post("/slow", Some("p"), Some("Bearer a"), "{}").await).await,
-            (409, "idempotency_request_parked".into())
-        );
-    }
-    assert_eq!(s.posts(), 1, "never forwarded twice");
+    s.parked_every_time("/slow", "p", 3).await;
 }
 
 #[tokio::test]
@@ -430,13 +436,7 @@ async fn an_unknown_outcome_is_resent_with_the_same_key_to_a_key_honouring_upstr
 #[tokio::test]
 async fn an_answer_whose_body_stalls_is_an_unknown_outcome() {
     let s = setup("stall", false).await;
-    for _ in 0..2 {
-        assert_eq!(
-            code(s.post("/stall", Some("st"), Some("Bearer a"), "{}").await).await,
-            (409, "idempotency_request_parked".into())
-        );
-    }
-    assert_eq!(s.posts(), 1, "never forwarded twice");
+    s.parked_every_time("/stall", "st", 2).await;
 }
 
 /// A connection cut part-way through an answer to be stored: the upstream
@@ -445,13 +445,7 @@ async fn an_answer_whose_body_stalls_is_an_unknown_outcome() {
 #[tokio::test]
 async fn an_answer_cut_part_way_is_an_unknown_outcome() {
     let s = setup("cut", false).await;
-    for _ in 0..2 {
-        assert_eq!(
-            code(s.post("/cut", Some("c"), Some("Bearer a"), "{}").await).await,
-            (409, "idempotency_request_parked".into())
-        );
-    }
-    assert_eq!(s.posts(), 1, "never forwarded twice");
+    s.parked_every_time("/cut", "c", 2).await;
     let h = setup("cut-honours", true).await;
     let res = h.post("/cut", Some("c"), Some("Bearer a"), "{}").await;
     assert_eq!(res.status(), 502);
@@ -469,13 +463,7 @@ async fn an_answer_cut_part_way_is_an_unknown_outcome() {
 #[tokio::test]
 async fn a_gateway_answer_is_an_unknown_outcome() {
     let s = setup("gateway", false).await;
-    for _ in 0..2 {
-        assert_eq!(
-            code(s.post("/gateway", Some("g"), Some("Bearer a"), "{}").await).await,
-            (409, "idempotency_request_parked".into())
-        );
-    }
-    assert_eq!(s.posts(), 1, "never forwarded twice");
+    s.parked_every_time("/gateway", "g", 2).await;
 }
 
 /// `--config` routes are templates, as the service writes them; a configured

@@ -1,0 +1,144 @@
+//! The arguments of `idemkit proxy`, and how its key store is opened.
+
+use super::*;
+
+/// Arguments of `idemkit proxy`.
+#[derive(Debug, clap::Args)]
+pub struct ProxyArgs {
+    /// Address to listen on, e.g. `127.0.0.1:8080`.
+    #[arg(long)]
+    pub listen: SocketAddr,
+    /// The upstream's base URL (`http://host:port`); the request's path and query
+    /// are appended.
+    #[arg(long)]
+    pub upstream: String,
+    /// The key store: `sqlite://FILE` (or a file path), `postgres://…`,
+    /// `redis://…`, `redis+cluster://…`.
+    #[arg(long, default_value = "sqlite://idemkit-proxy.db")]
+    pub database_url: String,
+    /// The idempotency configuration (TOML, the service's format): its
+    /// `retry_safe` routes are the keyed ones. Without it, every POST, PUT, PATCH
+    /// and DELETE is keyed with the default policy.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// The header carrying the caller's credential; the scope's account is a
+    /// keyed hash of its value.
+    #[arg(long, default_value = "Authorization")]
+    pub account_header: String,
+    /// The secret of the keyed hash that turns a credential into an account.
+    /// Every proxy sharing one store must use the same secret.
+    #[arg(long, env = "IDEMKIT_PROXY_SECRET", hide_env_values = true)]
+    pub scope_secret: String,
+    /// The upstream de-duplicates by `Idempotency-Key` itself: a request whose
+    /// outcome is unknown is re-sent with the same key instead of being parked.
+    #[arg(long)]
+    pub upstream_honours_keys: bool,
+    /// How long the upstream may take to answer a keyed request, in
+    /// milliseconds; past it the request is "maybe executed".
+    #[arg(long, default_value_t = 30_000)]
+    pub upstream_timeout_ms: u64,
+    /// Overrides the lease of every keyed route, in milliseconds (default: the
+    /// configuration's, 30 s). A proxy that dies leaves its requests to the next
+    /// attempt after this long.
+    #[arg(long)]
+    pub lease_ms: Option<u64>,
+    /// The largest keyed request body accepted, in bytes.
+    #[arg(long, default_value_t = 1 << 20)]
+    pub max_request_body: usize,
+    /// A SQLite key store's durability. `claims` (the default) syncs the log
+    /// at each claim, so the intent recorded before a forward survives a host
+    /// crash or power loss (a completion lost with the host leaves that intent:
+    /// the retry is parked, or re-sent to a key-honouring upstream). `full`
+    /// syncs every commit, so completions survive too. `normal` survives the
+    /// proxy being killed, not the host: the last commits may be lost, and a
+    /// request whose claim is lost is forwarded again when retried.
+    #[arg(long, value_enum, default_value_t = SqliteSync::Claims)]
+    pub sqlite_synchronous: SqliteSync,
+}
+
+/// `--sqlite-synchronous`: which of a SQLite key store's commits wait for the disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum SqliteSync {
+    /// Claims (`idemkit::sqlite::Durability::Claims`).
+    Claims,
+    /// Every commit (`PRAGMA synchronous = FULL`).
+    Full,
+    /// None: checkpoints only (`PRAGMA synchronous = NORMAL`).
+    Normal,
+}
+
+impl ProxyArgs {
+    /// How the key store is opened.
+    pub(super) fn open_options(&self) -> idemkit::OpenOptions {
+        use idemkit::sqlite::Durability;
+        idemkit::OpenOptions::new().with_sqlite_durability(match self.sqlite_synchronous {
+            SqliteSync::Claims => Durability::Claims,
+            SqliteSync::Full => Durability::EveryCommit,
+            SqliteSync::Normal => Durability::Normal,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A SQLite key store syncs its claims unless told otherwise: the intent
+    /// written before a forward must outlive the host. (Which connection a
+    /// claim commits on under each setting is the store's test,
+    /// `claims_commit_on_the_syncing_connection_and_nothing_else_does`.)
+    #[tokio::test]
+    async fn the_sqlite_key_store_syncs_claims_by_default() {
+        use clap::Parser;
+        use idemkit::sqlite::Durability;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            proxy: ProxyArgs,
+        }
+        let dir = std::env::temp_dir().join(format!("idemkit-proxy-sync-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let cases = [
+            (None, Durability::Claims),
+            (Some("claims"), Durability::Claims),
+            (Some("full"), Durability::EveryCommit),
+            (Some("normal"), Durability::Normal),
+        ];
+        for (flag, expected) in cases {
+            let db = dir.join(format!("{flag:?}.db"));
+            let url = format!("sqlite://{}", db.display());
+            let mut argv = vec![
+                "proxy",
+                "--listen",
+                "127.0.0.1:0",
+                "--upstream",
+                "http://127.0.0.1:1",
+            ];
+            argv.extend(["--database-url", &url, "--scope-secret", "s"]);
+            if let Some(flag) = flag {
+                argv.extend(["--sqlite-synchronous", flag]);
+            }
+            let options = Cli::try_parse_from(argv).unwrap().proxy.open_options();
+            assert_eq!(options.sqlite_durability, expected, "{flag:?}");
+            let opened = idemkit::open_store(&url, &options).await.unwrap();
+            let idemkit::OpenedStore::Sqlite(store) = opened else {
+                panic!("a SQLite store")
+            };
+            let synchronous: i64 = sqlx::query_scalar("PRAGMA synchronous")
+                .fetch_one(store.pool())
+                .await
+                .unwrap();
+            // 1 NORMAL, 2 FULL; under `Claims` the pool does not wait, its claims connection does.
+            assert_eq!(
+                synchronous,
+                if expected == Durability::EveryCommit { 2 } else { 1 }
+            );
+            assert_eq!(
+                store.claims_pool().is_some(),
+                expected == Durability::Claims,
+                "{flag:?}"
+            );
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
