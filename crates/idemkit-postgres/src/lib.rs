@@ -96,7 +96,16 @@ pub use tx::{PROVISIONAL_TOKEN, PgTx};
 use listener::AbortOnDrop;
 
 /// Embedded migrations, run in the store's schema.
-pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
+///
+/// Versions applied by a newer release are tolerated (sqlx's
+/// `ignore_missing`): migrations are additive, none changes or removes what an
+/// earlier release's SQL calls, so an older instance that restarts during a
+/// rolling upgrade, or after a rollback, keeps working on the newer schema.
+pub static MIGRATOR: sqlx::migrate::Migrator = {
+    let mut migrator = sqlx::migrate!("./migrations");
+    migrator.ignore_missing = true;
+    migrator
+};
 
 /// A [`KeyStore`](idemkit_core::KeyStore) on PostgreSQL.
 #[derive(Clone)]

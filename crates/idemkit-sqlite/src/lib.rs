@@ -63,7 +63,16 @@ pub use config::{Durability, SqliteConfig};
 pub use tx::SqliteTx;
 
 /// Embedded migrations (run by [`SqliteStore::from_pool`]).
-pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
+///
+/// Versions applied by a newer release are tolerated (sqlx's
+/// `ignore_missing`): migrations are additive, none changes or removes what an
+/// earlier release's SQL uses, so going back to an older binary on the same
+/// file keeps working.
+pub static MIGRATOR: sqlx::migrate::Migrator = {
+    let mut migrator = sqlx::migrate!("./migrations");
+    migrator.ignore_missing = true;
+    migrator
+};
 
 /// A [`KeyStore`](idemkit_core::KeyStore) on SQLite.
 #[derive(Debug, Clone)]

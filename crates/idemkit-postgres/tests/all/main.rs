@@ -106,6 +106,50 @@ mod transactional_lifecycle {
     idemkit_testkit::transactional_lifecycle_tests!(optional fresh, probe);
 }
 
+/// A schema a newer release migrated further (a version this build does not
+/// know) still opens and serves: an older instance restarting mid rolling
+/// upgrade, or after a rollback, keeps working, because migrations are
+/// additive. The control: sqlx's default migrator, strict about unknown
+/// versions, refuses the same schema.
+#[tokio::test]
+async fn a_schema_migrated_by_a_newer_release_still_opens() {
+    use idemkit_core::{ClaimOutcome, KeyStore};
+    use idemkit_testkit::suite::{claim_req, scope};
+    let Some(url) = database_url() else {
+        return;
+    };
+    let config = PgConfig {
+        schema: fresh_schema(),
+        max_connections: 2,
+        ..PgConfig::default()
+    };
+    let store = PgStore::connect(&url, config.clone()).await.unwrap();
+    sqlx::query(
+        "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) \
+         VALUES (99991231000001, 'from a newer release', TRUE, '\\x00', 0)",
+    )
+    .execute(store.pool())
+    .await
+    .unwrap();
+    let strict = sqlx::migrate!("./migrations");
+    assert!(
+        matches!(
+            strict.run(store.pool()).await,
+            Err(sqlx::migrate::MigrateError::VersionMissing(99991231000001))
+        ),
+        "the control: a strict migrator refuses the unknown version"
+    );
+    drop(store);
+    let store = PgStore::connect(&url, config)
+        .await
+        .expect("a newer release's migration does not stop this one");
+    let s = scope("a", "after-newer");
+    assert!(matches!(
+        store.claim(&claim_req(&s, "{}")).await.unwrap(),
+        ClaimOutcome::Claimed(_)
+    ));
+}
+
 /// Parking wakes a waiter at once (its next claim answers `Parked`), as
 /// completing, releasing and abandoning do.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

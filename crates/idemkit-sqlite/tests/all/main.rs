@@ -186,6 +186,42 @@ async fn opens_sqlite_urls_and_reopens_existing_files() {
     assert_eq!(mode, "wal");
 }
 
+/// A file a newer release migrated further (a version this build does not
+/// know) still opens and serves: migrations are additive, so going back to an
+/// older binary keeps working. The control: sqlx's default migrator, strict
+/// about unknown versions, refuses the same file.
+#[tokio::test]
+async fn a_file_migrated_by_a_newer_release_still_opens() {
+    use idemkit_core::{ClaimOutcome, KeyStore};
+    use idemkit_testkit::suite::{claim_req, scope};
+    let path = test_dir("newer").join("n.db");
+    let store = SqliteStore::open(&path).await.unwrap();
+    sqlx::query(
+        "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) \
+         VALUES (99991231000001, 'from a newer release', TRUE, X'00', 0)",
+    )
+    .execute(store.pool())
+    .await
+    .unwrap();
+    let strict = sqlx::migrate!("./migrations");
+    assert!(
+        matches!(
+            strict.run(store.pool()).await,
+            Err(sqlx::migrate::MigrateError::VersionMissing(99991231000001))
+        ),
+        "the control: a strict migrator refuses the unknown version"
+    );
+    drop(store);
+    let store = SqliteStore::open(&path)
+        .await
+        .expect("a newer release's migration does not stop this one");
+    let s = scope("a", "after-newer");
+    assert!(matches!(
+        store.claim(&claim_req(&s, "{}")).await.unwrap(),
+        ClaimOutcome::Claimed(_)
+    ));
+}
+
 /// A duplicate arriving while a single-step claim of the same process is
 /// pending answers "in progress" at once; it does not queue for the write lock.
 #[tokio::test]
