@@ -9,14 +9,20 @@
 //! `sqlite-full`; with `normal`, row `sqlite-nrm`), and on PostgreSQL and Redis when
 //! `IDEMKIT_TEST_POSTGRES_URL` / `IDEMKIT_TEST_REDIS_URL` are set. It then
 //! measures direct and through the proxy side by side, with a fresh key per
-//! request, and prints per store:
+//! request, and prints per store (first, row `pass`: the same write on a
+//! route the proxy does not key, so the proxy only forwards it: the floor the
+//! keyed rows add their store's claim and completion to):
 //!
 //! - throughput through the proxy ÷ direct (median of 3 rounds, each of 5
 //!   slices alternating direct and proxied; 16 concurrent callers), and
 //! - latency p50 and p99 of sequential requests, one direct and one through
 //!   the proxy in turn, and the proxy's added p50 ÷ the upstream's own p50 (the
 //!   issue's target: below 1, the proxy adds less than the upstream's own
-//!   request costs).
+//!   request costs), and
+//! - the store's share: the p50 of a claim and its completion, sequential,
+//!   on a second handle of the proxy's store opened as the proxy opens it,
+//!   and that ÷ the upstream's own p50. What a keyed row adds is roughly the
+//!   `pass` row's forwarding plus this pair.
 //!
 //! Single absolute times on a shared machine are noise; compare the ratios.
 //! `IDEMKIT_BENCH_REQUESTS` sets the requests per round (default 2000).
@@ -30,6 +36,7 @@ use axum::response::IntoResponse;
 use axum::routing::post;
 use http::StatusCode;
 use idemkit_cli::proxy::{ProxyArgs, SqliteSync, router};
+use idemkit_core::{ClaimOutcome, KeyStore, StoredResponse};
 use idemkit_sqlite::SqliteStore;
 
 const ROUNDS: usize = 3;
@@ -125,17 +132,27 @@ async fn upstream() -> String {
     serve(
         Router::new()
             .route("/orders", post(create))
+            // The same write on a route the `pass` row's proxy does not key.
+            .route("/plain", post(create))
             .with_state(Arc::new(db)),
     )
     .await
 }
 
-async fn proxy(upstream: &str, database_url: String, sqlite_synchronous: SqliteSync) -> String {
-    let app = router(ProxyArgs {
+/// The proxy's router served on loopback: its base URL, and the key store
+/// opened as the proxy opens it (a second handle on the same store), to time
+/// the store's own claim and completion.
+async fn proxy(
+    upstream: &str,
+    database_url: String,
+    sqlite_synchronous: SqliteSync,
+    config: Option<std::path::PathBuf>,
+) -> (String, Arc<dyn KeyStore>) {
+    let args = ProxyArgs {
         listen: "127.0.0.1:0".parse().unwrap(),
         upstream: upstream.to_owned(),
         database_url,
-        config: None,
+        config,
         account_header: "Authorization".into(),
         scope_secret: format!("bench-{}", std::process::id()),
         upstream_honours_keys: false,
@@ -143,10 +160,12 @@ async fn proxy(upstream: &str, database_url: String, sqlite_synchronous: SqliteS
         lease_ms: None,
         max_request_body: 1 << 20,
         sqlite_synchronous,
-    })
-    .await
-    .unwrap();
-    serve(app).await
+    };
+    let store = idemkit::open_store(&args.database_url, &args.open_options())
+        .await
+        .unwrap()
+        .key_store();
+    (serve(router(args).await.unwrap()).await, store)
 }
 
 #[derive(Clone)]
@@ -157,8 +176,12 @@ struct Target {
 
 impl Target {
     fn new(base: &str) -> Self {
+        Self::at(base, "/orders")
+    }
+
+    fn at(base: &str, path: &str) -> Self {
         Self {
-            url: format!("{base}/orders"),
+            url: format!("{base}{path}"),
             http: reqwest::Client::builder()
                 .pool_max_idle_per_host(CONCURRENCY)
                 .build()
@@ -231,12 +254,40 @@ fn us(d: Duration) -> f64 {
     d.as_secs_f64() * 1e6
 }
 
-async fn measure(name: &str, direct: &Target, proxied: &Target, n: usize) {
+/// `n` sequential claims of a fresh key, each completed at once, on the store
+/// the proxy uses (the claim with the proxy's intent, as the proxy's is): the
+/// sorted time of each claim + completion pair.
+async fn store_pairs(store: &dyn KeyStore, n: usize, tag: &str) -> Vec<Duration> {
+    let mut out = Vec::with_capacity(n);
+    for i in 0..n {
+        let mut req = idemkit_testkit::suite::claim_req(
+            &idemkit_testkit::suite::scope("bench", &format!("{tag}-{i}")),
+            BODY,
+        );
+        req.recovery_point = Some("forwarded".into());
+        let started = Instant::now();
+        let ClaimOutcome::Claimed(lease) = store.claim(&req).await.unwrap() else {
+            panic!("a fresh key is claimed");
+        };
+        let response = StoredResponse {
+            status: 201,
+            headers: vec![],
+            body: br#"{"id":1,"sku":"BENCH-1","quantity":2}"#.to_vec(),
+        };
+        store.complete(&req.scope, lease.token, &response).await.unwrap();
+        out.push(started.elapsed());
+    }
+    out.sort();
+    out
+}
+
+async fn measure(name: &str, direct: &Target, proxied: &Target, store: Option<&dyn KeyStore>, n: usize) {
     let run = format!("{name}-{}", std::process::id());
     drive(direct, n / 4, &format!("{run}-warm-a")).await;
     drive(proxied, n / 4, &format!("{run}-warm-b")).await;
     let mut ratios = Vec::new();
     let (mut d50, mut d99, mut p50, mut p99) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut s50 = Vec::new();
     for round in 0..ROUNDS {
         // Throughput in interleaved slices: a change of the machine's speed
         // mid-round weighs on both sides.
@@ -251,10 +302,22 @@ async fn measure(name: &str, direct: &Target, proxied: &Target, n: usize) {
         d99.push(us(pct(&la, 0.99)));
         p50.push(us(pct(&lb, 0.5)));
         p99.push(us(pct(&lb, 0.99)));
+        if let Some(store) = store {
+            s50.push(us(pct(
+                &store_pairs(store, n / 8, &format!("{run}-s{round}")).await,
+                0.5,
+            )));
+        }
     }
     let (d50, d99, p50, p99) = (median(d50), median(d99), median(p50), median(p99));
+    let store = if s50.is_empty() {
+        format!("{:>9} {:>10}", "-", "-")
+    } else {
+        let s50 = median(s50);
+        format!("{s50:>9.0} {:>10.2}", s50 / d50)
+    };
     println!(
-        "{name:<10} {:>10.2} {:>9.0} {:>9.0} {:>9.0} {:>9.0} {:>12.2} {:>12.2}",
+        "{name:<11} {:>9.2} {:>9.0} {:>9.0} {:>9.0} {:>9.0} {:>12.2} {:>12.2} {store}",
         median(ratios),
         d50,
         p50,
@@ -282,38 +345,50 @@ async fn main() {
          {CONCURRENCY} concurrent callers, median of {ROUNDS} rounds of {SLICES} alternating slices"
     );
     println!(
-        "{:<10} {:>10} {:>9} {:>9} {:>9} {:>9} {:>12} {:>12}",
-        "store", "thr ratio", "p50 dir", "p50 prx", "p99 dir", "p99 prx", "added/own50", "added/own99"
+        "{:<11} {:>9} {:>9} {:>9} {:>9} {:>9} {:>12} {:>12} {:>9} {:>10}",
+        "store",
+        "thr ratio",
+        "p50 dir",
+        "p50 prx",
+        "p99 dir",
+        "p99 prx",
+        "added/own50",
+        "added/own99",
+        "store p50",
+        "store/own50"
     );
+    // The proxy's forwarding alone: a route it does not key, so no store is
+    // touched. What the keyed rows add beyond it is their store's two writes.
+    {
+        let dir = tempdir("pass");
+        let config = dir.join("idemkit.toml");
+        std::fs::write(&config, "[[routes]]\nmethod = \"POST\"\npath = \"/orders\"\n").unwrap();
+        let sqlite = format!("sqlite://{}", dir.join("keys.db").display());
+        let (base, _) = proxy(&upstream, sqlite, SqliteSync::Claims, Some(config)).await;
+        let (direct, proxied) = (Target::at(&upstream, "/plain"), Target::at(&base, "/plain"));
+        measure("pass", &direct, &proxied, None, n).await;
+    }
     for (name, sync) in [
         ("sqlite", SqliteSync::Claims),
         ("sqlite-full", SqliteSync::Full),
         ("sqlite-nrm", SqliteSync::Normal),
     ] {
         let sqlite = format!("sqlite://{}", tempdir(name).join("keys.db").display());
-        let proxied = Target::new(&proxy(&upstream, sqlite, sync).await);
-        measure(name, &direct, &proxied, n).await;
+        let (base, store) = proxy(&upstream, sqlite, sync, None).await;
+        measure(name, &direct, &Target::new(&base), Some(&*store), n).await;
     }
-    if let Some(url) = env("IDEMKIT_TEST_POSTGRES_URL") {
-        measure(
-            "postgres",
-            &direct,
-            &Target::new(&proxy(&upstream, url, SqliteSync::Claims).await),
-            n,
-        )
-        .await;
-    }
-    if let Some(url) = env("IDEMKIT_TEST_REDIS_URL") {
-        measure(
-            "redis",
-            &direct,
-            &Target::new(&proxy(&upstream, url, SqliteSync::Claims).await),
-            n,
-        )
-        .await;
+    for (name, var) in [
+        ("postgres", "IDEMKIT_TEST_POSTGRES_URL"),
+        ("redis", "IDEMKIT_TEST_REDIS_URL"),
+    ] {
+        if let Some(url) = env(var) {
+            let (base, store) = proxy(&upstream, url, SqliteSync::Claims, None).await;
+            measure(name, &direct, &Target::new(&base), Some(&*store), n).await;
+        }
     }
     println!(
         "thr ratio = throughput through the proxy ÷ direct; p50/p99 in µs of sequential requests; \
-         added/own = (proxy − direct) ÷ direct: below 1, the proxy adds less than the upstream's own request costs"
+         added/own = (proxy − direct) ÷ direct: below 1, the proxy adds less than the upstream's own request costs; \
+         store p50 = a claim and its completion on the proxy's store, sequential, in process (store/own: ÷ p50 dir)"
     );
 }

@@ -68,8 +68,9 @@ pub enum SqliteSync {
 }
 
 impl ProxyArgs {
-    /// How the key store is opened.
-    pub(super) fn open_options(&self) -> idemkit::OpenOptions {
+    /// How the key store is opened (`--sqlite-synchronous` mapped to its
+    /// [`idemkit::sqlite::Durability`]).
+    pub fn open_options(&self) -> idemkit::OpenOptions {
         use idemkit::sqlite::Durability;
         idemkit::OpenOptions::new().with_sqlite_durability(match self.sqlite_synchronous {
             SqliteSync::Claims => Durability::Claims,
