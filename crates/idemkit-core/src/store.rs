@@ -451,6 +451,16 @@ pub trait TransactionalStore: KeyStore {
         token: FencingToken,
         response: &StoredResponse,
     ) -> StoreResult<()>;
+
+    /// Rolls back a transaction that will not be committed (a single-step claim
+    /// released, an answer that cannot be stored), so that what it holds (the
+    /// key's lock, the database's write lock) is free when this returns, before
+    /// the caller answers: a retry sent on that answer finds the key free.
+    /// Dropping the transaction rolls it back too, but later (the default does
+    /// only that). A rollback that fails ends the connection, which rolls back.
+    async fn rollback_tx(&self, tx: Self::Tx) {
+        drop(tx);
+    }
 }
 
 #[allow(dead_code)]

@@ -169,9 +169,11 @@ impl PgStore {
         let mut opened = self.open_once(req, wait_ms, lock, seen).await?;
         if opened.is_none() && wait_ms.is_none() {
             // The lock may be held by a transaction that is over but whose
-            // rollback has not reached the server yet: a dropped transaction's
-            // `ROLLBACK` rides on its connection's release to the pool. One
-            // more try after a short grace tells that from a live holder.
+            // rollback has not reached the server yet: the engine rolls back
+            // through `rollback_tx` before answering, but a transaction
+            // dropped instead (a panic, a cancelled caller) leaves its
+            // `ROLLBACK` to its connection's release to the pool. One more try
+            // after a short grace tells that from a live holder.
             tokio::time::sleep(BUSY_GRACE).await;
             opened = self.open_once(req, wait_ms, lock, seen).await?;
         }

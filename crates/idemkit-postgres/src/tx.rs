@@ -64,6 +64,17 @@ impl PgTx {
     }
 }
 
+impl PgTx {
+    /// Rolls the transaction back now, releasing the key's lock before this
+    /// returns (dropping it rolls back on the connection's next round trip).
+    /// A rollback that fails closes the connection, which rolls back.
+    pub async fn rollback(mut self) {
+        if PgTransactionManager::rollback(&mut self.conn).await.is_err() {
+            self.conn.close_on_drop();
+        }
+    }
+}
+
 impl Drop for PgTx {
     /// Rolls back a transaction still open: the `ROLLBACK` is queued and rides
     /// on the connection's next round trip (the pool's release check).
@@ -209,6 +220,11 @@ impl TransactionalStore for PgStore {
         } else {
             Err(StoreError::Fenced)
         }
+    }
+
+    /// `ROLLBACK` now: the key's advisory lock is free when this returns.
+    async fn rollback_tx(&self, tx: PgTx) {
+        tx.rollback().await;
     }
 
     async fn complete_in_tx(

@@ -331,6 +331,13 @@ impl TransactionalStore for SqliteStore {
         self.advance_on(tx, scope, token, update).await
     }
 
+    /// `ROLLBACK` now: the write lock and the writer slot are free when this
+    /// returns. If it fails, the dropped transaction rolls back (or closes its
+    /// connection) by itself.
+    async fn rollback_tx(&self, tx: SqliteTx) {
+        let _ = tx.rollback().await;
+    }
+
     async fn complete_in_tx(
         &self,
         mut tx: SqliteTx,

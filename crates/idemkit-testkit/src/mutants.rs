@@ -377,6 +377,9 @@ impl<S: TransactionalStore> TransactionalStore for UnfencedTx<S> {
         let token = self.current(scope, token).await;
         self.inner.complete_in_tx(tx, scope, token, response).await
     }
+    async fn rollback_tx(&self, tx: Self::Tx) {
+        self.inner.rollback_tx(tx).await
+    }
 }
 
 /// A [`BusinessProbe`] of the wrapped store, for [`UnfencedTx`].

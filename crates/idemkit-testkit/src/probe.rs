@@ -1,5 +1,6 @@
-//! [`Probed`]: any store, seen from the test: its claims counted, its reads
-//! failing on demand, every operation otherwise forwarded unchanged.
+//! [`Probed`]: any store, seen from the test: its claims and transaction
+//! rollbacks counted, its reads failing on demand, every operation otherwise
+//! forwarded unchanged.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
@@ -7,17 +8,20 @@ use std::time::Duration;
 use async_trait::async_trait;
 use idemkit_core::{
     ClaimOutcome, ClaimRequest, FencingToken, KeyStore, ListFilter, Millis, PhaseUpdate, ReapReport, Record,
-    ReviewEntry, Scope, StoreError, StoreResult, StoredResponse,
+    ReviewEntry, Scope, StoreError, StoreResult, StoredResponse, TransactionalStore, TxClaim,
 };
 
 /// Wraps `S`, forwarding every [`KeyStore`] operation (optional ones too, so
-/// the inner store's own answers stand), and lets a test count the claims
-/// that reach the store ([`Probed::claims`]) and make `get` fail as an
-/// unreachable store does ([`Probed::fail_reads`]).
+/// the inner store's own answers stand) and, for a transactional `S`, every
+/// [`TransactionalStore`] one, and lets a test count the claims that reach
+/// the store ([`Probed::claims`]) and the transactions rolled back explicitly
+/// ([`Probed::rollbacks`]), and make `get` fail as an unreachable store does
+/// ([`Probed::fail_reads`]).
 #[derive(Debug, Default)]
 pub struct Probed<S> {
     inner: S,
     claims: AtomicUsize,
+    rollbacks: AtomicUsize,
     failing_reads: AtomicBool,
 }
 
@@ -27,13 +31,25 @@ impl<S> Probed<S> {
         Self {
             inner,
             claims: AtomicUsize::new(0),
+            rollbacks: AtomicUsize::new(0),
             failing_reads: AtomicBool::new(false),
         }
+    }
+
+    /// The wrapped store.
+    pub fn inner(&self) -> &S {
+        &self.inner
     }
 
     /// How many claims reached the store.
     pub fn claims(&self) -> usize {
         self.claims.load(Ordering::SeqCst)
+    }
+
+    /// How many transactions were rolled back through
+    /// [`TransactionalStore::rollback_tx`] (not merely dropped).
+    pub fn rollbacks(&self) -> usize {
+        self.rollbacks.load(Ordering::SeqCst)
     }
 
     /// From now on `get` answers `Unavailable` (`true`) or reads again (`false`).
@@ -106,5 +122,43 @@ impl<S: KeyStore> KeyStore for Probed<S> {
     }
     async fn wait_for_change(&self, scope: &Scope, timeout: Duration) -> StoreResult<()> {
         self.inner.wait_for_change(scope, timeout).await
+    }
+}
+
+#[async_trait]
+impl<S: TransactionalStore> TransactionalStore for Probed<S> {
+    type Tx = S::Tx;
+
+    async fn claim_in_tx(&self, req: &ClaimRequest) -> StoreResult<TxClaim<Self::Tx>> {
+        self.claims.fetch_add(1, Ordering::SeqCst);
+        self.inner.claim_in_tx(req).await
+    }
+    async fn begin_fenced(&self, scope: &Scope, token: FencingToken) -> StoreResult<Self::Tx> {
+        self.inner.begin_fenced(scope, token).await
+    }
+    async fn commit(&self, tx: Self::Tx) -> StoreResult<()> {
+        self.inner.commit(tx).await
+    }
+    async fn advance_in_tx(
+        &self,
+        tx: &mut Self::Tx,
+        scope: &Scope,
+        token: FencingToken,
+        update: &PhaseUpdate,
+    ) -> StoreResult<()> {
+        self.inner.advance_in_tx(tx, scope, token, update).await
+    }
+    async fn complete_in_tx(
+        &self,
+        tx: Self::Tx,
+        scope: &Scope,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> StoreResult<()> {
+        self.inner.complete_in_tx(tx, scope, token, response).await
+    }
+    async fn rollback_tx(&self, tx: Self::Tx) {
+        self.rollbacks.fetch_add(1, Ordering::SeqCst);
+        self.inner.rollback_tx(tx).await
     }
 }

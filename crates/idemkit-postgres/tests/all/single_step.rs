@@ -538,3 +538,54 @@ async fn single_step_transactions_are_read_committed_whatever_the_default() {
         assert_eq!(level, "read committed", "seen: {seen}");
     }
 }
+
+/// `rollback_tx` frees the key's advisory lock before it returns: a retry sent
+/// on the answer that follows finds the key free. Dropping the transaction
+/// instead leaves the `ROLLBACK` to the pool's release task, which (one
+/// thread here) has not run when the locks are counted: with `rollback_tx`
+/// merely dropping, the last assertion fails.
+#[tokio::test(flavor = "current_thread")]
+async fn rollback_tx_frees_the_keys_lock_before_returning() {
+    let Some(url) = database_url() else {
+        return;
+    };
+    let store = PgStore::connect(
+        &url,
+        PgConfig {
+            schema: fresh_schema(),
+            max_connections: 2,
+            ..PgConfig::default()
+        },
+    )
+    .await
+    .unwrap();
+    // Another session, connected and its statement prepared beforehand.
+    let mut observer = sqlx::PgConnection::connect(&url).await.unwrap();
+    let locks = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = $1";
+    for round in 0..5 {
+        let s = scope("a", &format!("rollback-{round}"));
+        let TxClaim::Claimed { mut tx, .. } = store.claim_in_tx(&claim_req(&s, "{}")).await.unwrap() else {
+            panic!("a fresh key is claimed");
+        };
+        let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+            .fetch_one(&mut *tx)
+            .await
+            .unwrap();
+        let held: i64 = sqlx::query_scalar(locks)
+            .bind(pid)
+            .fetch_one(&mut observer)
+            .await
+            .unwrap();
+        assert_eq!(held, 1, "the control: the open transaction holds the key's lock");
+        store.rollback_tx(tx).await;
+        let held: i64 = sqlx::query_scalar(locks)
+            .bind(pid)
+            .fetch_one(&mut observer)
+            .await
+            .unwrap();
+        assert_eq!(
+            held, 0,
+            "round {round}: the lock is free when rollback_tx returns"
+        );
+    }
+}

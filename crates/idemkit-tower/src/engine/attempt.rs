@@ -275,6 +275,14 @@ impl Attempt {
         }
     }
 
+    /// Rolls back a single-step transaction before the caller is answered, so
+    /// the key's lock is free by then (see `TransactionalStore::rollback_tx`).
+    async fn rollback(&self, tx: Option<Box<dyn Any + Send>>) {
+        if let (Some(tx_store), Some(tx)) = (&self.engine.tx_store, tx) {
+            tx_store.rollback_tx(tx).await;
+        }
+    }
+
     /// The answer could not be stored (larger than the storage cap, or its body
     /// failed). Single-step: everything rolls back, nothing happened. Lease
     /// mode: the handler's effects may have happened, so a too-large answer is
@@ -286,7 +294,7 @@ impl Attempt {
         too_large: bool,
     ) -> Refused {
         if self.is_transactional() {
-            drop(tx);
+            self.rollback(tx).await;
             return Refused::new(
                 outcome::ERROR,
                 Refusal::Problem {
@@ -330,7 +338,7 @@ impl Attempt {
     /// never committed.
     pub async fn settle(self, tx: Option<Box<dyn Any + Send>>, how: Disposition) -> &'static str {
         if self.is_transactional() {
-            drop(tx);
+            self.rollback(tx).await;
             return outcome::RELEASED;
         }
         let store = self.engine.store.as_ref();

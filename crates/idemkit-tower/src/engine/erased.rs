@@ -19,6 +19,7 @@ pub(crate) trait ErasedTxStore: Send + Sync {
         token: FencingToken,
         response: &StoredResponse,
     ) -> StoreResult<()>;
+    async fn rollback_tx(&self, tx: Box<dyn Any + Send>);
 }
 
 #[async_trait]
@@ -44,5 +45,13 @@ impl<S: TransactionalStore> ErasedTxStore for S {
             .downcast::<S::Tx>()
             .map_err(|_| StoreError::Corrupt("claim transaction of the wrong type".into()))?;
         TransactionalStore::complete_in_tx(self, *tx, scope, token, response).await
+    }
+
+    async fn rollback_tx(&self, tx: Box<dyn Any + Send>) {
+        // Of the wrong type it cannot be this store's: dropped, it rolls back
+        // by itself.
+        if let Ok(tx) = tx.downcast::<S::Tx>() {
+            TransactionalStore::rollback_tx(self, *tx).await;
+        }
     }
 }

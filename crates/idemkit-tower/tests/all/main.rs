@@ -177,6 +177,7 @@ mod deadlines;
 mod hardening;
 mod leases;
 mod metrics;
+mod released;
 mod replay_cache;
 mod roundtrips;
 mod single_step;
