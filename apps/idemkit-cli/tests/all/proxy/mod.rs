@@ -44,6 +44,13 @@ async fn slow(State(n): State<Arc<Naive>>) -> impl IntoResponse {
     (StatusCode::CREATED, "late")
 }
 
+/// An answer that takes 200 ms, within the proxy's upstream timeout.
+async fn lag(State(n): State<Arc<Naive>>) -> impl IntoResponse {
+    n.posts.fetch_add(1, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    (StatusCode::CREATED, "lagged")
+}
+
 /// An answer over the default storage cap (1 MiB).
 async fn big(State(n): State<Arc<Naive>>) -> impl IntoResponse {
     n.posts.fetch_add(1, Ordering::SeqCst);
@@ -156,6 +163,7 @@ async fn setup_with(name: &str, honours_keys: bool, config: Option<&str>) -> Set
             .route("/cut", post(cut))
             .route("/gateway", post(gateway))
             .route("/slow", post(slow))
+            .route("/lag", post(lag))
             .route("/invalid", post(invalid))
             .route("/big", post(big))
             .route("/count", get(count))
@@ -365,6 +373,50 @@ async fn safe_methods_pass_through_and_healthz_answers() {
     assert_eq!(res.text().await.unwrap(), "0 x=1");
     let health = s.http.get(format!("{}/healthz", s.proxy)).send().await.unwrap();
     assert_eq!(health.status(), 200);
+}
+
+/// A caller that hangs up while the upstream works does not orphan its
+/// request: the claim, the forward and the store go on without it, so its
+/// retry replays the upstream's answer. (Cancelled with the caller, the proxy
+/// would leave an intent nobody holds: "in progress" until the lease ran out,
+/// then parked.)
+#[tokio::test]
+async fn a_caller_that_hangs_up_mid_request_gets_the_answer_on_retry() {
+    let s = setup("hangup", false).await;
+    let impatient = reqwest::Client::builder()
+        .timeout(Duration::from_millis(50))
+        .build()
+        .unwrap();
+    let send = |client: &reqwest::Client| {
+        client
+            .post(format!("{}/lag", s.proxy))
+            .header("content-type", "application/json")
+            .header("Idempotency-Key", "hangup")
+            .header("Authorization", "Bearer a")
+            .body("{}")
+            .send()
+    };
+    let hung_up = send(&impatient).await.unwrap_err();
+    assert!(hung_up.is_timeout(), "{hung_up}");
+    // The retry finds the request in progress until the upstream has answered
+    // and the proxy has stored the answer; then it replays.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let replay = loop {
+        let res = send(&s.http).await.unwrap();
+        if res.status() != 409 {
+            break res;
+        }
+        assert_eq!(code(res).await.1, "idempotency_request_in_progress");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still in progress after 5 s"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    };
+    assert_eq!(replay.status(), 201);
+    assert_eq!(replay.headers()["idempotent-replayed"], "true");
+    assert_eq!(replay.text().await.unwrap(), "lagged");
+    assert_eq!(s.posts(), 1, "forwarded once");
 }
 
 #[tokio::test]
