@@ -67,9 +67,11 @@ impl PgTx {
 impl PgTx {
     /// Rolls the transaction back now, releasing the key's lock before this
     /// returns (dropping it rolls back on the connection's next round trip).
-    /// A rollback that fails closes the connection, which rolls back.
-    pub async fn rollback(mut self) {
-        if PgTransactionManager::rollback(&mut self.conn).await.is_err() {
+    /// A rollback that fails, or takes longer than `within` (a database gone
+    /// away mid-request), closes the connection, which rolls back.
+    pub async fn rollback(mut self, within: std::time::Duration) {
+        let rollback = PgTransactionManager::rollback(&mut self.conn);
+        if !matches!(tokio::time::timeout(within, rollback).await, Ok(Ok(()))) {
             self.conn.close_on_drop();
         }
     }
@@ -223,8 +225,9 @@ impl TransactionalStore for PgStore {
     }
 
     /// `ROLLBACK` now: the key's advisory lock is free when this returns.
+    /// Bounded by the statement timeout; past it the connection is closed.
     async fn rollback_tx(&self, tx: PgTx) {
-        tx.rollback().await;
+        tx.rollback(self.config.statement_timeout).await;
     }
 
     async fn complete_in_tx(
