@@ -9,14 +9,13 @@ use idemkit_core::{
 };
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::PgTransactionManager;
-use sqlx::{AssertSqlSafe, PgConnection, Postgres};
+use sqlx::{AssertSqlSafe, Connection, PgConnection, Postgres};
 // sqlx does not re-export the trait that counts a connection's transactions.
 use sqlx_core::transaction::TransactionManager;
 
 use crate::PgStore;
 use crate::claim::{Opened, Opening, SingleStep};
 use crate::error::{map_err, sqlstate};
-use crate::retry::Retry;
 use crate::sql::{self, advance_query, lease_ms};
 
 /// A transaction on the store's database, handed to single-step handlers. It
@@ -57,21 +56,36 @@ struct PendingInsert {
 /// advisory lock, not a token, keeps other single-step claims out.
 pub const PROVISIONAL_TOKEN: FencingToken = FencingToken(0);
 
+/// How long an explicit rollback may take before its connection is closed
+/// instead (which rolls back too, when the server notices).
+const ROLLBACK_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
 impl PgTx {
     /// Commits the transaction.
     pub async fn commit(mut self) -> Result<(), sqlx::Error> {
         PgTransactionManager::commit(&mut self.conn).await
     }
-}
 
-impl PgTx {
     /// Rolls the transaction back now, releasing the key's lock before this
     /// returns (dropping it rolls back on the connection's next round trip).
-    /// A rollback that fails, or takes longer than `within` (a database gone
-    /// away mid-request), closes the connection, which rolls back.
-    pub async fn rollback(mut self, within: std::time::Duration) {
-        let rollback = PgTransactionManager::rollback(&mut self.conn);
-        if !matches!(tokio::time::timeout(within, rollback).await, Ok(Ok(()))) {
+    /// Savepoints a handler left open are rolled back with it. A rollback that
+    /// fails, or takes longer than a second (a database gone away
+    /// mid-request), closes the connection, which rolls back.
+    pub async fn rollback(mut self) {
+        let conn = &mut self.conn;
+        let rollback = async {
+            if PgTransactionManager::get_transaction_depth(conn) == 0 {
+                // A rollback already queued (a handler's nested transaction
+                // dropped mid-statement rolls back everything): send it.
+                return conn.ping().await;
+            }
+            // One level per call: savepoints first, the transaction last.
+            while PgTransactionManager::get_transaction_depth(conn) > 0 {
+                PgTransactionManager::rollback(conn).await?;
+            }
+            Ok(())
+        };
+        if !matches!(tokio::time::timeout(ROLLBACK_WAIT, rollback).await, Ok(Ok(()))) {
             self.conn.close_on_drop();
         }
     }
@@ -224,10 +238,10 @@ impl TransactionalStore for PgStore {
         }
     }
 
-    /// `ROLLBACK` now: the key's advisory lock is free when this returns.
-    /// Bounded by the statement timeout; past it the connection is closed.
+    /// `ROLLBACK` now: the key's advisory lock is free when this returns
+    /// (see [`PgTx::rollback`]).
     async fn rollback_tx(&self, tx: PgTx) {
-        tx.rollback(self.config.statement_timeout).await;
+        tx.rollback().await;
     }
 
     async fn complete_in_tx(
@@ -237,19 +251,38 @@ impl TransactionalStore for PgStore {
         token: FencingToken,
         response: &StoredResponse,
     ) -> StoreResult<()> {
-        // On an error the transaction is dropped, rolling back the business writes.
-        // A single-step claim was never committed, so nobody waits on it, and
-        // its key is ours until the commit: the record's write rides with the
-        // COMMIT (one round trip).
+        // On an error the transaction is rolled back, business writes included,
+        // before this returns: an aborted transaction holds the key's lock
+        // until its `ROLLBACK`. A single-step claim was never committed, so
+        // nobody waits on it, and its key is ours until the commit: the
+        // record's write rides with the COMMIT (one round trip).
+        let done = if matches!(tx.holds, Holds::Phase) {
+            // A phase transaction: the fenced completion, then the COMMIT.
+            match self.complete_on(&mut tx, scope, token, response, true).await {
+                Ok(()) => return tx.commit().await.map_err(map_err),
+                Err(e) => Err(e.into_store()),
+            }
+        } else {
+            self.complete_single_step(&mut tx, scope, token, response).await
+        };
+        if done.is_err() {
+            tx.rollback().await;
+        }
+        done
+    }
+}
+
+impl PgStore {
+    /// A single-step claim's completion, fused with its `COMMIT`.
+    async fn complete_single_step(
+        &self,
+        tx: &mut PgTx,
+        scope: &Scope,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> StoreResult<()> {
         let (schema, now) = (&self.config.schema, self.test_now());
         let statement = match &tx.holds {
-            Holds::Phase => {
-                // A phase transaction: the fenced completion, then the COMMIT.
-                self.complete_on(&mut tx, scope, token, response, true)
-                    .await
-                    .map_err(Retry::into_store)?;
-                return tx.commit().await.map_err(map_err);
-            }
             Holds::Pending(_) if token != PROVISIONAL_TOKEN => return Err(StoreError::Fenced),
             Holds::Pending(p) => sql::insert_and_commit(
                 schema,
@@ -262,8 +295,13 @@ impl TransactionalStore for PgStore {
             Holds::MovedClaim => {
                 sql::complete_and_commit(schema, scope, token, now, &sql::Answer::of(response)?)
             }
+            Holds::Phase => {
+                return Err(StoreError::Corrupt(
+                    "a phase transaction has no single-step claim".into(),
+                ));
+            }
         };
-        match sqlx::raw_sql(AssertSqlSafe(statement)).execute(&mut *tx).await {
+        match sqlx::raw_sql(AssertSqlSafe(statement)).execute(&mut **tx).await {
             Ok(_) => Ok(()),
             Err(e) if sqlstate(&e).as_deref() == Some("IK001") => Err(StoreError::Fenced),
             // The key's row appeared since the claim read it absent (a lease-mode

@@ -345,9 +345,14 @@ where
             match tokio::time::timeout_at(deadline.into(), attempt.run(inner.call(req))).await {
                 Ok(result) => result,
                 Err(_) => {
-                    // The handler's `Tx` guard put the transaction back when it was dropped.
-                    let tx = slot.and_then(|s| s.take());
-                    let counted = attempt.settle(tx, Disposition::Release).await;
+                    // The handler's `Tx` guard put the transaction back when it
+                    // was dropped. Dropped here too, not rolled back through the
+                    // store: a statement the deadline cut short may still run,
+                    // and an explicit rollback would wait for it. The caller's
+                    // deadline has passed, so the answer goes now; the
+                    // `ROLLBACK` follows with the connection's release.
+                    drop(slot.and_then(|s| s.take()));
+                    let counted = attempt.settle(None, Disposition::Release).await;
                     tracing::debug!(
                         "idempotency: the caller's deadline passed; the handler's transaction was rolled back"
                     );

@@ -38,6 +38,42 @@ async fn one_connection_instance(url: &str, schema: String) -> PgStore {
     PgStore::connect(url, config).await.expect("connect")
 }
 
+/// A store in a fresh schema (with the `biz` table) whose pool holds each
+/// released connection for 300 ms before its release check: a transaction
+/// merely dropped keeps its locks that long (its `ROLLBACK` rides on that
+/// check), one rolled back explicitly does not. Tests of "rolled back before
+/// returning" fail against a drop, deterministically.
+async fn slow_release_store() -> Option<(String, PgStore)> {
+    use std::str::FromStr;
+    let url = database_url()?;
+    let schema = fresh_schema();
+    let options = sqlx::postgres::PgConnectOptions::from_str(&url)
+        .unwrap()
+        .options([("search_path", format!("{schema}, public"))]);
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .after_release(|_, _| {
+            Box::pin(async {
+                tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+                Ok(true)
+            })
+        })
+        .connect_with(options)
+        .await
+        .unwrap();
+    let config = PgConfig {
+        schema,
+        max_connections: 2,
+        ..PgConfig::default()
+    };
+    let store = PgStore::from_pool(pool, config).await.unwrap();
+    sqlx::query("CREATE TABLE biz (tag TEXT NOT NULL)")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    Some((url, store))
+}
+
 /// Another instance on the same store (its own pool), as a second process would be.
 async fn another_instance(url: &str, schema: String) -> PgStore {
     let config = PgConfig {
@@ -539,30 +575,26 @@ async fn single_step_transactions_are_read_committed_whatever_the_default() {
     }
 }
 
-/// `rollback_tx` frees the key's advisory lock before it returns: a retry sent
-/// on the answer that follows finds the key free. Dropping the transaction
-/// instead leaves the `ROLLBACK` to the pool's release task, which (one
-/// thread here) has not run when the locks are counted: with `rollback_tx`
-/// merely dropping, the last assertion fails.
-#[tokio::test(flavor = "current_thread")]
+/// Advisory locks held by the backend `pid`, counted by `observer`.
+async fn advisory_locks(observer: &mut sqlx::PgConnection, pid: i32) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = $1")
+        .bind(pid)
+        .fetch_one(observer)
+        .await
+        .unwrap()
+}
+
+/// `rollback_tx` frees the key's advisory lock before it returns, savepoints a
+/// handler left open included: a retry sent on the answer that follows finds
+/// the key free. On a pool that delays its release check (where a dropped
+/// transaction's `ROLLBACK` rides), this fails when `rollback_tx` merely drops.
+#[tokio::test]
 async fn rollback_tx_frees_the_keys_lock_before_returning() {
-    let Some(url) = database_url() else {
+    let Some((url, store)) = slow_release_store().await else {
         return;
     };
-    let store = PgStore::connect(
-        &url,
-        PgConfig {
-            schema: fresh_schema(),
-            max_connections: 2,
-            ..PgConfig::default()
-        },
-    )
-    .await
-    .unwrap();
-    // Another session, connected and its statement prepared beforehand.
     let mut observer = sqlx::PgConnection::connect(&url).await.unwrap();
-    let locks = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = $1";
-    for round in 0..5 {
+    for round in 0..3 {
         let s = scope("a", &format!("rollback-{round}"));
         let TxClaim::Claimed { mut tx, .. } = store.claim_in_tx(&claim_req(&s, "{}")).await.unwrap() else {
             panic!("a fresh key is claimed");
@@ -571,21 +603,56 @@ async fn rollback_tx_frees_the_keys_lock_before_returning() {
             .fetch_one(&mut *tx)
             .await
             .unwrap();
-        let held: i64 = sqlx::query_scalar(locks)
-            .bind(pid)
-            .fetch_one(&mut observer)
-            .await
-            .unwrap();
-        assert_eq!(held, 1, "the control: the open transaction holds the key's lock");
-        store.rollback_tx(tx).await;
-        let held: i64 = sqlx::query_scalar(locks)
-            .bind(pid)
-            .fetch_one(&mut observer)
-            .await
-            .unwrap();
         assert_eq!(
-            held, 0,
+            advisory_locks(&mut observer, pid).await,
+            1,
+            "the control: the open transaction holds the key's lock"
+        );
+        if round == 1 {
+            // A handler's nested transaction, leaked open: a savepoint
+            // rolled back alone would leave the transaction and its lock.
+            std::mem::forget(sqlx::Connection::begin(&mut *tx).await.unwrap());
+        }
+        store.rollback_tx(tx).await;
+        assert_eq!(
+            advisory_locks(&mut observer, pid).await,
+            0,
             "round {round}: the lock is free when rollback_tx returns"
         );
     }
+}
+
+/// A completion refused before it sends anything (a stale token) rolls its
+/// transaction back before it returns: no statement failed, so without the
+/// rollback the transaction, and the key's lock, would stay open until the
+/// pool's release check. (A completion whose statement fails needs no such
+/// care for the lock: PostgreSQL aborts the transaction, releasing its locks,
+/// at the error.)
+#[tokio::test]
+async fn a_completion_refused_before_sending_frees_the_keys_lock() {
+    let Some((url, store)) = slow_release_store().await else {
+        return;
+    };
+    let mut observer = sqlx::PgConnection::connect(&url).await.unwrap();
+    let s = scope("a", "refused-completion");
+    let TxClaim::Claimed { mut tx, .. } = store.claim_in_tx(&claim_req(&s, "{}")).await.unwrap() else {
+        panic!("a fresh key is claimed");
+    };
+    insert_tag(&mut *tx, "refused").await;
+    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+    assert_eq!(advisory_locks(&mut observer, pid).await, 1, "the control");
+    let err = store
+        .complete_in_tx(tx, &s, FencingToken(7), &response(201, "ok"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Fenced), "{err:?}");
+    assert_eq!(
+        advisory_locks(&mut observer, pid).await,
+        0,
+        "the key's lock is free when the refusal is reported"
+    );
+    assert!(tags(&store).await.is_empty(), "nothing committed");
 }

@@ -261,14 +261,21 @@ impl Attempt {
                 tracing::debug!("idempotency: single-step claim lost the race at commit");
                 match self.engine.begin(ClaimRequest::clone(&self.claim)).await {
                     Err(settled) => Finished::Refused(settled),
-                    Ok(_) => Finished::Refused(Refused::new(
-                        outcome::IN_PROGRESS,
-                        Refusal::problem(
-                            ErrorCode::RequestInProgress,
-                            "a concurrent request with this idempotency key changed its state; retry",
-                        )
-                        .with_retry_after(Duration::from_secs(1)),
-                    )),
+                    Ok(mut again) => {
+                        // Claimed again (the winner's record went away): let
+                        // it go before answering, rolled back if it holds a
+                        // transaction.
+                        let tx = again.take_tx();
+                        again.settle(tx, Disposition::Release).await;
+                        Finished::Refused(Refused::new(
+                            outcome::IN_PROGRESS,
+                            Refusal::problem(
+                                ErrorCode::RequestInProgress,
+                                "a concurrent request with this idempotency key changed its state; retry",
+                            )
+                            .with_retry_after(Duration::from_secs(1)),
+                        ))
+                    }
                 }
             }
             Err(e) => Finished::Refused(Refused::store(&e)),

@@ -20,6 +20,8 @@ mod processes;
 struct Naive {
     posts: AtomicU64,
     keys: std::sync::Mutex<Vec<String>>,
+    /// Holds `/lag`'s answer until the test lets it go.
+    gate: tokio::sync::Notify,
 }
 
 async fn create(State(n): State<Arc<Naive>>, headers: HeaderMap, body: String) -> impl IntoResponse {
@@ -44,10 +46,10 @@ async fn slow(State(n): State<Arc<Naive>>) -> impl IntoResponse {
     (StatusCode::CREATED, "late")
 }
 
-/// An answer that takes 200 ms, within the proxy's upstream timeout.
+/// An answer held until the test opens `Naive::gate`.
 async fn lag(State(n): State<Arc<Naive>>) -> impl IntoResponse {
     n.posts.fetch_add(1, Ordering::SeqCst);
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    n.gate.notified().await;
     (StatusCode::CREATED, "lagged")
 }
 
@@ -154,6 +156,16 @@ async fn setup(name: &str, honours_keys: bool) -> Setup {
 
 /// [`setup`], with `config` (TOML) as the proxy's `--config` file.
 async fn setup_with(name: &str, honours_keys: bool, config: Option<&str>) -> Setup {
+    setup_timed(name, honours_keys, config, 300).await
+}
+
+/// [`setup_with`], with the proxy's upstream timeout.
+async fn setup_timed(
+    name: &str,
+    honours_keys: bool,
+    config: Option<&str>,
+    upstream_timeout_ms: u64,
+) -> Setup {
     let naive = Arc::new(Naive::default());
     let upstream = serve(
         Router::new()
@@ -185,7 +197,7 @@ async fn setup_with(name: &str, honours_keys: bool, config: Option<&str>) -> Set
         account_header: "Authorization".into(),
         scope_secret: "test-secret".into(),
         upstream_honours_keys: honours_keys,
-        upstream_timeout_ms: 300,
+        upstream_timeout_ms,
         lease_ms: None,
         max_request_body: 1 << 20,
         sqlite_synchronous: SqliteSync::Claims,
@@ -382,13 +394,9 @@ async fn safe_methods_pass_through_and_healthz_answers() {
 /// then parked.)
 #[tokio::test]
 async fn a_caller_that_hangs_up_mid_request_gets_the_answer_on_retry() {
-    let s = setup("hangup", false).await;
-    let impatient = reqwest::Client::builder()
-        .timeout(Duration::from_millis(50))
-        .build()
-        .unwrap();
-    let send = |client: &reqwest::Client| {
-        client
+    let s = Arc::new(setup_timed("hangup", false, None, 10_000).await);
+    let send = |s: &Setup| {
+        s.http
             .post(format!("{}/lag", s.proxy))
             .header("content-type", "application/json")
             .header("Idempotency-Key", "hangup")
@@ -396,13 +404,24 @@ async fn a_caller_that_hangs_up_mid_request_gets_the_answer_on_retry() {
             .body("{}")
             .send()
     };
-    let hung_up = send(&impatient).await.unwrap_err();
-    assert!(hung_up.is_timeout(), "{hung_up}");
-    // The retry finds the request in progress until the upstream has answered
-    // and the proxy has stored the answer; then it replays.
+    let caller = tokio::spawn({
+        let s = s.clone();
+        async move { send(&s).await }
+    });
+    // The request has reached the upstream, which holds its answer: the
+    // caller hangs up, and the proxy is given time to notice.
+    while s.posts() == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    caller.abort();
+    assert!(caller.await.unwrap_err().is_cancelled());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    s.naive.gate.notify_one();
+    // The retry finds the request in progress until the proxy has stored the
+    // upstream's answer; then it replays.
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     let replay = loop {
-        let res = send(&s.http).await.unwrap();
+        let res = send(&s).await.unwrap();
         if res.status() != 409 {
             break res;
         }
