@@ -252,8 +252,10 @@ impl TransactionalStore for PgStore {
         response: &StoredResponse,
     ) -> StoreResult<()> {
         // On an error the transaction is rolled back, business writes included,
-        // before this returns: an aborted transaction holds the key's lock
-        // until its `ROLLBACK`. A single-step claim was never committed, so
+        // before this returns: one refused before anything was sent (a stale
+        // token) still holds the key's lock. (A failed statement aborted its
+        // transaction, which released the locks; the `ROLLBACK` ends the
+        // block.) A single-step claim was never committed, so
         // nobody waits on it, and its key is ours until the commit: the
         // record's write rides with the COMMIT (one round trip).
         let done = if matches!(tx.holds, Holds::Phase) {

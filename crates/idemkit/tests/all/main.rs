@@ -8,6 +8,7 @@ use std::time::Duration;
 use reqwest::header::{HeaderMap, HeaderValue};
 use serde_json::{Value, json};
 
+mod migrations;
 mod multi_instance;
 mod pg_restart;
 mod quickstart;
