@@ -5,8 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use idemkit_client::RetryConfig;
-use idemkit_labels::docs::{Format, default_config, render};
+use idemkit_contract::{Contract, Format};
 use idemkit_tower::config::IdemkitConfig;
 
 /// Output formats.
@@ -21,7 +20,9 @@ pub enum DocsFormat {
 /// Arguments of `idemkit docs`.
 #[derive(Debug, clap::Args)]
 pub struct DocsArgs {
-    /// The idempotency configuration (TOML); default: the labels service's.
+    /// The idempotency configuration (TOML): the contract of any service that runs
+    /// with it. Default: the labels service's own, with its examples and gRPC
+    /// section.
     #[arg(long)]
     pub config: Option<PathBuf>,
     /// Output format.
@@ -31,11 +32,11 @@ pub struct DocsArgs {
 
 /// Prints the contract to stdout.
 pub fn run(args: DocsArgs) -> anyhow::Result<ExitCode> {
-    let config = match &args.config {
-        Some(path) => IdemkitConfig::from_toml(
+    let contract = match &args.config {
+        Some(path) => Contract::new(IdemkitConfig::from_toml(
             &std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?,
-        )?,
-        None => default_config(),
+        )?),
+        None => idemkit_labels::contract::contract(&idemkit_labels::contract::default_config()),
     };
     let format = match args.format {
         DocsFormat::Markdown => Format::Markdown,
@@ -43,6 +44,6 @@ pub fn run(args: DocsArgs) -> anyhow::Result<ExitCode> {
     };
     std::io::stdout()
         .lock()
-        .write_all(render(&config, &RetryConfig::new(), format).as_bytes())?;
+        .write_all(contract.render(format).as_bytes())?;
     Ok(ExitCode::SUCCESS)
 }

@@ -150,7 +150,7 @@ pub struct DocsCommand {
 
 /// `idemkit docs`: the labels service's contract, or the proxy's with `--proxy`.
 fn run_docs(args: DocsCommand) -> anyhow::Result<ExitCode> {
-    use idemkit_labels::docs::{Format, ProxyContract, render_proxy};
+    use idemkit_contract::{Format, ProxyContract, render_proxy};
 
     if !args.proxy {
         return docs::run(args.docs);

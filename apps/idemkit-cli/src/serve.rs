@@ -142,7 +142,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
             Some(path) => idemkit_tower::config::IdemkitConfig::from_toml(
                 &std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?,
             )?,
-            None => idemkit_labels::docs::default_config(),
+            None => idemkit_labels::contract::default_config(),
         },
         pg_schema: None,
     };

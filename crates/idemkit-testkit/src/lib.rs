@@ -17,9 +17,7 @@
 //!   history checker after each schedule; [`race_tests!`] runs it on a backend;
 //! - [`mutants`]: deliberately broken stores, the suites' negative controls;
 //! - [`Probed`]: any store with its claims counted and its reads failing on
-//!   demand, for tests of what sits above the store;
-//! - the black-box HTTP gates of SPEC §9 ([`gates`]) that `idemkit check` runs
-//!   against any API.
+//!   demand, for tests of what sits above the store.
 //!
 //! ```
 //! use std::sync::Arc;
@@ -34,7 +32,6 @@
 //! ```
 
 mod clock;
-pub mod gates;
 pub mod lifecycle;
 mod memory;
 pub mod mutants;

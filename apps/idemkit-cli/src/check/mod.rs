@@ -1,7 +1,7 @@
 //! `idemkit check`: the black-box conformance gates (SPEC §9) against any
 //! idempotent HTTP endpoint.
 //!
-//! The gates themselves live in [`idemkit_testkit::gates`]; this module turns the
+//! The gates themselves live in [`idemkit_check`]; this module turns the
 //! command line into a [`CheckConfig`], sends the requests with reqwest, shows
 //! progress and prints the report as a table or as JSON.
 
@@ -9,7 +9,6 @@ mod hosts;
 mod output;
 mod policy;
 mod progress;
-mod transport;
 
 use std::io::{IsTerminal, Read};
 use std::process::ExitCode;
@@ -18,7 +17,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use clap::Args;
 use http::{HeaderMap, HeaderName, HeaderValue, Method};
-use idemkit_testkit::gates::{self, CheckConfig, Gate, KeyPlacement, Template};
+use idemkit_check::{self as gates, CheckConfig, Gate, KeyPlacement, Template};
 use reqwest::Url;
 
 const AFTER_HELP: &str = "\
@@ -186,7 +185,7 @@ pub fn run(args: CheckArgs) -> anyhow::Result<ExitCode> {
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    let transport = transport::HttpTransport::new(Duration::from_secs(args.timeout))?;
+    let transport = idemkit_check::HttpTransport::new(Duration::from_secs(args.timeout))?;
     let show_progress = !args.json && std::io::stderr().is_terminal();
     let bar = progress::Bar::new(show_progress);
     let report = runtime.block_on(gates::run(&plan.config, &transport, &bar));

@@ -2,7 +2,7 @@
 
 use std::io::Write;
 
-use idemkit_testkit::gates::{KeyPlacement, Report, Verdict};
+use idemkit_check::{KeyPlacement, Report, Verdict};
 use serde::Serialize;
 
 use super::Plan;
@@ -91,7 +91,7 @@ struct JsonReport<'a> {
     target: Target<'a>,
     verdict: Verdict,
     exit_code: u8,
-    gates: &'a [idemkit_testkit::gates::GateReport],
+    gates: &'a [idemkit_check::GateReport],
 }
 
 #[derive(Serialize)]

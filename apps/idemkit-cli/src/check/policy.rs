@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use http::Method;
+use idemkit_check::{Expected, KeyPlacement, Published};
 use idemkit_client::{KeyLocation, PublishedAnswer, PublishedPolicy};
-use idemkit_testkit::gates::{Expected, KeyPlacement, Published};
 use reqwest::Url;
 use serde_json::Value;
 

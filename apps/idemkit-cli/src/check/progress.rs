@@ -1,7 +1,7 @@
 //! The progress bar: one bar per gate, counting its requests, on stderr. Hidden
 //! when stderr is not a terminal and with `--json`.
 
-use idemkit_testkit::gates::{Gate, GateReport, Progress};
+use idemkit_check::{Gate, GateReport, Progress};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 pub(super) struct Bar {

@@ -329,7 +329,7 @@ pub(super) async fn complete(
         Some(path) => idemkit_tower::config::IdemkitConfig::from_toml(
             &std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?,
         )?,
-        None => idemkit_labels::docs::default_config(),
+        None => idemkit_labels::contract::default_config(),
     };
     let config = LabelsConfig {
         database: rows,

@@ -365,9 +365,8 @@ fn grpc_routes<S: db::LabelsDb>(
 pub async fn build(config: LabelsConfig) -> anyhow::Result<Service> {
     let tokens = Tokens(Arc::new(config.tokens.clone()));
     let idem = config.idempotency.clone().with_lease(config.lease)?;
-    let contract = crate::docs::render(&idem, &RetryConfig::new(), crate::docs::Format::Html);
+    let contract = crate::contract::contract(&idem);
     let openapi_doc = openapi_json(&idem);
-    let policy_doc = idem.policy_document();
     let courier = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
         .with(RetryMiddleware::new(
             RetryConfig::new().with_deadline(config.courier_deadline),
@@ -378,15 +377,8 @@ pub async fn build(config: LabelsConfig) -> anyhow::Result<Service> {
         .build()?;
     let common = Router::new()
         .route("/openapi.json", get(|| async move { axum::Json(openapi_doc) }))
-        .route(
-            "/docs/idempotency.json",
-            get(|| async move { axum::Json(policy_doc) }),
-        )
+        .merge(idemkit_contract::router(&contract))
         .route("/metrics", get(metrics_endpoint))
-        .route(
-            "/docs/idempotency",
-            get(move || async move { axum::response::Html(contract) }),
-        )
         .fallback(idemkit_tower::not_found)
         .method_not_allowed_fallback(idemkit_tower::method_not_allowed);
     let schema = config

@@ -155,7 +155,7 @@ mod tests {
 
     #[test]
     fn post_labels_declares_the_deadline_header_and_its_504() {
-        let doc = openapi_json(&crate::docs::default_config());
+        let doc = openapi_json(&crate::contract::default_config());
         let op = &doc["paths"]["/labels"]["post"];
         let params = op["parameters"].as_array().expect("POST /labels has parameters");
         let deadline: Vec<&Value> = params
@@ -169,7 +169,7 @@ mod tests {
             .collect();
         assert_eq!(deadline.len(), 1, "{params:?}");
         let p = deadline[0];
-        assert_eq!(p["name"], crate::docs::DEADLINE_HEADER_DISPLAY);
+        assert_eq!(p["name"], idemkit_contract::DEADLINE_HEADER_DISPLAY);
         assert_ne!(p["required"], json!(true), "the header is optional");
         let schema = &p["schema"];
         assert_eq!(schema["type"], "integer", "a header is never null: {schema}");

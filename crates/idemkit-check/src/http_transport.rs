@@ -1,25 +1,29 @@
-//! The reqwest transport: one tokio task per request so a burst really runs at
-//! once, no redirects followed, no proxy, no retries.
+//! The reqwest transport, for a service that is running somewhere: one tokio task
+//! per request so a burst really runs at once, no redirects followed, no proxy, no
+//! retries.
 
 use std::error::Error as _;
 use std::time::Duration;
 
-use anyhow::Context;
 use async_trait::async_trait;
-use idemkit_testkit::gates::{Answer, Request, Transport, TransportError};
 
-pub(super) struct HttpTransport {
+use crate::{Answer, Request, Transport, TransportError};
+
+/// Sends the gates' requests over HTTP with reqwest.
+#[derive(Debug, Clone)]
+pub struct HttpTransport {
     client: reqwest::Client,
 }
 
 impl HttpTransport {
-    pub(super) fn new(timeout: Duration) -> anyhow::Result<Self> {
+    /// A transport whose every request gives up after `timeout`.
+    pub fn new(timeout: Duration) -> Result<Self, TransportError> {
         let client = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
             .no_proxy()
             .timeout(timeout)
             .build()
-            .context("building the HTTP client")?;
+            .map_err(|e| TransportError(format!("building the HTTP client: {}", chain(&e))))?;
         Ok(Self { client })
     }
 }

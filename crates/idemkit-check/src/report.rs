@@ -5,7 +5,7 @@ use std::str::FromStr;
 
 use serde::Serialize;
 
-/// One black-box gate (SPEC §9 and the key, fingerprint and scope rules it rests on).
+/// One black-box gate (the contract's measurements and the key, fingerprint and scope rules they rest on).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Gate {

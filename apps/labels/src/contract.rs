@@ -1,9 +1,62 @@
-//! The `## gRPC` section: the labels API over gRPC and every refusal's code
-//! there, from `idemkit_tonic::code_for`.
+//! The labels service's integrator contract: the generic contract of its
+//! configuration ([`idemkit_contract`]) plus what only this service has, handed
+//! over as data: the example bodies of `POST /labels` and the `## gRPC` section
+//! (the labels API over gRPC and every refusal's code there, from
+//! `idemkit_tonic::code_for`).
 
+use std::fmt::Write;
+
+use idemkit_contract::{Contract, Format, RouteExample, human_duration, keyed_body};
+use idemkit_core::{ErrorCode, InFlightBehavior, Policy};
+use idemkit_tower::config::{IdemkitConfig, RouteConfig};
+use idemkit_tower::engine::{Disposition, Outcome};
+use serde_json::{Value, json};
 use tonic::Code;
 
-use super::*;
+/// The default configuration: the labels service's own.
+pub const DEFAULT_CONFIG: &str = include_str!("../idemkit.toml");
+
+/// The labels service's configuration.
+pub fn default_config() -> IdemkitConfig {
+    IdemkitConfig::from_toml(DEFAULT_CONFIG)
+        .unwrap_or_else(|e| unreachable!("the shipped configuration is valid: {e}"))
+}
+
+/// A valid `POST /labels` body, without its key.
+pub fn example_label() -> Value {
+    json!({
+        "courier": "ups",
+        "shipFrom": {"name": "Warehouse", "line1": "1-2-3 Minato", "city": "Tokyo", "postalCode": "105-0001", "country": "JP"},
+        "shipTo": {"name": "Ada", "line1": "10 Downing St", "city": "London", "postalCode": "SW1A 2AA", "country": "GB"},
+        "parcel": {"weightGrams": 900, "lengthCm": 20, "widthCm": 10, "heightCm": 5}
+    })
+}
+
+/// The labels contract of `config`: its routes, with the labels example bodies
+/// for `POST /labels` and the gRPC section under that route's policy.
+pub fn contract(config: &IdemkitConfig) -> Contract {
+    let mut contract = Contract::new(config.clone());
+    if let Some(route) = config.route("POST", "/labels") {
+        let mut different = example_label();
+        different["courier"] = json!("dhl");
+        contract = contract
+            .with_example(
+                "POST",
+                "/labels",
+                RouteExample {
+                    body: example_label(),
+                    different,
+                },
+            )
+            .with_section(section(route));
+    }
+    contract
+}
+
+/// Renders the labels contract of `config` (`idemkit docs`, `GET /docs/idempotency`).
+pub fn render(config: &IdemkitConfig, format: Format) -> String {
+    contract(config).render(format)
+}
 
 /// Every stable code a refusal can carry, in the order the contract lists them.
 /// `ErrorCode` is `#[non_exhaustive]`, so a new code must be added here too.
@@ -66,10 +119,12 @@ fn stored(code: Code, outcome: Option<Outcome>, policy: &Policy) -> &'static str
 
 /// The `## gRPC` section: `labels.v1.Labels`, with `CreateLabel` under the
 /// policy of `route` (`POST /labels`).
-pub(super) fn section(w: &mut String, route: &RouteConfig) {
+fn section(route: &RouteConfig) -> String {
+    let mut out = String::new();
+    let w = &mut out;
     let p = route.policy();
     let create = crate::proto::CREATE_LABEL.trim_start_matches('/');
-    let _ = writeln!(w, "\n## gRPC\n");
+    let _ = writeln!(w, "## gRPC\n");
     let _ = writeln!(
         w,
         "The same API is served over gRPC as `{service}` (`CreateLabel`, `GetLabel`, `GetTracking`): the same \
@@ -116,7 +171,7 @@ pub(super) fn section(w: &mut String, route: &RouteConfig) {
         in_flight = match p.in_flight {
             InFlightBehavior::Wait(t) => format!(
                 "waits up to {} for the first one's answer, then replays it (or gets `{}`)",
-                human(t),
+                human_duration(t),
                 grpc_name(idemkit_tonic::code_for(ErrorCode::RequestInProgress))
             ),
             _ => format!(
@@ -126,7 +181,7 @@ pub(super) fn section(w: &mut String, route: &RouteConfig) {
             ),
         },
     );
-    let (body, _) = keyed(route, &example_body(route), "order-4711-label");
+    let (body, _) = keyed_body(route, &example_label(), "order-4711-label");
     let _ = writeln!(
         w,
         "```sh\ngrpcurl -plaintext -H \"authorization: Bearer $TOKEN\" \\\n  -d '{body}' \\\n  \"$GRPC\" {create}\n```\n"
@@ -191,6 +246,7 @@ pub(super) fn section(w: &mut String, route: &RouteConfig) {
             stored(code, marker, &p)
         );
     }
+    out
 }
 
 #[cfg(test)]
@@ -198,9 +254,30 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_examples_are_valid_requests() {
+        let config = default_config();
+        let doc = contract(&config).render(Format::Markdown);
+        let route = config.route("POST", "/labels").unwrap();
+        let (first, headers) = keyed_body(route, &example_label(), "order-4711-label");
+        assert!(headers.is_empty(), "the labels key travels in the body");
+        crate::service::CreateLabel::parse(first.to_string().as_bytes()).expect("the first example is valid");
+        assert!(doc.contains(&format!("-d '{first}'")));
+        let mut other = example_label();
+        other["courier"] = json!("dhl");
+        let (other, _) = keyed_body(route, &other, "order-4711-label");
+        crate::service::CreateLabel::parse(other.to_string().as_bytes())
+            .expect("the mismatch example is valid");
+        assert!(doc.contains(&format!("-d '{other}'")));
+        assert!(
+            doc.contains("| `idempotency_key_reused` | 409 |"),
+            "the gRPC table"
+        );
+    }
+
+    #[test]
     fn the_grpc_section_maps_every_refusal_through_code_for() {
         let config = default_config();
-        let doc = render(&config, &RetryConfig::new(), Format::Markdown);
+        let doc = render(&config, Format::Markdown);
         let grpc = &doc[doc.find("\n## gRPC\n").expect("a gRPC section")..];
         let grpc = &grpc[..grpc.find("\n## Policy as data").unwrap_or(grpc.len())];
         assert!(grpc.contains("`labels.v1.Labels`") && grpc.contains("--grpc-listen ADDR"));
@@ -247,7 +324,7 @@ mod tests {
 
         // The grpcurl example sends the REST example body, a valid request.
         let route = config.route("POST", "/labels").unwrap();
-        let (body, _) = keyed(route, &example_body(route), "order-4711-label");
+        let (body, _) = keyed_body(route, &example_label(), "order-4711-label");
         assert!(grpc.contains(&format!("-d '{body}'")));
         crate::proto::from_json::<crate::proto::CreateLabelRequest>(&body.to_string())
             .expect("the example body is a CreateLabelRequest in the JSON mapping");

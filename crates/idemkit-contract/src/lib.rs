@@ -1,26 +1,146 @@
-//! The integrator contract, generated from the configuration the service runs
-//! with and from the client's defaults, so published numbers are running numbers.
+//! # idemkit-contract
+//!
+//! The integrator contract of an idempotent API, generated from the configuration
+//! it runs with ([`IdemkitConfig`]) and from the client's retry defaults, so the
+//! numbers an integrator reads are the running numbers: Markdown, a styled HTML
+//! page, the policy as JSON, the `x-idempotency` OpenAPI extension and an OpenAPI
+//! fragment, and an axum [`router`] that serves `/docs/idempotency` and
+//! `/docs/idempotency.json` from the running configuration.
+//!
+//! ```
+//! use idemkit_contract::{Contract, Format};
+//! use idemkit_tower::config::IdemkitConfig;
+//!
+//! let config = IdemkitConfig::from_toml(
+//!     "[[routes]]\nmethod = \"POST\"\npath = \"/orders\"\n",
+//! )?;
+//! let contract = Contract::new(config);
+//! let page = contract.render(Format::Markdown);
+//! assert!(page.contains("`POST /orders`"));
+//! assert!(page.contains("effectively once within the key scope and replay window"));
+//!
+//! // Serve it beside your own routes:
+//! let app: axum::Router = axum::Router::new().merge(idemkit_contract::router(&contract));
+//! # let _ = app;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! What is specific to one service (a section about its gRPC methods, the example
+//! bodies of its routes) is handed to [`Contract`] as data
+//! ([`Contract::with_section`], [`Contract::with_example`]); the crate knows no
+//! service.
 
+use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::time::Duration;
 
 use idemkit_client::{Jitter, RetryConfig, TokenBucket};
 use idemkit_core::{ErrorCode, InFlightBehavior, MAX_KEY_LEN, Policy, ServerErrorPolicy};
-use idemkit_tower::config::{IdemkitConfig, RouteConfig};
-use idemkit_tower::engine::{Disposition, Outcome};
+pub use idemkit_tower::config::{IdemkitConfig, RouteConfig};
 use serde_json::{Value, json};
 
-mod grpc;
 mod proxy;
+mod router;
 
 pub use proxy::{PROXY_DEFAULT_METHODS, ProxyContract, render_proxy};
+pub use router::router;
 
 /// The REST deadline header as the contract spells it (the wire name is
 /// [`idemkit_core::DEADLINE_HEADER`], case-insensitive).
-pub(crate) const DEADLINE_HEADER_DISPLAY: &str = "Request-Timeout";
+pub const DEADLINE_HEADER_DISPLAY: &str = "Request-Timeout";
 
-/// The default configuration: the labels service's own.
-pub const DEFAULT_CONFIG: &str = include_str!("../../idemkit.toml");
+/// The example requests of one route: a valid body, and a different valid body
+/// (the mismatch example). Without one, a route's examples send `{}`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RouteExample {
+    /// A valid request body (without the key: the contract adds it where the
+    /// route reads it).
+    pub body: Value,
+    /// Another valid body, different from `body` (the mismatch example).
+    pub different: Value,
+}
+
+/// A service's contract: its configuration, the client defaults it publishes,
+/// and what is specific to the service (extra sections, example bodies).
+#[derive(Debug, Clone)]
+pub struct Contract {
+    config: IdemkitConfig,
+    client: RetryConfig,
+    sections: Vec<String>,
+    examples: BTreeMap<(String, String), RouteExample>,
+}
+
+impl Contract {
+    /// The contract of `config`, publishing `idemkit-client`'s default retry
+    /// configuration.
+    pub fn new(config: IdemkitConfig) -> Self {
+        Self {
+            config,
+            client: RetryConfig::new(),
+            sections: Vec::new(),
+            examples: BTreeMap::new(),
+        }
+    }
+
+    /// Publishes `client` as the retry schedule integrators should follow.
+    pub fn with_client(mut self, client: RetryConfig) -> Self {
+        self.client = client;
+        self
+    }
+
+    /// Adds a Markdown section (starting with its own `## ` heading) after the
+    /// examples: what is specific to the service, such as its gRPC methods.
+    pub fn with_section(mut self, markdown: impl Into<String>) -> Self {
+        self.sections.push(markdown.into());
+        self
+    }
+
+    /// The example bodies of the route `method path`.
+    pub fn with_example(mut self, method: &str, path: &str, example: RouteExample) -> Self {
+        self.examples
+            .insert((method.to_ascii_uppercase(), path.to_owned()), example);
+        self
+    }
+
+    /// The configuration the contract describes.
+    pub fn config(&self) -> &IdemkitConfig {
+        &self.config
+    }
+
+    /// The example of `route`: the one given, or `{}`.
+    pub fn example(&self, route: &RouteConfig) -> RouteExample {
+        self.examples
+            .get(&(route.method.to_ascii_uppercase(), route.path.clone()))
+            .cloned()
+            .unwrap_or_else(|| RouteExample {
+                body: json!({}),
+                different: json!({"note": "a different request"}),
+            })
+    }
+
+    /// The contract as `format` asks.
+    pub fn render(&self, format: Format) -> String {
+        in_format(markdown(self), format)
+    }
+
+    /// The policy of every route as data (`/docs/idempotency.json`): the
+    /// `x-idempotency` vocabulary, one object per operation.
+    pub fn policy_document(&self) -> Value {
+        self.config.policy_document()
+    }
+
+    /// Each route with its key where it really travels, its `x-idempotency` and
+    /// the conflict responses, for merging into an OpenAPI document.
+    pub fn openapi_fragment(&self) -> Value {
+        openapi_fragment(&self.config)
+    }
+}
+
+/// The `x-idempotency` OpenAPI extension of one route (see the guide's
+/// `x-idempotency` page for the vocabulary).
+pub fn x_idempotency(route: &RouteConfig) -> Value {
+    route.x_idempotency()
+}
 
 /// Output format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -32,8 +152,9 @@ pub enum Format {
     Html,
 }
 
-/// Durations as integrators read them: whole hours or minutes when they are.
-fn human(d: Duration) -> String {
+/// Durations as integrators read them: whole hours or minutes when they are
+/// (`24 h`, `5 min`, else `1s 500ms`).
+pub fn human_duration(d: Duration) -> String {
     let secs = d.as_secs();
     if d.subsec_nanos() == 0 && secs > 0 && secs.is_multiple_of(3600) {
         format!("{} h", secs / 3600)
@@ -44,9 +165,12 @@ fn human(d: Duration) -> String {
     }
 }
 
-/// Renders the contract.
+/// Renders the contract of `config` with `client` as the published retry
+/// schedule (a [`Contract`] with nothing service-specific).
 pub fn render(config: &IdemkitConfig, client: &RetryConfig, format: Format) -> String {
-    in_format(markdown(config, client), format)
+    Contract::new(config.clone())
+        .with_client(client.clone())
+        .render(format)
 }
 
 /// The Markdown as `format` asks.
@@ -103,13 +227,13 @@ fn routes_table(w: &mut String, routes: &[KeyedRoute], proxy: bool) {
         let replay = p.replay_status.map_or("the stored status".to_owned(), |s| {
             format!("{s} for a stored 2xx")
         });
-        let chain = p.longest_retry_chain.map_or("—".to_owned(), human);
+        let chain = p.longest_retry_chain.map_or("—".to_owned(), human_duration);
         let five = match p.on_server_error {
             ServerErrorPolicy::Replay => "stored and replayed",
             _ => "not stored: retry with the same key",
         };
         let in_flight = match p.in_flight {
-            InFlightBehavior::Wait(t) => format!("waits up to {}, then replays or 409", human(t)),
+            InFlightBehavior::Wait(t) => format!("waits up to {}, then replays or 409", human_duration(t)),
             InFlightBehavior::Accepted if !proxy => "202 with a status URL".to_owned(),
             _ => "409 `idempotency_request_in_progress` with `Retry-After`".to_owned(),
         };
@@ -176,9 +300,9 @@ fn windows(w: &mut String, policy: &Policy, takeover: &str) {
          - **If you hang up mid-request, the request still runs to its end.** Closing the connection (a client \
          timeout) does not cancel it: retry with the same key and you get its one result (`409 \
          idempotency_request_in_progress` while it runs, then the stored answer), never a second execution.",
-        human(policy.replay_window),
-        human(policy.reap_threshold),
-        human(policy.lease)
+        human_duration(policy.replay_window),
+        human_duration(policy.reap_threshold),
+        human_duration(policy.lease)
     );
 }
 
@@ -218,7 +342,7 @@ fn retrying(w: &mut String, client: &RetryConfig) {
         Jitter::Full => "full jitter: sleep = random(0, min(cap, base·2^n))",
         _ => "decorrelated jitter",
     };
-    let deadline = client.deadline().map_or("none".to_owned(), human);
+    let deadline = client.deadline().map_or("none".to_owned(), human_duration);
     let _ = writeln!(
         w,
         "Retry only connection failures, `429`, `502`, `503`, `504` and `409 idempotency_request_in_progress`, \
@@ -229,11 +353,11 @@ fn retrying(w: &mut String, client: &RetryConfig) {
          **{jitter}**, base **{}**, cap **{}** (throttling answers start from **{}**), one overall deadline of \
          **{deadline}**, and a retry budget of **{} tokens** shared by all calls ({} per transient retry, {} per \
          throttled retry, refunded on success).\n",
-        human(client.retry_after_cap()),
+        human_duration(client.retry_after_cap()),
         client.max_attempts(),
-        human(base),
-        human(cap),
-        human(client.throttling_backoff().base()),
+        human_duration(base),
+        human_duration(cap),
+        human_duration(client.throttling_backoff().base()),
         TokenBucket::DEFAULT_CAPACITY,
         TokenBucket::DEFAULT_TRANSIENT_COST,
         TokenBucket::DEFAULT_THROTTLING_COST
@@ -244,7 +368,7 @@ fn retrying(w: &mut String, client: &RetryConfig) {
     let _ = writeln!(w, "| 1 | — (sent at once) |");
     for n in 1..client.max_attempts() {
         let ceiling = client.backoff().ceiling(n - 1, Duration::ZERO);
-        let _ = writeln!(w, "| {} | 0 – {} |", n + 1, human(ceiling));
+        let _ = writeln!(w, "| {} | 0 – {} |", n + 1, human_duration(ceiling));
     }
     let _ = writeln!(
         w,
@@ -263,7 +387,8 @@ fn defaults_policy(config: &IdemkitConfig) -> Policy {
         .with_lease(d.lease)
 }
 
-fn markdown(config: &IdemkitConfig, client: &RetryConfig) -> String {
+fn markdown(contract: &Contract) -> String {
+    let (config, client) = (&contract.config, &contract.client);
     let d = &config.defaults;
     let mut out = String::new();
     let w = &mut out;
@@ -308,12 +433,11 @@ fn markdown(config: &IdemkitConfig, client: &RetryConfig) -> String {
          token). Running them in order shows the four answers a retrying client meets."
     );
     for r in config.routes.iter().filter(|r| r.retry_safe) {
-        examples(w, r);
+        examples(w, r, &contract.example(r));
     }
 
-    // gRPC serves `CreateLabel` under the policy of `POST /labels`.
-    if let Some(r) = config.route("POST", "/labels") {
-        grpc::section(w, r);
+    for section in &contract.sections {
+        let _ = writeln!(w, "\n{}", section.trim_end());
     }
 
     let _ = writeln!(w, "\n## Policy as data\n");
@@ -366,25 +490,10 @@ fn deadlines(w: &mut String) {
     );
 }
 
-/// A valid request body for a route, for the examples: the labels contract's own
-/// for `POST /labels`, otherwise an empty object (plus the key, where it travels
-/// in the body).
-pub fn example_body(route: &RouteConfig) -> Value {
-    if route.method == "POST" && route.path == "/labels" {
-        json!({
-            "courier": "ups",
-            "shipFrom": {"name": "Warehouse", "line1": "1-2-3 Minato", "city": "Tokyo", "postalCode": "105-0001", "country": "JP"},
-            "shipTo": {"name": "Ada", "line1": "10 Downing St", "city": "London", "postalCode": "SW1A 2AA", "country": "GB"},
-            "parcel": {"weightGrams": 900, "lengthCm": 20, "widthCm": 10, "heightCm": 5}
-        })
-    } else {
-        json!({})
-    }
-}
-
-/// The body with `key` set where the route reads it (a body route), and the
-/// headers that carry it (a header route).
-fn keyed(route: &RouteConfig, body: &Value, key: &str) -> (Value, Vec<String>) {
+/// The body with `key` set where the route reads it (a body route, the key
+/// first), and the headers that carry it (a header route): how the examples
+/// send a key, for service-specific sections that show their own.
+pub fn keyed_body(route: &RouteConfig, body: &Value, key: &str) -> (Value, Vec<String>) {
     let mut body = body.clone();
     match &route.key_field {
         Some(pointer) => {
@@ -405,19 +514,6 @@ fn keyed(route: &RouteConfig, body: &Value, key: &str) -> (Value, Vec<String>) {
     }
 }
 
-/// The body with its first string member changed (a different request).
-fn changed(body: &Value) -> Value {
-    let mut body = body.clone();
-    if let Some(obj) = body.as_object_mut() {
-        if let Some(Value::String(s)) = obj.get_mut("courier") {
-            *s = "dhl".into();
-        } else {
-            obj.insert("note".into(), json!("a different request"));
-        }
-    }
-    body
-}
-
 /// One `curl` command.
 fn curl(route: &RouteConfig, headers: &[String], body: &Value) -> String {
     let mut cmd = format!(
@@ -432,15 +528,15 @@ fn curl(route: &RouteConfig, headers: &[String], body: &Value) -> String {
 }
 
 /// The four answers of one route: first request, replay, mismatch, in progress.
-fn examples(w: &mut String, r: &RouteConfig) {
+fn examples(w: &mut String, r: &RouteConfig, example: &RouteExample) {
     let p = r.policy();
     let where_key = match &r.key_field {
         Some(f) => format!("in the JSON body field `{f}`"),
         None => format!("in the `{}` header", r.key_header()),
     };
-    let body = example_body(r);
-    let (first, headers) = keyed(r, &body, "order-4711-label");
-    let (other, _) = keyed(r, &changed(&body), "order-4711-label");
+    let body = &example.body;
+    let (first, headers) = keyed_body(r, body, "order-4711-label");
+    let (other, _) = keyed_body(r, &example.different, "order-4711-label");
     let replay = p.replay_status.map_or_else(
         || "the stored status".to_owned(),
         |s| format!("`{s}` (for a stored 2xx)"),
@@ -461,14 +557,14 @@ fn examples(w: &mut String, r: &RouteConfig) {
         p.mismatch_status.as_u16()
     );
     let _ = writeln!(w, "```sh\n{}\n```\n", curl(r, &headers, &other));
-    let (fresh, fresh_headers) = keyed(r, &body, "order-4712-label");
+    let (fresh, fresh_headers) = keyed_body(r, body, "order-4712-label");
     let _ = writeln!(
         w,
         "4. In progress: two identical requests with a fresh key at once. One runs; while it does, the other {}.\n",
         match p.in_flight {
             InFlightBehavior::Wait(t) => format!(
                 "waits up to {} for its answer, then replays it (or gets `409`)",
-                human(t)
+                human_duration(t)
             ),
             InFlightBehavior::Accepted => "gets `202` with a status URL".to_owned(),
             _ =>
@@ -480,9 +576,9 @@ fn examples(w: &mut String, r: &RouteConfig) {
     let _ = writeln!(w, "```sh\n{one} &\n{one}\nwait\n```");
 }
 
-/// Each route with its key where it really travels (a header parameter, or a
-/// required member of the JSON body), its `x-idempotency`, and the conflict
-/// responses, for merging into a service's OpenAPI document.
+/// Each route of `config` with its key where it really travels (a header
+/// parameter, or a required member of the JSON body), its `x-idempotency`, and
+/// the conflict responses, for merging into a service's OpenAPI document.
 pub fn openapi_fragment(config: &IdemkitConfig) -> Value {
     let mut paths = serde_json::Map::new();
     let mut needs_422 = false;
@@ -492,7 +588,7 @@ pub fn openapi_fragment(config: &IdemkitConfig) -> Value {
         if r.retry_safe {
             let p = r.policy();
             let key_schema = json!({"type": "string", "minLength": 1, "maxLength": MAX_KEY_LEN,
-                "description": format!("The idempotency key: 1–{MAX_KEY_LEN} visible ASCII characters, scoped to the caller's account; replays for {}.", human(p.replay_window))});
+                "description": format!("The idempotency key: 1–{MAX_KEY_LEN} visible ASCII characters, scoped to the caller's account; replays for {}.", human_duration(p.replay_window))});
             match &r.key_field {
                 Some(pointer) => {
                     let name = pointer.trim_start_matches('/');
@@ -539,92 +635,4 @@ pub fn openapi_fragment(config: &IdemkitConfig) -> Value {
             "responses": responses,
         }
     })
-}
-
-/// The labels service's configuration.
-pub fn default_config() -> IdemkitConfig {
-    IdemkitConfig::from_toml(DEFAULT_CONFIG)
-        .unwrap_or_else(|e| unreachable!("the shipped configuration is valid: {e}"))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_examples_are_valid_requests_and_the_fragment_keys_the_body() {
-        let config = default_config();
-        let route = config.route("POST", "/labels").unwrap();
-        let (first, headers) = keyed(route, &example_body(route), "order-4711-label");
-        assert!(headers.is_empty(), "the labels key travels in the body");
-        crate::service::CreateLabel::parse(first.to_string().as_bytes()).expect("the first example is valid");
-        let (other, _) = keyed(route, &changed(&example_body(route)), "order-4711-label");
-        crate::service::CreateLabel::parse(other.to_string().as_bytes())
-            .expect("the mismatch example is valid");
-        assert_ne!(first, other);
-
-        let fragment = openapi_fragment(&config);
-        let op = &fragment["paths"]["/labels"]["post"];
-        assert!(
-            op.get("parameters").is_none(),
-            "no Idempotency-Key header for a body-keyed route"
-        );
-        assert_eq!(
-            op["requestBody"]["content"]["application/json"]["schema"]["required"],
-            json!(["idempotencyKey"])
-        );
-        assert_eq!(op["x-idempotency"], route.x_idempotency());
-        let doc = render(&config, &RetryConfig::new(), Format::Markdown);
-        assert!(
-            doc.contains("`Idempotent-Replayed: true`")
-                && doc.contains("\"idempotencyKey\":\"order-4711-label\"")
-        );
-    }
-
-    #[test]
-    fn the_contract_follows_the_configuration() {
-        let doc = render(&default_config(), &RetryConfig::new(), Format::Markdown);
-        assert!(doc.contains("replays for **24 h**"), "{doc}");
-        assert!(doc.contains("kept **72 h**"));
-        assert!(doc.contains("lease of **30s**"));
-        assert!(doc.contains("200 for a stored 2xx"));
-        assert!(doc.contains("\"status\": 409, \"code\": \"idempotency_key_reused\""));
-        assert!(doc.contains("**3 attempts**"));
-        assert!(doc.contains("| 3 | 0 – 100ms |"));
-        assert!(doc.contains("## Deadlines") && doc.contains("`Request-Timeout: <milliseconds>`"));
-        assert!(doc.contains("`504` with `code` `deadline_exceeded`"));
-        assert!(DEADLINE_HEADER_DISPLAY.eq_ignore_ascii_case(idemkit_core::DEADLINE_HEADER));
-
-        let changed = IdemkitConfig::from_toml(
-            "[defaults]\nreplay_window = \"2h\"\nreap_threshold = \"6h\"\nmismatch_status = 422\n\
-             [[routes]]\nmethod = \"POST\"\npath = \"/labels\"\nkey_field = \"/idempotencyKey\"\n\
-             [[routes]]\nmethod = \"POST\"\npath = \"/legacy\"\nretry_safe = false\n",
-        )
-        .unwrap();
-        let client =
-            RetryConfig::new()
-                .with_max_attempts(5)
-                .with_backoff(idemkit_client::Backoff::full_jitter(
-                    Duration::from_millis(100),
-                    Duration::from_secs(1),
-                ));
-        let doc = render(&changed, &client, Format::Markdown);
-        assert!(doc.contains("replays for **2 h**"), "{doc}");
-        assert!(doc.contains("kept **6 h**"));
-        assert!(doc.contains("\"status\": 422, \"code\": \"idempotency_key_reused\""));
-        assert!(
-            doc.contains("| the stored status |"),
-            "no replay status override any more"
-        );
-        assert!(doc.contains("**5 attempts**"));
-        assert!(doc.contains("| 5 | 0 – 800ms |"));
-        assert!(doc.contains("not retry-safe") && doc.contains("`POST /legacy`"));
-
-        let html = render(&changed, &client, Format::Html);
-        assert!(html.starts_with("<!doctype html>") && html.contains("<table>"));
-        assert!(
-            doc.contains("| `idempotency_key_reused` | 422 |"),
-            "the gRPC table follows the configured mismatch status"
-        );
-    }
 }

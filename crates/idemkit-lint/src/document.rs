@@ -1,8 +1,25 @@
-//! Reading an API description: OpenAPI 3.0 / 3.1 or Swagger 2.0, JSON or YAML, from a
-//! file, standard input or an `http://` URL, and following its local `$ref`s.
+//! Reading an API description: OpenAPI 3.0 / 3.1 or Swagger 2.0, JSON or YAML, from
+//! its text (the caller reads the file, standard input or URL), and following its
+//! local `$ref`s.
 
-use anyhow::{Context, bail};
 use serde_json::Value;
+
+/// Why a text is not a document the linter reads.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DocumentError {
+    /// The text is neither JSON nor YAML.
+    #[error("parsing {format}: {message}")]
+    Syntax {
+        /// `JSON` or `YAML`: what the text looked like.
+        format: &'static str,
+        /// The parser's message.
+        message: String,
+    },
+    /// The document is JSON or YAML, but not an OpenAPI 3.x or Swagger 2.0 document.
+    #[error("{0}")]
+    NotOpenApi(String),
+}
 
 /// A parsed description and what it is.
 #[derive(Debug)]
@@ -16,51 +33,48 @@ const MAX_HOPS: usize = 64;
 
 impl Document {
     /// Checks that `root` is an OpenAPI 3.x or Swagger 2.0 document.
-    pub fn new(root: Value) -> anyhow::Result<Self> {
+    pub fn new(root: Value) -> Result<Self, DocumentError> {
+        let refuse = |why: String| Err(DocumentError::NotOpenApi(why));
         let kind = if let Some(v) = root.get("openapi").and_then(Value::as_str) {
             if !v.starts_with("3.") {
-                bail!("OpenAPI version {v} is not supported (3.0 and 3.1 are, and Swagger 2.0)");
+                return refuse(format!(
+                    "OpenAPI version {v} is not supported (3.0 and 3.1 are, and Swagger 2.0)"
+                ));
             }
             format!("OpenAPI {v}")
         } else if let Some(v) = root.get("swagger").and_then(Value::as_str) {
             if v != "2.0" {
-                bail!("Swagger version {v} is not supported (2.0 is)");
+                return refuse(format!("Swagger version {v} is not supported (2.0 is)"));
             }
             "Swagger 2.0".to_owned()
         } else if root.is_object() {
-            bail!("neither an `openapi` nor a `swagger` member: not an OpenAPI document");
+            return refuse("neither an `openapi` nor a `swagger` member: not an OpenAPI document".into());
         } else {
-            bail!("the document is not a JSON or YAML object");
+            return refuse("the document is not a JSON or YAML object".into());
         };
         if let Some(paths) = root.get("paths")
             && !paths.is_object()
         {
-            bail!("`paths` is not an object");
+            return refuse("`paths` is not an object".into());
         }
         Ok(Self { root, kind })
     }
 
     /// Parses JSON, or YAML when the text is not JSON.
-    pub fn parse(text: &str) -> anyhow::Result<Self> {
+    pub fn parse(text: &str) -> Result<Self, DocumentError> {
         let text = text.trim_start_matches('\u{feff}');
         let root: Value = if text.trim_start().starts_with('{') {
-            serde_json::from_str(text).context("parsing JSON")?
+            serde_json::from_str(text).map_err(|e| DocumentError::Syntax {
+                format: "JSON",
+                message: e.to_string(),
+            })?
         } else {
-            yaml_serde::from_str(text).context("parsing YAML")?
+            yaml_serde::from_str(text).map_err(|e| DocumentError::Syntax {
+                format: "YAML",
+                message: e.to_string(),
+            })?
         };
         Self::new(root)
-    }
-
-    /// Reads `source`: `-` for standard input, an `http://` URL, or a file path.
-    pub fn load(source: &str) -> anyhow::Result<Self> {
-        let text = if source == "-" {
-            std::io::read_to_string(std::io::stdin()).context("reading standard input")?
-        } else if source.starts_with("http://") || source.starts_with("https://") {
-            fetch(source)?
-        } else {
-            std::fs::read_to_string(source).with_context(|| format!("reading {source}"))?
-        };
-        Self::parse(&text).with_context(|| format!("reading {source}"))
     }
 
     /// The whole document.
@@ -96,36 +110,6 @@ impl Document {
         notes.push(format!("`$ref` chain longer than {MAX_HOPS} (a cycle?)"));
         v
     }
-}
-
-/// `GET url` (plain http: the binary carries no TLS stack).
-fn fetch(url: &str) -> anyhow::Result<String> {
-    if url.starts_with("https://") {
-        bail!(
-            "{url}: https is not supported (the binary carries no TLS stack); download the document and pass the file"
-        );
-    }
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
-    runtime.block_on(async {
-        let client = reqwest::Client::builder()
-            .timeout(std::time::Duration::from_secs(30))
-            .no_proxy()
-            .build()?;
-        let res = client
-            .get(url)
-            .header("accept", "application/json, application/yaml;q=0.9, */*;q=0.1")
-            .send()
-            .await
-            .with_context(|| format!("fetching {url}"))?;
-        let status = res.status();
-        if !status.is_success() {
-            bail!("fetching {url}: the server answered {status}");
-        }
-        res.text().await.with_context(|| format!("reading {url}"))
-    })
 }
 
 #[cfg(test)]

@@ -15,7 +15,7 @@
 use serde::Serialize;
 use serde_json::{Map, Value};
 
-use super::document::Document;
+use crate::document::Document;
 
 /// The verdict on one operation (spelled as in the JSON output).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -59,6 +59,7 @@ impl Verdict {
 /// `{"in": "body", "name": "/idempotency_key"}` (a JSON pointer, as `idemkit check
 /// --key-field` takes it).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
 pub struct Key {
     /// `header` or `body`.
     #[serde(rename = "in")]
@@ -69,6 +70,7 @@ pub struct Key {
 
 /// One state-changing operation and its verdict.
 #[derive(Debug, Clone, Serialize)]
+#[non_exhaustive]
 pub struct Operation {
     /// `POST`, `PUT`, `PATCH` or `DELETE`.
     pub method: String,
@@ -87,6 +89,7 @@ pub struct Operation {
 
 /// What the lint looks for.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct Options {
     /// Header names that carry a key (compared case-insensitively).
     pub key_headers: Vec<String>,

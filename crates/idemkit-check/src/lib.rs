@@ -1,7 +1,11 @@
-//! Black-box conformance gates for any idempotent HTTP API.
+//! # idemkit-check
 //!
-//! The gates turn SPEC §9 (and the key, fingerprint, scope and replay rules it rests
-//! on) into checks a team points at its own API: they send real requests built from a
+//! Black-box conformance gates for any idempotent HTTP API, callable from your own
+//! `cargo test` against an in-process service ([`ServiceTransport`], feature `tower`)
+//! or a running one ([`HttpTransport`], feature `reqwest`).
+//!
+//! The gates turn the contract's measurements (and the key, fingerprint, scope and
+//! replay rules they rest on) into checks a team points at its own API: they send real requests built from a
 //! [`Template`] through a [`Transport`], read the answers and, when a side-effect
 //! probe is configured, count the effects. Each gate yields a [`Verdict`] with
 //! evidence; a gate that cannot judge says [`Verdict::Inconclusive`], never `Pass`.
@@ -22,11 +26,11 @@
 //! window* as far as a black box can see it: they cannot see inside a server, cannot
 //! crash it between phases, and see effects only through the probe they are given.
 //!
-//! The `idemkit check` command is a thin shell around [`run`] with a reqwest
+//! The `idemkit check` command is a thin shell around [`run`] with the reqwest
 //! transport; tests can drive the same gates through any [`Transport`].
 //!
 //! ```
-//! use idemkit_testkit::gates::{self, Answer, CheckConfig, Request, Template, Transport, TransportError, Verdict};
+//! use idemkit_check::{Answer, CheckConfig, Request, Template, Transport, TransportError, Verdict};
 //!
 //! /// A transport to a server that is not there.
 //! struct Nowhere;
@@ -44,12 +48,18 @@
 //!     .with_body(br#"{"sku":"BOOK-1","quantity":1}"#)
 //!     .unwrap();
 //! let config = CheckConfig::new(template).with_count_url("http://127.0.0.1:3000/orders/count");
-//! let report = gates::run(&config, &Nowhere, &()).await;
+//! let report = idemkit_check::run(&config, &Nowhere, &()).await;
 //! // Nothing answered, so nothing was judged: inconclusive, never a pass.
 //! assert!(report.gates.iter().all(|g| g.verdict == Verdict::Inconclusive));
 //! assert_eq!(report.exit_code(), 2);
 //! # }
 //! ```
+
+//!
+//! ## Crate features
+//!
+#![doc = document_features::document_features!()]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod bad_keys;
 mod claimed;
@@ -65,6 +75,13 @@ mod report;
 mod template;
 mod transport;
 
+#[cfg(feature = "reqwest")]
+#[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
+mod http_transport;
+#[cfg(feature = "tower")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
+mod service_transport;
+
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Mutex;
@@ -79,12 +96,17 @@ pub use report::{Gate, GateReport, Report, UnknownGate, Verdict};
 pub use template::{KeyPlacement, Template, TemplateError};
 pub use transport::{Answer, Request, Transport, TransportError};
 
+#[cfg(feature = "reqwest")]
+pub use http_transport::HttpTransport;
+#[cfg(feature = "tower")]
+pub use service_transport::ServiceTransport;
+
 use template::Variant;
 
 /// How many requests the concurrency and in-progress gates start at once by default.
 pub const DEFAULT_CONCURRENCY: usize = 50;
 
-/// The longest key the SPEC allows is 255 characters; the gates send one more.
+/// The longest key the contract allows is 255 characters; the gates send one more.
 pub const OVERSIZED_KEY_LEN: usize = 256;
 
 /// Hears what a check is doing, for progress bars. Every method defaults to nothing.

@@ -1,6 +1,7 @@
 //! The contract of an API served through `idemkit proxy` (`idemkit docs --proxy`).
 
 use super::*;
+use idemkit_tower::engine::Disposition;
 
 /// The methods `idemkit proxy` keys on every path when it runs without a
 /// configuration (the methods the layer guards by default), each with the

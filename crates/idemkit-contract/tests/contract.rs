@@ -1,0 +1,119 @@
+//! The contract follows the configuration it is given, and the router serves it.
+
+use std::time::Duration;
+
+use http_body_util::BodyExt;
+use idemkit_client::RetryConfig;
+use idemkit_contract::{Contract, DEADLINE_HEADER_DISPLAY, Format, IdemkitConfig, RouteExample, render};
+use serde_json::json;
+use tower::ServiceExt;
+
+const LABELS_LIKE: &str = "[defaults]\nreplay_window = \"24h\"\nreap_threshold = \"72h\"\nlease = \"30s\"\n\
+    [[routes]]\nmethod = \"POST\"\npath = \"/labels\"\nkey_field = \"/idempotencyKey\"\nreplay_status = 200\n\
+    longest_retry_chain = \"1h\"\n";
+
+#[test]
+fn the_contract_follows_the_configuration() {
+    let config = IdemkitConfig::from_toml(LABELS_LIKE).unwrap();
+    let doc = render(&config, &RetryConfig::new(), Format::Markdown);
+    assert!(doc.contains("replays for **24 h**"), "{doc}");
+    assert!(doc.contains("kept **72 h**"));
+    assert!(doc.contains("lease of **30s**"));
+    assert!(doc.contains("200 for a stored 2xx"));
+    assert!(doc.contains("\"status\": 409, \"code\": \"idempotency_key_reused\""));
+    assert!(doc.contains("**3 attempts**"));
+    assert!(doc.contains("| 3 | 0 – 100ms |"));
+    assert!(doc.contains("## Deadlines") && doc.contains("`Request-Timeout: <milliseconds>`"));
+    assert!(DEADLINE_HEADER_DISPLAY.eq_ignore_ascii_case(idemkit_core::DEADLINE_HEADER));
+
+    let changed = IdemkitConfig::from_toml(
+        "[defaults]\nreplay_window = \"2h\"\nreap_threshold = \"6h\"\nmismatch_status = 422\n\
+         [[routes]]\nmethod = \"POST\"\npath = \"/labels\"\nkey_field = \"/idempotencyKey\"\n\
+         [[routes]]\nmethod = \"POST\"\npath = \"/legacy\"\nretry_safe = false\n",
+    )
+    .unwrap();
+    let client = RetryConfig::new()
+        .with_max_attempts(5)
+        .with_backoff(idemkit_client::Backoff::full_jitter(
+            Duration::from_millis(100),
+            Duration::from_secs(1),
+        ));
+    let doc = render(&changed, &client, Format::Markdown);
+    assert!(doc.contains("replays for **2 h**"), "{doc}");
+    assert!(doc.contains("kept **6 h**"));
+    assert!(doc.contains("\"status\": 422, \"code\": \"idempotency_key_reused\""));
+    assert!(doc.contains("| the stored status |"));
+    assert!(doc.contains("**5 attempts**"));
+    assert!(doc.contains("| 5 | 0 – 800ms |"));
+    assert!(doc.contains("not retry-safe") && doc.contains("`POST /legacy`"));
+    let html = render(&changed, &client, Format::Html);
+    assert!(html.starts_with("<!doctype html>") && html.contains("<table>"));
+}
+
+#[test]
+fn service_specific_parts_are_data() {
+    let config = IdemkitConfig::from_toml(LABELS_LIKE).unwrap();
+    let plain = Contract::new(config.clone()).render(Format::Markdown);
+    assert!(
+        plain.contains("\"idempotencyKey\":\"order-4711-label\""),
+        "{plain}"
+    );
+    assert!(!plain.contains("## gRPC"), "no service's section unless given");
+
+    let contract = Contract::new(config)
+        .with_example(
+            "POST",
+            "/labels",
+            RouteExample {
+                body: json!({"courier": "ups"}),
+                different: json!({"courier": "dhl"}),
+            },
+        )
+        .with_section("## gRPC\n\nThe same API over gRPC.\n");
+    let doc = contract.render(Format::Markdown);
+    let first = r#"-d '{"courier":"ups","idempotencyKey":"order-4711-label"}'"#;
+    let other = r#"-d '{"courier":"dhl","idempotencyKey":"order-4711-label"}'"#;
+    assert!(doc.contains(first) && doc.contains(other), "{doc}");
+    let grpc = doc.find("## gRPC").expect("the section is there");
+    assert!(doc.find("## Examples").unwrap() < grpc && grpc < doc.find("## Policy as data").unwrap());
+
+    let op = &contract.openapi_fragment()["paths"]["/labels"]["post"];
+    assert!(op.get("parameters").is_none(), "no header for a body-keyed route");
+    assert_eq!(
+        op["requestBody"]["content"]["application/json"]["schema"]["required"],
+        json!(["idempotencyKey"])
+    );
+    let route = contract.config().route("POST", "/labels").unwrap();
+    assert_eq!(op["x-idempotency"], idemkit_contract::x_idempotency(route));
+}
+
+#[tokio::test]
+async fn the_router_serves_the_running_configuration() {
+    let config = IdemkitConfig::from_toml(LABELS_LIKE).unwrap();
+    let contract = Contract::new(config);
+    let app: axum::Router = idemkit_contract::router(&contract);
+
+    let get = |path: &'static str| {
+        let app = app.clone();
+        async move {
+            let res = app
+                .oneshot(http::Request::get(path).body(axum::body::Body::empty()).unwrap())
+                .await
+                .unwrap();
+            let status = res.status();
+            let ct = res.headers()["content-type"].to_str().unwrap().to_owned();
+            let body = res.into_body().collect().await.unwrap().to_bytes();
+            (status, ct, String::from_utf8(body.to_vec()).unwrap())
+        }
+    };
+    let (status, ct, page) = get("/docs/idempotency").await;
+    assert_eq!(status, 200);
+    assert!(ct.starts_with("text/html"), "{ct}");
+    assert!(page.contains("<code>POST /labels</code>"), "{page}");
+    let (status, ct, json) = get("/docs/idempotency.json").await;
+    assert_eq!(status, 200);
+    assert!(ct.starts_with("application/json"));
+    let doc: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(doc, contract.policy_document());
+    assert_eq!(doc["operations"][0]["path"], "/labels");
+}
