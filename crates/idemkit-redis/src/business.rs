@@ -75,6 +75,19 @@ impl RedisStore {
         update: &PhaseUpdate,
         writes: &[RedisWrite],
     ) -> StoreResult<()> {
+        self.advance_as(scope, token, update, writes, &self.ids.next()).await
+    }
+
+    /// [`RedisStore::advance_with`] under a given write id (tests deliver the
+    /// same call twice with it, as a client that lost the reply does).
+    pub(crate) async fn advance_as(
+        &self,
+        scope: &Scope,
+        token: FencingToken,
+        update: &PhaseUpdate,
+        writes: &[RedisWrite],
+        write_id: &str,
+    ) -> StoreResult<()> {
         let own = self.business_key(&scope.account, "");
         if let Some(w) = writes.iter().find(|w| !w.key.starts_with(&own)) {
             return Err(StoreError::Backend(
@@ -101,7 +114,6 @@ impl RedisStore {
         let tokens = keys::token_key(&self.config.key_prefix, scope);
         let mut all_keys = vec![key.as_str(), channel.as_str(), tokens.as_str()];
         all_keys.extend(writes.iter().map(|w| w.key.as_str()));
-        let write_id = self.ids.next();
         let (reply, acks) = self
             .run(
                 &SCRIPTS.phase,
@@ -115,7 +127,7 @@ impl RedisStore {
                     for w in writes {
                         c.arg(w.op.as_str()).arg(&w.field).arg(&w.value);
                     }
-                    c.arg(&write_id);
+                    c.arg(write_id);
                 },
                 self.config.wait_replicas,
             )
