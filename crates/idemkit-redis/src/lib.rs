@@ -56,7 +56,7 @@ use idemkit_core::{
 use redis::{Cmd, Value};
 
 pub use config::{DEFAULT_PREFIX, DEFAULT_REAP_AFTER, RedisConfig};
-pub use error::{ConfigError, OperationTimedOut, ReplicaShortfall};
+pub use error::{ConfigError, OperationTimedOut, ReplicaShortfall, WriteRefused};
 pub use write::{RedisWrite, WriteOp};
 
 use conn::Conn;
@@ -706,9 +706,16 @@ mod tests {
             .unwrap();
         assert_eq!(get_str(&store, &stock).await.as_deref(), Some("9"));
         // The reply of W1 is lost; the heartbeat task runs meanwhile.
-        deliver(&store, &SCRIPTS.heartbeat, &scope, lease.token, &heartbeat_args, "W2")
-            .await
-            .unwrap();
+        deliver(
+            &store,
+            &SCRIPTS.heartbeat,
+            &scope,
+            lease.token,
+            &heartbeat_args,
+            "W2",
+        )
+        .await
+        .unwrap();
         store
             .advance_as(&scope, lease.token, &phase("reserved"), &decrement, "W1")
             .await
@@ -729,16 +736,27 @@ mod tests {
             .advance_as(&scope, lease.token, &phase("reserved"), &decrement, "W1")
             .await
             .unwrap();
-        deliver(&store, &SCRIPTS.heartbeat, &scope, lease.token, &heartbeat_args, "W2")
-            .await
-            .unwrap();
+        deliver(
+            &store,
+            &SCRIPTS.heartbeat,
+            &scope,
+            lease.token,
+            &heartbeat_args,
+            "W2",
+        )
+        .await
+        .unwrap();
         assert_eq!(
             get_str(&store, &stock).await.as_deref(),
             Some("8"),
             "a late copy of an earlier phase was applied again"
         );
         let record = store.get(&scope).await.unwrap().unwrap();
-        assert_eq!(record.recovery_point.as_deref(), Some("charged"), "the late copy moved the point back");
+        assert_eq!(
+            record.recovery_point.as_deref(),
+            Some("charged"),
+            "the late copy moved the point back"
+        );
     }
 
     /// The other fenced writes, each delivered again after its reply was lost
@@ -754,7 +772,10 @@ mod tests {
         // Abandon, then a takeover whose holder heartbeats and advances.
         let s = key("resent-abandon");
         let first = claimed(&store, &s, "attempt-1").await;
-        store.record_phase(&s, first.token, "charged", None).await.unwrap();
+        store
+            .record_phase(&s, first.token, "charged", None)
+            .await
+            .unwrap();
         let abandon = |c: &mut Cmd| {
             c.arg("").arg("boom").arg(publish);
         };
@@ -762,9 +783,16 @@ mod tests {
             .await
             .unwrap();
         let second = claimed(&store, &s, "attempt-2").await;
-        deliver(&store, &SCRIPTS.heartbeat, &s, second.token, &heartbeat_args, "A2")
-            .await
-            .unwrap();
+        deliver(
+            &store,
+            &SCRIPTS.heartbeat,
+            &s,
+            second.token,
+            &heartbeat_args,
+            "A2",
+        )
+        .await
+        .unwrap();
         store
             .advance_as(&s, second.token, &phase("shipped"), &[], "A3")
             .await
@@ -779,7 +807,10 @@ mod tests {
         // Park, then an operator's release, a takeover and its heartbeat.
         let s = key("resent-park");
         let first = claimed(&store, &s, "attempt-1").await;
-        store.record_phase(&s, first.token, "charged", None).await.unwrap();
+        store
+            .record_phase(&s, first.token, "charged", None)
+            .await
+            .unwrap();
         let park = |c: &mut Cmd| {
             c.arg("").arg("needs a human").arg(publish);
         };
@@ -788,15 +819,28 @@ mod tests {
             .unwrap();
         assert!(store.operator_release(&s, false).await.unwrap());
         let second = claimed(&store, &s, "attempt-2").await;
-        deliver(&store, &SCRIPTS.heartbeat, &s, second.token, &heartbeat_args, "P2")
-            .await
-            .unwrap();
+        deliver(
+            &store,
+            &SCRIPTS.heartbeat,
+            &s,
+            second.token,
+            &heartbeat_args,
+            "P2",
+        )
+        .await
+        .unwrap();
         let again = deliver(&store, &SCRIPTS.park, &s, first.token, &park, "P1").await;
         if again.is_err() {
-            failures.push(format!("park re-sent after an operator's release and a takeover: {again:?}"));
+            failures.push(format!(
+                "park re-sent after an operator's release and a takeover: {again:?}"
+            ));
         }
         let record = store.get(&s).await.unwrap().unwrap();
-        assert_eq!(record.state, idemkit_core::RecordState::InFlight, "the re-sent park wrote");
+        assert_eq!(
+            record.state,
+            idemkit_core::RecordState::InFlight,
+            "the re-sent park wrote"
+        );
 
         // Release (nothing recorded), then a new request reuses the key.
         let s = key("resent-release");
