@@ -4,7 +4,8 @@
 use idemkit_core::{FencingToken, PhaseUpdate, Scope, StoreError, StoreResult};
 use redis::Value;
 
-use crate::error::corrupt;
+use crate::decode::bytes_of;
+use crate::error::{WriteRefused, corrupt};
 use crate::scripts::SCRIPTS;
 use crate::{RedisStore, RedisWrite, keys};
 
@@ -38,12 +39,20 @@ impl RedisStore {
     /// [`KeyStore::advance`](idemkit_core::KeyStore::advance) and the application's own writes to Redis in one
     /// fenced script: the recovery point (and step output) of `update` and
     /// every write of `writes` are applied together, or, when `token` is no
-    /// longer the record's ([`StoreError::Fenced`]) or a write does not fit its
-    /// key's type (an error naming it), none of them is. This is what a
+    /// longer the record's ([`StoreError::Fenced`]) or Redis would refuse a
+    /// write ([`StoreError::Backend`] with a [`WriteRefused`]
+    /// naming it: a key of another type as the batch's own earlier writes leave
+    /// it, an `INCRBY` that is not a 64-bit integer by Redis's rules or would
+    /// overflow), none of them is: the whole batch is checked before the first
+    /// write, so the script cannot fail half-way. This is what a
     /// relational store's phase transaction gives a handler whose business data
     /// lives in SQL: a phase's effects and its recovery point commit as one, so
-    /// a takeover never repeats or loses a phase. A retry of the same call
-    /// after a lost reply is recognised and not applied twice.
+    /// a takeover never repeats or loses a phase. The same call delivered
+    /// again after a lost reply (a client library's resend) is recognised by
+    /// its write id, whatever ran in between (a heartbeat, a later phase), and
+    /// answered as applied without being applied twice. A new call is a new
+    /// write: a handler that calls this again after an error must first read
+    /// the record (`step_outputs`, `recovery_point`) to see whether it landed.
     ///
     /// Every key must be a [`RedisStore::business_key`] of the scope's account.
     ///
@@ -75,6 +84,20 @@ impl RedisStore {
         update: &PhaseUpdate,
         writes: &[RedisWrite],
     ) -> StoreResult<()> {
+        self.advance_as(scope, token, update, writes, &self.ids.next())
+            .await
+    }
+
+    /// [`RedisStore::advance_with`] under a given write id (tests deliver the
+    /// same call twice with it, as a client that lost the reply does).
+    pub(crate) async fn advance_as(
+        &self,
+        scope: &Scope,
+        token: FencingToken,
+        update: &PhaseUpdate,
+        writes: &[RedisWrite],
+        write_id: &str,
+    ) -> StoreResult<()> {
         let own = self.business_key(&scope.account, "");
         if let Some(w) = writes.iter().find(|w| !w.key.starts_with(&own)) {
             return Err(StoreError::Backend(
@@ -101,7 +124,6 @@ impl RedisStore {
         let tokens = keys::token_key(&self.config.key_prefix, scope);
         let mut all_keys = vec![key.as_str(), channel.as_str(), tokens.as_str()];
         all_keys.extend(writes.iter().map(|w| w.key.as_str()));
-        let write_id = self.ids.next();
         let (reply, acks) = self
             .run(
                 &SCRIPTS.phase,
@@ -115,7 +137,7 @@ impl RedisStore {
                     for w in writes {
                         c.arg(w.op.as_str()).arg(&w.field).arg(&w.value);
                     }
-                    c.arg(&write_id);
+                    c.arg(write_id);
                 },
                 self.config.wait_replicas,
             )
@@ -123,16 +145,24 @@ impl RedisStore {
         match reply {
             Value::Int(1) => self.check_acks(acks),
             Value::Int(0) => Err(StoreError::Fenced),
-            Value::Int(i) if i < 0 => {
-                let w = usize::try_from(-i - 1).ok().and_then(|i| writes.get(i));
-                Err(StoreError::Backend(
-                    format!(
-                        "nothing was written: {} does not fit the type of `{}`",
-                        w.map_or("a write", |w| w.op.as_str()),
-                        w.map_or("", |w| w.key.as_str())
-                    )
-                    .into(),
-                ))
+            Value::Array(refusal) => {
+                let (index, reason) = match refusal.as_slice() {
+                    [Value::Int(i), reason] => (
+                        usize::try_from(*i - 1).ok().filter(|i| *i < writes.len()),
+                        bytes_of(reason.clone()).map(|b| String::from_utf8_lossy(&b).into_owned()),
+                    ),
+                    _ => (None, None),
+                };
+                let (Some(index), Some(reason)) = (index, reason) else {
+                    return Err(corrupt(format!("phase script returned {refusal:?}")));
+                };
+                let w = &writes[index];
+                Err(StoreError::Backend(Box::new(WriteRefused {
+                    index,
+                    op: w.op,
+                    key: w.key.clone(),
+                    reason,
+                })))
             }
             other => Err(corrupt(format!("phase script returned {other:?}"))),
         }

@@ -25,6 +25,27 @@ pub struct ReplicaShortfall {
 #[error("redis operation timed out after {0:?}")]
 pub struct OperationTimedOut(pub Duration);
 
+/// A business write of [`crate::RedisStore::advance_with`] that Redis would
+/// refuse: a key of another type (as the batch's own earlier writes leave it),
+/// an `INCRBY` operand or current value that is not a 64-bit integer by
+/// Redis's rules (`"1.5"`, `"1e3"`, `"+1"`, `" 1"`, `"01"`), or a result outside
+/// the signed 64-bit range. The whole advance was refused before anything was
+/// written; the recovery point did not move. Surfaces as [`StoreError::Backend`]
+/// (downcast the source to read it).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("nothing was written: write {index} ({} `{key}`) is refused: {reason}", .op.as_str())]
+#[non_exhaustive]
+pub struct WriteRefused {
+    /// The refused write's position in the batch (from 0).
+    pub index: usize,
+    /// What it does.
+    pub op: crate::WriteOp,
+    /// The key it writes.
+    pub key: String,
+    /// Why Redis would refuse it.
+    pub reason: String,
+}
+
 /// A configuration that cannot work.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]

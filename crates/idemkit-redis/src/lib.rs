@@ -56,7 +56,7 @@ use idemkit_core::{
 use redis::{Cmd, Value};
 
 pub use config::{DEFAULT_PREFIX, DEFAULT_REAP_AFTER, RedisConfig};
-pub use error::{ConfigError, OperationTimedOut, ReplicaShortfall};
+pub use error::{ConfigError, OperationTimedOut, ReplicaShortfall, WriteRefused};
 pub use write::{RedisWrite, WriteOp};
 
 use conn::Conn;
@@ -544,7 +544,7 @@ fn ms(d: Duration) -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use idemkit_core::{Account, IdempotencyKey, StoredResponse};
+    use idemkit_core::{Account, IdempotencyKey, KeyStore, StoredResponse};
 
     /// A store on the test server under a fresh prefix; `None` (with a notice)
     /// when `IDEMKIT_TEST_REDIS_URL` is unset, a failure under `CI`.
@@ -645,6 +645,242 @@ mod tests {
                 "the takeover, delivered twice"
             );
         }
+    }
+
+    /// `GET key` on the store's server.
+    async fn get_str(store: &RedisStore, key: &str) -> Option<String> {
+        let mut cmd = redis::cmd("GET");
+        cmd.arg(key);
+        redis::from_redis_value(store.conn().query(&cmd).await.unwrap()).unwrap()
+    }
+
+    fn phase(point: &str) -> idemkit_core::PhaseUpdate {
+        idemkit_core::PhaseUpdate {
+            recovery_point: point.into(),
+            step: None,
+        }
+    }
+
+    /// Runs one fenced script under the write id `id`, as one delivery of it.
+    async fn deliver(
+        store: &RedisStore,
+        lua: &Lua,
+        scope: &Scope,
+        token: FencingToken,
+        fill: &(dyn Fn(&mut Cmd) + Send + Sync),
+        id: &str,
+    ) -> StoreResult<()> {
+        store.fenced_with(lua, scope, token, fill, None, id).await
+    }
+
+    fn heartbeat_args(c: &mut Cmd) {
+        c.arg("").arg(30_000);
+    }
+
+    /// The claim's lease, claimed under `attempt`.
+    async fn claimed(store: &RedisStore, scope: &Scope, attempt: &str) -> idemkit_core::Lease {
+        let req = idemkit_testkit::suite::claim_req(scope, "{}");
+        match store.claim_as(&req, attempt).await.unwrap() {
+            ClaimOutcome::Claimed(lease) => lease,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// `PHASE(W1)` applies and its reply is lost, `HEARTBEAT(W2)` runs, the
+    /// client sends `PHASE(W1)` again: answered as applied, not applied twice.
+    /// The same after a later phase of the same holder.
+    #[tokio::test]
+    async fn a_resent_phase_is_recognised_whatever_ran_in_between() {
+        let Some(store) = test_store().await else { return };
+        let scope = Scope::new(Account::new("a"), IdempotencyKey::parse("resent-phase").unwrap());
+        let lease = claimed(&store, &scope, "attempt-1").await;
+        let stock = store.business_key(&scope.account, "stock");
+        let mut set = redis::cmd("SET");
+        set.arg(&stock).arg(10);
+        store.conn().query(&set).await.unwrap();
+        let decrement = [RedisWrite::incr_by(stock.clone(), -1)];
+
+        store
+            .advance_as(&scope, lease.token, &phase("reserved"), &decrement, "W1")
+            .await
+            .unwrap();
+        assert_eq!(get_str(&store, &stock).await.as_deref(), Some("9"));
+        // The reply of W1 is lost; the heartbeat task runs meanwhile.
+        deliver(
+            &store,
+            &SCRIPTS.heartbeat,
+            &scope,
+            lease.token,
+            &heartbeat_args,
+            "W2",
+        )
+        .await
+        .unwrap();
+        store
+            .advance_as(&scope, lease.token, &phase("reserved"), &decrement, "W1")
+            .await
+            .expect("the re-sent phase is answered as applied");
+        assert_eq!(
+            get_str(&store, &stock).await.as_deref(),
+            Some("9"),
+            "the re-sent phase was applied again after a heartbeat"
+        );
+
+        // A later phase, then a late copy of W1 (and of W2).
+        store
+            .advance_as(&scope, lease.token, &phase("charged"), &decrement, "W3")
+            .await
+            .unwrap();
+        assert_eq!(get_str(&store, &stock).await.as_deref(), Some("8"));
+        store
+            .advance_as(&scope, lease.token, &phase("reserved"), &decrement, "W1")
+            .await
+            .unwrap();
+        deliver(
+            &store,
+            &SCRIPTS.heartbeat,
+            &scope,
+            lease.token,
+            &heartbeat_args,
+            "W2",
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            get_str(&store, &stock).await.as_deref(),
+            Some("8"),
+            "a late copy of an earlier phase was applied again"
+        );
+        let record = store.get(&scope).await.unwrap().unwrap();
+        assert_eq!(
+            record.recovery_point.as_deref(),
+            Some("charged"),
+            "the late copy moved the point back"
+        );
+    }
+
+    /// The other fenced writes, each delivered again after its reply was lost
+    /// and after other writes ran: answered like the first delivery (applied),
+    /// and nothing is written by the second one.
+    #[tokio::test]
+    async fn resent_final_writes_answer_like_their_first_delivery() {
+        let Some(store) = test_store().await else { return };
+        let publish = store.publish;
+        let key = |k: &str| Scope::new(Account::new("a"), IdempotencyKey::parse(k).unwrap());
+        let mut failures = Vec::new();
+
+        // Abandon, then a takeover whose holder heartbeats and advances.
+        let s = key("resent-abandon");
+        let first = claimed(&store, &s, "attempt-1").await;
+        store
+            .record_phase(&s, first.token, "charged", None)
+            .await
+            .unwrap();
+        let abandon = |c: &mut Cmd| {
+            c.arg("").arg("boom").arg(publish);
+        };
+        deliver(&store, &SCRIPTS.abandon, &s, first.token, &abandon, "A1")
+            .await
+            .unwrap();
+        let second = claimed(&store, &s, "attempt-2").await;
+        deliver(
+            &store,
+            &SCRIPTS.heartbeat,
+            &s,
+            second.token,
+            &heartbeat_args,
+            "A2",
+        )
+        .await
+        .unwrap();
+        store
+            .advance_as(&s, second.token, &phase("shipped"), &[], "A3")
+            .await
+            .unwrap();
+        let again = deliver(&store, &SCRIPTS.abandon, &s, first.token, &abandon, "A1").await;
+        if again.is_err() {
+            failures.push(format!("abandon re-sent after a takeover: {again:?}"));
+        }
+        let record = store.get(&s).await.unwrap().unwrap();
+        assert_eq!(record.fencing_token, second.token, "the re-sent abandon wrote");
+
+        // Park, then an operator's release, a takeover and its heartbeat.
+        let s = key("resent-park");
+        let first = claimed(&store, &s, "attempt-1").await;
+        store
+            .record_phase(&s, first.token, "charged", None)
+            .await
+            .unwrap();
+        let park = |c: &mut Cmd| {
+            c.arg("").arg("needs a human").arg(publish);
+        };
+        deliver(&store, &SCRIPTS.park, &s, first.token, &park, "P1")
+            .await
+            .unwrap();
+        assert!(store.operator_release(&s, false).await.unwrap());
+        let second = claimed(&store, &s, "attempt-2").await;
+        deliver(
+            &store,
+            &SCRIPTS.heartbeat,
+            &s,
+            second.token,
+            &heartbeat_args,
+            "P2",
+        )
+        .await
+        .unwrap();
+        let again = deliver(&store, &SCRIPTS.park, &s, first.token, &park, "P1").await;
+        if again.is_err() {
+            failures.push(format!(
+                "park re-sent after an operator's release and a takeover: {again:?}"
+            ));
+        }
+        let record = store.get(&s).await.unwrap().unwrap();
+        assert_eq!(
+            record.state,
+            idemkit_core::RecordState::InFlight,
+            "the re-sent park wrote"
+        );
+
+        // Release (nothing recorded), then a new request reuses the key.
+        let s = key("resent-release");
+        let first = claimed(&store, &s, "attempt-1").await;
+        let release = |c: &mut Cmd| {
+            c.arg(publish).arg("").arg(RELEASE_REFUSED).arg("0");
+        };
+        deliver(&store, &SCRIPTS.release, &s, first.token, &release, "R1")
+            .await
+            .unwrap();
+        let second = claimed(&store, &s, "attempt-2").await;
+        let again = deliver(&store, &SCRIPTS.release, &s, first.token, &release, "R1").await;
+        if again.is_err() {
+            failures.push(format!("release re-sent after the key was reused: {again:?}"));
+        }
+        let record = store.get(&s).await.unwrap().unwrap();
+        assert_eq!(
+            (record.state, record.fencing_token),
+            (idemkit_core::RecordState::InFlight, second.token),
+            "the re-sent release wrote"
+        );
+
+        // Complete, then a heartbeat of the same holder (refused: completed).
+        let s = key("resent-complete");
+        let first = claimed(&store, &s, "attempt-1").await;
+        let complete = |c: &mut Cmd| {
+            c.arg("").arg(201).arg("[]").arg("done").arg(publish);
+        };
+        deliver(&store, &SCRIPTS.complete, &s, first.token, &complete, "C1")
+            .await
+            .unwrap();
+        assert!(matches!(
+            deliver(&store, &SCRIPTS.heartbeat, &s, first.token, &heartbeat_args, "C2").await,
+            Err(StoreError::Fenced)
+        ));
+        let again = deliver(&store, &SCRIPTS.complete, &s, first.token, &complete, "C1").await;
+        if again.is_err() {
+            failures.push(format!("complete re-sent after a heartbeat: {again:?}"));
+        }
+        assert!(failures.is_empty(), "{}", failures.join("\n"));
     }
 }
 

@@ -70,6 +70,33 @@ end
     };
 }
 
+/// The write ids a record remembers (field `writes`): the ids of its latest
+/// state-changing lease-holder writes (phase, complete, release, abandon,
+/// park), newest first, space-separated, at most `WRITES_KEPT` of them.
+/// Heartbeats keep their own one id (`last_write`), so the heartbeat timer
+/// never pushes a phase's id out. A re-sent write whose id is remembered is
+/// answered as applied and writes nothing, whatever ran in between.
+macro_rules! writes_fn {
+    () => {
+        r#"
+local WRITES_KEPT = 8
+local function remembered(list, wid)
+  return list ~= false and list ~= nil and string.find(' ' .. list .. ' ', ' ' .. wid .. ' ', 1, true) ~= nil
+end
+local function remember(list, wid)
+  local out = {wid}
+  if list then
+    for id in string.gmatch(list, '[^ ]+') do
+      if #out >= WRITES_KEPT then break end
+      out[#out + 1] = id
+    end
+  end
+  return table.concat(out, ' ')
+end
+"#
+    };
+}
+
 /// Claim: implements `idemkit_core::ClaimRequest::decide` exactly.
 ///
 /// ARGV: now ('' for the server's clock), lease length, replay window, keep,
@@ -98,7 +125,7 @@ local resume = ARGV[12]
 local window = tonumber(ARGV[3])
 local fp = ARGV[5]
 local h = redis.call('HMGET', k, 'state', 'fingerprint', 'created_at', 'completed_at', 'lease_expires_at', 'token',
-  'attempt')
+  'attempt', 'writes')
 local state = h[1]
 local takeover = false
 if state then
@@ -158,31 +185,39 @@ redis.call('HSET', k, 'token', tok, 'state', 'in_flight', 'fingerprint', fp, 'cr
   'lease_expires_at', expires, 'keep_ms', ARGV[4], 'request_method', ARGV[6],
   'request_path', ARGV[7], 'request_headers', ARGV[8], 'request_body', ARGV[9], 'attempt', ARGV[11])
 if ARGV[13] ~= '' then redis.call('HSET', k, 'recovery_point', ARGV[13]) end
+-- The earlier holder's write ids outlive the clean slate: its release (or
+-- completion) re-sent after this reuse is still answered as applied.
+if h[8] then redis.call('HSET', k, 'writes', h[8]) end
 return {1, tok, false, expires}
 "#
 );
 
-/// The guard every lease-holder write starts with. Leaves `k`, `seqk`, `wid`
-/// and `keep` in scope; every body records `wid` as `last_write` in its `HSET`.
+/// The guard every lease-holder write starts with. Leaves `k`, `seqk`, `wid`,
+/// `keep` and `writes` in scope; the heartbeat records `wid` as `last_write`,
+/// every other body records `writes` (the remembered ids with `wid` added) as
+/// `writes` in its `HSET`.
 /// KEYS: the record, its change channel, the account's token high-water mark.
 ///
 /// The last ARGV of every fenced script is a write id, unique per call: the same
 /// write delivered twice (the client retried after losing the reply) succeeds
-/// twice instead of being refused by its own first delivery (even when that
-/// delivery moved the record to a new token, as abandon does).
+/// twice and writes once, instead of being refused by its own first delivery
+/// (even when that delivery moved the record to a new token, as abandon does)
+/// or applied twice (a phase re-sent after a heartbeat wrote in between).
 macro_rules! fenced {
     ($body:literal) => {
         concat!(
             now_fn!(),
             token_fn!(),
+            writes_fn!(),
             r#"
 local k = KEYS[1]
 local seqk = KEYS[3]
 local wid = ARGV[#ARGV]
-local h = redis.call('HMGET', k, 'token', 'state', 'keep_ms', 'last_write')
-if h[4] == wid then return 1 end
+local h = redis.call('HMGET', k, 'token', 'state', 'keep_ms', 'last_write', 'writes')
+if h[4] == wid or remembered(h[5], wid) then return 1 end
 if h[1] ~= ARGV[1] or h[2] ~= 'in_flight' then return 0 end
 local keep = tonumber(h[3]) or 0
+local writes = remember(h[5], wid)
 "#,
             $body
         )
@@ -204,7 +239,7 @@ return 1
 const COMPLETE: &str = fenced!(
     r#"
 redis.call('HSET', k, 'state', 'completed', 'completed_at', now_ms(ARGV[2]), 'response_status', ARGV[3],
-  'response_headers', ARGV[4], 'response_body', ARGV[5], 'last_write', wid)
+  'response_headers', ARGV[4], 'response_body', ARGV[5], 'writes', writes)
 redis.call('HDEL', k, 'last_error')
 if keep > 0 then redis.call('PEXPIRE', k, keep) end
 if ARGV[6] ~= '' then redis.call(ARGV[6], KEYS[2], ARGV[1]) end
@@ -230,11 +265,11 @@ if ARGV[5] == '1' then
 end
 if has_progress(k) then
   redis.call('HSET', k, 'token', tok, 'lease_expires_at', now_ms(ARGV[3]), 'last_error', ARGV[4],
-    'last_write', wid)
+    'writes', writes)
   redis.call('PERSIST', k)
 else
   redis.call('HSET', k, 'token', tok, 'state', 'released', 'lease_expires_at', '0', 'request_body', '',
-    'last_write', wid)
+    'writes', writes)
   if keep > 0 then redis.call('PEXPIRE', k, keep) end
 end
 if ARGV[2] ~= '' then redis.call(ARGV[2], KEYS[2], ARGV[1]) end
@@ -248,32 +283,152 @@ return 1
 const ABANDON: &str = fenced!(
     r#"
 redis.call('HSET', k, 'token', next_token(seqk, h[1]), 'lease_expires_at', now_ms(ARGV[2]),
-  'last_error', ARGV[3], 'last_write', wid)
+  'last_error', ARGV[3], 'writes', writes)
 redis.call('PERSIST', k)
 if ARGV[4] ~= '' then redis.call(ARGV[4], KEYS[2], ARGV[1]) end
 return 1
 "#
 );
 
+/// Redis's integer rules for `INCRBY` (its `string2ll`), in Lua with exact
+/// 64-bit range checks. Lua numbers are doubles (exact to 2^53 only), so
+/// integers stay decimal strings throughout: parsed by pattern, compared by
+/// length then bytes, added digit by digit.
+macro_rules! int_fn {
+    () => {
+        r#"
+local I64_MAX, I64_MIN_MAG = '9223372036854775807', '9223372036854775808'
+-- Magnitudes: decimal digit strings without leading zeros. Compared byte by
+-- byte (Lua's `<` on strings follows the server's collation locale).
+local function mag_less(a, b)
+  if #a ~= #b then return #a < #b end
+  for i = 1, #a do
+    local x, y = string.byte(a, i), string.byte(b, i)
+    if x ~= y then return x < y end
+  end
+  return false
+end
+-- string2ll: "0", or an optional '-' and a digit 1-9 followed by digits,
+-- nothing else (no '+', no spaces, no leading zeros, no "-0"), within
+-- [-2^63, 2^63 - 1]. Returns sign (1 or -1) and magnitude, or nil.
+local function parse_i64(s)
+  if s == '0' then return 1, '0' end
+  local neg, mag = string.match(s, '^(%-?)([1-9][0-9]*)$')
+  if not mag then return nil end
+  if neg == '-' then
+    if mag_less(I64_MIN_MAG, mag) then return nil end
+    return -1, mag
+  end
+  if mag_less(I64_MAX, mag) then return nil end
+  return 1, mag
+end
+local function mag_add(a, b)
+  local out, carry, i, j = {}, 0, #a, #b
+  while i > 0 or j > 0 or carry > 0 do
+    local d = carry
+    if i > 0 then d = d + string.byte(a, i) - 48 end
+    if j > 0 then d = d + string.byte(b, j) - 48 end
+    if d >= 10 then d, carry = d - 10, 1 else carry = 0 end
+    out[#out + 1] = string.char(48 + d)
+    i, j = i - 1, j - 1
+  end
+  return string.reverse(table.concat(out))
+end
+-- a - b for magnitudes with b <= a.
+local function mag_sub(a, b)
+  local out, borrow, i, j = {}, 0, #a, #b
+  while i > 0 do
+    local d = string.byte(a, i) - 48 - borrow
+    if j > 0 then d = d - (string.byte(b, j) - 48) end
+    if d < 0 then d, borrow = d + 10, 1 else borrow = 0 end
+    out[#out + 1] = string.char(48 + d)
+    i, j = i - 1, j - 1
+  end
+  local r = string.gsub(string.reverse(table.concat(out)), '^0+', '')
+  if r == '' then return '0' end
+  return r
+end
+-- The decimal string Redis stores for a + b, or nil outside the signed 64-bit
+-- range (where INCRBY answers "increment or decrement would overflow").
+local function add_i64(sa, ma, sb, mb)
+  local sign, mag
+  if sa == sb then
+    sign, mag = sa, mag_add(ma, mb)
+  elseif mag_less(ma, mb) then
+    sign, mag = sb, mag_sub(mb, ma)
+  else
+    sign, mag = sa, mag_sub(ma, mb)
+  end
+  if mag == '0' then return '0' end
+  if sign < 0 then
+    if mag_less(I64_MIN_MAG, mag) then return nil end
+    return '-' .. mag
+  end
+  if mag_less(I64_MAX, mag) then return nil end
+  return mag
+end
+"#
+    };
+}
+
 /// Phase advance: records a recovery point and optionally one step's output,
-/// and applies the application's business writes in the same script (all or
-/// none: every write is checked against its key's type before any is made, as
-/// a script that fails half-way keeps its earlier writes).
+/// and applies the application's business writes in the same script, all or
+/// none. Redis keeps what a script wrote before an error, so the script must
+/// not be able to fail once it has written: the whole batch is first run
+/// against a simulated key space (each key's type as the batch's own earlier
+/// writes leave it, values read up front, `INCRBY` checked with Redis's
+/// integer rules and 64-bit range), and only a batch that passes is applied.
+/// (Redis refuses a script's write for OOM only at its first write; a
+/// read-only replica, MISCONF and NOREPLICAS are server states that do not
+/// change while a script runs. So those refuse the first write too.)
 /// KEYS: the record, its channel, the token high-water mark, then one key per
 /// business write. ARGV: token, recovery point, step name ('' for none), step
 /// output (JSON), the number of writes n, then n × (op, field, value), write id.
-/// Returns 1, 0 when fenced, or -i when write i does not fit its key's type.
-const PHASE: &str = fenced!(
-    r#"
+/// Returns 1, 0 when fenced, or `{i, reason}` when write i would be refused
+/// (nothing written).
+const PHASE: &str = concat!(
+    int_fn!(),
+    fenced!(
+        r#"
 local n = tonumber(ARGV[5])
-local want = { SET = nil, HSET = 'hash', INCRBY = 'string', SADD = 'set', DEL = nil }
+-- key -> {t = its type, v = its string value, read = whether v is known}
+local sim = {}
 for i = 1, n do
-  local op, value = ARGV[3 + 3 * i], ARGV[5 + 3 * i]
-  local t = redis.call('TYPE', KEYS[3 + i])['ok']
-  if want[op] and t ~= 'none' and t ~= want[op] then return -i end
-  if op == 'INCRBY' then
-    local cur = redis.call('GET', KEYS[3 + i])
-    if (cur and not tonumber(cur)) or not tonumber(value) then return -i end
+  local op, value, key = ARGV[3 + 3 * i], ARGV[5 + 3 * i], KEYS[3 + i]
+  local s = sim[key]
+  if not s then
+    s = { t = redis.call('TYPE', key)['ok'], read = false }
+    sim[key] = s
+  end
+  if op == 'SET' then
+    s.t, s.v, s.read = 'string', value, true
+  elseif op == 'DEL' then
+    s.t, s.v, s.read = 'none', nil, true
+  elseif op == 'HSET' or op == 'SADD' then
+    local want = 'hash'
+    if op == 'SADD' then want = 'set' end
+    if s.t ~= 'none' and s.t ~= want then
+      return {i, 'WRONGTYPE: the key holds a ' .. s.t .. ' here, not a ' .. want}
+    end
+    s.t = want
+  elseif op == 'INCRBY' then
+    if s.t ~= 'none' and s.t ~= 'string' then
+      return {i, 'WRONGTYPE: the key holds a ' .. s.t .. ' here, not an integer'}
+    end
+    local cur = '0'
+    if s.t == 'string' then
+      if not s.read then s.v, s.read = redis.call('GET', key), true end
+      cur = s.v
+    end
+    local sa, ma = parse_i64(cur)
+    if not sa then return {i, 'the value here is not a 64-bit integer by Redis rules'} end
+    local sb, mb = parse_i64(value)
+    if not sb then return {i, 'the increment is not a 64-bit integer by Redis rules'} end
+    local r = add_i64(sa, ma, sb, mb)
+    if not r then return {i, 'the result would overflow a signed 64-bit integer'} end
+    s.t, s.v, s.read = 'string', r, true
+  else
+    return {i, 'unknown operation'}
   end
 end
 for i = 1, n do
@@ -285,10 +440,11 @@ for i = 1, n do
   elseif op == 'DEL' then redis.call('DEL', key)
   end
 end
-redis.call('HSET', k, 'recovery_point', ARGV[2], 'last_write', wid)
+redis.call('HSET', k, 'recovery_point', ARGV[2], 'writes', writes)
 if ARGV[3] ~= '' then redis.call('HSET', k, 'step:' .. ARGV[3], ARGV[4]) end
 return 1
 "#
+    )
 );
 
 /// Park: ends the lease, never runs again (the claim answers parked), on a new
@@ -297,7 +453,7 @@ return 1
 const PARK: &str = fenced!(
     r#"
 redis.call('HSET', k, 'token', next_token(seqk, h[1]), 'state', 'parked', 'lease_expires_at', now_ms(ARGV[2]),
-  'last_error', ARGV[3], 'last_write', wid)
+  'last_error', ARGV[3], 'writes', writes)
 redis.call('PERSIST', k)
 if ARGV[4] ~= '' then redis.call(ARGV[4], KEYS[2], ARGV[1]) end
 return 1
