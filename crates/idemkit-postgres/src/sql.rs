@@ -514,22 +514,34 @@ pub(crate) static DISCARD: LazyLock<String> = LazyLock::new(|| {
 /// a sequence, so a deleted key's tokens never repeat). Live leases never match.
 /// `completed_at >= created_at`, so the `created_at` bound only lets the index
 /// narrow the scan.
+///
+/// The records to park are locked first (`locked`, `FOR UPDATE`), and both the
+/// park and the review entry take their values from that locked row: a row a
+/// lapsed holder changed while this pass waited on its lock (a phase's intent
+/// committed) is re-read, as committed, by the lock (READ COMMITTED's re-check),
+/// and re-checked against the conditions; a statement-snapshot read of the key
+/// table would copy the row as it was before that commit, and the review list
+/// would show an operator a record without the intent it was parked with.
 pub(crate) static REAP: LazyLock<String> = LazyLock::new(|| {
     format!(
         "WITH now AS (SELECT {now} AS ms), \
-         listed AS (UPDATE idemkit_keys k SET fencing_token = {NEXT_TOKEN}, state = 'parked', \
-         lease_expires_at = LEAST(k.lease_expires_at, (SELECT ms FROM now)), last_error = $3 \
-         FROM now WHERE k.created_at < $1 \
+         locked AS (SELECT k.account, k.idem_key, k.state, k.created_at, k.recovery_point, \
+         k.step_outputs, k.last_error, k.req_method, k.req_path, k.req_headers, k.req_body, \
+         k.lease_expires_at \
+         FROM idemkit_keys k, now WHERE k.created_at < $1 \
          AND (k.state = 'parked' OR (k.state = 'in_flight' AND k.lease_expires_at <= now.ms)) \
          AND NOT EXISTS (SELECT 1 FROM idemkit_review r WHERE r.account = k.account \
          AND r.idem_key = k.idem_key AND r.created_at = k.created_at) \
-         RETURNING k.account, k.idem_key, k.created_at), \
+         FOR UPDATE OF k), \
+         listed AS (UPDATE idemkit_keys k SET fencing_token = {NEXT_TOKEN}, state = 'parked', \
+         lease_expires_at = LEAST(l.lease_expires_at, (SELECT ms FROM now)), last_error = $3 \
+         FROM locked l WHERE k.account = l.account AND k.idem_key = l.idem_key \
+         RETURNING 1), \
          reviewed AS (INSERT INTO idemkit_review (account, idem_key, state, created_at, reaped_at, \
          recovery_point, step_outputs, last_error, req_method, req_path, req_headers, req_body) \
-         SELECT o.account, o.idem_key, o.state, o.created_at, (SELECT ms FROM now), o.recovery_point, \
-         o.step_outputs, o.last_error, o.req_method, o.req_path, o.req_headers, o.req_body \
-         FROM idemkit_keys o JOIN listed l ON l.account = o.account AND l.idem_key = o.idem_key \
-         ORDER BY o.created_at, o.account, o.idem_key RETURNING 1), \
+         SELECT l.account, l.idem_key, l.state, l.created_at, (SELECT ms FROM now), l.recovery_point, \
+         l.step_outputs, l.last_error, l.req_method, l.req_path, l.req_headers, l.req_body \
+         FROM locked l ORDER BY l.created_at, l.account, l.idem_key RETURNING 1), \
          deleted AS (DELETE FROM idemkit_keys WHERE created_at < $1 \
          AND ((state = 'completed' AND COALESCE(completed_at, created_at) < $1) OR state = 'released') \
          RETURNING 1) \

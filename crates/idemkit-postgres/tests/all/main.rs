@@ -14,6 +14,7 @@ use idemkit_testkit::tx_suite::BusinessProbe;
 mod commits;
 mod fencing;
 mod hardening;
+mod round3;
 mod single_step;
 
 /// The test database URL, or `None` (outside CI) when it is not configured.
