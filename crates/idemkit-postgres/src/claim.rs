@@ -209,7 +209,11 @@ impl PgStore {
             }
         }
         if check_absence {
-            let begin = sql::begin_locked_absent(wait_ms, lock, &self.config.schema, &req.scope);
+            if !self.lock_first(&mut opening, wait_ms, lock).await? {
+                drop(opening.keep());
+                return Ok(None);
+            }
+            let begin = sql::begin_locked_absent(self.config.single_step_isolation, wait_ms, lock, &self.config.schema, &req.scope);
             match PgTransactionManager::begin(opening.conn(), Some(AssertSqlSafe(begin).into_sql_str())).await
             {
                 Ok(()) => return Ok(Some(Opened::Absent(opening.keep()))),
@@ -230,10 +234,37 @@ impl PgStore {
                 Err(e) => return self.busy_or_fail(opening, e).await,
             }
         }
-        let begin = AssertSqlSafe(sql::begin_locked(wait_ms, lock, &self.config.schema)).into_sql_str();
+        if !self.lock_first(&mut opening, wait_ms, lock).await? {
+            drop(opening.keep());
+            return Ok(None);
+        }
+        let begin = AssertSqlSafe(sql::begin_locked(self.config.single_step_isolation, wait_ms, lock, &self.config.schema)).into_sql_str();
         match PgTransactionManager::begin(opening.conn(), Some(begin)).await {
             Ok(()) => Ok(Some(Opened::Locked(opening.keep()))),
             Err(e) => self.busy_or_fail(opening, e).await,
+        }
+    }
+
+    /// Takes the key's session-level lock before a transaction at a snapshot
+    /// level begins (see [`sql::begin_locked`]); `false` when another request
+    /// holds it (at once, or past the wait), and nothing is open then. At
+    /// READ COMMITTED the transaction takes the lock itself: nothing to do. On
+    /// an error, and if the caller is cancelled before the transaction has
+    /// taken the lock over, `opening` closes the connection, which frees it.
+    async fn lock_first(&self, opening: &mut Opening, wait_ms: Option<u128>, lock: i64) -> Result<bool, Retry> {
+        if !self.config.single_step_isolation.takes_lock_first() {
+            return Ok(true);
+        }
+        let wait_ms = wait_ms.map(|ms| i64::try_from(ms).unwrap_or(i64::MAX));
+        let taken = sqlx::query(AssertSqlSafe(sql::session_lock(&self.config.schema)))
+            .bind(lock)
+            .bind(wait_ms)
+            .execute(&mut **opening.conn())
+            .await;
+        match taken {
+            Ok(_) => Ok(true),
+            Err(e) if is_lock_timeout(&e) => Ok(false),
+            Err(e) => Err(Retry::from(e)),
         }
     }
 

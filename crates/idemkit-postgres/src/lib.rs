@@ -86,10 +86,10 @@ pub fn single_step_sql(
     schema: &str,
     scope: &idemkit_core::Scope,
 ) -> String {
-    sql::begin_locked_absent(lock_timeout_ms, lock, schema, scope)
+    sql::begin_locked_absent(Isolation::ReadCommitted, lock_timeout_ms, lock, schema, scope)
 }
 
-pub use config::PgConfig;
+pub use config::{Isolation, PgConfig};
 pub use listener::CHANNEL;
 pub use tx::{PROVISIONAL_TOKEN, PgTx};
 

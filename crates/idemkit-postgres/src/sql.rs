@@ -11,7 +11,7 @@ use idemkit_core::{
 };
 use sqlx::Postgres;
 
-use crate::{CHANNEL, PgConfig};
+use crate::{CHANNEL, Isolation, PgConfig};
 
 /// Wraps a fenced `UPDATE` so that a changed row somebody waits for (its
 /// `has_waiters` is set) wakes this schema's waiters in the same round trip; the
@@ -141,27 +141,39 @@ pub(crate) static CLAIM: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
-/// A single-step transaction's `BEGIN`. READ COMMITTED whatever the database's
-/// default: the check after the lock must see what the lock's previous holder
-/// committed, which a snapshot taken at the transaction's first statement
-/// (REPEATABLE READ) would not.
-const BEGIN: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
-
-/// Opens a single-step claim's transaction holding the key's advisory lock
-/// (`lock`, see `claim::lock_id`), in one round trip: the simple-query
-/// protocol runs the statements in order, and skips the rest after an error.
+/// Opens a single-step claim's transaction at `isolation` holding the key's
+/// advisory lock (`lock`, see `claim::lock_id`), in one round trip: the
+/// simple-query protocol runs the statements in order, and skips the rest
+/// after an error. At READ COMMITTED the transaction takes the lock itself.
 /// Without a wait (`wait_ms` `None`) a held lock raises SQLSTATE 55P03 at once
 /// (`idemkit_try_lock`, migration `20261220000001`); with one, the wait is
 /// bounded by `lock_timeout`, which raises the same error when it runs out and
-/// is lifted for the handler's own statements once the lock is held.
-pub(crate) fn begin_locked(wait_ms: Option<u128>, lock: i64, schema: &str) -> String {
+/// is lifted for the handler's own statements once the lock is held. READ
+/// COMMITTED is what the check after the lock needs: each statement sees what
+/// the lock's previous holder committed. At a snapshot level (see
+/// [`Isolation::takes_lock_first`]) the snapshot would predate the lock, so the
+/// lock is taken first, by [`session_lock`] in its own round trip, and the
+/// transaction's first statement moves it to transaction scope (migration
+/// `20261221000001`).
+pub(crate) fn begin_locked(isolation: Isolation, wait_ms: Option<u128>, lock: i64, schema: &str) -> String {
+    let begin = isolation.begin();
+    if isolation.takes_lock_first() {
+        return format!("{begin}; SELECT {schema}.idemkit_lock_to_xact({lock})");
+    }
     match wait_ms {
-        None => format!("{BEGIN}; SELECT {schema}.idemkit_try_lock({lock})"),
+        None => format!("{begin}; SELECT {schema}.idemkit_try_lock({lock})"),
         Some(ms) => format!(
-            "{BEGIN}; SET LOCAL lock_timeout = {ms}; SELECT pg_advisory_xact_lock({lock}); \
+            "{begin}; SET LOCAL lock_timeout = {ms}; SELECT pg_advisory_xact_lock({lock}); \
              SET LOCAL lock_timeout = 0"
         ),
     }
+}
+
+/// The key's session-level lock, taken before a snapshot-level transaction
+/// begins (see [`begin_locked`]): lock `$1`, wait `$2` milliseconds (NULL: a
+/// try-lock); SQLSTATE 55P03 when not acquired.
+pub(crate) fn session_lock(schema: &str) -> String {
+    format!("SELECT {schema}.idemkit_session_lock($1, $2)")
 }
 
 /// [`begin_locked`], then the check that the key has no record, in the same
@@ -173,16 +185,23 @@ pub(crate) fn begin_locked(wait_ms: Option<u128>, lock: i64, schema: &str) -> St
 /// STABLE function keeps its statement's snapshot, taken before the lock is
 /// granted, and would miss what the lock's previous holder committed.
 /// Literals as in [`fused_completion`].
-pub(crate) fn begin_locked_absent(wait_ms: Option<u128>, lock: i64, schema: &str, scope: &Scope) -> String {
+pub(crate) fn begin_locked_absent(
+    isolation: Isolation,
+    wait_ms: Option<u128>,
+    lock: i64,
+    schema: &str,
+    scope: &Scope,
+) -> String {
+    let begin = isolation.begin();
     let account = literal::text(scope.account.as_str());
     let key = literal::text(scope.key.as_str());
     match wait_ms {
-        None => {
-            format!("{BEGIN}; SELECT {schema}.idemkit_single_step_open({lock}, {account}::text, {key}::text)")
+        None if !isolation.takes_lock_first() => {
+            format!("{begin}; SELECT {schema}.idemkit_single_step_open({lock}, {account}::text, {key}::text)")
         }
-        Some(_) => format!(
+        _ => format!(
             "{}; SELECT {schema}.idemkit_single_step_absent({account}::text, {key}::text)",
-            begin_locked(wait_ms, lock, schema),
+            begin_locked(isolation, wait_ms, lock, schema),
         ),
     }
 }

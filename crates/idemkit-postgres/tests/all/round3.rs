@@ -7,10 +7,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idemkit_core::{
-    Clock, KeyStore, PhaseUpdate, RecordState, TransactionalStore,
+    ClaimOutcome, Clock, KeyStore, PhaseUpdate, RecordState, StoreError, TransactionalStore, TxClaim,
 };
+use idemkit_postgres::{Isolation, PgConfig, PgStore, PgTx};
 use idemkit_testkit::ManualClock;
-use idemkit_testkit::suite::{LEASE, claim_req, must_claim, scope};
+use idemkit_testkit::suite::{LEASE, claim_req, must_claim, response, scope};
 use sqlx::PgPool;
 
 use crate::store_in_fresh_schema;
@@ -98,4 +99,189 @@ async fn the_review_entry_is_the_record_the_reaper_parked() {
     );
     assert_eq!(entry.step_outputs.get("courier"), Some(&intent));
     assert_eq!(entry.state, RecordState::InFlight, "the state it was in");
+}
+
+/// A store in a fresh schema with the `biz` table, single-step transactions
+/// at `isolation`, on a pool whose connections default to
+/// `default_isolation` (the database's or role's setting, as
+/// `default_transaction_isolation` gives it).
+async fn store_at(isolation: Isolation, default_isolation: &str) -> Option<Arc<PgStore>> {
+    use std::str::FromStr;
+    let url = crate::database_url()?;
+    let schema = crate::fresh_schema();
+    let options = sqlx::postgres::PgConnectOptions::from_str(&url)
+        .unwrap()
+        .options([
+            ("search_path", format!("{schema}, public")),
+            ("default_transaction_isolation", default_isolation.to_owned()),
+        ]);
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(6)
+        .connect_with(options)
+        .await
+        .unwrap();
+    let config = PgConfig {
+        schema,
+        ..PgConfig::default()
+    }
+    .with_single_step_isolation(isolation);
+    let store = PgStore::from_pool(pool, config).await.unwrap();
+    sqlx::query("CREATE TABLE biz (tag TEXT NOT NULL)")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    Some(Arc::new(store))
+}
+
+async fn isolation_of(tx: &mut PgTx) -> String {
+    sqlx::query_scalar("SHOW transaction_isolation")
+        .fetch_one(&mut **tx)
+        .await
+        .unwrap()
+}
+
+async fn biz_count(store: &PgStore, tag: &str) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM biz WHERE tag = $1")
+        .bind(tag)
+        .fetch_one(store.pool())
+        .await
+        .unwrap()
+}
+
+fn claimed(claim: TxClaim<PgTx>) -> (PgTx, idemkit_core::Lease) {
+    match claim {
+        TxClaim::Claimed { tx, lease } => (tx, lease),
+        TxClaim::Other(other) => panic!("expected a claim, got {other:?}"),
+    }
+}
+
+/// Item 11. The handler's transaction runs at the configured level: READ
+/// COMMITTED by default (also on a database whose default is SERIALIZABLE, as
+/// before), the level asked for otherwise, or the connection's own default
+/// with `DatabaseDefault`; both openings (a first attempt, and a key with a
+/// record to move) and a completion at that level.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn single_step_transactions_run_at_the_configured_isolation() {
+    for (isolation, default, expected) in [
+        (Isolation::ReadCommitted, "read committed", "read committed"),
+        (Isolation::ReadCommitted, "serializable", "read committed"),
+        (Isolation::RepeatableRead, "read committed", "repeatable read"),
+        (Isolation::Serializable, "read committed", "serializable"),
+        (Isolation::DatabaseDefault, "serializable", "serializable"),
+        (Isolation::DatabaseDefault, "read committed", "read committed"),
+    ] {
+        let Some(store) = store_at(isolation, default).await else {
+            return;
+        };
+        let what = format!("{isolation:?} on a database defaulting to {default}");
+        let s = scope("a", "isolation");
+        // A first attempt (the opening checks absence).
+        let (mut tx, lease) = claimed(store.claim_in_tx(&claim_req(&s, "{}")).await.unwrap());
+        assert_eq!(isolation_of(&mut tx).await, expected, "{what}: first attempt");
+        store.release(&s, lease.token).await.ok();
+        store.rollback_tx(tx).await;
+        // A released key (a record to move, read under the lock).
+        let lease = must_claim(&*store, &claim_req(&s, "{}")).await;
+        store.release(&s, lease.token).await.unwrap();
+        let (mut tx, lease) = claimed(store.claim_in_tx(&claim_req(&s, "{}")).await.unwrap());
+        assert_eq!(isolation_of(&mut tx).await, expected, "{what}: a moved record");
+        sqlx::query("INSERT INTO biz (tag) VALUES ('iso')")
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        store
+            .complete_in_tx(tx, &s, lease.token, &response(201, "done"))
+            .await
+            .unwrap_or_else(|e| panic!("{what}: completes: {e}"));
+        assert_eq!(biz_count(&store, "iso").await, 1, "{what}");
+    }
+}
+
+/// Item 11, the loser of a race under the snapshot levels. A duplicate that
+/// waits for the key's lock (in-flight = wait) while the winner runs must
+/// replay the winner once it commits: its snapshot is taken after the lock
+/// is granted, so it never runs its handler on a read that misses the
+/// winner's record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_duplicate_replays_the_winner_under_snapshot_isolation() {
+    for isolation in [Isolation::RepeatableRead, Isolation::Serializable] {
+        let Some(store) = store_at(isolation, "read committed").await else {
+            return;
+        };
+        let s = scope("a", "iso-race");
+        let (mut winner, lease) = claimed(store.claim_in_tx(&claim_req(&s, "{}")).await.unwrap());
+        let winner_pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+            .fetch_one(&mut *winner)
+            .await
+            .unwrap();
+        sqlx::query("INSERT INTO biz (tag) VALUES ('race')")
+            .execute(&mut *winner)
+            .await
+            .unwrap();
+        let loser = tokio::spawn({
+            let store = store.clone();
+            let mut req = claim_req(&s, "{}");
+            req.lock_wait = Duration::from_secs(10);
+            async move { store.claim_in_tx(&req).await }
+        });
+        wait_until_blocked_by(store.pool(), winner_pid).await;
+        // A duplicate that does not wait (in-flight = reject) is told "in progress".
+        assert!(
+            matches!(
+                store.claim_in_tx(&claim_req(&s, "{}")).await.unwrap(),
+                TxClaim::Other(ClaimOutcome::InProgress { .. })
+            ),
+            "{isolation:?}: a duplicate while the winner runs"
+        );
+        let done = response(201, "the winner's");
+        store
+            .complete_in_tx(winner, &s, lease.token, &done)
+            .await
+            .unwrap();
+        match loser.await.unwrap().expect("the loser's claim") {
+            TxClaim::Other(outcome) => assert_eq!(
+                outcome,
+                ClaimOutcome::Replay(done),
+                "{isolation:?}: the loser replays"
+            ),
+            TxClaim::Claimed { .. } => panic!(
+                "{isolation:?}: the loser claimed a key the winner completed (its snapshot missed the winner)"
+            ),
+        }
+        assert_eq!(biz_count(&store, "race").await, 1, "{isolation:?}");
+    }
+}
+
+/// Item 11: a race the lock does not cover. A lease-mode claim of the same
+/// key commits while a single-step claim runs at a snapshot level; the
+/// single-step commit is refused (PostgreSQL's serialization failure), its
+/// writes roll back, and the store answers `Conflict` (the engine then
+/// answers as the key answers: in progress, retryable), not an error the
+/// engine would turn into a 503 or a 500.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_single_step_commit_refused_by_a_serialization_failure_is_a_conflict() {
+    for isolation in [
+        Isolation::ReadCommitted,
+        Isolation::RepeatableRead,
+        Isolation::Serializable,
+    ] {
+        let Some(store) = store_at(isolation, "read committed").await else {
+            return;
+        };
+        let s = scope("a", "iso-lease-race");
+        let (mut tx, lease) = claimed(store.claim_in_tx(&claim_req(&s, "{}")).await.unwrap());
+        sqlx::query("INSERT INTO biz (tag) VALUES ('refused')")
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        must_claim(&*store, &claim_req(&s, "{}")).await;
+        let refused = store
+            .complete_in_tx(tx, &s, lease.token, &response(201, "late"))
+            .await;
+        assert!(
+            matches!(refused, Err(StoreError::Conflict)),
+            "{isolation:?}: {refused:?}"
+        );
+        assert_eq!(biz_count(&store, "refused").await, 0, "{isolation:?}");
+    }
 }
