@@ -67,7 +67,7 @@ use tokio::sync::broadcast;
 /// `KeyStore::claim` and `KeyStore::complete` send them, for `benches/pgbench.rs`
 /// to hand the same SQL to `pgbench`. Parameters: the claim binds account `$1`,
 /// key `$2`, fingerprint `$3`, test clock `$4`, lease ms `$5`, method `$6`, path
-/// `$7`, headers `$8`, body `$9`, resume `$10`, recovery point `$11`; the
+/// `$7`, headers `$8`, body `$9`, resume `$10`, recovery point `$11`, attempt id `$12`; the
 /// completion binds account, key, token, test clock, status, headers, body
 /// (`$1`–`$7`).
 #[doc(hidden)]

@@ -121,7 +121,7 @@ pub(crate) const APPLIED_MIGRATIONS: &str = "SELECT version FROM _sqlx_migration
 // Claims.
 
 /// The lease-mode claim, autocommitted: inserts the in-flight row at recovery
-/// point `$11` (unless `$10`, a resume), or returns the existing record with the
+/// point `$11` with attempt id `$12` (unless `$10`, a resume), or returns the existing record with the
 /// store's clock, in one statement. Columns: the new token and lease (NULL when
 /// nothing was inserted), the store's clock, then the existing record from
 /// column 3 (NULL columns when a row was inserted, or when the conflicting row
@@ -130,8 +130,9 @@ pub(crate) static CLAIM: LazyLock<String> = LazyLock::new(|| {
     format!(
         "WITH now AS (SELECT {} AS ms), \
          ins AS (INSERT INTO idemkit_keys (account, idem_key, fingerprint, state, created_at, \
-         lease_expires_at, fencing_token, req_method, req_path, req_headers, req_body, recovery_point) \
-         SELECT $1, $2, $3, 'in_flight', ms, ms + $5, {NEXT_TOKEN}, $6, $7, $8, $9, $11 FROM now \
+         lease_expires_at, fencing_token, req_method, req_path, req_headers, req_body, recovery_point, \
+         claim_attempt) \
+         SELECT $1, $2, $3, 'in_flight', ms, ms + $5, {NEXT_TOKEN}, $6, $7, $8, $9, $11, $12 FROM now \
          WHERE NOT $10 \
          ON CONFLICT (account, idem_key) DO NOTHING RETURNING fencing_token, lease_expires_at) \
          SELECT (SELECT fencing_token FROM ins), (SELECT lease_expires_at FROM ins), \
@@ -222,7 +223,8 @@ pub(crate) fn rollback_and_read(scope: &Scope, test_now: Option<i64>) -> String 
 /// Compare-and-swap of a record to a new holder on a fresh token, only if it is
 /// still exactly as seen (token `$11`, state `$12`, lease `$13`). Takeover
 /// (`$4`) keeps progress (a record without a recovery point takes the claim's
-/// `$14`, and returns it); reuse starts at `$14`.
+/// `$14`, and returns it); reuse starts at `$14`. The new holder's attempt id
+/// is `$15` (NULL in single-step mode).
 pub(crate) static MOVE: LazyLock<String> = LazyLock::new(|| {
     format!(
         "UPDATE idemkit_keys SET fencing_token = {NEXT_TOKEN}, lease_expires_at = $3, \
@@ -233,10 +235,24 @@ pub(crate) static MOVE: LazyLock<String> = LazyLock::new(|| {
          step_outputs = CASE WHEN $4 THEN step_outputs ELSE '{{}}' END, \
          req_method = $7, req_path = $8, req_headers = $9, req_body = $10, \
          resp_status = NULL, resp_headers = NULL, resp_body = NULL, \
-         last_error = CASE WHEN $4 THEN last_error END \
+         last_error = CASE WHEN $4 THEN last_error END, claim_attempt = $15 \
          WHERE account = $1 AND idem_key = $2 AND fencing_token = $11 AND state = $12 \
          AND lease_expires_at = $13 \
          RETURNING fencing_token, recovery_point"
+    )
+});
+
+/// A lease-mode claim's own record after its reply was lost: the token, lease
+/// and recovery point of the record if attempt `$3` holds it (in flight, its
+/// lease alive by the store's clock, test clock at `$4`). Any other writer
+/// that can change the record without replacing the attempt id (an operator's
+/// release, the reaper) needs the lease expired or leaves it parked.
+pub(crate) static CLAIMED_BY_ATTEMPT: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT fencing_token, lease_expires_at, recovery_point FROM idemkit_keys \
+         WHERE account = $1 AND idem_key = $2 AND claim_attempt = $3 AND state = 'in_flight' \
+         AND lease_expires_at > {}",
+        now_sql(4)
     )
 });
 

@@ -285,3 +285,91 @@ async fn a_single_step_commit_refused_by_a_serialization_failure_is_a_conflict()
         assert_eq!(biz_count(&store, "refused").await, 0, "{isolation:?}");
     }
 }
+
+const REPLY_LOST: &str = "idemkit_postgres::claim::reply_lost";
+const MOVE_REPLY_LOST: &str = "idemkit_postgres::claim::move_reply_lost";
+
+/// Item 5 (the store's half). A lease-mode claim whose write committed but
+/// whose reply was lost (the connection dropped after the commit) is
+/// recognised by its attempt id on a fresh connection and answered as
+/// claimed: the key is held by the caller, who completes it, instead of by
+/// nobody for a whole lease (`409 in progress` to every retry). Both writes a
+/// claim can make: the insert of an absent key, and the move of a takeover.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_whose_reply_is_lost_is_recognised_by_its_attempt() {
+    let clock = Arc::new(ManualClock::new());
+    let Some(store) = store_in_fresh_schema(Some(clock.clone())).await else {
+        return;
+    };
+    // A first attempt (the insert).
+    let s = scope("a", "reply-lost-insert");
+    fail::cfg(REPLY_LOST, &format!("return({})", s.key.as_str())).unwrap();
+    let outcome = store.claim(&claim_req(&s, "{}")).await;
+    fail::remove(REPLY_LOST);
+    let lease = match outcome {
+        Ok(ClaimOutcome::Claimed(lease)) => lease,
+        other => panic!("the lost reply of a committed claim: {other:?}"),
+    };
+    let rec = store.get(&s).await.unwrap().unwrap();
+    assert_eq!((rec.state, rec.fencing_token), (RecordState::InFlight, lease.token));
+    assert_eq!(lease.expires_at, rec.lease_expires_at);
+    assert_eq!(lease.resumed_from, None);
+    store
+        .complete(&s, lease.token, &response(201, "done"))
+        .await
+        .expect("the caller holds the key it claimed");
+
+    // A takeover (the move) of a record with progress.
+    let s = scope("a", "reply-lost-takeover");
+    let first = must_claim(&*store, &claim_req(&s, "{}")).await;
+    store
+        .advance(
+            &s,
+            first.token,
+            &PhaseUpdate {
+                recovery_point: "charged".into(),
+                step: None,
+            },
+        )
+        .await
+        .unwrap();
+    clock.advance(LEASE * 2);
+    fail::cfg(MOVE_REPLY_LOST, &format!("return({})", s.key.as_str())).unwrap();
+    let outcome = store.claim(&claim_req(&s, "{}")).await;
+    fail::remove(MOVE_REPLY_LOST);
+    let lease = match outcome {
+        Ok(ClaimOutcome::Claimed(lease)) => lease,
+        other => panic!("the lost reply of a committed takeover: {other:?}"),
+    };
+    let rec = store.get(&s).await.unwrap().unwrap();
+    assert_eq!(rec.fencing_token, lease.token);
+    assert!(lease.token > first.token);
+    assert_eq!(lease.resumed_from.as_deref(), Some("charged"));
+    store
+        .complete(&s, lease.token, &response(201, "done"))
+        .await
+        .expect("the caller holds the key it took over");
+}
+
+/// Item 5: an attempt id is no licence. A claim whose statement failed
+/// before it committed (nothing written) is still an error, and a record
+/// another attempt claimed is not taken for ours.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_reply_of_a_claim_that_did_not_claim_is_not_a_claim() {
+    let Some(store) = store_in_fresh_schema(None).await else {
+        return;
+    };
+    let s = scope("a", "reply-lost-in-progress");
+    let holder = must_claim(&*store, &claim_req(&s, "{}")).await;
+    // The duplicate's move never happens (the lease is alive): its statement
+    // is the insert that did nothing; its reply is lost.
+    fail::cfg(REPLY_LOST, &format!("return({})", s.key.as_str())).unwrap();
+    let outcome = store.claim(&claim_req(&s, "{}")).await;
+    fail::remove(REPLY_LOST);
+    assert!(
+        matches!(outcome, Err(StoreError::Unavailable(_))),
+        "not claimed: {outcome:?}"
+    );
+    let rec = store.get(&s).await.unwrap().unwrap();
+    assert_eq!(rec.fencing_token, holder.token, "the holder still holds it");
+}
