@@ -112,9 +112,9 @@ pub(crate) fn outcome_unknown(e: &Retry) -> bool {
         return false;
     };
     match e.downcast_ref::<sqlx::Error>() {
-        Some(sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::WorkerCrashed | sqlx::Error::Tls(_)) => {
-            true
-        }
+        Some(
+            sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::WorkerCrashed | sqlx::Error::Tls(_),
+        ) => true,
         Some(e @ sqlx::Error::Database(_)) => sqlstate(e).is_some_and(|c| c.starts_with("08")),
         _ => false,
     }
@@ -331,7 +331,13 @@ impl PgStore {
                 drop(opening.keep());
                 return Ok(None);
             }
-            let begin = sql::begin_locked_absent(self.config.single_step_isolation, wait_ms, lock, &self.config.schema, &req.scope);
+            let begin = sql::begin_locked_absent(
+                self.config.single_step_isolation,
+                wait_ms,
+                lock,
+                &self.config.schema,
+                &req.scope,
+            );
             match PgTransactionManager::begin(opening.conn(), Some(AssertSqlSafe(begin).into_sql_str())).await
             {
                 Ok(()) => return Ok(Some(Opened::Absent(opening.keep()))),
@@ -356,7 +362,13 @@ impl PgStore {
             drop(opening.keep());
             return Ok(None);
         }
-        let begin = AssertSqlSafe(sql::begin_locked(self.config.single_step_isolation, wait_ms, lock, &self.config.schema)).into_sql_str();
+        let begin = AssertSqlSafe(sql::begin_locked(
+            self.config.single_step_isolation,
+            wait_ms,
+            lock,
+            &self.config.schema,
+        ))
+        .into_sql_str();
         match PgTransactionManager::begin(opening.conn(), Some(begin)).await {
             Ok(()) => Ok(Some(Opened::Locked(opening.keep()))),
             Err(e) => self.busy_or_fail(opening, e).await,
@@ -369,7 +381,12 @@ impl PgStore {
     /// READ COMMITTED the transaction takes the lock itself: nothing to do. On
     /// an error, and if the caller is cancelled before the transaction has
     /// taken the lock over, `opening` closes the connection, which frees it.
-    async fn lock_first(&self, opening: &mut Opening, wait_ms: Option<u128>, lock: i64) -> Result<bool, Retry> {
+    async fn lock_first(
+        &self,
+        opening: &mut Opening,
+        wait_ms: Option<u128>,
+        lock: i64,
+    ) -> Result<bool, Retry> {
         if !self.config.single_step_isolation.takes_lock_first() {
             return Ok(true);
         }
@@ -457,7 +474,10 @@ impl PgStore {
         };
         fail::fail_point!("idemkit_postgres::claim::before_move");
         attempt.takeover.store(takeover, Ordering::Relaxed);
-        match self.move_claim(&mut *conn, req, &existing, now, takeover, Some(attempt)).await? {
+        match self
+            .move_claim(&mut *conn, req, &existing, now, takeover, Some(attempt))
+            .await?
+        {
             Some(lease) => Ok(ClaimOutcome::Claimed(lease)),
             // The record changed since it was read (completed by a lapsed holder,
             // heartbeaten, moved by another attempt): decide again on its new state.
@@ -490,7 +510,10 @@ impl PgStore {
         };
         // Lease-mode actors (a heartbeat, the completer, the reaper) take no
         // advisory lock: the move is a compare-and-swap on the record as read.
-        match self.move_claim(&mut *conn, req, &existing, now, takeover, None).await? {
+        match self
+            .move_claim(&mut *conn, req, &existing, now, takeover, None)
+            .await?
+        {
             Some(lease) => Ok(SingleStep::Moved(lease)),
             None => Err(Retry::Transient(sqlx::Error::RowNotFound)),
         }

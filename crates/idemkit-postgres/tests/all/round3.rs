@@ -22,13 +22,12 @@ use crate::store_in_fresh_schema;
 pub(crate) async fn wait_until_blocked_by(pool: &PgPool, pid: i32) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
-        let waiting: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))",
-        )
-        .bind(pid)
-        .fetch_one(pool)
-        .await
-        .unwrap();
+        let waiting: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))")
+                .bind(pid)
+                .fetch_one(pool)
+                .await
+                .unwrap();
         if waiting > 0 {
             return;
         }
@@ -82,7 +81,9 @@ async fn the_review_entry_is_the_record_the_reaper_parked() {
         async move { store.reap(before).await }
     });
     wait_until_blocked_by(store.pool(), a_pid).await;
-    TransactionalStore::commit(&*store, a).await.expect("A commits its phase");
+    TransactionalStore::commit(&*store, a)
+        .await
+        .expect("A commits its phase");
     let report = reaper.await.unwrap().expect("the reaper's pass");
     assert_eq!(report.moved_to_review, 1, "{report:?}");
 
@@ -311,7 +312,10 @@ async fn a_claim_whose_reply_is_lost_is_recognised_by_its_attempt() {
         other => panic!("the lost reply of a committed claim: {other:?}"),
     };
     let rec = store.get(&s).await.unwrap().unwrap();
-    assert_eq!((rec.state, rec.fencing_token), (RecordState::InFlight, lease.token));
+    assert_eq!(
+        (rec.state, rec.fencing_token),
+        (RecordState::InFlight, lease.token)
+    );
     assert_eq!(lease.expires_at, rec.lease_expires_at);
     assert_eq!(lease.resumed_from, None);
     store
