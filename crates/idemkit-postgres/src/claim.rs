@@ -327,7 +327,7 @@ impl PgStore {
             }
         }
         if check_absence {
-            if !self.lock_first(&mut opening, wait_ms, lock).await? {
+            if !self.lock_first(&mut opening, wait_ms, lock, &req.scope).await? {
                 drop(opening.keep());
                 return Ok(None);
             }
@@ -358,7 +358,7 @@ impl PgStore {
                 Err(e) => return self.busy_or_fail(opening, e).await,
             }
         }
-        if !self.lock_first(&mut opening, wait_ms, lock).await? {
+        if !self.lock_first(&mut opening, wait_ms, lock, &req.scope).await? {
             drop(opening.keep());
             return Ok(None);
         }
@@ -386,6 +386,7 @@ impl PgStore {
         opening: &mut Opening,
         wait_ms: Option<u128>,
         lock: i64,
+        scope: &Scope,
     ) -> Result<bool, Retry> {
         if !self.config.single_step_isolation.takes_lock_first() {
             return Ok(true);
@@ -396,6 +397,22 @@ impl PgStore {
             .bind(wait_ms)
             .execute(&mut **opening.conn())
             .await;
+        // Failpoint `idemkit_postgres::claim::after_session_lock`: the opening
+        // fails between its two round trips (argument: the key it applies to).
+        let taken = taken.and_then(|_| {
+            fail::fail_point!("idemkit_postgres::claim::after_session_lock", |key: Option<
+                String,
+            >| {
+                if key.as_deref().is_none_or(|k| k == scope.key.as_str()) {
+                    Err(sqlx::Error::Io(std::io::Error::other(
+                        "failpoint: the opening failed holding the session lock",
+                    )))
+                } else {
+                    Ok(())
+                }
+            });
+            Ok(())
+        });
         match taken {
             Ok(_) => Ok(true),
             Err(e) if is_lock_timeout(&e) => Ok(false),

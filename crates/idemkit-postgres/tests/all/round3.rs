@@ -377,3 +377,58 @@ async fn a_lost_reply_of_a_claim_that_did_not_claim_is_not_a_claim() {
     let rec = store.get(&s).await.unwrap().unwrap();
     assert_eq!(rec.fencing_token, holder.token, "the holder still holds it");
 }
+
+/// Item 11: the session-level lock a snapshot-level opening takes before
+/// `BEGIN` never outlives a failed opening. The opening fails between its
+/// two round trips (holding the session lock, no transaction yet); its
+/// connection is closed, not pooled, so the next claim of the key finds the
+/// lock free instead of "in progress" forever on a pooled connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_snapshot_level_opening_frees_the_keys_lock() {
+    const AFTER_SESSION_LOCK: &str = "idemkit_postgres::claim::after_session_lock";
+    let Some(store) = store_at(Isolation::RepeatableRead, "read committed").await else {
+        return;
+    };
+    let s = scope("a", "iso-session-lock");
+    fail::cfg(AFTER_SESSION_LOCK, &format!("return({})", s.key.as_str())).unwrap();
+    let failed = store.claim_in_tx(&claim_req(&s, "{}")).await;
+    fail::remove(AFTER_SESSION_LOCK);
+    assert!(
+        matches!(failed, Err(StoreError::Unavailable(_))),
+        "the opening failed: {failed:?}"
+    );
+    // Another instance (its own pool, so another backend: the session that
+    // holds an advisory lock would be granted it again).
+    let url = crate::database_url().unwrap();
+    let other = PgStore::connect(
+        &url,
+        PgConfig {
+            schema: store.config().schema.clone(),
+            max_connections: 2,
+            ..PgConfig::default()
+        }
+        .with_single_step_isolation(Isolation::RepeatableRead),
+    )
+    .await
+    .unwrap();
+    // The closed connection's backend ends as soon as the server reads the
+    // close: a short bound for that, where a pooled connection would hold
+    // the lock for good.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+    let (tx, lease) = loop {
+        match other.claim_in_tx(&claim_req(&s, "{}")).await.unwrap() {
+            TxClaim::Claimed { tx, lease } => break (tx, lease),
+            TxClaim::Other(outcome) if tokio::time::Instant::now() < deadline => {
+                let _ = outcome;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            TxClaim::Other(outcome) => {
+                panic!("the key's lock outlived the failed opening: {outcome:?}")
+            }
+        }
+    };
+    other
+        .complete_in_tx(tx, &s, lease.token, &response(201, "done"))
+        .await
+        .unwrap();
+}
