@@ -120,7 +120,7 @@ fn fill(sql: &str, values: &[&str]) -> String {
 /// The lease-mode claim's text with its parameters as literals: account
 /// `bench`, key `key` (an SQL expression), a POST to `/orders` whose body is
 /// `body_hex`, a 30 s lease, the database's clock, not a resume, no
-/// recovery point.
+/// recovery point, no attempt id.
 fn fill_claim(claim: &str, key: &str, body_hex: &str) -> String {
     let body = format!("decode('{body_hex}', 'hex')");
     fill(
@@ -136,6 +136,8 @@ fn fill_claim(claim: &str, key: &str, body_hex: &str) -> String {
             "'[]'",
             &body,
             "false",
+            "NULL",
+            // No attempt id: pgbench never re-reads a lost reply.
             "NULL",
         ],
     )

@@ -9,10 +9,12 @@
 //! record exactly as read (token, state and lease), on a fresh token, under
 //! the lock.
 
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 use idemkit_core::{
-    ClaimOutcome, ClaimRequest, FencingToken, Lease, Millis, Record, Resolution, Scope, StoredHeader,
+    ClaimOutcome, ClaimRequest, FencingToken, Lease, Millis, Record, Resolution, Scope, StoreError,
+    StoredHeader,
 };
 use sha2::{Digest, Sha256};
 use sqlx::pool::PoolConnection;
@@ -74,6 +76,75 @@ impl Drop for Opening {
     }
 }
 
+/// One lease-mode claim call, as its writes name it in the record
+/// (`claim_attempt`, migration `20261222000001`), so that a claim whose reply
+/// was lost can tell its own committed write from anybody else's.
+pub(crate) struct Attempt {
+    /// Random, one per [`idemkit_core::KeyStore::claim`] call (kept across the
+    /// store's own retries of it).
+    id: String,
+    /// Whether the last write sent was a takeover's move (so a recovered lease
+    /// resumes from the record's recovery point).
+    takeover: AtomicBool,
+    /// When the call began: a record read back after the claim's lease could
+    /// have run out is not taken for ours (see [`PgStore::recover_claim`]).
+    started: Instant,
+}
+
+impl Attempt {
+    pub(crate) fn new() -> Self {
+        Self {
+            id: uuid::Uuid::new_v4().simple().to_string(),
+            takeover: AtomicBool::new(false),
+            started: Instant::now(),
+        }
+    }
+}
+
+/// Whether a failed claim may have committed all the same: the connection
+/// failed (an I/O or protocol error, the connection's worker gone, a
+/// connection-class SQLSTATE) after the statement may have been sent, so its
+/// outcome is unknown. A database error the statement raised itself is a
+/// known outcome (nothing committed), and so is a pool that handed out no
+/// connection.
+pub(crate) fn outcome_unknown(e: &Retry) -> bool {
+    let Retry::Fatal(StoreError::Unavailable(e)) = e else {
+        return false;
+    };
+    match e.downcast_ref::<sqlx::Error>() {
+        Some(
+            sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::WorkerCrashed | sqlx::Error::Tls(_),
+        ) => true,
+        Some(e @ sqlx::Error::Database(_)) => sqlstate(e).is_some_and(|c| c.starts_with("08")),
+        _ => false,
+    }
+}
+
+/// Failpoints `idemkit_postgres::claim::reply_lost` (the claim statement) and
+/// `idemkit_postgres::claim::move_reply_lost` (a takeover's or reuse's move):
+/// the statement committed, and its reply is lost, as when the connection
+/// drops between the commit and the answer. The argument names the key it
+/// applies to (none: every key), so tests running in parallel in one process
+/// do not trip it for each other.
+fn reply_lost(moving: bool, scope: &Scope) -> Result<(), sqlx::Error> {
+    let lost = |key: Option<String>| {
+        if key.as_deref().is_none_or(|k| k == scope.key.as_str()) {
+            Err(sqlx::Error::Io(std::io::Error::new(
+                std::io::ErrorKind::ConnectionReset,
+                "failpoint: the claim's reply was lost",
+            )))
+        } else {
+            Ok(())
+        }
+    };
+    if moving {
+        fail::fail_point!("idemkit_postgres::claim::move_reply_lost", lost);
+    } else {
+        fail::fail_point!("idemkit_postgres::claim::reply_lost", lost);
+    }
+    Ok(())
+}
+
 /// How long a single-step claim that found the key's lock held waits before
 /// its one more try, when no wait is configured (see
 /// [`PgStore::open_single_step`]).
@@ -118,6 +189,53 @@ fn now_and_record(row: &PgRow) -> Result<(Millis, Option<Record>), Retry> {
 }
 
 impl PgStore {
+    /// A lease-mode claim whose outcome is unknown ([`outcome_unknown`]):
+    /// the record read again on a fresh connection. If it carries `attempt`'s
+    /// id, in flight on a live lease, the claim committed and its lease is
+    /// returned (so the caller runs and completes the request instead of the
+    /// key waiting out a lease nobody holds). `None` otherwise, and when the
+    /// read fails too (then the lease does run out: the key is free for a
+    /// takeover when it does). A record read back later than a lease after
+    /// the call began is not taken for ours: by then the lease could have run
+    /// out and another attempt taken over on a version that does not write
+    /// attempt ids.
+    pub(crate) async fn recover_claim(&self, req: &ClaimRequest, attempt: &Attempt) -> Option<Lease> {
+        for pause in [0, 20, 100] {
+            tokio::time::sleep(Duration::from_millis(pause)).await;
+            if attempt.started.elapsed() >= req.lease {
+                return None;
+            }
+            let read = sqlx::query(AssertSqlSafe(sql::CLAIMED_BY_ATTEMPT.as_str()))
+                .bind(req.scope.account.as_str())
+                .bind(req.scope.key.as_str())
+                .bind(attempt.id.as_str())
+                .bind(self.test_now())
+                .fetch_optional(&self.pool)
+                .await;
+            let row = match read {
+                Ok(Some(row)) => row,
+                Ok(None) => return None,
+                Err(e) => {
+                    tracing::debug!(error = %e, "idemkit-postgres: re-reading a claim whose reply was lost");
+                    continue;
+                }
+            };
+            let lease = (|| -> Result<Lease, sqlx::Error> {
+                Ok(Lease {
+                    token: FencingToken(row.try_get(0)?),
+                    expires_at: Millis(row.try_get(1)?),
+                    resumed_from: if attempt.takeover.load(Ordering::Relaxed) {
+                        row.try_get(2)?
+                    } else {
+                        None
+                    },
+                })
+            })();
+            return lease.ok();
+        }
+        None
+    }
+
     /// Reads the record and the store's clock in one statement.
     async fn fetch_with_now(
         &self,
@@ -209,7 +327,17 @@ impl PgStore {
             }
         }
         if check_absence {
-            let begin = sql::begin_locked_absent(wait_ms, lock, &self.config.schema, &req.scope);
+            if !self.lock_first(&mut opening, wait_ms, lock, &req.scope).await? {
+                drop(opening.keep());
+                return Ok(None);
+            }
+            let begin = sql::begin_locked_absent(
+                self.config.single_step_isolation,
+                wait_ms,
+                lock,
+                &self.config.schema,
+                &req.scope,
+            );
             match PgTransactionManager::begin(opening.conn(), Some(AssertSqlSafe(begin).into_sql_str())).await
             {
                 Ok(()) => return Ok(Some(Opened::Absent(opening.keep()))),
@@ -230,10 +358,65 @@ impl PgStore {
                 Err(e) => return self.busy_or_fail(opening, e).await,
             }
         }
-        let begin = AssertSqlSafe(sql::begin_locked(wait_ms, lock, &self.config.schema)).into_sql_str();
+        if !self.lock_first(&mut opening, wait_ms, lock, &req.scope).await? {
+            drop(opening.keep());
+            return Ok(None);
+        }
+        let begin = AssertSqlSafe(sql::begin_locked(
+            self.config.single_step_isolation,
+            wait_ms,
+            lock,
+            &self.config.schema,
+        ))
+        .into_sql_str();
         match PgTransactionManager::begin(opening.conn(), Some(begin)).await {
             Ok(()) => Ok(Some(Opened::Locked(opening.keep()))),
             Err(e) => self.busy_or_fail(opening, e).await,
+        }
+    }
+
+    /// Takes the key's session-level lock before a transaction at a snapshot
+    /// level begins (see [`sql::begin_locked`]); `false` when another request
+    /// holds it (at once, or past the wait), and nothing is open then. At
+    /// READ COMMITTED the transaction takes the lock itself: nothing to do. On
+    /// an error, and if the caller is cancelled before the transaction has
+    /// taken the lock over, `opening` closes the connection, which frees it.
+    async fn lock_first(
+        &self,
+        opening: &mut Opening,
+        wait_ms: Option<u128>,
+        lock: i64,
+        scope: &Scope,
+    ) -> Result<bool, Retry> {
+        if !self.config.single_step_isolation.takes_lock_first() {
+            return Ok(true);
+        }
+        let wait_ms = wait_ms.map(|ms| i64::try_from(ms).unwrap_or(i64::MAX));
+        let taken = sqlx::query(AssertSqlSafe(sql::session_lock(&self.config.schema)))
+            .bind(lock)
+            .bind(wait_ms)
+            .execute(&mut **opening.conn())
+            .await;
+        // Failpoint `idemkit_postgres::claim::after_session_lock`: the opening
+        // fails between its two round trips (argument: the key it applies to).
+        let taken = taken.and_then(|_| {
+            fail::fail_point!("idemkit_postgres::claim::after_session_lock", |key: Option<
+                String,
+            >| {
+                if key.as_deref().is_none_or(|k| k == scope.key.as_str()) {
+                    Err(sqlx::Error::Io(std::io::Error::other(
+                        "failpoint: the opening failed holding the session lock",
+                    )))
+                } else {
+                    Ok(())
+                }
+            });
+            Ok(())
+        });
+        match taken {
+            Ok(_) => Ok(true),
+            Err(e) if is_lock_timeout(&e) => Ok(false),
+            Err(e) => Err(Retry::from(e)),
         }
     }
 
@@ -260,6 +443,7 @@ impl PgStore {
         &self,
         conn: &mut PgConnection,
         req: &ClaimRequest,
+        attempt: &Attempt,
     ) -> Result<ClaimOutcome, Retry> {
         let headers = StoredHeader::encode_list(&req.request.headers)?;
         let row = sqlx::query(AssertSqlSafe(sql::CLAIM.as_str()))
@@ -275,8 +459,10 @@ impl PgStore {
             // A resume never inserts: a record that is gone is stale.
             .bind(req.resume.is_some())
             .bind(req.recovery_point.as_deref())
+            .bind(attempt.id.as_str())
             .fetch_one(&mut *conn)
             .await
+            .and_then(|row| reply_lost(false, &req.scope).map(|()| row))
             .map_err(Retry::from)?;
         if let Some(token) = row.try_get::<Option<i64>, _>(0).map_err(corrupt)? {
             return Ok(ClaimOutcome::Claimed(Lease {
@@ -304,7 +490,11 @@ impl PgStore {
             Resolution::Settled(outcome) => return Ok(outcome),
         };
         fail::fail_point!("idemkit_postgres::claim::before_move");
-        match self.move_claim(&mut *conn, req, &existing, now, takeover).await? {
+        attempt.takeover.store(takeover, Ordering::Relaxed);
+        match self
+            .move_claim(&mut *conn, req, &existing, now, takeover, Some(attempt))
+            .await?
+        {
             Some(lease) => Ok(ClaimOutcome::Claimed(lease)),
             // The record changed since it was read (completed by a lapsed holder,
             // heartbeaten, moved by another attempt): decide again on its new state.
@@ -337,7 +527,10 @@ impl PgStore {
         };
         // Lease-mode actors (a heartbeat, the completer, the reaper) take no
         // advisory lock: the move is a compare-and-swap on the record as read.
-        match self.move_claim(&mut *conn, req, &existing, now, takeover).await? {
+        match self
+            .move_claim(&mut *conn, req, &existing, now, takeover, None)
+            .await?
+        {
             Some(lease) => Ok(SingleStep::Moved(lease)),
             None => Err(Retry::Transient(sqlx::Error::RowNotFound)),
         }
@@ -355,6 +548,7 @@ impl PgStore {
         seen: &Record,
         now: Millis,
         takeover: bool,
+        attempt: Option<&Attempt>,
     ) -> Result<Option<Lease>, Retry> {
         let expires = now.plus(req.lease);
         let moved = sqlx::query(AssertSqlSafe(sql::MOVE.as_str()))
@@ -372,8 +566,10 @@ impl PgStore {
             .bind(seen.state.as_str())
             .bind(seen.lease_expires_at.0)
             .bind(req.recovery_point.as_deref())
+            .bind(attempt.map(|a| a.id.as_str()))
             .fetch_optional(conn)
             .await
+            .and_then(|row| reply_lost(true, &req.scope).map(|()| row))
             .map_err(Retry::from)?;
         let Some(row) = moved else { return Ok(None) };
         Ok(Some(Lease {

@@ -36,6 +36,82 @@ pub struct PgConfig {
     /// replaced. A connection dropped within the interval fails the one
     /// operation that picks it up with a retryable `Unavailable` (503).
     pub ping_if_idle_for: Duration,
+    /// The isolation level of a single-step claim's transaction, the one the
+    /// handler's writes run in (default [`Isolation::ReadCommitted`], as
+    /// before this setting existed). See [`Isolation`] for what each level
+    /// costs and what a request that loses a race is answered.
+    pub single_step_isolation: Isolation,
+}
+
+/// The isolation level of single-step transactions
+/// ([`PgConfig::single_step_isolation`]).
+///
+/// Whatever the level, the key's advisory lock keeps two single-step claims of
+/// one key from running at once, and a claim never runs its handler on a read
+/// older than the lock's previous holder's commit: a duplicate that waited
+/// for the lock (in-flight = wait) replays the winner, one that found it held
+/// (in-flight = reject) is answered `409` in progress. What the level changes
+/// is the handler's own reads and writes, and the answer to a race the lock
+/// does not cover (a lease-mode claim of the same key, or, under the two
+/// snapshot levels, another transaction's writes that conflict with the
+/// handler's): the commit is refused, everything rolls back, and the request
+/// is answered as the key then answers (a replay of the winner, or a retryable
+/// `409` in progress), never a `500`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Isolation {
+    /// `READ COMMITTED`, whatever the database's default (the default, and
+    /// the only behaviour before this setting). Each statement of the handler
+    /// sees what was committed before it began. The opening is one round trip
+    /// (`BEGIN` with the lock and the absence check).
+    #[default]
+    ReadCommitted,
+    /// `REPEATABLE READ`: the handler's statements share one snapshot, taken
+    /// after the key's lock is granted. A row the handler updates that another
+    /// transaction changed since that snapshot raises a serialization failure
+    /// (SQLSTATE 40001) in the handler's statement (the handler's own error to
+    /// answer, retryable); one raised by the store's completion at commit is
+    /// answered as the key now answers (see above). The opening takes the
+    /// key's lock in its own round trip before `BEGIN` (one round trip more
+    /// per request), so that the snapshot sees the lock's previous holder.
+    RepeatableRead,
+    /// `SERIALIZABLE`: as [`Isolation::RepeatableRead`], and PostgreSQL also
+    /// refuses, with a serialization failure at a statement or at commit, any
+    /// transaction whose effects no serial order explains. Handlers must
+    /// expect 40001 from any statement and answer it as retryable.
+    Serializable,
+    /// No level in `BEGIN`: the connection's `default_transaction_isolation`
+    /// (the database's or the role's setting) applies. The opening is taken as
+    /// for [`Isolation::RepeatableRead`] (the lock first, in its own round
+    /// trip), since the default may be a snapshot level.
+    DatabaseDefault,
+}
+
+impl Isolation {
+    /// The `BEGIN` that opens a transaction at this level.
+    pub(crate) fn begin(self) -> &'static str {
+        match self {
+            Self::ReadCommitted => "BEGIN ISOLATION LEVEL READ COMMITTED",
+            Self::RepeatableRead => "BEGIN ISOLATION LEVEL REPEATABLE READ",
+            Self::Serializable => "BEGIN ISOLATION LEVEL SERIALIZABLE",
+            Self::DatabaseDefault => "BEGIN",
+        }
+    }
+
+    /// Whether the transaction's reads may come from one snapshot taken at its
+    /// first statement, so the key's lock must be held before it begins.
+    pub(crate) fn takes_lock_first(self) -> bool {
+        !matches!(self, Self::ReadCommitted)
+    }
+}
+
+impl PgConfig {
+    /// Sets [`PgConfig::single_step_isolation`].
+    #[must_use]
+    pub fn with_single_step_isolation(mut self, isolation: Isolation) -> Self {
+        self.single_step_isolation = isolation;
+        self
+    }
 }
 
 impl Default for PgConfig {
@@ -48,6 +124,7 @@ impl Default for PgConfig {
             reject_lock_timeout: Duration::ZERO,
             max_attempts: 3,
             ping_if_idle_for: Duration::from_secs(1),
+            single_step_isolation: Isolation::ReadCommitted,
         }
     }
 }

@@ -67,7 +67,7 @@ use tokio::sync::broadcast;
 /// `KeyStore::claim` and `KeyStore::complete` send them, for `benches/pgbench.rs`
 /// to hand the same SQL to `pgbench`. Parameters: the claim binds account `$1`,
 /// key `$2`, fingerprint `$3`, test clock `$4`, lease ms `$5`, method `$6`, path
-/// `$7`, headers `$8`, body `$9`, resume `$10`, recovery point `$11`; the
+/// `$7`, headers `$8`, body `$9`, resume `$10`, recovery point `$11`, attempt id `$12`; the
 /// completion binds account, key, token, test clock, status, headers, body
 /// (`$1`–`$7`).
 #[doc(hidden)]
@@ -86,10 +86,10 @@ pub fn single_step_sql(
     schema: &str,
     scope: &idemkit_core::Scope,
 ) -> String {
-    sql::begin_locked_absent(lock_timeout_ms, lock, schema, scope)
+    sql::begin_locked_absent(Isolation::ReadCommitted, lock_timeout_ms, lock, schema, scope)
 }
 
-pub use config::PgConfig;
+pub use config::{Isolation, PgConfig};
 pub use listener::CHANNEL;
 pub use tx::{PROVISIONAL_TOKEN, PgTx};
 

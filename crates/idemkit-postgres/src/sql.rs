@@ -11,7 +11,7 @@ use idemkit_core::{
 };
 use sqlx::Postgres;
 
-use crate::{CHANNEL, PgConfig};
+use crate::{CHANNEL, Isolation, PgConfig};
 
 /// Wraps a fenced `UPDATE` so that a changed row somebody waits for (its
 /// `has_waiters` is set) wakes this schema's waiters in the same round trip; the
@@ -121,7 +121,7 @@ pub(crate) const APPLIED_MIGRATIONS: &str = "SELECT version FROM _sqlx_migration
 // Claims.
 
 /// The lease-mode claim, autocommitted: inserts the in-flight row at recovery
-/// point `$11` (unless `$10`, a resume), or returns the existing record with the
+/// point `$11` with attempt id `$12` (unless `$10`, a resume), or returns the existing record with the
 /// store's clock, in one statement. Columns: the new token and lease (NULL when
 /// nothing was inserted), the store's clock, then the existing record from
 /// column 3 (NULL columns when a row was inserted, or when the conflicting row
@@ -130,8 +130,9 @@ pub(crate) static CLAIM: LazyLock<String> = LazyLock::new(|| {
     format!(
         "WITH now AS (SELECT {} AS ms), \
          ins AS (INSERT INTO idemkit_keys (account, idem_key, fingerprint, state, created_at, \
-         lease_expires_at, fencing_token, req_method, req_path, req_headers, req_body, recovery_point) \
-         SELECT $1, $2, $3, 'in_flight', ms, ms + $5, {NEXT_TOKEN}, $6, $7, $8, $9, $11 FROM now \
+         lease_expires_at, fencing_token, req_method, req_path, req_headers, req_body, recovery_point, \
+         claim_attempt) \
+         SELECT $1, $2, $3, 'in_flight', ms, ms + $5, {NEXT_TOKEN}, $6, $7, $8, $9, $11, $12 FROM now \
          WHERE NOT $10 \
          ON CONFLICT (account, idem_key) DO NOTHING RETURNING fencing_token, lease_expires_at) \
          SELECT (SELECT fencing_token FROM ins), (SELECT lease_expires_at FROM ins), \
@@ -141,27 +142,39 @@ pub(crate) static CLAIM: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
-/// A single-step transaction's `BEGIN`. READ COMMITTED whatever the database's
-/// default: the check after the lock must see what the lock's previous holder
-/// committed, which a snapshot taken at the transaction's first statement
-/// (REPEATABLE READ) would not.
-const BEGIN: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
-
-/// Opens a single-step claim's transaction holding the key's advisory lock
-/// (`lock`, see `claim::lock_id`), in one round trip: the simple-query
-/// protocol runs the statements in order, and skips the rest after an error.
+/// Opens a single-step claim's transaction at `isolation` holding the key's
+/// advisory lock (`lock`, see `claim::lock_id`), in one round trip: the
+/// simple-query protocol runs the statements in order, and skips the rest
+/// after an error. At READ COMMITTED the transaction takes the lock itself.
 /// Without a wait (`wait_ms` `None`) a held lock raises SQLSTATE 55P03 at once
 /// (`idemkit_try_lock`, migration `20261220000001`); with one, the wait is
 /// bounded by `lock_timeout`, which raises the same error when it runs out and
-/// is lifted for the handler's own statements once the lock is held.
-pub(crate) fn begin_locked(wait_ms: Option<u128>, lock: i64, schema: &str) -> String {
+/// is lifted for the handler's own statements once the lock is held. READ
+/// COMMITTED is what the check after the lock needs: each statement sees what
+/// the lock's previous holder committed. At a snapshot level (see
+/// [`Isolation::takes_lock_first`]) the snapshot would predate the lock, so the
+/// lock is taken first, by [`session_lock`] in its own round trip, and the
+/// transaction's first statement moves it to transaction scope (migration
+/// `20261221000001`).
+pub(crate) fn begin_locked(isolation: Isolation, wait_ms: Option<u128>, lock: i64, schema: &str) -> String {
+    let begin = isolation.begin();
+    if isolation.takes_lock_first() {
+        return format!("{begin}; SELECT {schema}.idemkit_lock_to_xact({lock})");
+    }
     match wait_ms {
-        None => format!("{BEGIN}; SELECT {schema}.idemkit_try_lock({lock})"),
+        None => format!("{begin}; SELECT {schema}.idemkit_try_lock({lock})"),
         Some(ms) => format!(
-            "{BEGIN}; SET LOCAL lock_timeout = {ms}; SELECT pg_advisory_xact_lock({lock}); \
+            "{begin}; SET LOCAL lock_timeout = {ms}; SELECT pg_advisory_xact_lock({lock}); \
              SET LOCAL lock_timeout = 0"
         ),
     }
+}
+
+/// The key's session-level lock, taken before a snapshot-level transaction
+/// begins (see [`begin_locked`]): lock `$1`, wait `$2` milliseconds (NULL: a
+/// try-lock); SQLSTATE 55P03 when not acquired.
+pub(crate) fn session_lock(schema: &str) -> String {
+    format!("SELECT {schema}.idemkit_session_lock($1, $2)")
 }
 
 /// [`begin_locked`], then the check that the key has no record, in the same
@@ -173,16 +186,23 @@ pub(crate) fn begin_locked(wait_ms: Option<u128>, lock: i64, schema: &str) -> St
 /// STABLE function keeps its statement's snapshot, taken before the lock is
 /// granted, and would miss what the lock's previous holder committed.
 /// Literals as in [`fused_completion`].
-pub(crate) fn begin_locked_absent(wait_ms: Option<u128>, lock: i64, schema: &str, scope: &Scope) -> String {
+pub(crate) fn begin_locked_absent(
+    isolation: Isolation,
+    wait_ms: Option<u128>,
+    lock: i64,
+    schema: &str,
+    scope: &Scope,
+) -> String {
+    let begin = isolation.begin();
     let account = literal::text(scope.account.as_str());
     let key = literal::text(scope.key.as_str());
     match wait_ms {
-        None => {
-            format!("{BEGIN}; SELECT {schema}.idemkit_single_step_open({lock}, {account}::text, {key}::text)")
+        None if !isolation.takes_lock_first() => {
+            format!("{begin}; SELECT {schema}.idemkit_single_step_open({lock}, {account}::text, {key}::text)")
         }
-        Some(_) => format!(
+        _ => format!(
             "{}; SELECT {schema}.idemkit_single_step_absent({account}::text, {key}::text)",
-            begin_locked(wait_ms, lock, schema),
+            begin_locked(isolation, wait_ms, lock, schema),
         ),
     }
 }
@@ -203,7 +223,8 @@ pub(crate) fn rollback_and_read(scope: &Scope, test_now: Option<i64>) -> String 
 /// Compare-and-swap of a record to a new holder on a fresh token, only if it is
 /// still exactly as seen (token `$11`, state `$12`, lease `$13`). Takeover
 /// (`$4`) keeps progress (a record without a recovery point takes the claim's
-/// `$14`, and returns it); reuse starts at `$14`.
+/// `$14`, and returns it); reuse starts at `$14`. The new holder's attempt id
+/// is `$15` (NULL in single-step mode).
 pub(crate) static MOVE: LazyLock<String> = LazyLock::new(|| {
     format!(
         "UPDATE idemkit_keys SET fencing_token = {NEXT_TOKEN}, lease_expires_at = $3, \
@@ -214,10 +235,24 @@ pub(crate) static MOVE: LazyLock<String> = LazyLock::new(|| {
          step_outputs = CASE WHEN $4 THEN step_outputs ELSE '{{}}' END, \
          req_method = $7, req_path = $8, req_headers = $9, req_body = $10, \
          resp_status = NULL, resp_headers = NULL, resp_body = NULL, \
-         last_error = CASE WHEN $4 THEN last_error END \
+         last_error = CASE WHEN $4 THEN last_error END, claim_attempt = $15 \
          WHERE account = $1 AND idem_key = $2 AND fencing_token = $11 AND state = $12 \
          AND lease_expires_at = $13 \
          RETURNING fencing_token, recovery_point"
+    )
+});
+
+/// A lease-mode claim's own record after its reply was lost: the token, lease
+/// and recovery point of the record if attempt `$3` holds it (in flight, its
+/// lease alive by the store's clock, test clock at `$4`). Any other writer
+/// that can change the record without replacing the attempt id (an operator's
+/// release, the reaper) needs the lease expired or leaves it parked.
+pub(crate) static CLAIMED_BY_ATTEMPT: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT fencing_token, lease_expires_at, recovery_point FROM idemkit_keys \
+         WHERE account = $1 AND idem_key = $2 AND claim_attempt = $3 AND state = 'in_flight' \
+         AND lease_expires_at > {}",
+        now_sql(4)
     )
 });
 
@@ -514,22 +549,34 @@ pub(crate) static DISCARD: LazyLock<String> = LazyLock::new(|| {
 /// a sequence, so a deleted key's tokens never repeat). Live leases never match.
 /// `completed_at >= created_at`, so the `created_at` bound only lets the index
 /// narrow the scan.
+///
+/// The records to park are locked first (`locked`, `FOR UPDATE`), and both the
+/// park and the review entry take their values from that locked row: a row a
+/// lapsed holder changed while this pass waited on its lock (a phase's intent
+/// committed) is re-read, as committed, by the lock (READ COMMITTED's re-check),
+/// and re-checked against the conditions; a statement-snapshot read of the key
+/// table would copy the row as it was before that commit, and the review list
+/// would show an operator a record without the intent it was parked with.
 pub(crate) static REAP: LazyLock<String> = LazyLock::new(|| {
     format!(
         "WITH now AS (SELECT {now} AS ms), \
-         listed AS (UPDATE idemkit_keys k SET fencing_token = {NEXT_TOKEN}, state = 'parked', \
-         lease_expires_at = LEAST(k.lease_expires_at, (SELECT ms FROM now)), last_error = $3 \
-         FROM now WHERE k.created_at < $1 \
+         locked AS (SELECT k.account, k.idem_key, k.state, k.created_at, k.recovery_point, \
+         k.step_outputs, k.last_error, k.req_method, k.req_path, k.req_headers, k.req_body, \
+         k.lease_expires_at \
+         FROM idemkit_keys k, now WHERE k.created_at < $1 \
          AND (k.state = 'parked' OR (k.state = 'in_flight' AND k.lease_expires_at <= now.ms)) \
          AND NOT EXISTS (SELECT 1 FROM idemkit_review r WHERE r.account = k.account \
          AND r.idem_key = k.idem_key AND r.created_at = k.created_at) \
-         RETURNING k.account, k.idem_key, k.created_at), \
+         FOR UPDATE OF k), \
+         listed AS (UPDATE idemkit_keys k SET fencing_token = {NEXT_TOKEN}, state = 'parked', \
+         lease_expires_at = LEAST(l.lease_expires_at, (SELECT ms FROM now)), last_error = $3 \
+         FROM locked l WHERE k.account = l.account AND k.idem_key = l.idem_key \
+         RETURNING 1), \
          reviewed AS (INSERT INTO idemkit_review (account, idem_key, state, created_at, reaped_at, \
          recovery_point, step_outputs, last_error, req_method, req_path, req_headers, req_body) \
-         SELECT o.account, o.idem_key, o.state, o.created_at, (SELECT ms FROM now), o.recovery_point, \
-         o.step_outputs, o.last_error, o.req_method, o.req_path, o.req_headers, o.req_body \
-         FROM idemkit_keys o JOIN listed l ON l.account = o.account AND l.idem_key = o.idem_key \
-         ORDER BY o.created_at, o.account, o.idem_key RETURNING 1), \
+         SELECT l.account, l.idem_key, l.state, l.created_at, (SELECT ms FROM now), l.recovery_point, \
+         l.step_outputs, l.last_error, l.req_method, l.req_path, l.req_headers, l.req_body \
+         FROM locked l ORDER BY l.created_at, l.account, l.idem_key RETURNING 1), \
          deleted AS (DELETE FROM idemkit_keys WHERE created_at < $1 \
          AND ((state = 'completed' AND COALESCE(completed_at, created_at) < $1) OR state = 'released') \
          RETURNING 1) \

@@ -13,6 +13,7 @@ use idemkit_core::{
 use sqlx::{AssertSqlSafe, PgConnection, Postgres, Row};
 
 use crate::PgStore;
+use crate::claim::{Attempt, outcome_unknown};
 use crate::decode::{decode_at, decode_review, fetch_record};
 use crate::error::{corrupt, map_err};
 use crate::retry::Retry;
@@ -98,10 +99,26 @@ impl PgStore {
 
 #[async_trait]
 impl KeyStore for PgStore {
+    /// A claim whose reply is lost after its write was sent (the connection
+    /// failed) is settled by its attempt id (see `claim::Attempt`): the
+    /// record is read again on a fresh connection, and a claim that did
+    /// commit is answered `Claimed`; otherwise the error stands.
     async fn claim(&self, req: &ClaimRequest) -> StoreResult<ClaimOutcome> {
+        let attempt = Attempt::new();
         self.retrying(|| async {
             let mut conn = self.pool.acquire().await.map_err(Retry::from)?;
-            self.claim_on(&mut conn, req).await
+            match self.claim_on(&mut conn, req, &attempt).await {
+                Err(e) if outcome_unknown(&e) => {
+                    // Broken, or in an unknown state: never back to the pool.
+                    conn.close_on_drop();
+                    drop(conn);
+                    match self.recover_claim(req, &attempt).await {
+                        Some(lease) => Ok(ClaimOutcome::Claimed(lease)),
+                        None => Err(e),
+                    }
+                }
+                settled => settled,
+            }
         })
         .await
     }

@@ -309,6 +309,12 @@ impl PgStore {
             // The key's row appeared since the claim read it absent (a lease-mode
             // claim, which takes no advisory lock): nothing committed.
             Err(e) if sqlstate(&e).as_deref() == Some("IK002") => Err(StoreError::Conflict),
+            // A serialization failure at a snapshot level (`PgConfig::single_step_isolation`):
+            // the same race seen through the snapshot (the key's row committed
+            // since it was taken), or another transaction's conflicting writes.
+            // Nothing committed either way, and the caller answers as the key
+            // now answers (a replay, or a retryable "in progress").
+            Err(e) if sqlstate(&e).as_deref() == Some("40001") => Err(StoreError::Conflict),
             Err(e) => Err(map_err(e)),
         }
     }

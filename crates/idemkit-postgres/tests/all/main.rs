@@ -14,6 +14,7 @@ use idemkit_testkit::tx_suite::BusinessProbe;
 mod commits;
 mod fencing;
 mod hardening;
+mod round3;
 mod single_step;
 
 /// The test database URL, or `None` (outside CI) when it is not configured.
@@ -94,6 +95,33 @@ mod conformance {
 mod transactional {
     use super::*;
     idemkit_testkit::transactional_conformance_tests!(optional fresh, probe);
+}
+
+/// The single-step suites again with transactions at SERIALIZABLE (the
+/// strictest level, whose openings take the key's lock first).
+async fn fresh_serializable(clock: Arc<ManualClock>) -> Option<Arc<PgStore>> {
+    let url = database_url()?;
+    let config = PgConfig {
+        schema: fresh_schema(),
+        max_connections: 8,
+        ..PgConfig::default()
+    }
+    .with_single_step_isolation(idemkit_postgres::Isolation::Serializable);
+    let store = PgStore::connect(&url, config)
+        .await
+        .expect("connect to PostgreSQL")
+        .with_test_clock(clock);
+    Some(Arc::new(store))
+}
+
+mod transactional_serializable {
+    use super::*;
+    idemkit_testkit::transactional_conformance_tests!(optional fresh_serializable, probe);
+}
+
+mod transactional_lifecycle_serializable {
+    use super::*;
+    idemkit_testkit::transactional_lifecycle_tests!(optional fresh_serializable, probe);
 }
 
 mod lifecycle {
