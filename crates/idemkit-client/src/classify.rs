@@ -112,7 +112,8 @@ pub struct Answer {
     /// [`Stop::RetryRefused`](crate::Stop::RetryRefused).
     pub retry_refused: bool,
     /// The gRPC status code (`grpc-status`), when the answer was a gRPC one; `status`
-    /// is then the HTTP status the code is judged as (see the [guide](crate::guide)).
+    /// is then the HTTP status the code is judged as (see the guide's client page,
+    /// `docs/client.md`).
     pub grpc_code: Option<i32>,
 }
 
@@ -348,7 +349,7 @@ pub enum Verdict {
 }
 
 /// The retry allowlist, separate from any policy (the same table is in the
-/// [guide](crate::guide)).
+/// guide's client page, `docs/client.md`).
 ///
 /// A request is *protected* when it carries an idempotency key or its method is
 /// idempotent (GET, HEAD, OPTIONS, TRACE, PUT, DELETE).

@@ -39,7 +39,8 @@
 //! # }
 //! ```
 //!
-//! Start with the [`guide`] (`docs/client.md`): results, settings, examples. In short:
+//! Start with the guide's client page (`docs/client.md` in the repository's book):
+//! results, settings, examples. In short:
 //!
 //! - **Results**: `Ok(response)` for a success *and* for an answer that is never
 //!   retried (400, 401, 404, 500 unless opted in, `409 idempotency_key_reused`, …);
@@ -128,9 +129,3 @@ pub use crate::reqwest::{CallDeadline, ReqwestRetryError, RetryErrorExt, RetryMi
 #[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
 pub use crate::tower::{ReplayBody, ResponseFuture, RetryBody, RetryLayer, RetryService, TowerRetryError};
 
-/// The guide, `docs/client.md`, included here so that its examples compile as doctests.
-#[cfg_attr(
-    all(feature = "reqwest", feature = "tower"),
-    doc = include_str!("../../../docs/client.md")
-)]
-pub mod guide {}

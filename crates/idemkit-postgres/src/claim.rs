@@ -137,6 +137,8 @@ fn reply_lost(moving: bool, scope: &Scope) -> Result<(), sqlx::Error> {
             Ok(())
         }
     };
+    // Without the `failpoints` feature the macros below expand to nothing.
+    let _ = &lost;
     if moving {
         fail::fail_point!("idemkit_postgres::claim::move_reply_lost", lost);
     } else {
@@ -388,6 +390,8 @@ impl PgStore {
         lock: i64,
         scope: &Scope,
     ) -> Result<bool, Retry> {
+        // Read by the failpoint below only (nothing without `failpoints`).
+        let _ = scope;
         if !self.config.single_step_isolation.takes_lock_first() {
             return Ok(true);
         }

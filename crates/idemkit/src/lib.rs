@@ -1,14 +1,39 @@
-#![doc = include_str!("../../../README.md")]
+//! # idemkit
+//!
+//! Make retried API writes safe. Networks drop responses, clients retry, and a
+//! charge, an order or a shipping label happens twice. idemkit gives a service
+//! idempotency keys scoped per account, claimed atomically in a real store, with
+//! payload fingerprints and faithful replay of the stored response, so a write is
+//! **effectively once within the key scope and replay window** (at-least-once
+//! delivery plus de-duplication); its client half retries only what is safe to
+//! retry, reusing one key across attempts.
+//!
+//! ```no_run
+//! use axum::{Router, routing::post};
+//! use idemkit::sqlite::{SqliteStore, SqliteTx};
+//! use idemkit::tower::{BearerTokenAccount, IdempotencyLayer, Tx};
+//!
+//! // Runs at most once per (account, key): the claim, this insert and the stored
+//! // response commit in one transaction; retries get the stored 201 back.
+//! async fn create(mut tx: Tx<SqliteTx>) -> http::StatusCode {
+//!     sqlx::query("INSERT INTO orders DEFAULT VALUES").execute(&mut **tx).await.unwrap();
+//!     http::StatusCode::CREATED
+//! }
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let store = std::sync::Arc::new(SqliteStore::open("app.db").await?);
+//! let keys = IdempotencyLayer::transactional(store).resolver(BearerTokenAccount).build()?;
+//! let app: Router = Router::new().route("/orders", post(create).layer(keys));
+//! # let _ = app; Ok(()) }
+//! ```
+//!
+//! The guide (getting started, the contract, stores, multi-step requests, the
+//! client, gRPC, the proxy, the checker, operations) is the `book/` of the
+//! repository, built from its `docs/` pages.
 //!
 //! ## Crate features
 //!
-//! | feature  | default | what it adds |
-//! |----------|---------|--------------|
-//! | `sqlite` | yes     | [`sqlite::SqliteStore`], the embedded key store |
-//! | `axum`   | yes     | [`tower`]: the `IdempotencyLayer`, extractors and problem responses |
-//! | `postgres` | no    | [`postgres`]: `PgStore`, the store for many instances on one PostgreSQL |
-//! | `redis`  | no      | [`redis`]: `RedisStore`, fenced Lua claims on Redis or Redis Cluster |
-//! | `client` | no      | [`client`]: the retry loop with safe defaults (backoff, budget, deadline, auto keys) |
+#![doc = document_features::document_features!()]
 //!
 //! Whatever the features, [`open_store`] opens the store a URL names
 //! (`sqlite://…` or a path, `postgres://…`, `redis://…`, `redis+cluster://…`),
