@@ -278,7 +278,11 @@ impl Harness {
 
     pub(crate) fn client(&self, config: RetryConfig) -> GrpcRetryService<Channel> {
         ServiceBuilder::new()
-            .layer(GrpcRetryLayer::new(RetryPolicy::new(config).with_seed(11)))
+            .layer(
+                // `Create` is declared unary: its trailers are read and judged too.
+                GrpcRetryLayer::new(RetryPolicy::new(config).with_seed(11))
+                    .with_unary_method("/test.v1.Scripted/Create"),
+            )
             .service(self.channel.clone())
     }
 }
