@@ -287,7 +287,10 @@ pub fn classify_error(error: &(dyn StdError + 'static)) -> Outcome {
 /// Whether `err` is a client's own "could not connect" error.
 fn is_connect_error(err: &(dyn StdError + 'static)) -> bool {
     #[cfg(feature = "reqwest")]
-    if err.downcast_ref::<reqwest::Error>().is_some_and(reqwest::Error::is_connect) {
+    if err
+        .downcast_ref::<reqwest::Error>()
+        .is_some_and(reqwest::Error::is_connect)
+    {
         return true;
     }
     #[cfg(any(feature = "tower", feature = "tonic"))]
@@ -464,8 +467,8 @@ impl Default for Classifier {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::io;
     use http::HeaderValue;
+    use std::io;
 
     fn answered(status: u16, code: Option<&str>) -> Outcome {
         Outcome::Answered(

@@ -1,21 +1,7 @@
 //! tonic integration: [`GrpcRetryLayer`] / [`GrpcRetryService`], retrying gRPC calls
 //! by gRPC status code with the same [`RetryPolicy`] as the HTTP integrations.
 //!
-//! A tonic request body is a stream and cannot be cloned, so tower's `Retry` cannot
-//! wrap a channel. This layer never guesses a method's kind:
-//!
-//! - **Request**: a call is retryable only when its body is one complete gRPC message
-//!   followed by the end of the stream, both there at once (what tonic sends for a
-//!   unary or server-streaming call). That message is buffered once and a copy goes
-//!   out on every attempt. Anything else (a client stream or a bidirectional stream:
-//!   a second message, or an end not yet there) is passed through as it arrives, sent
-//!   once, neither buffered whole nor retried.
-//! - **Response** (gRFC A6's commit rule): a trailers-only answer (a status without
-//!   messages) is judged and may be retried. A response with headers commits the call:
-//!   its messages are passed through as they arrive, never cut by the attempt timeout
-//!   nor re-opened. Methods registered with [`GrpcRetryLayer::with_unary_method`] are
-//!   known to answer with one message: their response is read to its trailers within
-//!   the attempt timeout, so a status in the trailers is judged too.
+//! What is buffered and retried, and what passes through: see [`GrpcRetryLayer`].
 
 use std::error::Error as StdError;
 use std::fmt;
@@ -58,6 +44,29 @@ pub type GrpcResponseFuture = Pin<Box<dyn Future<Output = Result<Response<Body>,
 /// `Service<http::Request<tonic::body::Body>>` (e.g. `tonic::transport::Channel`) in a
 /// [`GrpcRetryService`].
 ///
+/// A tonic request body is a stream and cannot be cloned, so tower's `Retry` cannot
+/// wrap a channel. This layer never guesses a method's kind:
+///
+/// - **Request**: a call is retryable only when its body is one complete gRPC message
+///   followed by the end of the stream, both there at once (what tonic sends for a
+///   unary or server-streaming call). That message is buffered once and a copy goes
+///   out on every attempt. Anything else (a client stream or a bidirectional stream:
+///   a second message, or an end not yet there) is passed through as it arrives, sent
+///   once, neither buffered whole nor retried.
+/// - **Response** (gRFC A6's commit rule): a trailers-only answer (a status without
+///   messages) is judged and may be retried. A response with headers commits the call:
+///   its messages are passed through as they arrive, never cut by the attempt timeout
+///   nor re-opened. Methods registered with [`with_unary_method`](Self::with_unary_method) are
+///   known to answer with one message: their response is read to its trailers within
+///   the attempt timeout, so a status in the trailers is judged too.
+/// - **Deadline**: the call's deadline is the sooner of the policy's and the caller's
+///   own (its `grpc-timeout`, or a [`CallDeadline`](crate::CallDeadline) extension);
+///   sleeps, pushback and waiting for the inner service to be ready all fit in it, and
+///   no attempt goes out with no time left. When the caller's deadline is what leaves
+///   no room for another attempt, the call ends with `DEADLINE_EXCEEDED` (naming the
+///   last attempt's status, keeping its metadata); when the policy's does, with the
+///   last attempt's own status.
+///
 /// ```
 /// use idemkit_client::{GrpcRetryLayer, RetryConfig};
 ///
@@ -81,17 +90,17 @@ struct Methods {
 
 impl Methods {
     fn is_streaming(&self, path: &str) -> bool {
-        self.streaming.iter().any(|p| *p == path)
+        self.streaming.contains(&path)
     }
 
     fn is_unary(&self, path: &str) -> bool {
-        self.unary.iter().any(|p| *p == path)
+        self.unary.contains(&path)
     }
 }
 
 impl GrpcRetryLayer {
     /// A layer using `policy`. No method is assumed unary or streaming: see the
-    /// [module docs](self) for what is retried.
+    /// [`GrpcRetryLayer`] for what is retried.
     pub fn new(policy: impl Into<RetryPolicy>) -> Self {
         Self {
             policy: policy.into(),
@@ -138,7 +147,7 @@ impl<S> Layer<S> for GrpcRetryLayer {
 }
 
 /// A tower service that retries gRPC calls with a [`RetryPolicy`] (which calls:
-/// see the [module docs](self)).
+/// see [`GrpcRetryLayer`]).
 ///
 /// Retried: `UNAVAILABLE`, `RESOURCE_EXHAUSTED` (as throttling) and `ABORTED` whose
 /// `google.rpc.ErrorInfo` reason is `idempotency_request_in_progress` (throttling);
@@ -304,7 +313,12 @@ where
         let remaining = call.remaining(start.elapsed());
         if remaining.is_some_and(|r| r < MIN_ATTEMPT_BUDGET) {
             let status = Status::deadline_exceeded("no time left before the deadline for an attempt");
-            return Err(give_up(Stop::DeadlineExceeded, call.attempts(), Outcome::NotSent, status));
+            return Err(give_up(
+                Stop::DeadlineExceeded,
+                call.attempts(),
+                Outcome::NotSent,
+                status,
+            ));
         }
         let plan = call.before_attempt(start.elapsed());
         let timeout = plan.timeout();
@@ -320,7 +334,9 @@ where
         };
         match budget {
             Some(budget) => {
-                attempt.headers_mut().insert(GRPC_TIMEOUT, grpc_timeout_value(budget));
+                attempt
+                    .headers_mut()
+                    .insert(GRPC_TIMEOUT, grpc_timeout_value(budget));
             }
             None => {
                 attempt.headers_mut().remove(GRPC_TIMEOUT);
@@ -384,10 +400,7 @@ fn callers_grpc_deadline(headers: &HeaderMap, extensions: &http::Extensions) -> 
 /// means in gRPC), naming the last attempt's status and keeping its metadata;
 /// otherwise the last attempt's own status.
 fn deadline_status(stop: Stop, status: Status, callers_bound: bool) -> Status {
-    let deadline = matches!(
-        stop,
-        Stop::DeadlineExceeded | Stop::RetryAfterPastDeadline { .. }
-    );
+    let deadline = matches!(stop, Stop::DeadlineExceeded | Stop::RetryAfterPastDeadline { .. });
     if !callers_bound || !deadline || status.code() == Code::DeadlineExceeded {
         return status;
     }

@@ -6,6 +6,9 @@
 //! body too large to classify goes on whole (the bytes read, then the rest), a body
 //! whose read failed goes on as that failure, never as an empty or cut answer.
 
+// The gRPC layer uses only the prefix-and-rest shape; the HTTP layers use the rest.
+#![cfg_attr(not(any(feature = "reqwest", feature = "tower")), allow(dead_code))]
+
 use std::collections::VecDeque;
 use std::fmt;
 use std::pin::Pin;
@@ -66,6 +69,7 @@ impl<B: Body> Replayed<B> {
     }
 
     /// `prefix`, then whatever is left of `rest`.
+    #[cfg(feature = "tonic")]
     pub(crate) fn prefixed(prefix: Bytes, rest: Pin<Box<B>>) -> Self {
         Self {
             chunks: std::iter::once(prefix).filter(|b| !b.is_empty()).collect(),
@@ -142,7 +146,10 @@ impl<B: Body<Data = Bytes>> Body for Replayed<B> {
     type Data = Bytes;
     type Error = B::Error;
 
-    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
         let this = self.get_mut();
         if let Some(chunk) = this.chunks.pop_front() {
             return Poll::Ready(Some(Ok(Frame::data(chunk))));

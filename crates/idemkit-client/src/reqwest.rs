@@ -85,7 +85,6 @@ impl RetryErrorExt for reqwest_middleware::Error {
     }
 }
 
-
 /// A `reqwest-middleware` middleware that retries with a [`RetryPolicy`].
 ///
 /// Returns `Ok(response)` for successes and for answers that are never retried (400,
@@ -153,7 +152,10 @@ impl Middleware for RetryMiddleware {
         }
         let mut original = Some(req);
         loop {
-            if call.remaining(start.elapsed()).is_some_and(|r| r < MIN_ATTEMPT_BUDGET) {
+            if call
+                .remaining(start.elapsed())
+                .is_some_and(|r| r < MIN_ATTEMPT_BUDGET)
+            {
                 // Nothing left to send an attempt with (a caller's `Request-Timeout: 0`).
                 let err = RetryError::<Response, reqwest_middleware::Error>::new(
                     Stop::DeadlineExceeded,

@@ -184,9 +184,7 @@ impl LatencyWindow {
             return;
         };
         let mut window = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        let doubled = took
-            .saturating_mul(2)
-            .min(adaptive.ceiling.max(adaptive.floor));
+        let doubled = took.saturating_mul(2).min(adaptive.ceiling.max(adaptive.floor));
         if doubled > window.timeout(adaptive) {
             window.raised = Some(doubled);
         }
@@ -204,11 +202,7 @@ impl LatencyWindow {
     pub(crate) fn timeout(&self, setting: &AttemptTimeout) -> Duration {
         match setting {
             AttemptTimeout::Fixed(d) => *d,
-            AttemptTimeout::Adaptive(a) => self
-                .state
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .timeout(a),
+            AttemptTimeout::Adaptive(a) => self.state.lock().unwrap_or_else(|p| p.into_inner()).timeout(a),
         }
     }
 }

@@ -136,6 +136,7 @@ impl Call {
     }
 
     /// Time left before the overall deadline at `elapsed`, if there is one.
+    #[cfg(any(feature = "reqwest", feature = "tower", feature = "tonic"))]
     pub(crate) fn remaining(&self, elapsed: Duration) -> Option<Duration> {
         self.deadline.map(|d| d.saturating_sub(elapsed))
     }
@@ -143,13 +144,9 @@ impl Call {
     /// How long a retry may wait (for the inner service to be ready) at `elapsed`
     /// and still leave the time an attempt needs before the deadline (the rule
     /// [`Call::after_attempt`] applies before sleeping).
+    #[cfg(any(feature = "tower", feature = "tonic"))]
     pub(crate) fn wait_budget(&self, elapsed: Duration) -> Option<Duration> {
-        let needed = self
-            .policy
-            .inner
-            .config
-            .min_attempt_time
-            .max(self.last_attempt);
+        let needed = self.policy.inner.config.min_attempt_time.max(self.last_attempt);
         self.remaining(elapsed).map(|r| r.saturating_sub(needed))
     }
 
@@ -195,7 +192,9 @@ impl Call {
         if matches!(outcome, Outcome::MaybeExecuted { timed_out: true }) {
             // The adaptive timeout learns from attempts it cut short too, or a rise in
             // latency above it would fail every call and never be measured.
-            inner.latency.record_timeout(self.last_attempt, &config.attempt_timeout);
+            inner
+                .latency
+                .record_timeout(self.last_attempt, &config.attempt_timeout);
         }
         match verdict {
             Verdict::Success => {

@@ -80,6 +80,7 @@ pub struct CallDeadline(pub Duration);
 /// The deadline a caller set on this request: the sooner of its [`CallDeadline`]
 /// extension and its own [`DEADLINE_HEADER`] (whole milliseconds, 1 to 10 digits; any
 /// other value is not a deadline and is replaced like an absent one).
+#[cfg(any(feature = "reqwest", feature = "tower"))]
 pub(crate) fn callers_deadline(headers: &HeaderMap, extensions: &http::Extensions) -> Option<Duration> {
     let header = headers
         .get(&DEADLINE_HEADER)

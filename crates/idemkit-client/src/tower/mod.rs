@@ -20,10 +20,10 @@ use tokio::time::Instant;
 use tower::{Service, ServiceExt};
 
 use crate::classify::{Answer, FatalReason, Outcome, classify_error, needs_problem_code, problem_code};
-use crate::policy::callers_deadline;
-use crate::replay::{Peek, read_start};
 use crate::error::{Last, RetryError};
+use crate::policy::callers_deadline;
 use crate::policy::{Decision, RetryPolicy, Stop};
+use crate::replay::{Peek, read_start};
 
 /// Largest `409` body read to find the problem `code`.
 const PROBLEM_LIMIT: usize = 64 * 1024;
@@ -33,6 +33,9 @@ const MIN_ATTEMPT_BUDGET: Duration = Duration::from_millis(1);
 
 /// The error of a [`RetryService`] wrapping `S` with response body `B`.
 pub type TowerRetryError<B, E> = RetryError<Response<RetryBody<B>>, E>;
+
+/// What an attempt left for the caller: the response, the error or the timeout.
+type AttemptResult<B, E> = Last<Response<RetryBody<B>>, E>;
 
 /// The future of a [`RetryService`].
 pub type ResponseFuture<B, E> =
@@ -127,7 +130,7 @@ where
     }
     let mut original = Some(req);
     // The previous attempt's outcome and result, kept for a give-up while waiting.
-    let mut previous: Option<(Outcome, Last<Response<RetryBody<ResB>>, S::Error>)> = None;
+    let mut previous: Option<(Outcome, AttemptResult<ResB, S::Error>)> = None;
     loop {
         if let Some((outcome, last)) = previous.take() {
             // A retry: the inner service (a rate limiter, a bulkhead) is waited for
@@ -147,11 +150,19 @@ where
                     ));
                 }
                 Err(_) => {
-                    return Err(RetryError::new(Stop::DeadlineExceeded, call.attempts(), outcome, last));
+                    return Err(RetryError::new(
+                        Stop::DeadlineExceeded,
+                        call.attempts(),
+                        outcome,
+                        last,
+                    ));
                 }
             }
         }
-        if call.remaining(start.elapsed()).is_some_and(|r| r < MIN_ATTEMPT_BUDGET) {
+        if call
+            .remaining(start.elapsed())
+            .is_some_and(|r| r < MIN_ATTEMPT_BUDGET)
+        {
             // Nothing left to send an attempt with (a caller's `Request-Timeout: 0`):
             // the server would refuse it unread.
             return Err(RetryError::new(

@@ -128,12 +128,13 @@ async fn answer(
         }
         Script::Echo => {
             let echo = tower::service_fn(|req: tonic::Request<tonic::Streaming<Bytes>>| async move {
-                let replies = futures::stream::unfold((req.into_inner(), 0u64), |(mut inbound, n)| async move {
-                    match inbound.message().await {
-                        Ok(Some(_)) => Some((Ok(Reply { attempt: n + 1 }), (inbound, n + 1))),
-                        _ => None,
-                    }
-                });
+                let replies =
+                    futures::stream::unfold((req.into_inner(), 0u64), |(mut inbound, n)| async move {
+                        match inbound.message().await {
+                            Ok(Some(_)) => Some((Ok(Reply { attempt: n + 1 }), (inbound, n + 1))),
+                            _ => None,
+                        }
+                    });
                 let replies: ReplyStream = Box::pin(replies);
                 Ok::<_, Status>(tonic::Response::new(replies))
             });
@@ -151,7 +152,9 @@ async fn answer(
                 let replies: ReplyStream = Box::pin(replies);
                 Ok::<_, Status>(tonic::Response::new(replies))
             });
-            tonic::server::Grpc::new(ReplyCodec).server_streaming(ticks, req).await
+            tonic::server::Grpc::new(ReplyCodec)
+                .server_streaming(ticks, req)
+                .await
         }
         Script::Sleep(..) => unreachable!(),
     }

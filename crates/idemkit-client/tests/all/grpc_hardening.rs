@@ -65,7 +65,10 @@ async fn the_caller_deadline_ends_the_call_as_deadline_exceeded_not_cancelled() 
     // before any attempt would go out with nothing left.
     let h = Harness::start().await;
     let slow_unavailable = || Script::Sleep(100 * MS, Box::new(Script::Fail(Status::unavailable("down"))));
-    h.script("Slow", [slow_unavailable(), slow_unavailable(), slow_unavailable()]);
+    h.script(
+        "Slow",
+        [slow_unavailable(), slow_unavailable(), slow_unavailable()],
+    );
     let mut grpc = tonic::client::Grpc::new(h.client(fast().with_max_attempts(10)));
     grpc.ready().await.unwrap();
     let mut req = tonic::Request::new(Bytes::from_static(b"\x0a\x03abc"));
@@ -84,7 +87,10 @@ async fn the_caller_deadline_ends_the_call_as_deadline_exceeded_not_cancelled() 
         .into_iter()
         .map(|v| parse_grpc_timeout(&v.unwrap().parse().unwrap()).unwrap())
         .collect();
-    assert!(sent.iter().all(|d| *d >= 10 * MS), "an attempt went out with nothing left: {sent:?}");
+    assert!(
+        sent.iter().all(|d| *d >= 10 * MS),
+        "an attempt went out with nothing left: {sent:?}"
+    );
     assert!(sent.iter().all(|d| *d <= 350 * MS), "{sent:?}");
 }
 
@@ -106,9 +112,13 @@ async fn readiness_on_a_retry_is_bounded_by_the_deadline_grpc() {
         .layer(GrpcRetryLayer::new(policy))
         .service(limited);
     let t0 = Instant::now();
-    let err = within(Duration::from_secs(5), "call", client.oneshot(unary_request("Create")))
-        .await
-        .unwrap_err();
+    let err = within(
+        Duration::from_secs(5),
+        "call",
+        client.oneshot(unary_request("Create")),
+    )
+    .await
+    .unwrap_err();
     let took = t0.elapsed();
     assert!(took <= 1100 * MS, "returned after {took:?}");
     assert_eq!(h.seen("Create").len(), 1, "no attempt after the deadline");

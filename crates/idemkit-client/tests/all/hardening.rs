@@ -262,8 +262,12 @@ async fn readiness_on_a_retry_is_bounded_by_the_deadline_tower() {
 /// A 503 service that records the `Request-Timeout` of every attempt.
 fn recording_unavailable(
     sent: Arc<Mutex<Vec<u64>>>,
-) -> impl Service<Request<Full<Bytes>>, Response = Response<Full<Bytes>>, Error = std::io::Error, Future = impl Send>
-+ Clone
+) -> impl Service<
+    Request<Full<Bytes>>,
+    Response = Response<Full<Bytes>>,
+    Error = std::io::Error,
+    Future = impl Send,
+> + Clone
 + Send
 + 'static {
     tower::service_fn(move |req: Request<Full<Bytes>>| {
@@ -355,7 +359,10 @@ async fn the_adaptive_timeout_recovers_when_latency_rises() {
     let mut failures = 0;
     while svc.clone().oneshot(post("http://svc/x")).await.is_err() {
         failures += 1;
-        assert!(failures < 200, "200 calls in a row timed out: the timeout never grew");
+        assert!(
+            failures < 200,
+            "200 calls in a row timed out: the timeout never grew"
+        );
     }
     assert!(failures <= 4, "{failures} failures before recovering");
     for i in 0..50 {
@@ -396,7 +403,11 @@ async fn a_retry_cancelled_in_its_backoff_keeps_no_tokens() {
     assert!(!call.is_finished());
     call.abort();
     assert!(call.await.unwrap_err().is_cancelled());
-    assert_eq!(bucket.available(), 500, "tokens kept for a retry that was never sent");
+    assert_eq!(
+        bucket.available(),
+        500,
+        "tokens kept for a retry that was never sent"
+    );
 }
 
 #[tokio::test]
@@ -423,7 +434,11 @@ async fn unreachable_on_an_established_exchange_is_maybe_executed() {
         err.stop(),
         Stop::NotRetryable(FatalReason::MaybeExecutedUnprotected)
     );
-    assert_eq!(sent.load(Ordering::SeqCst), 1, "an unkeyed POST that may have run was re-sent");
+    assert_eq!(
+        sent.load(Ordering::SeqCst),
+        1,
+        "an unkeyed POST that may have run was re-sent"
+    );
 }
 
 #[tokio::test]

@@ -11,12 +11,12 @@ use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
 use axum::Router;
-use futures::StreamExt;
 use axum::body::Body;
 use axum::extract::connect_info::Connected;
 use axum::extract::{ConnectInfo, Request, State};
 use axum::response::Response;
 use axum::serve::{IncomingStream, Listener};
+use futures::StreamExt;
 use http::{HeaderMap, Method, StatusCode, header};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
@@ -191,8 +191,10 @@ async fn handle(
             builder.status(200).body(Body::from("late")).unwrap()
         }
         Fault::Stalled409 => {
-            let chunks = futures::stream::once(async { Ok::<_, io::Error>(bytes::Bytes::from_static(b"{\"code\":\"i")) })
-                .chain(futures::stream::pending());
+            let chunks = futures::stream::once(async {
+                Ok::<_, io::Error>(bytes::Bytes::from_static(b"{\"code\":\"i"))
+            })
+            .chain(futures::stream::pending());
             builder
                 .status(StatusCode::CONFLICT)
                 .header(header::CONTENT_TYPE, "application/problem+json")
