@@ -24,7 +24,9 @@ pub enum AttemptTimeout {
     /// The same timeout for every attempt.
     Fixed(Duration),
     /// `multiplier × p99` of recent successful attempts, bounded by a floor and a
-    /// ceiling; the fallback until enough samples exist.
+    /// ceiling; the fallback until enough samples exist. An attempt it cuts short
+    /// doubles it (up to the ceiling) until the p99 catches up, so a rise in latency
+    /// above it is recovered from.
     Adaptive(AdaptiveTimeout),
 }
 

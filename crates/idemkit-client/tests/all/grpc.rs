@@ -47,6 +47,8 @@ pub(crate) enum Script {
     Echo,
     /// Server streaming: this many [`Reply`]s, one per interval.
     Ticks(u64, Duration),
+    /// Client streaming: one [`Reply`] carrying how many messages arrived.
+    Count,
 }
 
 #[derive(Default)]
@@ -154,6 +156,19 @@ async fn answer(
             });
             tonic::server::Grpc::new(ReplyCodec)
                 .server_streaming(ticks, req)
+                .await
+        }
+        Script::Count => {
+            let count = tower::service_fn(|req: tonic::Request<tonic::Streaming<Bytes>>| async move {
+                let mut inbound = req.into_inner();
+                let mut n = 0;
+                while inbound.message().await?.is_some() {
+                    n += 1;
+                }
+                Ok::<_, Status>(tonic::Response::new(Reply { attempt: n }))
+            });
+            tonic::server::Grpc::new(ReplyCodec)
+                .client_streaming(count, req)
                 .await
         }
         Script::Sleep(..) => unreachable!(),
@@ -294,7 +309,7 @@ pub(crate) fn path(method: &str) -> String {
     format!("/test.v1.Scripted/{method}")
 }
 
-async fn call(
+pub(crate) async fn call(
     client: GrpcRetryService<Channel>,
     method: &str,
     key: Option<&str>,

@@ -198,3 +198,67 @@ async fn an_unregistered_server_stream_is_neither_cut_nor_reopened() {
     // Nothing cut the stream at the attempt timeout on the server side either.
     assert_eq!(budgets(&h, "Watch"), [None]);
 }
+
+#[tokio::test]
+async fn a_client_stream_is_sent_once_as_it_arrives_never_buffered_or_retried() {
+    let h = Harness::start().await;
+    // Two messages, both ready at once: not one unary message, so not buffered for
+    // retries, and a failure is not retried.
+    h.script(
+        "Upload",
+        [Script::Fail(Status::unavailable("down")), Script::Count],
+    );
+    let mut grpc = tonic::client::Grpc::new(h.client(fast()));
+    grpc.ready().await.unwrap();
+    let two = futures::stream::iter([Bytes::from_static(b"a"), Bytes::from_static(b"b")]);
+    let status = grpc
+        .client_streaming(
+            tonic::Request::new(two),
+            PathAndQuery::try_from(path("Upload")).unwrap(),
+            Raw,
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable);
+    assert_eq!(h.seen("Upload").len(), 1, "a stream was retried");
+    // A stream whose later messages come later reaches the server whole.
+    grpc.ready().await.unwrap();
+    let (tx, rx) = futures::channel::mpsc::unbounded::<Bytes>();
+    tx.unbounded_send(Bytes::from_static(b"a")).unwrap();
+    let sender = tokio::spawn(async move {
+        tokio::time::sleep(100 * MS).await;
+        tx.unbounded_send(Bytes::from_static(b"b")).unwrap();
+        tx.unbounded_send(Bytes::from_static(b"c")).unwrap();
+    });
+    let reply = within(
+        Duration::from_secs(5),
+        "client stream",
+        grpc.client_streaming(
+            tonic::Request::new(rx),
+            PathAndQuery::try_from(path("Upload")).unwrap(),
+            Raw,
+        ),
+    )
+    .await
+    .unwrap();
+    sender.await.unwrap();
+    assert_eq!(reply.get_ref().attempt, 3);
+    assert_eq!(h.seen("Upload").len(), 2);
+}
+
+#[tokio::test]
+async fn an_unregistered_method_is_committed_at_the_response_headers() {
+    // gRFC A6: once response headers arrive the call is committed; a status in the
+    // trailers of a method not declared unary is handed over, not retried.
+    let h = Harness::start().await;
+    h.script("Other", [Script::FailInTrailers(Code::Unavailable), Script::Ok]);
+    let status = crate::grpc::call(h.client(fast()), "Other", None)
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable);
+    assert_eq!(h.seen("Other").len(), 1);
+    // Declared unary, the same answer is judged and retried.
+    h.script("Create", [Script::FailInTrailers(Code::Unavailable), Script::Ok]);
+    let reply = crate::grpc::call(h.client(fast()), "Create", None).await.unwrap();
+    assert_eq!(reply.get_ref().attempt, 2);
+}
