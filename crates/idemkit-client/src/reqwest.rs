@@ -94,8 +94,10 @@ impl RetryErrorExt for reqwest_middleware::Error {
 /// the last response or transport error and says why it stopped.
 ///
 /// Requests whose body cannot be cloned (streams) are sent once. The attempt timeout
-/// covers the time to the response headers; reading the body afterwards is the
-/// caller's.
+/// covers the time to the response headers (and, for a JSON/problem `409`, to its
+/// body, read to classify it); reading the body afterwards is the caller's. A
+/// caller's own `Request-Timeout` header, or a [`CallDeadline`](crate::CallDeadline)
+/// extension, shortens the call's deadline.
 ///
 /// ```no_run
 /// use idemkit_client::{IDEMPOTENCY_KEY, IdempotencyKey, RetryMiddleware};

@@ -42,6 +42,10 @@ impl RetryPolicy {
 /// Drive it as: [`before_attempt`](Self::before_attempt) → send →
 /// [`after_attempt`](Self::after_attempt) → sleep on [`Decision::Retry`] → repeat.
 /// Times are "elapsed since the call started" on whatever clock the caller uses.
+/// A retry's budget tokens are taken when [`Decision::Retry`] is returned; dropping
+/// the call before the next [`before_attempt`](Self::before_attempt) (the caller
+/// cancelled during the sleep, or gave up waiting) gives them back through
+/// [`Budget::refund`](crate::Budget::refund).
 ///
 /// ```
 /// use std::time::Duration;
