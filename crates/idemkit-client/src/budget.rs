@@ -26,6 +26,13 @@ pub trait Budget: Send + Sync + fmt::Debug {
     /// it was a retry, `None` when it succeeded on the first try.
     fn deposit(&self, refund: Option<Withdrawal>);
 
+    /// Gives back the tokens of a retry that was paid for but never sent (the caller
+    /// cancelled during the backoff, or the deadline ended the call first). The
+    /// default keeps them spent, as a budget without this method always did.
+    fn refund(&self, withdrawal: Withdrawal) {
+        let _ = withdrawal;
+    }
+
     /// Tokens left, for dashboards; `None` (the default) for a budget that does not
     /// count tokens.
     fn remaining(&self) -> Option<u32> {
@@ -158,6 +165,10 @@ impl Budget for TokenBucket {
 
     fn deposit(&self, refund: Option<Withdrawal>) {
         self.add(refund.map_or(self.success_reward, |w| w.cost));
+    }
+
+    fn refund(&self, withdrawal: Withdrawal) {
+        self.add(withdrawal.cost);
     }
 
     fn remaining(&self) -> Option<u32> {

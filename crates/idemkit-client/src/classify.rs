@@ -6,7 +6,6 @@
 
 use std::error::Error as StdError;
 use std::fmt;
-use std::io;
 use std::time::{Duration, SystemTime};
 
 use http::{HeaderMap, StatusCode, header};
@@ -265,29 +264,49 @@ pub fn problem_code(body: &[u8]) -> Option<String> {
     serde_json::from_slice::<Problem>(body).ok()?.code
 }
 
-/// Classifies a transport error by walking its source chain.
+/// Classifies a transport error by where in the exchange it happened.
 ///
-/// A refused connection (or one that could not be established) is
-/// [`Outcome::NotSent`]; everything else is [`Outcome::MaybeExecuted`], because once a
-/// connection is up the client cannot prove the request was not processed.
+/// [`Outcome::NotSent`] only when the source chain holds an error its client marks as
+/// a failure to *connect*: reqwest's (`reqwest::Error::is_connect`), hyper-util's
+/// (`hyper_util::client::legacy::Error::is_connect`) or tonic's
+/// (`tonic::ConnectError`). Everything else is [`Outcome::MaybeExecuted`], because
+/// once a connection is up the client cannot prove the request was not processed;
+/// that includes an "unreachable" or "refused" reported by an established connection
+/// after the request went out, so the kind of an `io::Error` alone decides nothing.
 #[must_use]
 pub fn classify_error(error: &(dyn StdError + 'static)) -> Outcome {
     let mut current = Some(error);
     while let Some(err) = current {
-        if let Some(io) = err.downcast_ref::<io::Error>()
-            && matches!(
-                io.kind(),
-                io::ErrorKind::ConnectionRefused
-                    | io::ErrorKind::AddrNotAvailable
-                    | io::ErrorKind::NetworkUnreachable
-                    | io::ErrorKind::HostUnreachable
-            )
-        {
+        if is_connect_error(err) {
             return Outcome::NotSent;
         }
         current = err.source();
     }
     Outcome::MaybeExecuted { timed_out: false }
+}
+
+/// Whether `err` is a client's own "could not connect" error.
+fn is_connect_error(err: &(dyn StdError + 'static)) -> bool {
+    #[cfg(feature = "reqwest")]
+    if err
+        .downcast_ref::<reqwest::Error>()
+        .is_some_and(reqwest::Error::is_connect)
+    {
+        return true;
+    }
+    #[cfg(any(feature = "tower", feature = "tonic"))]
+    if err
+        .downcast_ref::<hyper_util::client::legacy::Error>()
+        .is_some_and(hyper_util::client::legacy::Error::is_connect)
+    {
+        return true;
+    }
+    #[cfg(feature = "tonic")]
+    if err.is::<tonic::ConnectError>() {
+        return true;
+    }
+    let _ = err;
+    false
 }
 
 /// How a retryable failure is charged and backed off.
@@ -450,6 +469,7 @@ impl Default for Classifier {
 mod tests {
     use super::*;
     use http::HeaderValue;
+    use std::io;
 
     fn answered(status: u16, code: Option<&str>) -> Outcome {
         Outcome::Answered(
@@ -552,8 +572,21 @@ mod tests {
                 Some(&self.0)
             }
         }
-        let refused = Wrap(io::Error::from(io::ErrorKind::ConnectionRefused));
-        assert_eq!(classify_error(&refused), Outcome::NotSent);
+        // An io kind alone does not say the request was never written: an established
+        // connection reports "refused" or "unreachable" too.
+        for kind in [
+            io::ErrorKind::ConnectionRefused,
+            io::ErrorKind::HostUnreachable,
+            io::ErrorKind::NetworkUnreachable,
+        ] {
+            let err = Wrap(io::Error::from(kind));
+            assert_eq!(classify_error(&err), Outcome::MaybeExecuted { timed_out: false });
+        }
+        #[cfg(feature = "tonic")]
+        {
+            let refused = tonic::ConnectError(Box::new(io::Error::from(io::ErrorKind::ConnectionRefused)));
+            assert_eq!(classify_error(&refused), Outcome::NotSent);
+        }
         let reset = Wrap(io::Error::from(io::ErrorKind::ConnectionReset));
         assert_eq!(
             classify_error(&reset),

@@ -1,10 +1,7 @@
-//! tonic integration: [`GrpcRetryLayer`] / [`GrpcRetryService`], retrying unary gRPC
-//! calls by gRPC status code with the same [`RetryPolicy`] as the HTTP integrations.
+//! tonic integration: [`GrpcRetryLayer`] / [`GrpcRetryService`], retrying gRPC calls
+//! by gRPC status code with the same [`RetryPolicy`] as the HTTP integrations.
 //!
-//! A tonic request body is a stream and cannot be cloned, so tower's `Retry` cannot
-//! wrap a channel. This layer buffers the unary request message once and sends a copy
-//! on every attempt; the unary response is buffered too, so that its status (in the
-//! headers of a trailers-only answer, or in the trailers) can be read before deciding.
+//! What is buffered and retried, and what passes through: see [`GrpcRetryLayer`].
 
 use std::error::Error as StdError;
 use std::fmt;
@@ -15,7 +12,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use base64::Engine as _;
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use tokio::time::Instant;
@@ -26,6 +23,7 @@ use tower::{Layer, Service, ServiceExt};
 
 use crate::classify::{Answer, CODE_IN_PROGRESS, FatalReason, Outcome, classify_error};
 use crate::policy::{Decision, RetryPolicy, Stop};
+use crate::replay::Replayed;
 
 /// The gRPC deadline header, set on every attempt to its remaining budget (`1234m`).
 pub const GRPC_TIMEOUT: HeaderName = HeaderName::from_static("grpc-timeout");
@@ -46,25 +44,67 @@ pub type GrpcResponseFuture = Pin<Box<dyn Future<Output = Result<Response<Body>,
 /// `Service<http::Request<tonic::body::Body>>` (e.g. `tonic::transport::Channel`) in a
 /// [`GrpcRetryService`].
 ///
+/// A tonic request body is a stream and cannot be cloned, so tower's `Retry` cannot
+/// wrap a channel. This layer never guesses a method's kind:
+///
+/// - **Request**: a call is retryable only when its body is one complete gRPC message
+///   followed by the end of the stream, both there at once (what tonic sends for a
+///   unary or server-streaming call). That message is buffered once and a copy goes
+///   out on every attempt. Anything else (a client stream or a bidirectional stream:
+///   a second message, or an end not yet there) is passed through as it arrives, sent
+///   once, neither buffered whole nor retried.
+/// - **Response** (gRFC A6's commit rule): a trailers-only answer (a status without
+///   messages) is judged and may be retried. A response with headers commits the call:
+///   its messages are passed through as they arrive, never cut by the attempt timeout
+///   nor re-opened. Methods registered with [`with_unary_method`](Self::with_unary_method) are
+///   known to answer with one message: their response is read to its trailers within
+///   the attempt timeout, so a status in the trailers is judged too.
+/// - **Deadline**: the call's deadline is the sooner of the policy's and the caller's
+///   own (its `grpc-timeout`, or a [`CallDeadline`](crate::CallDeadline) extension);
+///   sleeps, pushback and waiting for the inner service to be ready all fit in it, and
+///   no attempt goes out with no time left. When the caller's deadline is what leaves
+///   no room for another attempt, the call ends with `DEADLINE_EXCEEDED` (naming the
+///   last attempt's status, keeping its metadata); when the policy's does, with the
+///   last attempt's own status.
+///
 /// ```
 /// use idemkit_client::{GrpcRetryLayer, RetryConfig};
 ///
 /// let layer = GrpcRetryLayer::new(RetryConfig::new())
+///     .with_unary_method("/labels.v1.Labels/CreateLabel")
 ///     .with_streaming_method("/labels.v1.Labels/WatchTracking");
 /// # let _ = layer;
 /// ```
 #[derive(Debug, Clone, Default)]
 pub struct GrpcRetryLayer {
     policy: RetryPolicy,
-    streaming: Arc<Vec<&'static str>>,
+    methods: Arc<Methods>,
+}
+
+/// What the layer was told about methods.
+#[derive(Debug, Clone, Default)]
+struct Methods {
+    streaming: Vec<&'static str>,
+    unary: Vec<&'static str>,
+}
+
+impl Methods {
+    fn is_streaming(&self, path: &str) -> bool {
+        self.streaming.contains(&path)
+    }
+
+    fn is_unary(&self, path: &str) -> bool {
+        self.unary.contains(&path)
+    }
 }
 
 impl GrpcRetryLayer {
-    /// A layer using `policy`; every method is treated as unary.
+    /// A layer using `policy`. No method is assumed unary or streaming: see the
+    /// [`GrpcRetryLayer`] for what is retried.
     pub fn new(policy: impl Into<RetryPolicy>) -> Self {
         Self {
             policy: policy.into(),
-            streaming: Arc::default(),
+            methods: Arc::default(),
         }
     }
 
@@ -72,7 +112,19 @@ impl GrpcRetryLayer {
     /// untouched: sent once, neither buffered nor retried.
     #[must_use]
     pub fn with_streaming_method(mut self, path: &'static str) -> Self {
-        Arc::make_mut(&mut self.streaming).push(path);
+        Arc::make_mut(&mut self.methods).streaming.push(path);
+        self
+    }
+
+    /// Declares `path` (`/package.Service/Method`) a unary method: its response is
+    /// read to its trailers within the attempt timeout, so that a status sent in the
+    /// trailers is judged (and retried when allowlisted), and each attempt's
+    /// `grpc-timeout` is the attempt's own budget. Unregistered calls are committed
+    /// at the response headers. Registering a streaming method here cuts its
+    /// responses at the attempt timeout: register only unary methods.
+    #[must_use]
+    pub fn with_unary_method(mut self, path: &'static str) -> Self {
+        Arc::make_mut(&mut self.methods).unary.push(path);
         self
     }
 
@@ -89,12 +141,13 @@ impl<S> Layer<S> for GrpcRetryLayer {
         GrpcRetryService {
             inner,
             policy: self.policy.clone(),
-            streaming: Arc::clone(&self.streaming),
+            methods: Arc::clone(&self.methods),
         }
     }
 }
 
-/// A tower service that retries unary gRPC calls with a [`RetryPolicy`].
+/// A tower service that retries gRPC calls with a [`RetryPolicy`] (which calls:
+/// see [`GrpcRetryLayer`]).
 ///
 /// Retried: `UNAVAILABLE`, `RESOURCE_EXHAUSTED` (as throttling) and `ABORTED` whose
 /// `google.rpc.ErrorInfo` reason is `idempotency_request_in_progress` (throttling);
@@ -107,7 +160,7 @@ impl<S> Layer<S> for GrpcRetryLayer {
 pub struct GrpcRetryService<S> {
     inner: S,
     policy: RetryPolicy,
-    streaming: Arc<Vec<&'static str>>,
+    methods: Arc<Methods>,
 }
 
 impl<S> GrpcRetryService<S> {
@@ -145,25 +198,36 @@ where
 
     fn call(&mut self, req: Request<Body>) -> Self::Future {
         let clone = self.inner.clone();
-        let mut ready = std::mem::replace(&mut self.inner, clone);
-        if self.streaming.iter().any(|p| *p == req.uri().path()) {
-            return Box::pin(async move {
-                match ready.call(req).await {
-                    Ok(response) => Ok(response.map(Body::new)),
-                    Err(err) => {
-                        let err = err.into();
-                        let outcome = classify_error(&*err);
-                        Err(GrpcRetryError::new(
-                            Stop::NotReplayable,
-                            1,
-                            outcome,
-                            Status::from_error(err),
-                        ))
-                    }
-                }
-            });
+        let ready = std::mem::replace(&mut self.inner, clone);
+        let path = req.uri().path();
+        if self.methods.is_streaming(path) {
+            return Box::pin(pass_through(ready, req));
         }
-        Box::pin(run(ready, self.policy.clone(), req))
+        let unary = self.methods.is_unary(path);
+        Box::pin(run(ready, self.policy.clone(), req, unary))
+    }
+}
+
+/// Sends `req` once, as it is, and hands the response on as it arrives.
+async fn pass_through<S, ResB>(mut service: S, req: Request<Body>) -> Result<Response<Body>, GrpcRetryError>
+where
+    S: Service<Request<Body>, Response = Response<ResB>>,
+    S::Error: Into<BoxError>,
+    ResB: http_body::Body<Data = Bytes> + Send + 'static,
+    ResB::Error: Into<BoxError>,
+{
+    match service.call(req).await {
+        Ok(response) => Ok(response.map(|b| Body::new(b.map_err(Into::into)))),
+        Err(err) => {
+            let err = err.into();
+            let outcome = classify_error(&*err);
+            Err(GrpcRetryError::new(
+                Stop::NotReplayable,
+                1,
+                outcome,
+                Status::from_error(err),
+            ))
+        }
     }
 }
 
@@ -184,10 +248,14 @@ enum Attempt {
     Failed(Outcome, Status),
 }
 
+/// The least time an attempt is sent with: less would go out as `grpc-timeout: 0m`.
+const MIN_ATTEMPT_BUDGET: Duration = Duration::from_millis(1);
+
 async fn run<S, ResB>(
     mut service: S,
     policy: RetryPolicy,
     req: Request<Body>,
+    unary: bool,
 ) -> Result<Response<Body>, GrpcRetryError>
 where
     S: Service<Request<Body>, Response = Response<ResB>> + Clone,
@@ -197,10 +265,12 @@ where
 {
     let start = Instant::now();
     let (parts, body) = req.into_parts();
-    // The unary message, buffered once: each attempt sends a copy.
-    let message = match body.collect().await {
-        Ok(collected) => collected.to_bytes(),
-        Err(err) => {
+    // The one message, buffered once (each attempt sends a copy); anything else goes
+    // on as it is, once.
+    let message = match take_message(body).await {
+        Taken::One(message) => message,
+        Taken::Stream(body) => return pass_through(service, Request::from_parts(parts, body)).await,
+        Taken::Failed(err) => {
             return Err(GrpcRetryError::new(
                 Stop::NotRetryable(FatalReason::NotAllowlisted),
                 0,
@@ -209,25 +279,69 @@ where
             ));
         }
     };
-    // A caller's own `grpc-timeout` still bounds the whole call.
-    let caller_budget = parts.headers.get(GRPC_TIMEOUT).and_then(parse_grpc_timeout);
     let mut call = policy.start(&Method::POST, &parts.headers, true);
-    let mut first = true;
+    // The caller's own deadline (its `grpc-timeout`, or a `CallDeadline`) bounds the
+    // whole call, sleeps and pushback included, when it is the sooner one.
+    let callers = callers_grpc_deadline(&parts.headers, &parts.extensions);
+    let callers_bound = callers.is_some_and(|d| policy.config().deadline().is_none_or(|c| d <= c));
+    if let Some(deadline) = callers {
+        call.limit_deadline(deadline);
+    }
+    let give_up = |stop: Stop, attempts: u32, outcome: Outcome, status: Status| {
+        GrpcRetryError::new(
+            stop,
+            attempts,
+            outcome,
+            deadline_status(stop, status, callers_bound),
+        )
+    };
+    let mut previous: Option<(Outcome, Status)> = None;
     loop {
-        let plan = call.before_attempt(start.elapsed());
-        let mut timeout = plan.timeout();
-        if let Some(budget) = caller_budget {
-            timeout = timeout.min(budget.saturating_sub(start.elapsed()));
+        if let Some((outcome, status)) = previous.take() {
+            // A retry: the inner service (a rate limiter, a bulkhead) is waited for
+            // within the deadline, leaving the time the attempt needs.
+            let ready = match call.wait_budget(start.elapsed()) {
+                Some(budget) => tokio::time::timeout(budget, service.ready()).await,
+                None => Ok(service.ready().await),
+            };
+            match ready {
+                Ok(Ok(_)) => {}
+                Ok(Err(err)) => return Err(not_ready(err.into())),
+                Err(_) => return Err(give_up(Stop::DeadlineExceeded, call.attempts(), outcome, status)),
+            }
         }
+        let remaining = call.remaining(start.elapsed());
+        if remaining.is_some_and(|r| r < MIN_ATTEMPT_BUDGET) {
+            let status = Status::deadline_exceeded("no time left before the deadline for an attempt");
+            return Err(give_up(
+                Stop::DeadlineExceeded,
+                call.attempts(),
+                Outcome::NotSent,
+                status,
+            ));
+        }
+        let plan = call.before_attempt(start.elapsed());
+        let timeout = plan.timeout();
         let mut attempt = Request::from_parts(parts.clone(), Body::new(Full::new(message.clone())));
         plan.apply_metadata(attempt.headers_mut());
-        attempt
-            .headers_mut()
-            .insert(GRPC_TIMEOUT, grpc_timeout_value(timeout));
-        if !first {
-            service.ready().await.map_err(|e| not_ready(e.into()))?;
+        // The server is told how long the client waits: a unary attempt's own budget;
+        // for a call that may be a stream, only the caller's deadline (an attempt
+        // budget there would cut a long stream on the server).
+        let budget = if unary {
+            Some(timeout)
+        } else {
+            callers.and(remaining)
+        };
+        match budget {
+            Some(budget) => {
+                attempt
+                    .headers_mut()
+                    .insert(GRPC_TIMEOUT, grpc_timeout_value(budget));
+            }
+            None => {
+                attempt.headers_mut().remove(GRPC_TIMEOUT);
+            }
         }
-        first = false;
         let sent = async {
             let response = match service.call(attempt).await {
                 Ok(response) => response,
@@ -236,7 +350,7 @@ where
                     return Attempt::Failed(classify_error(&*err), Status::from_error(err));
                 }
             };
-            read_response(response).await
+            read_response(response, unary).await
         };
         let (outcome, response, status) = match tokio::time::timeout(timeout, sent).await {
             Err(_) => (
@@ -250,10 +364,11 @@ where
             }
         };
         match call.after_attempt(start.elapsed(), &outcome) {
-            Decision::Retry(delay) => tokio::time::sleep(delay).await,
-            Decision::Stop(stop) => {
-                return Err(GrpcRetryError::new(stop, call.attempts(), outcome, status));
+            Decision::Retry(delay) => {
+                tokio::time::sleep(delay).await;
+                previous = Some((outcome, status));
             }
+            Decision::Stop(stop) => return Err(give_up(stop, call.attempts(), outcome, status)),
             Decision::Return => {
                 return match response {
                     Some(response) => Ok(response),
@@ -269,9 +384,91 @@ where
     }
 }
 
-/// Reads a unary response to its status: from the headers of a trailers-only answer,
-/// else from the trailers after the (buffered) message.
-async fn read_response<B>(response: Response<B>) -> Attempt
+/// The caller's deadline on a gRPC request: the sooner of its `grpc-timeout` and its
+/// [`CallDeadline`](crate::CallDeadline) extension.
+fn callers_grpc_deadline(headers: &HeaderMap, extensions: &http::Extensions) -> Option<Duration> {
+    let header = headers.get(GRPC_TIMEOUT).and_then(parse_grpc_timeout);
+    let extension = extensions.get::<crate::CallDeadline>().map(|d| d.0);
+    match (header, extension) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// The status a give-up hands the caller. When the caller's own deadline is what
+/// left no room for another attempt, it is `DEADLINE_EXCEEDED` (what that deadline
+/// means in gRPC), naming the last attempt's status and keeping its metadata;
+/// otherwise the last attempt's own status.
+fn deadline_status(stop: Stop, status: Status, callers_bound: bool) -> Status {
+    let deadline = matches!(stop, Stop::DeadlineExceeded | Stop::RetryAfterPastDeadline { .. });
+    if !callers_bound || !deadline || status.code() == Code::DeadlineExceeded {
+        return status;
+    }
+    let message = format!(
+        "the caller's deadline left no time for another attempt (last attempt: {:?}: {})",
+        status.code(),
+        status.message()
+    );
+    Status::with_metadata(Code::DeadlineExceeded, message, status.metadata().clone())
+}
+
+/// A request body, seen whole or not.
+enum Taken {
+    /// One complete message, and the end of the stream.
+    One(Bytes),
+    /// Anything else, to be sent on as it is (what was read, then the rest).
+    Stream(Body),
+    /// The body failed before anything could be sent.
+    Failed(Status),
+}
+
+/// Reads what the request body has ready now: a unary (or server-streaming) request
+/// from tonic has its one message and its end ready at once; a client or
+/// bidirectional stream has a second message, or an end that is not there yet. Only
+/// the first is buffered; waiting for more would deadlock a bidirectional call whose
+/// client waits for an answer before it sends again.
+async fn take_message(body: Body) -> Taken {
+    let mut body = Box::pin(body);
+    let mut buffered = BytesMut::new();
+    let ended = std::future::poll_fn(|cx| {
+        loop {
+            match http_body::Body::poll_frame(body.as_mut(), cx) {
+                Poll::Ready(Some(Ok(frame))) => {
+                    let frame: http_body::Frame<Bytes> = frame;
+                    if let Ok(data) = frame.into_data() {
+                        buffered.extend_from_slice(&data);
+                    }
+                    if message_len(&buffered).is_some_and(|len| buffered.len() > len) {
+                        return Poll::Ready(Ok(false));
+                    }
+                }
+                Poll::Ready(Some(Err(err))) => return Poll::Ready(Err(err)),
+                Poll::Ready(None) => return Poll::Ready(Ok(true)),
+                Poll::Pending => return Poll::Ready(Ok(false)),
+            }
+        }
+    })
+    .await;
+    let buffered = buffered.freeze();
+    match ended {
+        Ok(true) if message_len(&buffered) == Some(buffered.len()) => Taken::One(buffered),
+        Ok(_) => Taken::Stream(Body::new(Replayed::prefixed(buffered, body))),
+        Err(status) => Taken::Failed(status),
+    }
+}
+
+/// The length of the first gRPC message in `buf` (5-byte prefix included), once its
+/// prefix is there.
+fn message_len(buf: &[u8]) -> Option<usize> {
+    let prefix: [u8; 4] = buf.get(1..5)?.try_into().ok()?;
+    usize::try_from(u32::from_be_bytes(prefix)).ok()?.checked_add(5)
+}
+
+/// Reads a response as far as the decision needs: the status in the headers of a
+/// trailers-only answer; for a method known to be unary, the (buffered) message and
+/// the status in its trailers; otherwise nothing more: the response headers commit
+/// the call (gRFC A6) and the messages are handed on as they arrive.
+async fn read_response<B>(response: Response<B>, unary: bool) -> Attempt
 where
     B: http_body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
@@ -286,6 +483,12 @@ where
         // Not a gRPC answer (a proxy's): judged by its HTTP status.
         let answer = Answer::from_parts(parts.status, &parts.headers);
         let status = Status::new(code_of_http(parts.status), format!("HTTP {}", parts.status));
+        let body = Body::new(body.map_err(Into::into));
+        return Attempt::Answered(Response::from_parts(parts, body), answer, status);
+    }
+    if !unary {
+        let status = Status::ok("");
+        let answer = judge_status(&status, None);
         let body = Body::new(body.map_err(Into::into));
         return Attempt::Answered(Response::from_parts(parts, body), answer, status);
     }

@@ -92,6 +92,8 @@ mod error;
 mod key;
 mod policy;
 mod policy_doc;
+#[cfg(any(feature = "reqwest", feature = "tower", feature = "tonic"))]
+mod replay;
 mod timeout;
 
 #[cfg(feature = "tonic")]
@@ -110,8 +112,8 @@ pub use classify::{
 pub use error::{Last, RetryError};
 pub use key::{AutoKey, IDEMPOTENCY_KEY, IdempotencyKey, InvalidKey};
 pub use policy::{
-    ATTEMPT_HEADER, AttemptPlan, Call, DEADLINE_HEADER, Decision, RetryConfig, RetryPolicy, Stop,
-    TIMEOUT_HEADER, gets_auto_key, is_idempotent,
+    ATTEMPT_HEADER, AttemptPlan, Call, CallDeadline, DEADLINE_HEADER, Decision, RetryConfig, RetryPolicy,
+    Stop, TIMEOUT_HEADER, gets_auto_key, is_idempotent,
 };
 pub use policy_doc::{KeyLocation, PolicyDocError, PublishedAnswer, PublishedOperation, PublishedPolicy};
 pub use timeout::{AdaptiveTimeout, AttemptTimeout};
@@ -124,7 +126,7 @@ pub use crate::grpc::{
 };
 #[cfg(feature = "reqwest")]
 #[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
-pub use crate::reqwest::{CallDeadline, ReqwestRetryError, RetryErrorExt, RetryMiddleware};
+pub use crate::reqwest::{ReqwestRetryError, RetryErrorExt, RetryMiddleware};
 #[cfg(feature = "tower")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
 pub use crate::tower::{ReplayBody, ResponseFuture, RetryBody, RetryLayer, RetryService, TowerRetryError};

@@ -1,18 +1,22 @@
 //! [`reqwest-middleware`](reqwest_middleware) integration.
 
 use http::Extensions;
-use http_body_util::{BodyExt, Limited};
+use std::time::Duration;
+
 use reqwest::{Request, Response, ResponseBuilderExt};
 use reqwest_middleware::{Middleware, Next};
-use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::classify::{Answer, Outcome, classify_error, needs_problem_code, problem_code};
 use crate::error::{Last, RetryError};
-use crate::policy::{Decision, RetryPolicy};
+use crate::policy::{Decision, RetryPolicy, Stop, callers_deadline};
+use crate::replay::{Peek, read_start};
 
 /// Largest `409` body read to find the problem `code`.
 const PROBLEM_LIMIT: usize = 64 * 1024;
+
+/// The least time an attempt is sent with: less rounds down to `Request-Timeout: 0`.
+const MIN_ATTEMPT_BUDGET: Duration = Duration::from_millis(1);
 
 /// The error a retried reqwest call ends with, inside
 /// [`reqwest_middleware::Error::Middleware`]. Get it back with
@@ -81,30 +85,6 @@ impl RetryErrorExt for reqwest_middleware::Error {
     }
 }
 
-/// A shorter overall deadline for one call through [`RetryMiddleware`]: the
-/// time the caller's own caller still waits (a server passing its remaining
-/// budget downstream). Attach it with
-/// `reqwest_middleware::RequestBuilder::with_extension`; the call's deadline
-/// becomes the sooner of this and the policy's, and every attempt's
-/// `Request-Timeout` fits in it.
-///
-/// ```no_run
-/// # async fn run(client: reqwest_middleware::ClientWithMiddleware) -> reqwest_middleware::Result<()> {
-/// use std::time::Duration;
-/// use idemkit_client::CallDeadline;
-///
-/// let left = Duration::from_millis(1800); // e.g. `IdempotencyContext::remaining()`
-/// client
-///     .post("http://127.0.0.1:8081/shipments")
-///     .with_extension(CallDeadline(left))
-///     .send()
-///     .await?;
-/// # Ok(())
-/// # }
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CallDeadline(pub Duration);
-
 /// A `reqwest-middleware` middleware that retries with a [`RetryPolicy`].
 ///
 /// Returns `Ok(response)` for successes and for answers that are never retried (400,
@@ -114,8 +94,10 @@ pub struct CallDeadline(pub Duration);
 /// the last response or transport error and says why it stopped.
 ///
 /// Requests whose body cannot be cloned (streams) are sent once. The attempt timeout
-/// covers the time to the response headers; reading the body afterwards is the
-/// caller's.
+/// covers the time to the response headers (and, for a JSON/problem `409`, to its
+/// body, read to classify it); reading the body afterwards is the caller's. A
+/// caller's own `Request-Timeout` header, or a [`CallDeadline`](crate::CallDeadline)
+/// extension, shortens the call's deadline.
 ///
 /// ```no_run
 /// use idemkit_client::{IDEMPOTENCY_KEY, IdempotencyKey, RetryMiddleware};
@@ -165,11 +147,26 @@ impl Middleware for RetryMiddleware {
         let start = Instant::now();
         let replayable = req.try_clone().is_some();
         let mut call = self.policy.start(req.method(), req.headers(), replayable);
-        if let Some(CallDeadline(deadline)) = extensions.get::<CallDeadline>() {
-            call.limit_deadline(*deadline);
+        // The caller's own deadline (its `Request-Timeout`, or a `CallDeadline`)
+        // bounds the call when it is the sooner one; it is never sent on raised.
+        if let Some(deadline) = callers_deadline(req.headers(), extensions) {
+            call.limit_deadline(deadline);
         }
         let mut original = Some(req);
         loop {
+            if call
+                .remaining(start.elapsed())
+                .is_some_and(|r| r < MIN_ATTEMPT_BUDGET)
+            {
+                // Nothing left to send an attempt with (a caller's `Request-Timeout: 0`).
+                let err = RetryError::<Response, reqwest_middleware::Error>::new(
+                    Stop::DeadlineExceeded,
+                    call.attempts(),
+                    Outcome::NotSent,
+                    Last::TimedOut(Duration::ZERO),
+                );
+                return Err(reqwest_middleware::Error::middleware(err));
+            }
             let plan = call.before_attempt(start.elapsed());
             // A clone goes out and the original stays for later attempts; an unclonable
             // request is sent itself, once (the policy never retries it).
@@ -179,19 +176,21 @@ impl Middleware for RetryMiddleware {
             };
             plan.apply(attempt.headers_mut());
             let mut attempt_extensions = extensions.clone();
-            let result =
-                tokio::time::timeout(plan.timeout(), next.clone().run(attempt, &mut attempt_extensions))
-                    .await;
-            let (outcome, last) = match result {
+            // The attempt timeout covers the response headers and, for a `409` read
+            // to classify it, its body: a stalled body cannot hold the call past its
+            // deadline.
+            let sent = async {
+                match next.clone().run(attempt, &mut attempt_extensions).await {
+                    Err(err) => (transport_outcome(&err), Last::Error(err)),
+                    Ok(response) => inspect(response).await,
+                }
+            };
+            let (outcome, last) = match tokio::time::timeout(plan.timeout(), sent).await {
                 Err(_) => (
                     Outcome::MaybeExecuted { timed_out: true },
                     Last::TimedOut(plan.timeout()),
                 ),
-                Ok(Err(err)) => (transport_outcome(&err), Last::Error(err)),
-                Ok(Ok(response)) => {
-                    let (response, answer) = inspect(response).await;
-                    (Outcome::Answered(answer), Last::Response(response))
-                }
+                Ok(done) => done,
             };
             match call.after_attempt(start.elapsed(), &outcome) {
                 Decision::Retry(delay) => tokio::time::sleep(delay).await,
@@ -221,22 +220,33 @@ fn transport_outcome(err: &reqwest_middleware::Error) -> Outcome {
     }
 }
 
-/// Classifies a response; reads the body of a `409` problem document to find its
-/// `code`, then rebuilds an equivalent response for the caller.
-async fn inspect(response: Response) -> (Response, Answer) {
+/// Classifies a response; reads the body of a JSON/problem `409` (up to
+/// [`PROBLEM_LIMIT`]) to find its `code`, then rebuilds an equivalent response for
+/// the caller. The body is handed on whole whatever the read found: a body too large
+/// to classify is not a retry signal and goes on as it is (the bytes read, then the
+/// rest); a body whose read failed is that transport error (*maybe executed*), never
+/// an empty `409`.
+async fn inspect(response: Response) -> (Outcome, Last<Response, reqwest_middleware::Error>) {
     let status = response.status();
     let answer = Answer::from_parts(status, response.headers());
     if !needs_problem_code(status, response.headers()) {
-        return (response, answer);
+        return (Outcome::Answered(answer), Last::Response(response));
     }
     let url = response.url().clone();
     let http_response: http::Response<reqwest::Body> = response.into();
     let (parts, body) = http_response.into_parts();
-    let bytes = match Limited::new(body, PROBLEM_LIMIT).collect().await {
-        Ok(collected) => collected.to_bytes(),
-        Err(_) => bytes::Bytes::new(),
+    let (mut body, peek) = read_start(body, PROBLEM_LIMIT).await;
+    let answer = match peek {
+        Peek::Whole(bytes) => answer.with_problem_code(problem_code(&bytes)),
+        Peek::TooLarge => answer,
+        Peek::Failed => {
+            let err = body.take_error().expect("a failed read keeps its error");
+            return (
+                Outcome::MaybeExecuted { timed_out: false },
+                Last::Error(reqwest_middleware::Error::Reqwest(err)),
+            );
+        }
     };
-    let answer = answer.with_problem_code(problem_code(&bytes));
     let mut builder = http::Response::builder()
         .status(parts.status)
         .version(parts.version)
@@ -244,8 +254,9 @@ async fn inspect(response: Response) -> (Response, Answer) {
     if let Some(headers) = builder.headers_mut() {
         *headers = parts.headers;
     }
+    *builder.extensions_mut().expect("a fresh builder") = parts.extensions;
     let rebuilt = builder
-        .body(reqwest::Body::from(bytes))
+        .body(reqwest::Body::wrap(body))
         .expect("parts of a valid response");
-    (Response::from(rebuilt), answer)
+    (Outcome::Answered(answer), Last::Response(Response::from(rebuilt)))
 }

@@ -24,7 +24,9 @@ pub enum AttemptTimeout {
     /// The same timeout for every attempt.
     Fixed(Duration),
     /// `multiplier × p99` of recent successful attempts, bounded by a floor and a
-    /// ceiling; the fallback until enough samples exist.
+    /// ceiling; the fallback until enough samples exist. An attempt it cuts short
+    /// doubles it (up to the ceiling) until the p99 catches up, so a rise in latency
+    /// above it is recovered from.
     Adaptive(AdaptiveTimeout),
 }
 
@@ -117,37 +119,92 @@ impl Default for AdaptiveTimeout {
     }
 }
 
-/// Latencies of recent successful attempts, shared by all calls of a client.
+/// Latencies of recent successful attempts, shared by all calls of a client, and
+/// what the adaptive timeout learned from the attempts it cut short.
 #[derive(Debug, Default)]
 pub(crate) struct LatencyWindow {
-    samples: Mutex<VecDeque<Duration>>,
+    state: Mutex<Window>,
 }
 
-impl LatencyWindow {
-    pub(crate) fn record(&self, latency: Duration) {
-        let mut samples = self.samples.lock().unwrap_or_else(|p| p.into_inner());
-        if samples.len() == AdaptiveTimeout::WINDOW {
-            samples.pop_front();
-        }
-        samples.push_back(latency);
-    }
+#[derive(Debug, Default)]
+struct Window {
+    samples: VecDeque<Duration>,
+    /// A timeout raised above the learned one after attempts timed out: doubled on
+    /// each timeout (up to the ceiling), decayed by successes toward
+    /// `multiplier × their latency`, dropped once the p99 has caught up with it.
+    raised: Option<Duration>,
+}
 
+impl Window {
     /// The p99 (nearest rank) when at least `min_samples` exist.
-    pub(crate) fn p99(&self, min_samples: usize) -> Option<Duration> {
-        let samples = self.samples.lock().unwrap_or_else(|p| p.into_inner());
-        if samples.is_empty() || samples.len() < min_samples {
+    fn p99(&self, min_samples: usize) -> Option<Duration> {
+        if self.samples.is_empty() || self.samples.len() < min_samples {
             return None;
         }
-        let mut sorted: Vec<Duration> = samples.iter().copied().collect();
+        let mut sorted: Vec<Duration> = self.samples.iter().copied().collect();
         sorted.sort_unstable();
         let rank = (sorted.len() * 99).div_ceil(100).max(1);
         Some(sorted[rank - 1])
     }
 
+    fn learned(&self, adaptive: &AdaptiveTimeout) -> Duration {
+        adaptive.choose(self.p99(adaptive.min_samples))
+    }
+
+    fn timeout(&self, adaptive: &AdaptiveTimeout) -> Duration {
+        let learned = self.learned(adaptive);
+        self.raised.map_or(learned, |raised| learned.max(raised))
+    }
+}
+
+impl LatencyWindow {
+    /// Records a successful attempt that took `latency`.
+    pub(crate) fn record(&self, latency: Duration, setting: &AttemptTimeout) {
+        let mut window = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if window.samples.len() == AdaptiveTimeout::WINDOW {
+            window.samples.pop_front();
+        }
+        window.samples.push_back(latency);
+        if let (AttemptTimeout::Adaptive(adaptive), Some(raised)) = (setting, window.raised) {
+            // Decay slowly, never below what this success says an attempt needs, so
+            // that the p99 has the samples to catch up before the raise is gone.
+            let decayed = raised
+                .saturating_sub(raised / 16)
+                .max(latency.saturating_mul(adaptive.multiplier))
+                .min(adaptive.ceiling.max(adaptive.floor));
+            let learned = window.learned(adaptive);
+            window.raised = (decayed > learned).then_some(decayed);
+        }
+    }
+
+    /// Records an attempt cut short by its timeout after `took`: the adaptive timeout
+    /// doubles it (up to its ceiling) when that is above what it would choose now.
+    /// Without this, once latency rose above the learned timeout every attempt failed
+    /// and no sample could ever raise it.
+    pub(crate) fn record_timeout(&self, took: Duration, setting: &AttemptTimeout) {
+        let AttemptTimeout::Adaptive(adaptive) = setting else {
+            return;
+        };
+        let mut window = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let doubled = took.saturating_mul(2).min(adaptive.ceiling.max(adaptive.floor));
+        if doubled > window.timeout(adaptive) {
+            window.raised = Some(doubled);
+        }
+    }
+
+    /// The p99 (nearest rank) when at least `min_samples` exist.
+    #[cfg(test)]
+    pub(crate) fn p99(&self, min_samples: usize) -> Option<Duration> {
+        self.state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .p99(min_samples)
+    }
+
     pub(crate) fn timeout(&self, setting: &AttemptTimeout) -> Duration {
         match setting {
             AttemptTimeout::Fixed(d) => *d,
-            AttemptTimeout::Adaptive(a) => a.choose(self.p99(a.min_samples)),
+            AttemptTimeout::Adaptive(a) => self.state.lock().unwrap_or_else(|p| p.into_inner()).timeout(a),
         }
     }
 }
@@ -164,19 +221,56 @@ mod tests {
         let a = AttemptTimeout::Adaptive(AdaptiveTimeout::new().with_min_samples(100));
         assert_eq!(w.timeout(&a), Duration::from_secs(10), "fallback before samples");
         for i in 0..100 {
-            w.record(if i == 0 { 900 * MS } else { 50 * MS });
+            w.record(if i == 0 { 900 * MS } else { 50 * MS }, &a);
         }
         // p99 of 100 samples (nearest rank 99) is 50 ms: one outlier does not count.
         assert_eq!(w.p99(100), Some(50 * MS));
         assert_eq!(w.timeout(&a), 150 * MS);
         for _ in 0..5 {
-            w.record(5 * Duration::from_secs(1));
+            w.record(5 * Duration::from_secs(1), &a);
         }
         assert_eq!(w.timeout(&a), Duration::from_secs(10), "ceiling");
         let tiny = LatencyWindow::default();
         for _ in 0..100 {
-            tiny.record(MS);
+            tiny.record(MS, &a);
         }
         assert_eq!(tiny.timeout(&a), 100 * MS, "floor");
+    }
+
+    #[test]
+    fn timeouts_raise_the_adaptive_timeout_and_successes_settle_it() {
+        let w = LatencyWindow::default();
+        let a = AttemptTimeout::Adaptive(AdaptiveTimeout::new().with_min_samples(20));
+        for _ in 0..256 {
+            w.record(30 * MS, &a);
+        }
+        assert_eq!(w.timeout(&a), 100 * MS);
+        // Latency is now 400 ms: each timeout doubles the timeout, up to the ceiling.
+        w.record_timeout(100 * MS, &a);
+        assert_eq!(w.timeout(&a), 200 * MS);
+        w.record_timeout(200 * MS, &a);
+        assert_eq!(w.timeout(&a), 400 * MS);
+        w.record_timeout(400 * MS, &a);
+        assert_eq!(w.timeout(&a), 800 * MS);
+        // A timeout cut short by the deadline (shorter than today's timeout) says nothing.
+        w.record_timeout(50 * MS, &a);
+        assert_eq!(w.timeout(&a), 800 * MS);
+        // Successes at 400 ms keep it at 3 x 400 ms until the p99 has caught up.
+        for _ in 0..3 {
+            w.record(400 * MS, &a);
+            assert!(w.timeout(&a) >= 1200 * MS, "{:?}", w.timeout(&a));
+        }
+        for _ in 0..10 {
+            w.record(400 * MS, &a);
+        }
+        assert_eq!(w.timeout(&a), 1200 * MS);
+        // Never above the ceiling; a fixed timeout never moves.
+        for _ in 0..20 {
+            w.record_timeout(Duration::from_secs(9), &a);
+        }
+        assert_eq!(w.timeout(&a), Duration::from_secs(10));
+        let fixed = AttemptTimeout::Fixed(100 * MS);
+        w.record_timeout(100 * MS, &fixed);
+        assert_eq!(w.timeout(&fixed), 100 * MS);
     }
 }

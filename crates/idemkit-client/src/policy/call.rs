@@ -31,6 +31,7 @@ impl RetryPolicy {
             last_attempt: Duration::ZERO,
             previous_sleep: Duration::ZERO,
             withdrawal: None,
+            retry_pending: false,
             deadline: config.deadline,
         }
     }
@@ -41,6 +42,10 @@ impl RetryPolicy {
 /// Drive it as: [`before_attempt`](Self::before_attempt) → send →
 /// [`after_attempt`](Self::after_attempt) → sleep on [`Decision::Retry`] → repeat.
 /// Times are "elapsed since the call started" on whatever clock the caller uses.
+/// A retry's budget tokens are taken when [`Decision::Retry`] is returned; dropping
+/// the call before the next [`before_attempt`](Self::before_attempt) (the caller
+/// cancelled during the sleep, or gave up waiting) gives them back through
+/// [`Budget::refund`](crate::Budget::refund).
 ///
 /// ```
 /// use std::time::Duration;
@@ -77,8 +82,23 @@ pub struct Call {
     last_attempt: Duration,
     previous_sleep: Duration,
     withdrawal: Option<Withdrawal>,
+    /// A retry was decided (and paid for) but not started yet: if the call ends
+    /// before [`Call::before_attempt`] (the caller cancelled during the backoff, or
+    /// the deadline came first), its tokens go back to the budget.
+    retry_pending: bool,
     /// The overall deadline: the config's, or less (see [`Call::limit_deadline`]).
     deadline: Option<Duration>,
+}
+
+impl Drop for Call {
+    fn drop(&mut self) {
+        if self.retry_pending
+            && let Some(withdrawal) = self.withdrawal.take()
+        {
+            self.policy.inner.budget.refund(withdrawal);
+            self.policy.report_budget();
+        }
+    }
 }
 
 impl Call {
@@ -119,9 +139,26 @@ impl Call {
         self.deadline = Some(self.deadline.map_or(deadline, |d| d.min(deadline)));
     }
 
+    /// Time left before the overall deadline at `elapsed`, if there is one.
+    #[cfg(any(feature = "reqwest", feature = "tower", feature = "tonic"))]
+    pub(crate) fn remaining(&self, elapsed: Duration) -> Option<Duration> {
+        self.deadline.map(|d| d.saturating_sub(elapsed))
+    }
+
+    /// How long a retry may wait (for the inner service to be ready) at `elapsed`
+    /// and still leave the time an attempt needs before the deadline (the rule
+    /// [`Call::after_attempt`] applies before sleeping).
+    #[cfg(any(feature = "tower", feature = "tonic"))]
+    pub(crate) fn wait_budget(&self, elapsed: Duration) -> Option<Duration> {
+        let needed = self.policy.inner.config.min_attempt_time.max(self.last_attempt);
+        self.remaining(elapsed).map(|r| r.saturating_sub(needed))
+    }
+
     /// Plans the next attempt at `elapsed` since the call started.
     pub fn before_attempt(&mut self, elapsed: Duration) -> AttemptPlan {
         let config = &self.policy.inner.config;
+        // The retry is being sent: its tokens are spent for good.
+        self.retry_pending = false;
         self.attempts += 1;
         self.attempt_started = Some(elapsed);
         let remaining = self.deadline.map(|d| d.saturating_sub(elapsed));
@@ -156,11 +193,18 @@ impl Call {
             "verdict" => verdict_label(verdict),
         )
         .increment(1);
+        if matches!(outcome, Outcome::MaybeExecuted { timed_out: true }) {
+            // The adaptive timeout learns from attempts it cut short too, or a rise in
+            // latency above it would fail every call and never be measured.
+            inner
+                .latency
+                .record_timeout(self.last_attempt, &config.attempt_timeout);
+        }
         match verdict {
             Verdict::Success => {
                 inner.budget.deposit(self.withdrawal.take());
                 self.policy.report_budget();
-                inner.latency.record(self.last_attempt);
+                inner.latency.record(self.last_attempt, &config.attempt_timeout);
                 Decision::Return
             }
             Verdict::Fatal(FatalReason::NotAllowlisted) => Decision::Return,
@@ -221,7 +265,10 @@ impl Call {
             return self.give_up(Stop::BudgetExhausted, outcome);
         };
         self.policy.report_budget();
+        // Taken now, so that concurrent calls cannot all plan on the same tokens; given
+        // back on drop if the retry is never sent (see `retry_pending`).
         self.withdrawal = Some(withdrawal);
+        self.retry_pending = true;
         self.previous_sleep = computed;
         metrics::counter!(
             "idemkit_client_retries_total",

@@ -51,6 +51,50 @@ pub const DEADLINE_HEADER: HeaderName = HeaderName::from_static("request-timeout
 /// The largest [`DEADLINE_HEADER`] value (10 digits).
 const DEADLINE_HEADER_MAX_MS: u128 = 9_999_999_999;
 
+/// A shorter overall deadline for one call: the time the caller's own caller still
+/// waits (a server passing its remaining budget downstream). Every integration reads
+/// it from the request's extensions: with reqwest attach it with
+/// `reqwest_middleware::RequestBuilder::with_extension`; with the tower and gRPC
+/// layers insert it into the `http::Request`'s (or `tonic::Request`'s) extensions.
+/// The call's deadline becomes the sooner of this, the caller's own deadline header
+/// (`Request-Timeout`, or `grpc-timeout`) and the policy's, and every attempt's
+/// budget fits in it.
+///
+/// ```no_run
+/// # async fn run(client: reqwest_middleware::ClientWithMiddleware) -> reqwest_middleware::Result<()> {
+/// use std::time::Duration;
+/// use idemkit_client::CallDeadline;
+///
+/// let left = Duration::from_millis(1800); // e.g. `IdempotencyContext::remaining()`
+/// client
+///     .post("http://127.0.0.1:8081/shipments")
+///     .with_extension(CallDeadline(left))
+///     .send()
+///     .await?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CallDeadline(pub Duration);
+
+/// The deadline a caller set on this request: the sooner of its [`CallDeadline`]
+/// extension and its own [`DEADLINE_HEADER`] (whole milliseconds, 1 to 10 digits; any
+/// other value is not a deadline and is replaced like an absent one).
+#[cfg(any(feature = "reqwest", feature = "tower"))]
+pub(crate) fn callers_deadline(headers: &HeaderMap, extensions: &http::Extensions) -> Option<Duration> {
+    let header = headers
+        .get(&DEADLINE_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| (1..=10).contains(&v.len()) && v.bytes().all(|b| b.is_ascii_digit()))
+        .and_then(|v| v.parse::<u64>().ok())
+        .map(Duration::from_millis);
+    let extension = extensions.get::<CallDeadline>().map(|d| d.0);
+    match (header, extension) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
 /// Whether `method` is idempotent by RFC 9110 (GET, HEAD, OPTIONS, TRACE, PUT, DELETE).
 #[must_use]
 pub fn is_idempotent(method: &Method) -> bool {

@@ -335,3 +335,30 @@ fn config_is_copy_and_const() {
     call.before_attempt(Duration::ZERO).apply(&mut h);
     assert!(h.contains_key("x-request-key") && !h.contains_key(IDEMPOTENCY_KEY));
 }
+
+#[test]
+fn a_retry_never_sent_gives_its_tokens_back() {
+    let bucket = Arc::new(TokenBucket::new());
+    let policy = RetryPolicy::default().with_budget(bucket.clone()).with_seed(1);
+    // Decided, paid for, then dropped before it is sent (the caller cancelled in the
+    // backoff, or the deadline came first): refunded.
+    let mut call = policy.start(&Method::POST, &HeaderMap::new(), true);
+    call.before_attempt(Duration::ZERO);
+    assert!(matches!(
+        call.after_attempt(10 * MS, &status(503)),
+        Decision::Retry(_)
+    ));
+    assert_eq!(bucket.available(), 486, "taken when the retry is decided");
+    drop(call);
+    assert_eq!(bucket.available(), 500);
+    // Sent: spent for good, even if the call then ends without an answer.
+    let mut call = policy.start(&Method::POST, &HeaderMap::new(), true);
+    call.before_attempt(Duration::ZERO);
+    assert!(matches!(
+        call.after_attempt(10 * MS, &status(503)),
+        Decision::Retry(_)
+    ));
+    call.before_attempt(100 * MS);
+    drop(call);
+    assert_eq!(bucket.available(), 486);
+}

@@ -5,6 +5,8 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::{Empty, Full};
 
+use crate::replay::Replayed;
+
 /// A request body that may be sent more than once.
 ///
 /// Implemented for in-memory bodies. Implement it for your own body type; return
@@ -58,28 +60,37 @@ impl<D, E> ReplayBody for http_body_util::combinators::UnsyncBoxBody<D, E> {
 }
 
 /// The response body of a [`RetryService`](super::RetryService): the inner body,
-/// or the buffered bytes of a `409` problem document that was read to classify it.
-#[derive(Debug)]
-pub struct RetryBody<B> {
+/// or a `409` problem document that was read to classify it, handed on whole: the
+/// bytes read, then the rest of a body too large to classify, or the failure that
+/// ended the read (never an empty or cut body passed off as the answer).
+pub struct RetryBody<B: Body> {
     kind: Kind<B>,
 }
 
-#[derive(Debug)]
-enum Kind<B> {
+enum Kind<B: Body> {
     Streaming(Pin<Box<B>>),
-    Buffered(Option<Bytes>),
+    Replayed(Replayed<B>),
 }
 
-impl<B> RetryBody<B> {
+impl<B: Body> std::fmt::Debug for RetryBody<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.kind {
+            Kind::Streaming(_) => f.write_str("RetryBody::Streaming"),
+            Kind::Replayed(r) => f.debug_tuple("RetryBody::Replayed").field(r).finish(),
+        }
+    }
+}
+
+impl<B: Body> RetryBody<B> {
     pub(super) fn streaming(body: B) -> Self {
         Self {
             kind: Kind::Streaming(Box::pin(body)),
         }
     }
 
-    pub(super) fn buffered(bytes: Bytes) -> Self {
+    pub(super) fn replayed(body: Replayed<B>) -> Self {
         Self {
-            kind: Kind::Buffered(Some(bytes).filter(|b| !b.is_empty())),
+            kind: Kind::Replayed(body),
         }
     }
 }
@@ -94,21 +105,21 @@ impl<B: Body<Data = Bytes>> Body for RetryBody<B> {
     ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
         match &mut self.get_mut().kind {
             Kind::Streaming(body) => body.as_mut().poll_frame(cx),
-            Kind::Buffered(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
+            Kind::Replayed(body) => Pin::new(body).poll_frame(cx),
         }
     }
 
     fn is_end_stream(&self) -> bool {
         match &self.kind {
             Kind::Streaming(body) => body.is_end_stream(),
-            Kind::Buffered(bytes) => bytes.is_none(),
+            Kind::Replayed(body) => body.is_end_stream(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
             Kind::Streaming(body) => body.size_hint(),
-            Kind::Buffered(bytes) => SizeHint::with_exact(bytes.as_ref().map_or(0, |b| b.len() as u64)),
+            Kind::Replayed(body) => body.size_hint(),
         }
     }
 }

@@ -14,19 +14,28 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http::{Request, Response};
-use http_body_util::{BodyExt, Limited};
+use std::time::Duration;
+
 use tokio::time::Instant;
 use tower::{Service, ServiceExt};
 
 use crate::classify::{Answer, FatalReason, Outcome, classify_error, needs_problem_code, problem_code};
 use crate::error::{Last, RetryError};
+use crate::policy::callers_deadline;
 use crate::policy::{Decision, RetryPolicy, Stop};
+use crate::replay::{Peek, read_start};
 
 /// Largest `409` body read to find the problem `code`.
 const PROBLEM_LIMIT: usize = 64 * 1024;
 
+/// The least time an attempt is sent with: less rounds down to `Request-Timeout: 0`.
+const MIN_ATTEMPT_BUDGET: Duration = Duration::from_millis(1);
+
 /// The error of a [`RetryService`] wrapping `S` with response body `B`.
 pub type TowerRetryError<B, E> = RetryError<Response<RetryBody<B>>, E>;
+
+/// What an attempt left for the caller: the response, the error or the timeout.
+type AttemptResult<B, E> = Last<Response<RetryBody<B>>, E>;
 
 /// The future of a [`RetryService`].
 pub type ResponseFuture<B, E> =
@@ -71,7 +80,7 @@ where
     S::Error: StdError + Send + Sync + 'static,
     ReqB: ReplayBody + Send + 'static,
     ResB: http_body::Body<Data = Bytes> + Send + 'static,
-    ResB::Error: Into<Box<dyn StdError + Send + Sync>>,
+    ResB::Error: Into<Box<dyn StdError + Send + Sync>> + Send,
 {
     type Response = Response<RetryBody<ResB>>;
     type Error = TowerRetryError<ResB, S::Error>;
@@ -114,32 +123,84 @@ where
     let start = Instant::now();
     let replayable = try_clone_request(&req).is_some();
     let mut call = policy.start(req.method(), req.headers(), replayable);
+    // The caller's own deadline (its `Request-Timeout`, or a `CallDeadline`) bounds
+    // the call when it is the sooner one; it is never sent on raised.
+    if let Some(deadline) = callers_deadline(req.headers(), req.extensions()) {
+        call.limit_deadline(deadline);
+    }
     let mut original = Some(req);
-    let mut first = true;
+    // The previous attempt's outcome and result, kept for a give-up while waiting.
+    let mut previous: Option<(Outcome, AttemptResult<ResB, S::Error>)> = None;
     loop {
+        if let Some((outcome, last)) = previous.take() {
+            // A retry: the inner service (a rate limiter, a bulkhead) is waited for
+            // within the deadline, leaving the time the attempt needs.
+            let ready = match call.wait_budget(start.elapsed()) {
+                Some(budget) => tokio::time::timeout(budget, service.ready()).await,
+                None => Ok(service.ready().await),
+            };
+            match ready {
+                Ok(Ok(_)) => {}
+                Ok(Err(err)) => {
+                    return Err(RetryError::new(
+                        Stop::NotRetryable(FatalReason::ServiceNotReady),
+                        call.attempts(),
+                        Outcome::NotSent,
+                        Last::Error(err),
+                    ));
+                }
+                Err(_) => {
+                    return Err(RetryError::new(
+                        Stop::DeadlineExceeded,
+                        call.attempts(),
+                        outcome,
+                        last,
+                    ));
+                }
+            }
+        }
+        if call
+            .remaining(start.elapsed())
+            .is_some_and(|r| r < MIN_ATTEMPT_BUDGET)
+        {
+            // Nothing left to send an attempt with (a caller's `Request-Timeout: 0`):
+            // the server would refuse it unread.
+            return Err(RetryError::new(
+                Stop::DeadlineExceeded,
+                call.attempts(),
+                Outcome::NotSent,
+                Last::TimedOut(Duration::ZERO),
+            ));
+        }
         let plan = call.before_attempt(start.elapsed());
         let mut attempt = match original.as_ref().and_then(try_clone_request) {
             Some(clone) => clone,
             None => original.take().expect("an unclonable request is sent once"),
         };
         plan.apply(attempt.headers_mut());
-        if !first {
-            service.ready().await.map_err(not_ready)?;
-        }
-        first = false;
-        let (outcome, last) = match tokio::time::timeout(plan.timeout(), service.call(attempt)).await {
+        // The attempt timeout covers the response headers and, for a `409` read to
+        // classify it, its body: a stalled body cannot hold the call past its deadline.
+        let sent = async {
+            match service.call(attempt).await {
+                Err(err) => (classify_error(&err), Last::Error(err)),
+                Ok(response) => {
+                    let (response, outcome) = inspect(response).await;
+                    (outcome, Last::Response(response))
+                }
+            }
+        };
+        let (outcome, last) = match tokio::time::timeout(plan.timeout(), sent).await {
             Err(_) => (
                 Outcome::MaybeExecuted { timed_out: true },
                 Last::TimedOut(plan.timeout()),
             ),
-            Ok(Err(err)) => (classify_error(&err), Last::Error(err)),
-            Ok(Ok(response)) => {
-                let (response, answer) = inspect(response).await;
-                (Outcome::Answered(answer), Last::Response(response))
-            }
+            Ok(done) => done,
         };
         match call.after_attempt(start.elapsed(), &outcome) {
-            Decision::Retry(delay) => tokio::time::sleep(delay).await,
+            Decision::Retry(delay) => {
+                tokio::time::sleep(delay).await;
+                previous = Some((outcome, last));
+            }
             Decision::Stop(stop) => {
                 return Err(RetryError::new(stop, call.attempts(), outcome, last));
             }
@@ -169,20 +230,26 @@ fn try_clone_request<B: ReplayBody>(req: &Request<B>) -> Option<Request<B>> {
     Some(clone)
 }
 
-async fn inspect<B>(response: Response<B>) -> (Response<RetryBody<B>>, Answer)
+/// Classifies a response; reads the body of a JSON/problem `409` (up to
+/// [`PROBLEM_LIMIT`]) to find its `code`. The body is handed on whole whatever the
+/// read found: a body too large to classify is not a retry signal and goes on as it
+/// is (the bytes read, then the rest); a body whose read failed makes the attempt a
+/// failure after sending (*maybe executed*), and the response kept for the caller
+/// replays what arrived, then that failure.
+async fn inspect<B>(response: Response<B>) -> (Response<RetryBody<B>>, Outcome)
 where
     B: http_body::Body<Data = Bytes>,
-    B::Error: Into<Box<dyn StdError + Send + Sync>>,
 {
     let answer = Answer::from_parts(response.status(), response.headers());
     if !needs_problem_code(response.status(), response.headers()) {
-        return (response.map(RetryBody::streaming), answer);
+        return (response.map(RetryBody::streaming), Outcome::Answered(answer));
     }
     let (parts, body) = response.into_parts();
-    let bytes = match Limited::new(body, PROBLEM_LIMIT).collect().await {
-        Ok(collected) => collected.to_bytes(),
-        Err(_) => Bytes::new(),
+    let (body, peek) = read_start(body, PROBLEM_LIMIT).await;
+    let outcome = match peek {
+        Peek::Whole(bytes) => Outcome::Answered(answer.with_problem_code(problem_code(&bytes))),
+        Peek::TooLarge => Outcome::Answered(answer),
+        Peek::Failed => Outcome::MaybeExecuted { timed_out: false },
     };
-    let answer = answer.with_problem_code(problem_code(&bytes));
-    (Response::from_parts(parts, RetryBody::buffered(bytes)), answer)
+    (Response::from_parts(parts, RetryBody::replayed(body)), outcome)
 }

@@ -25,14 +25,14 @@ use tower::{ServiceBuilder, ServiceExt};
 use crate::fast;
 
 #[derive(Clone, PartialEq, prost::Message)]
-struct Reply {
+pub(crate) struct Reply {
     #[prost(uint64, tag = "1")]
-    attempt: u64,
+    pub(crate) attempt: u64,
 }
 
 /// What the server answers to one attempt.
 #[derive(Clone)]
-enum Script {
+pub(crate) enum Script {
     /// `OK` with a [`Reply`] (status in the trailers).
     Ok,
     /// A trailers-only error status.
@@ -43,6 +43,12 @@ enum Script {
     Pushback(&'static str),
     /// Sleep, then the next step.
     Sleep(Duration, Box<Script>),
+    /// Bidirectional streaming: one [`Reply`] per message received, as it arrives.
+    Echo,
+    /// Server streaming: this many [`Reply`]s, one per interval.
+    Ticks(u64, Duration),
+    /// Client streaming: one [`Reply`] carrying how many messages arrived.
+    Count,
 }
 
 #[derive(Default)]
@@ -122,9 +128,54 @@ async fn answer(
                 .insert(GRPC_RETRY_PUSHBACK_MS, value.parse().unwrap());
             response
         }
+        Script::Echo => {
+            let echo = tower::service_fn(|req: tonic::Request<tonic::Streaming<Bytes>>| async move {
+                let replies =
+                    futures::stream::unfold((req.into_inner(), 0u64), |(mut inbound, n)| async move {
+                        match inbound.message().await {
+                            Ok(Some(_)) => Some((Ok(Reply { attempt: n + 1 }), (inbound, n + 1))),
+                            _ => None,
+                        }
+                    });
+                let replies: ReplyStream = Box::pin(replies);
+                Ok::<_, Status>(tonic::Response::new(replies))
+            });
+            tonic::server::Grpc::new(ReplyCodec).streaming(echo, req).await
+        }
+        Script::Ticks(count, every) => {
+            let ticks = tower::service_fn(move |_: tonic::Request<Bytes>| async move {
+                let replies = futures::stream::unfold(0u64, move |i| async move {
+                    if i == count {
+                        return None;
+                    }
+                    tokio::time::sleep(every).await;
+                    Some((Ok(Reply { attempt: i + 1 }), i + 1))
+                });
+                let replies: ReplyStream = Box::pin(replies);
+                Ok::<_, Status>(tonic::Response::new(replies))
+            });
+            tonic::server::Grpc::new(ReplyCodec)
+                .server_streaming(ticks, req)
+                .await
+        }
+        Script::Count => {
+            let count = tower::service_fn(|req: tonic::Request<tonic::Streaming<Bytes>>| async move {
+                let mut inbound = req.into_inner();
+                let mut n = 0;
+                while inbound.message().await?.is_some() {
+                    n += 1;
+                }
+                Ok::<_, Status>(tonic::Response::new(Reply { attempt: n }))
+            });
+            tonic::server::Grpc::new(ReplyCodec)
+                .client_streaming(count, req)
+                .await
+        }
         Script::Sleep(..) => unreachable!(),
     }
 }
+
+type ReplyStream = std::pin::Pin<Box<dyn futures::Stream<Item = Result<Reply, Status>> + Send>>;
 
 /// Server side: decodes raw bytes, encodes a [`Reply`].
 #[derive(Clone, Copy, Default)]
@@ -161,7 +212,7 @@ impl Codec for ReplyCodec {
 
 /// Client side: sends raw bytes, decodes a [`Reply`].
 #[derive(Clone, Copy, Default)]
-struct Raw;
+pub(crate) struct Raw;
 
 impl Encoder for Raw {
     type Item = Bytes;
@@ -195,13 +246,13 @@ impl Codec for Raw {
     }
 }
 
-struct Harness {
+pub(crate) struct Harness {
     shared: Arc<Shared>,
-    channel: Channel,
+    pub(crate) channel: Channel,
 }
 
 impl Harness {
-    async fn start() -> Self {
+    pub(crate) async fn start() -> Self {
         let shared = Arc::new(Shared::default());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -215,7 +266,7 @@ impl Harness {
         Self { shared, channel }
     }
 
-    fn script(&self, method: &str, steps: impl IntoIterator<Item = Script>) {
+    pub(crate) fn script(&self, method: &str, steps: impl IntoIterator<Item = Script>) {
         self.shared
             .scripts
             .lock()
@@ -224,7 +275,7 @@ impl Harness {
     }
 
     /// The metadata of every attempt at `method`.
-    fn seen(&self, method: &str) -> Vec<(HeaderMap, Instant)> {
+    pub(crate) fn seen(&self, method: &str) -> Vec<(HeaderMap, Instant)> {
         let path = path(method);
         self.shared
             .seen
@@ -236,25 +287,29 @@ impl Harness {
             .collect()
     }
 
-    fn values(&self, method: &str, name: &str) -> Vec<Option<String>> {
+    pub(crate) fn values(&self, method: &str, name: &str) -> Vec<Option<String>> {
         self.seen(method)
             .iter()
             .map(|(h, _)| h.get(name).map(|v| v.to_str().unwrap().to_owned()))
             .collect()
     }
 
-    fn client(&self, config: RetryConfig) -> GrpcRetryService<Channel> {
+    pub(crate) fn client(&self, config: RetryConfig) -> GrpcRetryService<Channel> {
         ServiceBuilder::new()
-            .layer(GrpcRetryLayer::new(RetryPolicy::new(config).with_seed(11)))
+            .layer(
+                // `Create` is declared unary: its trailers are read and judged too.
+                GrpcRetryLayer::new(RetryPolicy::new(config).with_seed(11))
+                    .with_unary_method("/test.v1.Scripted/Create"),
+            )
             .service(self.channel.clone())
     }
 }
 
-fn path(method: &str) -> String {
+pub(crate) fn path(method: &str) -> String {
     format!("/test.v1.Scripted/{method}")
 }
 
-async fn call(
+pub(crate) async fn call(
     client: GrpcRetryService<Channel>,
     method: &str,
     key: Option<&str>,
@@ -389,7 +444,7 @@ async fn deadline_exceeded_is_retried_only_with_a_key() {
 }
 
 /// A unary request for `method` as the tonic client would send it (one frame).
-fn unary_request(method: &str) -> http::Request<tonic::body::Body> {
+pub(crate) fn unary_request(method: &str) -> http::Request<tonic::body::Body> {
     let mut frame = vec![0u8];
     frame.extend_from_slice(&5u32.to_be_bytes());
     frame.extend_from_slice(b"\x0a\x03abc");

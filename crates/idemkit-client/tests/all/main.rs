@@ -5,6 +5,9 @@
 mod deadline;
 #[cfg(feature = "tonic")]
 mod grpc;
+#[cfg(feature = "tonic")]
+mod grpc_hardening;
+mod hardening;
 mod properties;
 mod reqwest_faults;
 mod safety;

@@ -16,6 +16,7 @@ use axum::extract::connect_info::Connected;
 use axum::extract::{ConnectInfo, Request, State};
 use axum::response::Response;
 use axum::serve::{IncomingStream, Listener};
+use futures::StreamExt;
 use http::{HeaderMap, Method, StatusCode, header};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
@@ -36,6 +37,12 @@ pub(crate) enum Fault {
     Delay(Duration),
     /// Read the request, then reset the connection without answering.
     Reset,
+    /// `409` problem headers (`Content-Length: 200`), 10 bytes of body, then nothing more.
+    Stalled409,
+    /// A `409` problem document of this many bytes (in-progress code first, then padding).
+    Big409(usize),
+    /// `409` problem headers and part of the body, then the connection breaks.
+    Broken409,
 }
 
 /// One received request.
@@ -182,6 +189,43 @@ async fn handle(
         Fault::Delay(d) => {
             tokio::time::sleep(d).await;
             builder.status(200).body(Body::from("late")).unwrap()
+        }
+        Fault::Stalled409 => {
+            let chunks = futures::stream::once(async {
+                Ok::<_, io::Error>(bytes::Bytes::from_static(b"{\"code\":\"i"))
+            })
+            .chain(futures::stream::pending());
+            builder
+                .status(StatusCode::CONFLICT)
+                .header(header::CONTENT_TYPE, "application/problem+json")
+                .header(header::CONTENT_LENGTH, "200")
+                .body(Body::from_stream(chunks))
+                .unwrap()
+        }
+        Fault::Big409(len) => {
+            let head = format!("{{\"code\":\"{}\",\"pad\":\"", idemkit_client::CODE_IN_PROGRESS);
+            let mut body = head.into_bytes();
+            body.resize(len - 2, b'x');
+            body.extend_from_slice(b"\"}");
+            builder
+                .status(StatusCode::CONFLICT)
+                .header(header::CONTENT_TYPE, "application/problem+json")
+                .header(header::RETRY_AFTER, "0")
+                .body(Body::from(body))
+                .unwrap()
+        }
+        Fault::Broken409 => {
+            // The failure comes after the headers and the first bytes have gone out.
+            let chunks = futures::stream::once(async { Ok(bytes::Bytes::from_static(b"{\"code\":\"idem")) })
+                .chain(futures::stream::once(async {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    Err(io::Error::from(io::ErrorKind::ConnectionReset))
+                }));
+            builder
+                .status(StatusCode::CONFLICT)
+                .header(header::CONTENT_TYPE, "application/problem+json")
+                .body(Body::from_stream(chunks))
+                .unwrap()
         }
         Fault::Reset => {
             conn.0.store(true, Ordering::SeqCst);

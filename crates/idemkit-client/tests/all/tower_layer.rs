@@ -15,7 +15,7 @@ use crate::{fast, same_key};
 type TransportError = Box<dyn std::error::Error + Send + Sync>;
 
 #[derive(Debug)]
-struct Transport(TransportError);
+pub(crate) struct Transport(pub(crate) TransportError);
 
 impl std::fmt::Display for Transport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -30,7 +30,7 @@ impl std::error::Error for Transport {
 }
 
 /// An HTTP client as a tower service, the shape of a hyper or tonic client.
-fn transport<B>()
+pub(crate) fn transport<B>()
 -> impl Service<Request<B>, Response = Response<reqwest::Body>, Error = Transport, Future = impl Send>
 + Clone
 + Send
