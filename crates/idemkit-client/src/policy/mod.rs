@@ -117,7 +117,7 @@ pub fn gets_auto_key(method: &Method) -> bool {
 }
 
 /// Retry settings: a plain `Copy` value, buildable in a `const`. Every default is
-/// listed in `docs/client.md` (the [guide](crate::guide)) and argued in
+/// listed in the guide's client page (`docs/client.md`) and argued in
 /// `docs/client-decisions.md`.
 ///
 /// ```
