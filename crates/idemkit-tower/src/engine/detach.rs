@@ -84,6 +84,22 @@ impl<T: Send + 'static> Future for Detached<T> {
     }
 }
 
+/// Runs `future` to its end, answering [`Panicked`] if a poll of it panics
+/// (the future is then dropped, never polled again). What lets the work that
+/// [`Detached`] may move to a task of its own settle its attempt after a panic
+/// itself, wherever it is polled.
+pub(crate) async fn catch_unwind<F: Future>(future: F) -> Result<F::Output, Panicked> {
+    let mut future = std::pin::pin!(future);
+    std::future::poll_fn(move |cx| {
+        match std::panic::catch_unwind(AssertUnwindSafe(|| future.as_mut().poll(cx))) {
+            Ok(Poll::Pending) => Poll::Pending,
+            Ok(Poll::Ready(out)) => Poll::Ready(Ok(out)),
+            Err(_) => Poll::Ready(Err(Panicked)),
+        }
+    })
+    .await
+}
+
 impl<T: Send + 'static> Drop for Detached<T> {
     fn drop(&mut self) {
         if let Some(future) = self.future.take() {
