@@ -169,7 +169,7 @@ where
     B::Error: Into<BoxError>,
 {
     let scope = claim.scope.clone();
-    let attempt = match Box::pin(shared.engine.begin_until(claim, deadline)).await {
+    let mut attempt = match Box::pin(shared.engine.begin_until(claim, deadline)).await {
         Ok(attempt) => attempt,
         Err(refused) => {
             return (
@@ -178,12 +178,25 @@ where
             );
         }
     };
+    // Single-step: the claim's transaction, handed to the handler through
+    // this slot (its `Tx` guard puts it back when dropped, a panic included).
+    let slot = attempt.take_tx().map(|tx| {
+        let slot = TxSlot::default();
+        slot.put(tx);
+        slot
+    });
+    let held = slot.clone();
     match attempt
-        .catch_panic(|attempt| Box::pin(execute(inner, parts, bytes, attempt)))
+        .catch_panic(|attempt| Box::pin(execute(inner, parts, bytes, attempt, slot)))
         .await
     {
         Ok(done) => done,
         Err(settled) => {
+            // A panicked single-step handler's transaction is rolled back
+            // before the answer, so the key's lock is free by then.
+            if let Some(tx) = held.and_then(|s| s.take()) {
+                shared.engine.rollback_tx(tx).await;
+            }
             let problem = ProblemResponse::new(ErrorCode::Internal, crate::engine::panic_detail(settled));
             let counted = match settled {
                 outcome::LEASE_LOST | outcome::PARKED => settled,
@@ -334,7 +347,8 @@ async fn execute<S, B>(
     mut inner: S,
     parts: Parts,
     bytes: Bytes,
-    mut attempt: Attempt,
+    attempt: Attempt,
+    slot: Option<TxSlot>,
 ) -> (&'static str, Result<Response, S::Error>)
 where
     S: Service<Request<Body>, Response = Response<B>> + Send + 'static,
@@ -352,12 +366,9 @@ where
         policy: attempt.policy().clone(),
         deadline: attempt.deadline(),
     });
-    let slot = attempt.take_tx().map(|tx| {
-        let slot = TxSlot::default();
-        slot.put(tx);
+    if let Some(slot) = &slot {
         req.extensions_mut().insert(slot.clone());
-        slot
-    });
+    }
 
     fail::fail_point!("idemkit::after_claim");
     let result = match attempt.deadline() {

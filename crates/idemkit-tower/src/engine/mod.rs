@@ -246,6 +246,15 @@ impl Engine {
         self.tx_store.is_some()
     }
 
+    /// Rolls back a single-step claim's transaction before the caller is
+    /// answered (see `TransactionalStore::rollback_tx`); a lease-mode engine
+    /// has none, and drops it.
+    pub(crate) async fn rollback_tx(&self, tx: Box<dyn std::any::Any + Send>) {
+        if let Some(tx_store) = &self.tx_store {
+            tx_store.rollback_tx(tx).await;
+        }
+    }
+
     /// The claim for `req`: its fingerprint (method, target with query, body)
     /// and the request kept for the completer.
     pub fn claim_request(&self, req: Incoming<'_>) -> ClaimRequest {

@@ -445,3 +445,44 @@ async fn an_expired_deadline_still_gets_the_replay() {
     assert_eq!((fresh.status, fresh.code().as_str()), (504, "deadline_exceeded"));
     assert_eq!(runs.get(), 1);
 }
+
+/// Item 6, single-step: a handler that panics after writing through the
+/// claim's transaction answers a 500 (the connection used to be dropped with
+/// no answer), its transaction is rolled back through the store before that
+/// answer, and the key is free.
+#[tokio::test]
+async fn a_single_step_panic_rolls_back_and_answers() {
+    let sqlite = SqliteStore::open(super::tempfile("panic")).await.unwrap();
+    sqlx::query("CREATE TABLE rows (account TEXT NOT NULL, n INTEGER NOT NULL)")
+        .execute(sqlite.pool())
+        .await
+        .unwrap();
+    let store = Arc::new(idemkit_testkit::Probed::new(sqlite));
+    let runs = Runs::default();
+    let layer = IdempotencyLayer::transactional(store.clone())
+        .resolver(idemkit_tower::BearerTokenAccount)
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route(
+            "/op",
+            post(|State(runs): State<Runs>, mut tx: Tx<SqliteTx>| async move {
+                sqlx::query("INSERT INTO rows (account, n) VALUES ('a', 1)")
+                    .execute(&mut **tx)
+                    .await
+                    .unwrap();
+                let n = runs.next();
+                assert!(n > 1, "handler bug on run {n}");
+                (StatusCode::CREATED, format!("made {n}"))
+            })
+            .layer(layer),
+        )
+        .with_state(runs.clone());
+    let base = serve(app).await;
+    let first = send(&base, Some("tx-panic"), "a", &json!({})).await;
+    assert_eq!((first.status, first.code().as_str()), (500, "internal_error"), "{first:?}");
+    assert_eq!(store.rollbacks(), 1, "rolled back through the store before the answer");
+    let again = send(&base, Some("tx-panic"), "a", &json!({})).await;
+    assert_eq!((again.status, again.replayed()), (201, false), "{again:?}");
+    assert_eq!(rows(store.inner()).await, 1, "only the second run's row");
+}
