@@ -154,7 +154,10 @@ where
                 };
                 (
                     counted,
-                    Ok(problem(ErrorCode::Internal, idemkit_tower::engine::panic_detail(settled)).into_http()),
+                    Ok(
+                        problem(ErrorCode::Internal, idemkit_tower::engine::panic_detail(settled))
+                            .into_http(),
+                    ),
                 )
             }
         }

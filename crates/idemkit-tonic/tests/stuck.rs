@@ -79,7 +79,12 @@ impl KeyStore for Faulty {
     async fn heartbeat(&self, scope: &Scope, token: FencingToken, lease: Duration) -> StoreResult<Millis> {
         self.inner.heartbeat(scope, token, lease).await
     }
-    async fn complete(&self, scope: &Scope, token: FencingToken, response: &StoredResponse) -> StoreResult<()> {
+    async fn complete(
+        &self,
+        scope: &Scope,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> StoreResult<()> {
         self.inner.complete(scope, token, response).await?;
         if self.lose_complete_reply.swap(false, Ordering::SeqCst) {
             return Err(StoreError::Unavailable("the completion's reply was lost".into()));
@@ -229,7 +234,12 @@ async fn serve() -> Harness {
 
 type Answer = Result<tonic::Response<Bytes>, Status>;
 
-async fn call(h: &Harness, key: &str, mode: &str, prepare: impl FnOnce(&mut tonic::Request<Bytes>)) -> Answer {
+async fn call(
+    h: &Harness,
+    key: &str,
+    mode: &str,
+    prepare: impl FnOnce(&mut tonic::Request<Bytes>),
+) -> Answer {
     let mut client = tonic::client::Grpc::new(h.channel.clone());
     client.ready().await.unwrap();
     let msg: Bytes = CreateRequest {
@@ -290,10 +300,16 @@ async fn a_call_whose_deadline_ends_mid_claim_leaves_no_key_held_by_nobody() {
     let h = serve().await;
     let gate = Arc::new(Notify::new());
     *h.counter.store.slow_claim.lock().unwrap() = Some(gate.clone());
-    let cut = call(&h, "mid-claim", "ok", |r| r.set_timeout(Duration::from_millis(300))).await;
+    let cut = call(&h, "mid-claim", "ok", |r| {
+        r.set_timeout(Duration::from_millis(300))
+    })
+    .await;
     // The client's own timer ends the call (`CANCELLED`), or the server's.
     let code = cut.unwrap_err().code();
-    assert!(matches!(code, Code::Cancelled | Code::DeadlineExceeded), "{code:?}");
+    assert!(
+        matches!(code, Code::Cancelled | Code::DeadlineExceeded),
+        "{code:?}"
+    );
     tokio::time::timeout(Duration::from_secs(5), h.left.notified())
         .await
         .expect("the server never ended the call");
@@ -328,11 +344,18 @@ async fn a_panic_after_the_call_ended_releases_the_key() {
     .await;
     // The client's own timer ends the call (`CANCELLED`), or the server's.
     let code = cut.unwrap_err().code();
-    assert!(matches!(code, Code::Cancelled | Code::DeadlineExceeded), "{code:?}");
+    assert!(
+        matches!(code, Code::Cancelled | Code::DeadlineExceeded),
+        "{code:?}"
+    );
     tokio::time::timeout(Duration::from_secs(5), h.left.notified())
         .await
         .expect("the server never ended the call");
-    assert_eq!(h.counter.runs.load(Ordering::SeqCst), 1, "the handler had started");
+    assert_eq!(
+        h.counter.runs.load(Ordering::SeqCst),
+        1,
+        "the handler had started"
+    );
     h.counter.gate.notify_one(); // it panics now, detached
     h.counter.gate.notify_one(); // a permit for the second run
     let again = retry_until_settled(&h, "late-panic", "wait-then-panic-once")

@@ -188,7 +188,10 @@ impl Attempt {
     /// in a row parks it for review instead. `Err` says which (an [`outcome`]:
     /// released, abandoned, parked or lease lost), for the adapter to answer its
     /// server error with.
-    pub async fn catch_panic<F: Future>(self, work: impl FnOnce(Attempt) -> F) -> Result<F::Output, &'static str> {
+    pub async fn catch_panic<F: Future>(
+        self,
+        work: impl FnOnce(Attempt) -> F,
+    ) -> Result<F::Output, &'static str> {
         let orphan = self.recovery_handle();
         match catch_unwind(work(self)).await {
             Ok(out) => Ok(out),
@@ -231,7 +234,10 @@ impl Attempt {
                     let reason = format!(
                         "{PANICKED} on {n} runs in a row after recording progress; parked for review instead of being resumed again"
                     );
-                    tracing::error!(runs = n, "idempotency: the handler keeps panicking; the request is parked for review");
+                    tracing::error!(
+                        runs = n,
+                        "idempotency: the handler keeps panicking; the request is parked for review"
+                    );
                     match timed(op::PARK, store.park(scope, token, &reason)).await {
                         Err(StoreError::Unsupported(_)) => (outcome::ABANDONED, abandon(n).await),
                         other => (outcome::PARKED, other),
@@ -604,7 +610,11 @@ async fn complete_with_retry(
 /// Whether the record of `scope` is completed with `stored` (an earlier
 /// delivery of this completion landed): `Ok` if so, `Fenced` if it holds
 /// anything else, the read's error if it cannot be read.
-async fn completed_with(store: &dyn KeyStore, scope: &Scope, stored: &StoredResponse) -> Result<(), StoreError> {
+async fn completed_with(
+    store: &dyn KeyStore,
+    scope: &Scope,
+    stored: &StoredResponse,
+) -> Result<(), StoreError> {
     match timed(op::GET, store.get(scope)).await? {
         Some(r) if r.state == RecordState::Completed && r.response.as_ref() == Some(stored) => {
             tracing::debug!("idempotency: an earlier delivery of the completion landed; its reply was lost");

@@ -355,7 +355,9 @@ impl Engine {
                 }
             }
             Ok(None) => {}
-            Err(e) => tracing::debug!(error = %e, "idempotency: could not look for a replay past the deadline"),
+            Err(e) => {
+                tracing::debug!(error = %e, "idempotency: could not look for a replay past the deadline")
+            }
         }
         refused
     }
@@ -485,8 +487,12 @@ impl Engine {
 /// settled (the `Err` of [`Attempt::catch_panic`]).
 pub fn panic_detail(settled: &str) -> &'static str {
     match settled {
-        outcome::RELEASED => "the handler failed before recording any progress; the key is free, retry with it",
-        outcome::ABANDONED => "the handler failed after recording progress; retry with the same key to resume",
+        outcome::RELEASED => {
+            "the handler failed before recording any progress; the key is free, retry with it"
+        }
+        outcome::ABANDONED => {
+            "the handler failed after recording progress; retry with the same key to resume"
+        }
         outcome::PARKED => {
             "the handler failed on every resume; the request was parked for review and will not run again"
         }

@@ -69,7 +69,12 @@ impl KeyStore for Faulty {
     async fn heartbeat(&self, scope: &Scope, token: FencingToken, lease: Duration) -> StoreResult<Millis> {
         self.inner.heartbeat(scope, token, lease).await
     }
-    async fn complete(&self, scope: &Scope, token: FencingToken, response: &StoredResponse) -> StoreResult<()> {
+    async fn complete(
+        &self,
+        scope: &Scope,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> StoreResult<()> {
         self.inner.complete(scope, token, response).await?;
         if self.lose_complete_reply.swap(false, Ordering::SeqCst) {
             return Err(StoreError::Unavailable("the completion's reply was lost".into()));
@@ -246,7 +251,11 @@ async fn a_panic_before_any_progress_releases_the_key() {
     let runs = Runs::default();
     let base = serve(panicking_once(super::memory(), runs.clone(), None)).await;
     let first = send(&base, Some("panic"), "a", &json!({})).await;
-    assert_eq!((first.status, first.code().as_str()), (500, "internal_error"), "{first:?}");
+    assert_eq!(
+        (first.status, first.code().as_str()),
+        (500, "internal_error"),
+        "{first:?}"
+    );
     let again = send(&base, Some("panic"), "a", &json!({})).await;
     assert_eq!((again.status, again.replayed()), (201, false), "{again:?}");
     assert_eq!(runs.get(), 2);
@@ -480,8 +489,16 @@ async fn a_single_step_panic_rolls_back_and_answers() {
         .with_state(runs.clone());
     let base = serve(app).await;
     let first = send(&base, Some("tx-panic"), "a", &json!({})).await;
-    assert_eq!((first.status, first.code().as_str()), (500, "internal_error"), "{first:?}");
-    assert_eq!(store.rollbacks(), 1, "rolled back through the store before the answer");
+    assert_eq!(
+        (first.status, first.code().as_str()),
+        (500, "internal_error"),
+        "{first:?}"
+    );
+    assert_eq!(
+        store.rollbacks(),
+        1,
+        "rolled back through the store before the answer"
+    );
     let again = send(&base, Some("tx-panic"), "a", &json!({})).await;
     assert_eq!((again.status, again.replayed()), (201, false), "{again:?}");
     assert_eq!(rows(store.inner()).await, 1, "only the second run's row");
