@@ -32,15 +32,23 @@ use super::{Answer, Runs, generic, rows, send, serve, sqlite};
 /// statement already sent to SQLite's worker or to PostgreSQL does), and a
 /// completion that is applied but whose reply is lost.
 #[derive(Debug, Default)]
-struct Faulty {
-    inner: Arc<MemoryStore>,
+struct Faulty<S = MemoryStore> {
+    inner: Arc<S>,
     /// The next claim waits for this gate.
     slow_claim: Mutex<Option<Arc<Notify>>>,
     /// The next completion is applied and answered `Unavailable`.
     lose_complete_reply: AtomicBool,
 }
 
-impl Faulty {
+impl<S> Faulty<S> {
+    fn over(inner: S) -> Self {
+        Self {
+            inner: Arc::new(inner),
+            slow_claim: Mutex::default(),
+            lose_complete_reply: AtomicBool::new(false),
+        }
+    }
+
     fn delay_next_claim(&self) -> Arc<Notify> {
         let gate = Arc::new(Notify::new());
         *self.slow_claim.lock().unwrap() = Some(gate.clone());
@@ -49,7 +57,7 @@ impl Faulty {
 }
 
 #[async_trait]
-impl KeyStore for Faulty {
+impl<S: KeyStore> KeyStore for Faulty<S> {
     async fn claim(&self, req: &ClaimRequest) -> StoreResult<ClaimOutcome> {
         let gate = self.slow_claim.lock().unwrap().take();
         match gate {
@@ -173,9 +181,7 @@ async fn retry_until_settled(base: &str, key: &str) -> Answer {
 /// lands after it left. The claim belongs to the detached work: the handler
 /// runs to its end and the retry gets the replay, not `409 in progress` for
 /// the rest of a lease nobody holds.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_caller_that_hangs_up_mid_claim_leaves_no_key_held_by_nobody() {
-    let store = Arc::new(Faulty::default());
+async fn hang_up_mid_claim<S: KeyStore>(store: Arc<Faulty<S>>) {
     let runs = Runs::default();
     let layer = generic(store.clone(), Policy::new()).build().unwrap();
     let app = super::counting(layer, runs.clone(), |n| {
@@ -196,6 +202,17 @@ async fn a_caller_that_hangs_up_mid_claim_leaves_no_key_held_by_nobody() {
     assert_eq!((replay.status, replay.replayed()), (201, true), "{replay:?}");
     assert_eq!(String::from_utf8_lossy(&replay.body), "made 1");
     assert_eq!(runs.get(), 1, "the handler ran once, for the claim that landed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_that_hangs_up_mid_claim_leaves_no_key_held_by_nobody() {
+    hang_up_mid_claim(Arc::new(Faulty::<MemoryStore>::default())).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_that_hangs_up_mid_claim_leaves_no_key_held_by_nobody_on_sqlite() {
+    let sqlite = SqliteStore::open(super::tempfile("mid-claim")).await.unwrap();
+    hang_up_mid_claim(Arc::new(Faulty::over(sqlite))).await;
 }
 
 /// A route whose handler panics on its first run, after waiting for `gate` (when set).
@@ -393,7 +410,7 @@ async fn phases_under_a_single_step_layer_are_refused_as_a_misconfiguration() {
 /// caller gets its answer, not `idempotency_lease_lost`.
 #[tokio::test]
 async fn a_lost_completion_reply_answers_the_stored_response() {
-    let store = Arc::new(Faulty::default());
+    let store = Arc::new(Faulty::<MemoryStore>::default());
     store.lose_complete_reply.store(true, Ordering::SeqCst);
     let runs = Runs::default();
     let layer = generic(store.clone(), Policy::new()).build().unwrap();
