@@ -12,13 +12,17 @@ pub struct Panicked;
 /// A future polled in place, on the caller's task, that goes on to completion
 /// in a task of its own if it is dropped before it finishes (the connection
 /// closed, the caller cancelled: exactly when clients retry). What a lease-mode
-/// attempt needs once its claim is committed: the handler never stops half-way
-/// and the key is never left waiting for a lease to expire. Spawning every
+/// request needs from the moment its claim is sent (a claim can land after its
+/// future is dropped): the handler never stops half-way and the key is never
+/// left waiting for a lease to expire. Spawning every
 /// attempt up front would give the same guarantee at the cost of a task and a
 /// cross-thread hand-off per request; this pays only when the caller leaves.
 ///
 /// A panic in the future is caught and answered as [`Panicked`], as a task's
-/// join handle would; the future is not polled again.
+/// join handle would; the future is not polled again. Only while polled in
+/// place: once moved to its own task nobody is left to answer, so work that
+/// must settle something after a panic catches it itself (as
+/// [`crate::engine::Attempt::catch_panic`] does for the handler).
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
