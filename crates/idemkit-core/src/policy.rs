@@ -107,6 +107,12 @@ pub struct Policy {
     /// The longest retry chain clients are told to use on this route; the replay
     /// window must cover it.
     pub longest_retry_chain: Option<Duration>,
+    /// How many runs in a row of one request may panic after it recorded
+    /// progress (a phase, an external call's intent) before it is parked for
+    /// review instead of being resumed again (default 3: the first run and two
+    /// resumes). A panic before any progress releases the key instead, and is
+    /// not counted. Values below 1 count as 1.
+    pub panic_limit: u32,
 }
 
 impl Default for Policy {
@@ -171,6 +177,7 @@ impl Policy {
             max_stored_body: 1024 * 1024,
             mismatch_status: MismatchStatus::Conflict,
             longest_retry_chain: None,
+            panic_limit: 3,
         }
     }
 
@@ -213,6 +220,12 @@ impl Policy {
     /// Sets the stored-body cap.
     pub fn with_max_stored_body(mut self, bytes: usize) -> Self {
         self.max_stored_body = bytes;
+        self
+    }
+    /// Sets how many runs in a row may panic after recording progress before
+    /// the request is parked for review (see [`Policy::panic_limit`]).
+    pub fn with_panic_limit(mut self, runs: u32) -> Self {
+        self.panic_limit = runs;
         self
     }
     /// Sets the mismatch status.

@@ -44,6 +44,13 @@ pub enum ErrorCode {
     /// call with a fresh budget may reuse the key.
     #[serde(rename = "deadline_exceeded")]
     DeadlineExceeded,
+    /// The route is configured in a way the layer cannot honour, found on the
+    /// first request that runs into it (a single-step route whose handler
+    /// settled the record itself with `Outcome::Settled`, as `Phases` does):
+    /// nothing was committed and the key is free, but the same request will
+    /// fail the same way until the route is fixed. Not retryable.
+    #[serde(rename = "idempotency_misconfigured")]
+    Misconfigured,
     /// The request body or parameters failed validation.
     ValidationFailed,
     /// The request body is larger than the route accepts.
@@ -72,6 +79,7 @@ impl ErrorCode {
             Self::LeaseLost => "idempotency_lease_lost",
             Self::StoreUnavailable => "idempotency_store_unavailable",
             Self::DeadlineExceeded => "deadline_exceeded",
+            Self::Misconfigured => "idempotency_misconfigured",
             Self::ValidationFailed => "validation_failed",
             Self::PayloadTooLarge => "payload_too_large",
             Self::UnsupportedMediaType => "unsupported_media_type",
@@ -86,7 +94,7 @@ impl ErrorCode {
         match self {
             Self::KeyMissing | Self::KeyInvalid | Self::ValidationFailed => 400,
             Self::KeyReused | Self::RequestInProgress | Self::RequestParked => 409,
-            Self::ResponseTooLarge | Self::Internal => 500,
+            Self::ResponseTooLarge | Self::Misconfigured | Self::Internal => 500,
             Self::LeaseLost | Self::StoreUnavailable => 503,
             Self::DeadlineExceeded => 504,
             Self::PayloadTooLarge => 413,
@@ -116,6 +124,7 @@ impl ErrorCode {
             Self::LeaseLost => "Idempotency lease lost",
             Self::StoreUnavailable => "Idempotency store unavailable",
             Self::DeadlineExceeded => "Deadline exceeded",
+            Self::Misconfigured => "Idempotency misconfigured",
             Self::ValidationFailed => "Validation failed",
             Self::PayloadTooLarge => "Payload too large",
             Self::UnsupportedMediaType => "Unsupported media type",
@@ -206,6 +215,7 @@ mod tests {
             ErrorCode::LeaseLost,
             ErrorCode::StoreUnavailable,
             ErrorCode::DeadlineExceeded,
+            ErrorCode::Misconfigured,
             ErrorCode::ValidationFailed,
             ErrorCode::PayloadTooLarge,
             ErrorCode::UnsupportedMediaType,
@@ -223,5 +233,7 @@ mod tests {
         assert_eq!(ErrorCode::DeadlineExceeded.as_str(), "deadline_exceeded");
         assert_eq!(ErrorCode::DeadlineExceeded.default_status(), 504);
         assert!(!ErrorCode::DeadlineExceeded.retryable());
+        assert_eq!(ErrorCode::Misconfigured.as_str(), "idempotency_misconfigured");
+        assert!(!ErrorCode::Misconfigured.retryable());
     }
 }

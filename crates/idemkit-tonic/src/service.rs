@@ -127,28 +127,48 @@ where
         Ok(p) => p,
         Err(status) => return (refused_outcome(&status), Ok(status.into_http())),
     };
-    let attempt = match shared.engine.begin_until(claim, deadline).await {
-        Ok(attempt) => attempt,
-        Err(refused) => return (refused.outcome, Ok(refusal_response(refused.refusal))),
-    };
-    // The claim is committed, so the work goes on to completion detached from
-    // the call: a client that cancels (exactly when clients retry) leaves neither
-    // a half-run handler nor a key stuck; its retry waits for, or replays, the result.
-    // The same holds when tonic's server ends the call at the caller's deadline:
-    // the handler is not cut short; it gets the remaining time to honour
-    // (`IdempotencyContext::remaining` in the request's extensions).
-    let task = Detached::new(execute(inner, parts, bytes, attempt).in_current_span());
-    match task.await {
-        Ok(done) => done,
-        Err(Panicked) => {
-            // The handler panicked: the attempt went with it and its lease
-            // expires on its own; the next attempt takes over then.
-            tracing::error!("idempotency: the handler panicked");
-            (
-                outcome::ERROR,
-                Ok(tonic::Status::internal("the handler failed").into_http()),
-            )
+    // The claim commits on its own, so the claim and the work go on to
+    // completion detached from the call: a client that cancels (exactly when
+    // clients retry), even while its key is still being claimed, leaves neither
+    // a half-run handler nor a key held by nobody; its retry waits for, or
+    // replays, the result. The same holds when tonic's server ends the call at
+    // the caller's deadline: the handler is not cut short; it gets the
+    // remaining time to honour (`IdempotencyContext::remaining` in the
+    // request's extensions).
+    let work = async move {
+        let attempt = match shared.engine.begin_until(claim, deadline).await {
+            Ok(attempt) => attempt,
+            Err(refused) => return (refused.outcome, Ok(refusal_response(refused.refusal))),
+        };
+        // A panicking handler's attempt is settled here, wherever this runs
+        // (on the call's task or, after the caller left, on its own).
+        match attempt
+            .catch_panic(|attempt| Box::pin(execute(inner, parts, bytes, attempt)))
+            .await
+        {
+            Ok(done) => done,
+            Err(settled) => {
+                let counted = match settled {
+                    outcome::LEASE_LOST | outcome::PARKED => settled,
+                    _ => outcome::ERROR,
+                };
+                (
+                    counted,
+                    Ok(
+                        problem(ErrorCode::Internal, idemkit_tower::engine::panic_detail(settled))
+                            .into_http(),
+                    ),
+                )
+            }
         }
+    };
+    match Detached::new(work.in_current_span()).await {
+        Ok(done) => done,
+        // Not the handler (its panics are settled inside): the layer's own code.
+        Err(Panicked) => (
+            outcome::ERROR,
+            Ok(tonic::Status::internal("the call failed").into_http()),
+        ),
     }
 }
 

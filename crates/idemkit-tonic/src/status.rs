@@ -25,7 +25,7 @@ pub const ERROR_DOMAIN: &str = "idemkit";
 /// | `payload_too_large`                | `RESOURCE_EXHAUSTED`  |
 /// | `unauthorized`                     | `UNAUTHENTICATED`     |
 /// | `not_found`                        | `NOT_FOUND`           |
-/// | `idempotency_response_too_large`, `internal_error` | `INTERNAL` |
+/// | `idempotency_response_too_large`, `idempotency_misconfigured`, `internal_error` | `INTERNAL` |
 pub fn code_for(code: ErrorCode) -> Code {
     match code {
         ErrorCode::KeyMissing

@@ -126,8 +126,50 @@ where
         // Hashed only when someone listens: requests without a subscriber pay nothing.
         span.record("key_hash", metrics::key_hash(&claim.scope));
     }
+    if shared.engine.is_transactional() {
+        // Single-step: if the client goes away the connection's future is
+        // dropped, the transaction (claim included) rolls back and the key is
+        // free again.
+        return Box::pin(claim_and_execute(shared, inner, parts, bytes, claim, deadline)).await;
+    }
+    // Lease mode: the claim commits on its own, so the claim and the work go
+    // on to completion detached from the connection (SPEC §3). A client that
+    // hangs up mid-request (exactly when clients retry), even while its key is
+    // still being claimed, leaves neither a half-run handler nor a key held by
+    // nobody until its lease expires: its retry waits for, or replays, the
+    // result.
+    let task = Detached::new(
+        claim_and_execute(shared, inner, parts, bytes, claim, deadline).instrument(tracing::Span::current()),
+    );
+    match task.await {
+        Ok(done) => done,
+        // Not the handler (its panics are settled inside): the layer's own code.
+        Err(Panicked) => (
+            outcome::ERROR,
+            Ok(ProblemResponse::new(ErrorCode::Internal, "the request failed").into_response()),
+        ),
+    }
+}
+
+/// Claims the key, runs the handler under the attempt and finishes it; a
+/// panicking handler's attempt is settled here too, wherever this is polled.
+async fn claim_and_execute<S, B>(
+    shared: Arc<Shared>,
+    inner: S,
+    parts: Parts,
+    bytes: Bytes,
+    claim: ClaimRequest,
+    deadline: Option<std::time::Instant>,
+) -> (&'static str, Result<Response, S::Error>)
+where
+    S: Service<Request<Body>, Response = Response<B>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
     let scope = claim.scope.clone();
-    let attempt = match Box::pin(shared.engine.begin_until(claim, deadline)).await {
+    let mut attempt = match Box::pin(shared.engine.begin_until(claim, deadline)).await {
         Ok(attempt) => attempt,
         Err(refused) => {
             return (
@@ -136,33 +178,31 @@ where
             );
         }
     };
-    if attempt.is_transactional() {
-        // Single-step: if the client goes away the connection's future is
-        // dropped, the transaction rolls back and the key is free again.
-        return Box::pin(execute(inner, parts, bytes, attempt)).await;
-    }
-    // Lease mode: the claim is committed, so the work goes on to completion
-    // detached from the connection (SPEC §3). A client that hangs up mid-request
-    // (exactly when clients retry) leaves neither a half-run handler nor a key
-    // stuck until its lease expires: its retry waits for, or replays, the result.
-    let orphan = attempt.recovery_handle();
-    let task = Detached::new(execute(inner, parts, bytes, attempt).instrument(tracing::Span::current()));
-    match task.await {
+    // Single-step: the claim's transaction, handed to the handler through
+    // this slot (its `Tx` guard puts it back when dropped, a panic included).
+    let slot = attempt.take_tx().map(|tx| {
+        let slot = TxSlot::default();
+        slot.put(tx);
+        slot
+    });
+    let held = slot.clone();
+    match attempt
+        .catch_panic(|attempt| Box::pin(execute(inner, parts, bytes, attempt, slot)))
+        .await
+    {
         Ok(done) => done,
-        Err(Panicked) => {
-            // The handler panicked: nothing to store; hand the key back, or keep
-            // recorded progress resumable.
-            tracing::error!("idempotency: the handler panicked");
-            let counted = orphan.settle(None, Disposition::Release).await;
-            let problem = ProblemResponse::new(ErrorCode::Internal, "the handler failed");
-            (
-                if counted == outcome::LEASE_LOST {
-                    counted
-                } else {
-                    outcome::ERROR
-                },
-                Ok(problem.into_response()),
-            )
+        Err(settled) => {
+            // A panicked single-step handler's transaction is rolled back
+            // before the answer, so the key's lock is free by then.
+            if let Some(tx) = held.and_then(|s| s.take()) {
+                shared.engine.rollback_tx(tx).await;
+            }
+            let problem = ProblemResponse::new(ErrorCode::Internal, crate::engine::panic_detail(settled));
+            let counted = match settled {
+                outcome::LEASE_LOST | outcome::PARKED => settled,
+                _ => outcome::ERROR,
+            };
+            (counted, Ok(problem.into_response()))
         }
     }
 }
@@ -307,7 +347,8 @@ async fn execute<S, B>(
     mut inner: S,
     parts: Parts,
     bytes: Bytes,
-    mut attempt: Attempt,
+    attempt: Attempt,
+    slot: Option<TxSlot>,
 ) -> (&'static str, Result<Response, S::Error>)
 where
     S: Service<Request<Body>, Response = Response<B>> + Send + 'static,
@@ -325,12 +366,9 @@ where
         policy: attempt.policy().clone(),
         deadline: attempt.deadline(),
     });
-    let slot = attempt.take_tx().map(|tx| {
-        let slot = TxSlot::default();
-        slot.put(tx);
+    if let Some(slot) = &slot {
         req.extensions_mut().insert(slot.clone());
-        slot
-    });
+    }
 
     fail::fail_point!("idemkit::after_claim");
     let result = match attempt.deadline() {
@@ -392,6 +430,10 @@ where
             Disposition::Store => {
                 let (counted, response) = store_response(attempt, tx, response).await;
                 (counted, Ok(response))
+            }
+            Disposition::Leave if attempt.is_transactional() => {
+                let refused = attempt.refuse_settled(tx).await;
+                (refused.outcome, Ok(refused_response(refused.refusal)))
             }
             Disposition::Leave => {
                 let counted = response

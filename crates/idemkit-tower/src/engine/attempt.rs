@@ -5,11 +5,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use idemkit_core::{
-    ClaimRequest, ErrorCode, KeyStore, Lease, Policy, Problem, Scope, ServerErrorPolicy, StoreError,
-    StoredResponse,
+    ClaimRequest, ErrorCode, KeyStore, Lease, Policy, Problem, RecordState, Scope, ServerErrorPolicy,
+    StoreError, StoredResponse,
 };
 use tokio::task::JoinHandle;
 
+use super::detach::{Panicked, catch_unwind};
 use super::{Engine, Refusal, Refused, stored_problem};
 use crate::metrics::{op, outcome, timed};
 
@@ -175,6 +176,112 @@ impl Attempt {
             self.lease.clone(),
             None,
             self.deadline,
+        )
+    }
+
+    /// Runs `work` (the handler and whatever finishes the attempt) for this
+    /// attempt, and settles the attempt itself if `work` panics, wherever it is
+    /// polled: on the caller's task, or in the task [`super::Detached`] moved it
+    /// to after the caller left (SPEC §3). A panic before any progress releases
+    /// the key; after progress the record is abandoned, resumable, with the
+    /// panic counted in its last error, and the [`Policy::panic_limit`]th panic
+    /// in a row parks it for review instead. `Err` says which (an [`outcome`]:
+    /// released, abandoned, parked or lease lost), for the adapter to answer its
+    /// server error with.
+    pub async fn catch_panic<F: Future>(
+        self,
+        work: impl FnOnce(Attempt) -> F,
+    ) -> Result<F::Output, &'static str> {
+        let orphan = self.recovery_handle();
+        match catch_unwind(work(self)).await {
+            Ok(out) => Ok(out),
+            Err(Panicked) => {
+                tracing::error!("idempotency: the handler panicked");
+                Err(orphan.settle_panicked().await)
+            }
+        }
+    }
+
+    /// Settles an attempt whose handler panicked (see [`Attempt::catch_panic`]).
+    async fn settle_panicked(self) -> &'static str {
+        if self.is_transactional() {
+            // The claim was never committed: its transaction went down with
+            // the handler's future and rolls back.
+            return outcome::RELEASED;
+        }
+        let store = self.engine.store.as_ref();
+        let (scope, token) = (&self.claim.scope, self.lease.token);
+        let limit = self.engine.policy.panic_limit.max(1);
+        let record = match timed(op::GET, store.get(scope)).await {
+            Ok(Some(r)) if r.fencing_token == token && r.state == RecordState::InFlight => Some(r),
+            Ok(_) => return outcome::LEASE_LOST,
+            Err(e) => {
+                tracing::warn!(error = %e, "idempotency: could not read the record of a panicked attempt; abandoning");
+                None
+            }
+        };
+        let abandon = |n: u32| async move {
+            timed(op::ABANDON, store.abandon(scope, token, &panic_error(n, limit))).await
+        };
+        let (counted, result) = match record {
+            Some(r) if !r.has_progress() => (
+                outcome::RELEASED,
+                timed(op::RELEASE, store.release(scope, token)).await,
+            ),
+            Some(r) => {
+                let n = panics_in_a_row(r.last_error.as_deref()).saturating_add(1);
+                if n >= limit {
+                    let reason = format!(
+                        "{PANICKED} on {n} runs in a row after recording progress; parked for review instead of being resumed again"
+                    );
+                    tracing::error!(
+                        runs = n,
+                        "idempotency: the handler keeps panicking; the request is parked for review"
+                    );
+                    match timed(op::PARK, store.park(scope, token, &reason)).await {
+                        Err(StoreError::Unsupported(_)) => (outcome::ABANDONED, abandon(n).await),
+                        other => (outcome::PARKED, other),
+                    }
+                } else {
+                    (outcome::ABANDONED, abandon(n).await)
+                }
+            }
+            // Unread: progress may exist, so never a release; the count is lost.
+            None => (outcome::ABANDONED, abandon(1).await),
+        };
+        match result {
+            Ok(()) => counted,
+            Err(StoreError::Fenced) => outcome::LEASE_LOST,
+            Err(e) => {
+                // The lease still expires on its own; the next attempt takes over then.
+                tracing::warn!(error = %e, "idempotency: could not settle the key of a panicked attempt");
+                counted
+            }
+        }
+    }
+
+    /// Refuses an answer a single-step handler settled itself
+    /// ([`Outcome::Settled`], as every answer of [`crate::Phases`] is): a
+    /// single-step claim is uncommitted until the layer stores the answer in
+    /// the handler's transaction, so leaving the record "as the handler left
+    /// it" would acknowledge writes that roll back, and a `Phases` under it
+    /// never sees its claim (its lease-lost answer would be retried forever).
+    /// The transaction is rolled back, the key is free, and the caller gets
+    /// `500 idempotency_misconfigured` (not retryable), logged once per route.
+    pub async fn refuse_settled(self, tx: Option<Box<dyn Any + Send>>) -> Refused {
+        self.rollback(tx).await;
+        if !self
+            .engine
+            .misconfigured_logged
+            .swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
+            tracing::error!(
+                "idempotency: misconfigured route: {MISCONFIGURED_SETTLED}; every such request is refused until it is fixed"
+            );
+        }
+        Refused::new(
+            outcome::ERROR,
+            Refusal::problem(ErrorCode::Misconfigured, MISCONFIGURED_SETTLED),
         )
     }
 
@@ -411,6 +518,29 @@ impl Attempt {
     }
 }
 
+/// Why a single-step route's answer marked [`Outcome::Settled`] is refused.
+const MISCONFIGURED_SETTLED: &str = "the handler answered `Outcome::Settled` (it settled the record itself, as `Phases` does) \
+     under a single-step (transactional) idempotency layer, whose claim commits only with the answer the layer stores; \
+     its transaction was rolled back, nothing was stored and the key is free. Use a lease-mode layer \
+     (`IdempotencyLayer::builder`) for routes that use `Phases` or settle their own record";
+
+/// How the last error of a record abandoned after a panic begins.
+const PANICKED: &str = "the handler panicked";
+
+/// The last error of a record abandoned after its `n`th panic in a row.
+fn panic_error(n: u32, limit: u32) -> String {
+    format!("{PANICKED} (run {n} in a row; parked for review at {limit})")
+}
+
+/// How many runs in a row panicked, from the record's last error (0 when the
+/// last attempt ended any other way).
+fn panics_in_a_row(last_error: Option<&str>) -> u32 {
+    last_error
+        .and_then(|e| e.strip_prefix(PANICKED)?.strip_prefix(" (run "))
+        .and_then(|rest| rest.split(' ').next()?.parse().ok())
+        .unwrap_or(0)
+}
+
 /// Aborts the heartbeat when the request ends, however it ends.
 struct AbortOnDrop(JoinHandle<()>);
 
@@ -448,6 +578,12 @@ fn spawn_heartbeat(
 }
 
 /// Lease-mode completion, retried briefly when the store is unavailable.
+///
+/// An `Unavailable` may be a lost reply to a write that landed; the re-sent
+/// write is then fenced by its own first delivery (the record is completed).
+/// So a refusal after an `Unavailable` is checked against the record: when it
+/// is completed with this very answer, the completion stands and the caller
+/// gets its answer, never "your writes were discarded".
 async fn complete_with_retry(
     store: &dyn KeyStore,
     scope: &Scope,
@@ -455,17 +591,37 @@ async fn complete_with_retry(
     stored: &StoredResponse,
 ) -> Result<(), StoreError> {
     let mut delay = Duration::from_millis(50);
+    let mut unsure = false;
     for attempt in 1.. {
         match timed(op::COMPLETE, store.complete(scope, lease.token, stored)).await {
             Err(StoreError::Unavailable(e)) if attempt < 4 => {
                 tracing::warn!(error = %e, attempt, "idempotency: completion failed; retrying");
+                unsure = true;
                 tokio::time::sleep(delay.mul_f64(rand::random_range(0.5..1.0))).await;
                 delay *= 2;
             }
+            Err(StoreError::Fenced) if unsure => return completed_with(store, scope, stored).await,
             other => return other,
         }
     }
     unreachable!("the loop returns")
+}
+
+/// Whether the record of `scope` is completed with `stored` (an earlier
+/// delivery of this completion landed): `Ok` if so, `Fenced` if it holds
+/// anything else, the read's error if it cannot be read.
+async fn completed_with(
+    store: &dyn KeyStore,
+    scope: &Scope,
+    stored: &StoredResponse,
+) -> Result<(), StoreError> {
+    match timed(op::GET, store.get(scope)).await? {
+        Some(r) if r.state == RecordState::Completed && r.response.as_ref() == Some(stored) => {
+            tracing::debug!("idempotency: an earlier delivery of the completion landed; its reply was lost");
+            Ok(())
+        }
+        _ => Err(StoreError::Fenced),
+    }
 }
 
 #[cfg(test)]
@@ -487,5 +643,14 @@ mod tests {
         assert_eq!(d(201, Some(Outcome::Retryable)), Disposition::Abandon);
         let replay = Policy::new().with_server_error_policy(ServerErrorPolicy::Replay);
         assert_eq!(Disposition::of(502, None, &replay), Disposition::Store);
+    }
+
+    #[test]
+    fn panics_are_counted_from_the_last_error() {
+        assert_eq!(panics_in_a_row(None), 0);
+        assert_eq!(panics_in_a_row(Some("handler marked the outcome retryable")), 0);
+        assert_eq!(panics_in_a_row(Some(&panic_error(1, 3))), 1);
+        assert_eq!(panics_in_a_row(Some(&panic_error(17, 30))), 17);
+        assert_eq!(panics_in_a_row(Some("the handler panicked (run x")), 0);
     }
 }

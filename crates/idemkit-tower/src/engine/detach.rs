@@ -12,13 +12,17 @@ pub struct Panicked;
 /// A future polled in place, on the caller's task, that goes on to completion
 /// in a task of its own if it is dropped before it finishes (the connection
 /// closed, the caller cancelled: exactly when clients retry). What a lease-mode
-/// attempt needs once its claim is committed: the handler never stops half-way
-/// and the key is never left waiting for a lease to expire. Spawning every
+/// request needs from the moment its claim is sent (a claim can land after its
+/// future is dropped): the handler never stops half-way and the key is never
+/// left waiting for a lease to expire. Spawning every
 /// attempt up front would give the same guarantee at the cost of a task and a
 /// cross-thread hand-off per request; this pays only when the caller leaves.
 ///
 /// A panic in the future is caught and answered as [`Panicked`], as a task's
-/// join handle would; the future is not polled again.
+/// join handle would; the future is not polled again. Only while polled in
+/// place: once moved to its own task nobody is left to answer, so work that
+/// must settle something after a panic catches it itself (as
+/// [`crate::engine::Attempt::catch_panic`] does for the handler).
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
@@ -82,6 +86,22 @@ impl<T: Send + 'static> Future for Detached<T> {
             }
         }
     }
+}
+
+/// Runs `future` to its end, answering [`Panicked`] if a poll of it panics
+/// (the future is then dropped, never polled again). What lets the work that
+/// [`Detached`] may move to a task of its own settle its attempt after a panic
+/// itself, wherever it is polled.
+pub(crate) async fn catch_unwind<F: Future>(future: F) -> Result<F::Output, Panicked> {
+    let mut future = std::pin::pin!(future);
+    std::future::poll_fn(move |cx| {
+        match std::panic::catch_unwind(AssertUnwindSafe(|| future.as_mut().poll(cx))) {
+            Ok(Poll::Pending) => Poll::Pending,
+            Ok(Poll::Ready(out)) => Poll::Ready(Ok(out)),
+            Err(_) => Poll::Ready(Err(Panicked)),
+        }
+    })
+    .await
 }
 
 impl<T: Send + 'static> Drop for Detached<T> {

@@ -19,9 +19,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use idemkit_core::{
-    ClaimOutcome, ClaimRequest, ErrorCode, FencingToken, Fingerprinter, IdempotencyKey, InFlightBehavior,
-    KeyError, KeyStore, Policy, Problem, Scope, StoreError, StoredHeader, StoredRequest, StoredResponse,
-    TxClaim,
+    ClaimOutcome, ClaimRequest, Decision, ErrorCode, FencingToken, Fingerprinter, IdempotencyKey,
+    InFlightBehavior, KeyError, KeyStore, Policy, Problem, RecordHead, Scope, StoreError, StoredHeader,
+    StoredRequest, StoredResponse, TxClaim,
 };
 use tracing::Instrument;
 use tracing::field::Empty;
@@ -43,6 +43,9 @@ pub struct Engine {
     pub(crate) fingerprinter: Fingerprinter,
     /// The answers this process stored, when the route keeps them in memory.
     pub(crate) replays: Option<Arc<ReplayCache>>,
+    /// Set once a misconfiguration found on a request was logged (see
+    /// `Attempt::refuse_settled`): logged once, refused every time.
+    pub(crate) misconfigured_logged: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -207,6 +210,7 @@ impl Engine {
             policy: Arc::new(policy),
             fingerprinter,
             replays: None,
+            misconfigured_logged: Arc::default(),
         }
     }
 
@@ -240,6 +244,15 @@ impl Engine {
     /// Whether claims share the handler's transaction (single-step mode).
     pub fn is_transactional(&self) -> bool {
         self.tx_store.is_some()
+    }
+
+    /// Rolls back a single-step claim's transaction before the caller is
+    /// answered (see `TransactionalStore::rollback_tx`); a lease-mode engine
+    /// has none, and drops it.
+    pub(crate) async fn rollback_tx(&self, tx: Box<dyn std::any::Any + Send>) {
+        if let Some(tx_store) = &self.tx_store {
+            tx_store.rollback_tx(tx).await;
+        }
     }
 
     /// The claim for `req`: its fingerprint (method, target with query, body)
@@ -278,7 +291,9 @@ impl Engine {
     /// `deadline` is the caller's (from `grpc-timeout` or the REST
     /// [`idemkit_core::DEADLINE_HEADER`]). A request whose deadline has already
     /// passed is refused with `deadline_exceeded` before its key is claimed:
-    /// nothing is written and the key stays free. Waiting for a live holder
+    /// nothing is written and the key stays free. A completed request's stored
+    /// answer is still replayed whatever the deadline (a replay costs nothing,
+    /// SPEC §10): its record is read, not claimed. Waiting for a live holder
     /// (the `wait` in-flight behaviour) stops at the deadline. The attempt
     /// carries the deadline so the adapter can hand the remaining time on.
     pub async fn begin_until(
@@ -286,9 +301,6 @@ impl Engine {
         claim: ClaimRequest,
         deadline: Option<Instant>,
     ) -> Result<Attempt, Refused> {
-        if let Some(refused) = deadline_refusal(deadline) {
-            return Err(refused);
-        }
         if let Some(replays) = &self.replays
             && claim.resume.is_none()
             && let Some(stored) = replays.get(&claim.scope, &claim.fingerprint)
@@ -298,6 +310,9 @@ impl Engine {
                 "idempotency: replay from the process's cache"
             );
             return Err(Refused::new(outcome::REPLAYED, Refusal::Replay(stored)));
+        }
+        if let Some(refused) = deadline_refusal(deadline) {
+            return Err(self.replay_or(&claim, refused).await);
         }
         let span = tracing::info_span!("idemkit.claim", outcome = Empty, token = Empty);
         let result = self.acquire(&claim, deadline).instrument(span.clone()).await;
@@ -318,6 +333,33 @@ impl Engine {
             }
         }
         result.map(|(lease, tx)| Attempt::new(self.clone(), Arc::new(claim), lease, tx, deadline))
+    }
+
+    /// The stored answer of a completed request (a read, no claim), or
+    /// `refused` when there is none (or the record cannot be read).
+    async fn replay_or(&self, claim: &ClaimRequest, refused: Refused) -> Refused {
+        if claim.resume.is_some() {
+            return refused;
+        }
+        match timed(op::GET, self.store.get(&claim.scope)).await {
+            Ok(Some(record)) => {
+                let head = RecordHead::from(&record);
+                if claim.decide(Some(&head), self.store.now()) == Decision::Replay
+                    && let Some(stored) = record.response
+                {
+                    tracing::debug!(
+                        status = stored.status,
+                        "idempotency: replay, although the caller's deadline has passed"
+                    );
+                    return Refused::new(outcome::REPLAYED, Refusal::Replay(stored));
+                }
+            }
+            Ok(None) => {}
+            Err(e) => {
+                tracing::debug!(error = %e, "idempotency: could not look for a replay past the deadline")
+            }
+        }
+        refused
     }
 
     async fn acquire(
@@ -438,6 +480,23 @@ impl Engine {
                 }
             }
         }
+    }
+}
+
+/// What the caller of a panicked handler is told, given how its attempt was
+/// settled (the `Err` of [`Attempt::catch_panic`]).
+pub fn panic_detail(settled: &str) -> &'static str {
+    match settled {
+        outcome::RELEASED => {
+            "the handler failed before recording any progress; the key is free, retry with it"
+        }
+        outcome::ABANDONED => {
+            "the handler failed after recording progress; retry with the same key to resume"
+        }
+        outcome::PARKED => {
+            "the handler failed on every resume; the request was parked for review and will not run again"
+        }
+        _ => "the handler failed; retry with the same key to get the request's result",
     }
 }
 

@@ -181,3 +181,4 @@ mod released;
 mod replay_cache;
 mod roundtrips;
 mod single_step;
+mod stuck;
