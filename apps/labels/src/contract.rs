@@ -60,7 +60,7 @@ pub fn render(config: &IdemkitConfig, format: Format) -> String {
 
 /// Every stable code a refusal can carry, in the order the contract lists them.
 /// `ErrorCode` is `#[non_exhaustive]`, so a new code must be added here too.
-const REFUSAL_CODES: [ErrorCode; 15] = [
+const REFUSAL_CODES: [ErrorCode; 16] = [
     ErrorCode::KeyMissing,
     ErrorCode::KeyInvalid,
     ErrorCode::ValidationFailed,
@@ -75,6 +75,7 @@ const REFUSAL_CODES: [ErrorCode; 15] = [
     ErrorCode::StoreUnavailable,
     ErrorCode::DeadlineExceeded,
     ErrorCode::ResponseTooLarge,
+    ErrorCode::Misconfigured,
     ErrorCode::Internal,
 ];
 

@@ -120,7 +120,7 @@ impl Contract {
 
     /// The contract as `format` asks.
     pub fn render(&self, format: Format) -> String {
-        in_format(markdown(self), format)
+        in_format(markdown(self), format, &self.client)
     }
 
     /// The policy of every route as data (`/docs/idempotency.json`): the
@@ -173,8 +173,10 @@ pub fn render(config: &IdemkitConfig, client: &RetryConfig, format: Format) -> S
         .render(format)
 }
 
-/// The Markdown as `format` asks.
-fn in_format(markdown: String, format: Format) -> String {
+/// The Markdown as `format` asks. The HTML page is standalone: an embedded
+/// stylesheet (nothing is fetched from anywhere) and the worked retry schedule of
+/// `client` drawn as an inline SVG timeline under its table.
+fn in_format(markdown: String, format: Format, client: &RetryConfig) -> String {
     match format {
         Format::Markdown => markdown,
         Format::Html => {
@@ -183,11 +185,123 @@ fn in_format(markdown: String, format: Format) -> String {
                 &mut body,
                 pulldown_cmark::Parser::new_ext(&markdown, pulldown_cmark::Options::ENABLE_TABLES),
             );
+            // The timeline goes right under the worked schedule's table.
+            if let Some(at) = body.find(SCHEDULE_END) {
+                body.insert_str(at, &timeline_svg(client));
+            }
             format!(
-                "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>Idempotency contract</title></head>\n<body>\n{body}</body></html>\n"
+                "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
+                 <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
+                 <title>Idempotency contract</title>\n<style>{STYLE}</style></head>\n\
+                 <body><main>\n{body}</main></body></html>\n"
             )
         }
     }
+}
+
+/// Where the worked schedule's text resumes after its table (the timeline is
+/// drawn before it).
+const SCHEDULE_END: &str = "<p>Then the call returns its last error.";
+
+/// The page's stylesheet: readable line lengths, tables with borders that
+/// scroll inside themselves rather than widen the page, code set apart.
+const STYLE: &str = "\
+:root{color-scheme:light dark;--fg:#1b1f24;--bg:#fff;--muted:#57606a;--line:#d0d7de;--code:#f3f4f6;--accent:#0b63c5}\
+@media (prefers-color-scheme:dark){:root{--fg:#e6edf3;--bg:#0d1117;--muted:#9da7b3;--line:#30363d;--code:#161b22;--accent:#58a6ff}}\
+*{box-sizing:border-box}\
+body{margin:0;background:var(--bg);color:var(--fg);font:16px/1.6 system-ui,-apple-system,'Segoe UI',Roboto,sans-serif}\
+main{max-width:52rem;margin:0 auto;padding:2rem 1.25rem 4rem}\
+h1{font-size:2rem;margin:0 0 1rem}h2{font-size:1.4rem;margin:2.5rem 0 .75rem;padding-bottom:.3rem;border-bottom:1px solid var(--line)}\
+h3{font-size:1.1rem;margin:1.75rem 0 .5rem}\
+a{color:var(--accent)}\
+code{font:.875em/1.4 ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;background:var(--code);padding:.1em .3em;border-radius:4px;overflow-wrap:anywhere}\
+pre{background:var(--code);padding:.9rem 1rem;border-radius:6px;overflow-x:auto;border:1px solid var(--line)}\
+pre code{background:none;padding:0;overflow-wrap:normal}\
+table{display:block;max-width:100%;overflow-x:auto;border-collapse:collapse;margin:1rem 0;font-size:.925rem}\
+th,td{border:1px solid var(--line);padding:.4rem .6rem;text-align:left;vertical-align:top}\
+th{background:var(--code)}\
+figure{margin:1rem 0}figcaption{color:var(--muted);font-size:.875rem}\
+svg.timeline{width:100%;height:auto;max-width:48rem}\
+svg.timeline text{font:12px system-ui,sans-serif;fill:var(--fg)}\
+svg.timeline .axis{stroke:var(--muted)}svg.timeline .range{fill:var(--accent);opacity:.35}\
+svg.timeline .at{fill:var(--accent)}svg.timeline .deadline{stroke:#cf222e;stroke-dasharray:4 3}\
+";
+
+/// The worked retry schedule as an inline SVG timeline: each attempt on a row,
+/// the span of times it may start at (from all sleeps drawn as zero to all drawn
+/// at their ceiling, attempts themselves taking no time), and the deadline.
+fn timeline_svg(client: &RetryConfig) -> String {
+    let attempts = client.max_attempts().max(1);
+    // Latest possible start of each attempt, in milliseconds after the first.
+    let mut latest = vec![0u128];
+    for n in 1..attempts {
+        let ceiling = client.backoff().ceiling(n - 1, Duration::ZERO);
+        latest.push(latest[latest.len() - 1] + ceiling.as_millis());
+    }
+    let deadline = client.deadline().map(|d| d.as_millis());
+    let span = deadline.unwrap_or(0).max(*latest.last().unwrap_or(&0)).max(1);
+    let (left, width, row) = (96.0_f64, 520.0_f64, 30.0_f64);
+    let x = |ms: u128| left + width * (ms as f64) / (span as f64);
+    let height = row * f64::from(attempts) + 44.0;
+    let mut svg = format!(
+        "<figure><svg class=\"timeline\" viewBox=\"0 0 {w} {height}\" role=\"img\" \
+         aria-labelledby=\"timeline-title\" xmlns=\"http://www.w3.org/2000/svg\">\
+         <title id=\"timeline-title\">When each attempt of a call that keeps failing may start</title>",
+        w = left + width + 24.0
+    );
+    for (i, &end) in latest.iter().enumerate() {
+        let y = 14.0 + row * i as f64;
+        let _ = write!(
+            svg,
+            "<text x=\"0\" y=\"{ty}\">attempt {n}</text>",
+            ty = y + 12.0,
+            n = i + 1
+        );
+        if end == 0 {
+            let _ = write!(
+                svg,
+                "<circle class=\"at\" cx=\"{cx}\" cy=\"{cy}\" r=\"5\"/>",
+                cx = x(0),
+                cy = y + 8.0
+            );
+        } else {
+            let _ = write!(
+                svg,
+                "<rect class=\"range\" x=\"{x0}\" y=\"{y}\" width=\"{rw}\" height=\"16\" rx=\"3\"/>\
+                 <text x=\"{tx}\" y=\"{ty}\">≤ {label}</text>",
+                x0 = x(0),
+                rw = (x(end) - x(0)).max(2.0),
+                tx = (x(end) + 4.0).min(left + width - 60.0),
+                ty = y + 12.0,
+                label = human_duration(Duration::from_millis(u64::try_from(end).unwrap_or(u64::MAX)))
+            );
+        }
+    }
+    let axis_y = 14.0 + row * f64::from(attempts) + 4.0;
+    let _ = write!(
+        svg,
+        "<line class=\"axis\" x1=\"{left}\" y1=\"{axis_y}\" x2=\"{right}\" y2=\"{axis_y}\"/>\
+         <text x=\"{left}\" y=\"{ly}\">0</text>",
+        right = left + width,
+        ly = axis_y + 16.0
+    );
+    if let Some(d) = deadline {
+        let _ = write!(
+            svg,
+            "<line class=\"deadline\" x1=\"{dx}\" y1=\"6\" x2=\"{dx}\" y2=\"{axis_y}\"/>\
+             <text x=\"{tx}\" y=\"{ly}\">deadline {label}</text>",
+            dx = x(d),
+            tx = x(d) - 70.0,
+            ly = axis_y + 16.0,
+            label = human_duration(Duration::from_millis(u64::try_from(d).unwrap_or(u64::MAX)))
+        );
+    }
+    svg.push_str(
+        "</svg><figcaption>Each bar spans the times an attempt may start after the first, from every \
+         earlier sleep drawn as zero to every one drawn at its ceiling (the time the attempts themselves \
+         take comes on top). Nothing starts after the deadline.</figcaption></figure>\n",
+    );
+    svg
 }
 
 /// One keyed route as the `## Routes` table shows it.
@@ -474,17 +588,20 @@ fn deadlines(w: &mut String) {
          (1 to {} digits, no unit; round down). It is relative on purpose, so clock skew between you and the \
          service does not matter; the service counts it from the moment your request arrives. Send it again on \
          every retry with what is left then.\n\n\
-         - **Already spent** (`{DEADLINE_HEADER_DISPLAY}: 0`, or gone by the time the request arrives): `504` \
-         with `code` `deadline_exceeded` and `retryable: false`. Nothing ran and the key was **not** claimed: a \
-         later call with a fresh budget may use the same key.\n\
+         - **Already spent** (`{DEADLINE_HEADER_DISPLAY}: 0`, or gone by the time the request arrives): a \
+         request that already completed with this key gets its stored answer (a replay costs nothing, so no \
+         deadline is too short for it); any other gets `504` with `code` `deadline_exceeded` and \
+         `retryable: false`. Nothing ran and the key was **not** claimed: a later call with a fresh budget may \
+         use the same key.\n\
          - **Otherwise** the request runs, and the remaining time is handed to the handler, which can pass it on \
          to its own downstream calls. A request is not cut short when your deadline passes: like a request whose \
          client hung up, it runs to its end and a retry with the same key gets its one result.\n\
          - A malformed value (a sign, a fraction, a unit, more than {} digits) is ignored: the request has no \
          deadline.\n\
          - Over gRPC the deadline is the standard `grpc-timeout` your gRPC library sends from the call's \
-         deadline; one already spent is answered with `DEADLINE_EXCEEDED` and a `google.rpc.ErrorInfo` whose \
-         `reason` is `deadline_exceeded`, again before the key is claimed.",
+         deadline; one already spent is answered with the stored answer of a completed request, or else with \
+         `DEADLINE_EXCEEDED` and a `google.rpc.ErrorInfo` whose `reason` is `deadline_exceeded`, again before \
+         the key is claimed.",
         idemkit_core::DEADLINE_HEADER_MAX_DIGITS,
         idemkit_core::DEADLINE_HEADER_MAX_DIGITS,
     );

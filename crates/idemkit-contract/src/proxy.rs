@@ -52,7 +52,7 @@ const PROXY_CODES: [ErrorCode; 12] = [
 /// proxy's configuration, its problem codes, and what the proxy cannot promise
 /// (`## Behind idemkit proxy`); none of the labels service's own sections.
 pub fn render_proxy(proxy: &ProxyContract, client: &RetryConfig, format: Format) -> String {
-    in_format(proxy_markdown(proxy, client), format)
+    in_format(proxy_markdown(proxy, client), format, client)
 }
 
 /// Sizes as integrators read them: whole MiB or KiB when they are.

@@ -117,3 +117,38 @@ async fn the_router_serves_the_running_configuration() {
     assert_eq!(doc, contract.policy_document());
     assert_eq!(doc["operations"][0]["path"], "/labels");
 }
+
+#[test]
+fn the_html_page_is_styled_standalone_and_draws_the_schedule() {
+    let config = IdemkitConfig::from_toml(LABELS_LIKE).unwrap();
+    let client = RetryConfig::new().with_max_attempts(4);
+    let html = render(&config, &client, Format::Html);
+    assert!(
+        html.contains("<style>") && html.contains("name=\"viewport\""),
+        "embedded stylesheet"
+    );
+    assert!(!html.contains("<link") && !html.contains("<script") && !html.contains("<img"));
+    let svg = &html[html.find("<svg class=\"timeline\"").expect("the timeline")..];
+    let svg = &svg[..svg.find("</svg>").unwrap()];
+    for n in 1..=4 {
+        assert!(
+            svg.contains(&format!(">attempt {n}</text>")),
+            "a row per attempt: {svg}"
+        );
+    }
+    assert!(!svg.contains(">attempt 5<"));
+    assert_eq!(
+        svg.matches("class=\"range\"").count(),
+        3,
+        "attempts 2-4 start in a range"
+    );
+    assert!(svg.contains("deadline"), "the default deadline is drawn");
+    // Right under the worked schedule's table, before the text that follows it.
+    let table_end = html
+        .find("| 4 |")
+        .map_or_else(|| html.find("<td>4</td>").unwrap(), |i| i);
+    let svg_at = html.find("<svg class=\"timeline\"").unwrap();
+    assert!(table_end < svg_at && svg_at < html.find("Then the call returns its last error").unwrap());
+    // Markdown carries no SVG (it renders nowhere integrators read Markdown).
+    assert!(!render(&config, &client, Format::Markdown).contains("<svg"));
+}
