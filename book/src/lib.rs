@@ -23,3 +23,6 @@ mod client {}
 
 #[doc = include_str!("../../docs/redis.md")]
 mod redis {}
+
+#[doc = include_str!("../../docs/multi-step.md")]
+mod multi_step {}
