@@ -26,3 +26,6 @@ mod redis {}
 
 #[doc = include_str!("../../docs/multi-step.md")]
 mod multi_step {}
+
+#[doc = include_str!("../../docs/configuration.md")]
+mod configuration {}
