@@ -51,7 +51,11 @@ mod tests {
             .collect();
         let mut missing = Vec::new();
         for entry in std::fs::read_dir(docs()).expect("docs/") {
-            let name = entry.expect("a docs/ entry").file_name().into_string().expect("UTF-8 name");
+            let name = entry
+                .expect("a docs/ entry")
+                .file_name()
+                .into_string()
+                .expect("UTF-8 name");
             if name.ends_with(".md") && name != "SUMMARY.md" && !linked.contains(name.as_str()) {
                 missing.push(name);
             }
