@@ -148,19 +148,9 @@ async fn proxy(
     sqlite_synchronous: SqliteSync,
     config: Option<std::path::PathBuf>,
 ) -> (String, Arc<dyn KeyStore>) {
-    let args = ProxyArgs {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        upstream: upstream.to_owned(),
-        database_url,
-        config,
-        account_header: "Authorization".into(),
-        scope_secret: format!("bench-{}", std::process::id()),
-        upstream_honours_keys: false,
-        upstream_timeout_ms: 30_000,
-        lease_ms: None,
-        max_request_body: 1 << 20,
-        sqlite_synchronous,
-    };
+    let mut args = ProxyArgs::new(upstream, &database_url, &format!("bench-{}", std::process::id()));
+    args.config = config;
+    args.sqlite_synchronous = sqlite_synchronous;
     let store = idemkit::open_store(&args.database_url, &args.open_options())
         .await
         .unwrap()

@@ -28,6 +28,11 @@ pub struct ProxyContract {
     /// it to the configuration (`IdemkitConfig::with_lease`); so does the
     /// caller, before handing it over here.
     pub default_lease: Option<std::time::Duration>,
+    /// Per keyed route (`"METHOD /path"`, the method upper-cased), the `5xx`
+    /// statuses the operator declared "not executed" (`not_executed` in the
+    /// proxy's `--config`): the key is freed on them. Every other `5xx` of an
+    /// upstream that ignores keys is stored and replayed (`502`/`504`: parked).
+    pub not_executed: std::collections::BTreeMap<String, Vec<u16>>,
 }
 
 /// The codes the proxy answers with, in the order its contract lists them.

@@ -189,21 +189,12 @@ async fn setup_timed(
         std::fs::write(&path, toml).unwrap();
         path
     });
-    let app = router(ProxyArgs {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        upstream,
-        database_url: format!("sqlite://{}", db.display()),
-        config,
-        account_header: "Authorization".into(),
-        scope_secret: "test-secret".into(),
-        upstream_honours_keys: honours_keys,
-        upstream_timeout_ms,
-        lease_ms: None,
-        max_request_body: 1 << 20,
-        sqlite_synchronous: SqliteSync::Claims,
-    })
-    .await
-    .unwrap();
+    let mut args = ProxyArgs::new(&upstream, &format!("sqlite://{}", db.display()), "test-secret");
+    args.config = config;
+    args.upstream_honours_keys = honours_keys;
+    args.upstream_timeout_ms = upstream_timeout_ms;
+    args.sqlite_synchronous = SqliteSync::Claims;
+    let app = router(args).await.unwrap();
     Setup {
         naive,
         proxy: serve(app).await,
@@ -595,21 +586,9 @@ async fn idemkit_check_passes_every_gate_through_the_proxy_and_fails_without_it(
     );
     let db = std::env::temp_dir().join(format!("idemkit-proxy-check-{}.db", std::process::id()));
     let _ = std::fs::remove_file(&db);
-    let app = router(ProxyArgs {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        upstream,
-        database_url: format!("sqlite://{}", db.display()),
-        config: None,
-        account_header: "Authorization".into(),
-        scope_secret: "test-secret".into(),
-        upstream_honours_keys: false,
-        upstream_timeout_ms: 10_000,
-        lease_ms: None,
-        max_request_body: 1 << 20,
-        sqlite_synchronous: SqliteSync::Claims,
-    })
-    .await
-    .unwrap();
+    let mut args = ProxyArgs::new(&upstream, &format!("sqlite://{}", db.display()), "test-secret");
+    args.upstream_timeout_ms = 10_000;
+    let app = router(args).await.unwrap();
     let proxy = serve(app).await;
     let run = crate::idemkit(crate::check_args(&proxy, &["--json"])).await;
     let verdicts = run.verdicts();
