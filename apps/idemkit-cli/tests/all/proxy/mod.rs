@@ -15,6 +15,7 @@ use idemkit_cli::proxy::{ProxyArgs, SqliteSync, router};
 use serde_json::Value;
 
 mod processes;
+mod production;
 
 #[derive(Default)]
 struct Naive {

@@ -1,0 +1,747 @@
+//! Issue 34, over real processes: `idemkit proxy` in front of small upstreams
+//! that behave like real ones (a 5xx after commit, their own "in progress",
+//! short keep-alives), a key store that goes away, signals, slow clients,
+//! forwarding headers and path spellings.
+
+use super::processes::ProxyProcess;
+use super::*;
+use axum::routing::any;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+fn temp_db(name: &str) -> std::path::PathBuf {
+    let db = std::env::temp_dir().join(format!("idemkit-proxy-prod-{name}-{}.db", std::process::id()));
+    let _ = std::fs::remove_file(&db);
+    db
+}
+
+fn sqlite(db: &std::path::Path) -> String {
+    format!("sqlite://{}", db.display())
+}
+
+fn write_config(name: &str, toml: &str) -> String {
+    let path = std::env::temp_dir().join(format!("idemkit-proxy-prod-{name}-{}.toml", std::process::id()));
+    std::fs::write(&path, toml).unwrap();
+    path.display().to_string()
+}
+
+/// One raw HTTP/1.1 exchange (the request as written, `Connection: close`
+/// expected in it): the response's status and the whole response text.
+async fn raw(base: &str, request: &str) -> (u16, String) {
+    let addr = base.trim_start_matches("http://");
+    let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    tcp.write_all(request.as_bytes()).await.unwrap();
+    let mut out = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), tcp.read_to_end(&mut out))
+        .await
+        .expect("an answer")
+        .unwrap();
+    let text = String::from_utf8_lossy(&out).into_owned();
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no status in {text:?}"));
+    (status, text)
+}
+
+async fn send(http: &reqwest::Client, url: String, key: &str, body: &str) -> reqwest::Response {
+    http.post(url)
+        .header("authorization", "Bearer a")
+        .header("idempotency-key", key)
+        .header("content-type", "application/json")
+        .body(body.to_owned())
+        .send()
+        .await
+        .unwrap()
+}
+
+/// An upstream that commits and then answers `503` (a sidecar's reset
+/// before headers, a 500 after commit).
+async fn committed_then_503(State(n): State<Arc<Naive>>) -> impl IntoResponse {
+    n.posts.fetch_add(1, Ordering::SeqCst);
+    (StatusCode::SERVICE_UNAVAILABLE, "committed, then the sidecar reset")
+}
+
+async fn count_everything(State(n): State<Arc<Naive>>) -> impl IntoResponse {
+    n.posts.fetch_add(1, Ordering::SeqCst);
+    (StatusCode::CREATED, "done")
+}
+
+async fn not_found(State(n): State<Arc<Naive>>) -> impl IntoResponse {
+    n.posts.fetch_add(1, Ordering::SeqCst);
+    (StatusCode::NOT_FOUND, "no such route")
+}
+
+// Item 1 ---------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answered_5xx_of_a_key_ignoring_upstream_is_replayed_never_run_again() {
+    let naive = Arc::new(Naive::default());
+    let upstream = serve(
+        Router::new()
+            .route("/commit", post(committed_then_503))
+            .with_state(naive.clone()),
+    )
+    .await;
+    let proxy = ProxyProcess::start(&upstream, &temp_db("5xx"), false, None);
+    let http = reqwest::Client::new();
+    let mut replayed = 0;
+    for _ in 0..3 {
+        let res = send(&http, format!("{}/commit", proxy.base), "five-1", "{}").await;
+        assert_eq!(res.status(), 503);
+        if res.headers().get("idempotent-replayed").is_some() {
+            replayed += 1;
+        }
+        assert_eq!(res.text().await.unwrap(), "committed, then the sidecar reset");
+    }
+    assert_eq!(naive.posts.load(Ordering::SeqCst), 1, "the write ran once");
+    assert_eq!(replayed, 2, "the retries are replays");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_5xx_declared_not_executed_frees_the_key_on_that_route_only() {
+    let naive = Arc::new(Naive::default());
+    let upstream = serve(
+        Router::new()
+            .route("/busy", post(committed_then_503))
+            .route("/commit", post(committed_then_503))
+            .with_state(naive.clone()),
+    )
+    .await;
+    let config = write_config(
+        "not-executed",
+        "[[routes]]\nmethod = \"POST\"\npath = \"/busy\"\nnot_executed = [503]\n\n\
+         [[routes]]\nmethod = \"POST\"\npath = \"/commit\"\n",
+    );
+    let proxy = ProxyProcess::start_with(
+        &upstream,
+        &sqlite(&temp_db("not-executed")),
+        "test-secret",
+        false,
+        None,
+        &["--config", &config],
+    );
+    let http = reqwest::Client::new();
+    for _ in 0..3 {
+        let res = send(&http, format!("{}/busy", proxy.base), "busy-1", "{}").await;
+        assert_eq!(res.status(), 503);
+        assert!(res.headers().get("idempotent-replayed").is_none());
+    }
+    assert_eq!(naive.posts.load(Ordering::SeqCst), 3, "declared not executed: sent again");
+    for _ in 0..2 {
+        assert_eq!(
+            send(&http, format!("{}/commit", proxy.base), "commit-1", "{}")
+                .await
+                .status(),
+            503
+        );
+    }
+    assert_eq!(naive.posts.load(Ordering::SeqCst), 4, "not declared: replayed");
+    // The contract says so, in plain words.
+    let doc = crate::idemkit(vec![
+        "docs".into(),
+        "--proxy".into(),
+        "--config".into(),
+        config.clone(),
+    ])
+    .await;
+    assert_eq!(doc.code, 0, "{doc:#?}");
+    assert!(doc.stdout.contains("`503` on `POST /busy`"), "{}", doc.stdout);
+    assert!(
+        doc.stdout.contains("**stored and replayed**"),
+        "{}",
+        doc.stdout
+    );
+    assert!(
+        !doc.stdout.contains("not stored: retry with the same key"),
+        "{}",
+        doc.stdout
+    );
+}
+
+// Item 2 ---------------------------------------------------------------------
+
+/// A key-honouring upstream that takes 1 s and answers its own `409 in
+/// progress` (with `Retry-After`) to a second send of a key it still runs.
+#[derive(Default)]
+struct Slow {
+    effects: AtomicU64,
+    keys: std::sync::Mutex<std::collections::HashMap<String, Option<String>>>,
+}
+
+async fn slow_honouring(State(s): State<Arc<Slow>>, headers: HeaderMap) -> axum::response::Response {
+    let key = headers["idempotency-key"].to_str().unwrap().to_owned();
+    let seen = s.keys.lock().unwrap().get(&key).cloned();
+    match seen {
+        Some(Some(body)) => (StatusCode::CREATED, body).into_response(),
+        Some(None) => (
+            StatusCode::CONFLICT,
+            [("content-type", "application/problem+json"), ("retry-after", "1")],
+            r#"{"code":"idempotency_request_in_progress","status":409}"#,
+        )
+            .into_response(),
+        None => {
+            s.keys.lock().unwrap().insert(key.clone(), None);
+            tokio::time::sleep(Duration::from_millis(1000)).await;
+            let body = format!(r#"{{"effect":{}}}"#, s.effects.fetch_add(1, Ordering::SeqCst) + 1);
+            s.keys.lock().unwrap().insert(key, Some(body.clone()));
+            (StatusCode::CREATED, body).into_response()
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_upstreams_own_in_progress_answer_is_never_stored() {
+    let slow = Arc::new(Slow::default());
+    let upstream = serve(
+        Router::new()
+            .route("/orders", post(slow_honouring))
+            .with_state(slow.clone()),
+    )
+    .await;
+    let proxy = ProxyProcess::start_with(
+        &upstream,
+        &sqlite(&temp_db("in-progress")),
+        "test-secret",
+        true,
+        None,
+        &["--upstream-timeout-ms", "300"],
+    );
+    let http = reqwest::Client::new();
+    let url = format!("{}/orders", proxy.base);
+    let first = send(&http, url.clone(), "ip-1", "{}").await;
+    assert_eq!(first.status(), 504);
+    assert!(first.headers().contains_key("retry-after"));
+    let deadline = std::time::Instant::now() + Duration::from_secs(6);
+    let answer = loop {
+        let res = send(&http, url.clone(), "ip-1", "{}").await;
+        if res.status() != 409 {
+            break res;
+        }
+        assert!(res.headers().contains_key("retry-after"), "{res:?}");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still 409 after 6 s: {}",
+            res.text().await.unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(answer.status(), 201);
+    assert_eq!(answer.text().await.unwrap(), r#"{"effect":1}"#);
+    assert_eq!(slow.effects.load(Ordering::SeqCst), 1);
+}
+
+// Item 3 ---------------------------------------------------------------------
+
+/// A TCP relay to the key store that the test can cut (every connection
+/// dropped, new ones refused) and restore.
+struct Relay {
+    addr: String,
+    open: Arc<std::sync::atomic::AtomicBool>,
+    conns: Arc<std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>>,
+}
+
+impl Relay {
+    async fn to(target: String) -> Arc<Self> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let relay = Arc::new(Self {
+            addr: listener.local_addr().unwrap().to_string(),
+            open: Arc::new(true.into()),
+            conns: Arc::default(),
+        });
+        let (open, conns) = (relay.open.clone(), relay.conns.clone());
+        tokio::spawn(async move {
+            loop {
+                let Ok((mut inbound, _)) = listener.accept().await else {
+                    return;
+                };
+                if !open.load(Ordering::SeqCst) {
+                    continue; // dropped: the store is "down"
+                }
+                let target = target.clone();
+                conns.lock().unwrap().push(tokio::spawn(async move {
+                    if let Ok(mut outbound) = tokio::net::TcpStream::connect(target).await {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                    }
+                }));
+            }
+        });
+        relay
+    }
+
+    fn cut(&self) {
+        self.open.store(false, Ordering::SeqCst);
+        for c in self.conns.lock().unwrap().drain(..) {
+            c.abort();
+        }
+    }
+
+    fn restore(&self) {
+        self.open.store(true, Ordering::SeqCst);
+    }
+}
+
+async fn answer_then_cut_the_store(State(r): State<Arc<(Arc<Relay>, AtomicU64)>>) -> impl IntoResponse {
+    r.1.fetch_add(1, Ordering::SeqCst);
+    r.0.cut();
+    (StatusCode::CREATED, "written upstream")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_outage_after_the_upstream_answered_still_answers_and_stores_later() {
+    let Some(redis) = crate::labels::redis_url() else {
+        return;
+    };
+    let target = redis
+        .trim_start_matches("redis://")
+        .split('/')
+        .next()
+        .unwrap()
+        .to_owned();
+    let relay = Relay::to(target).await;
+    let state = Arc::new((relay.clone(), AtomicU64::new(0)));
+    let upstream = serve(
+        Router::new()
+            .route("/orders", post(answer_then_cut_the_store))
+            .with_state(state.clone()),
+    )
+    .await;
+    let secret = format!("outage-{}-{:?}", std::process::id(), std::time::SystemTime::now());
+    let proxy = ProxyProcess::start_with(
+        &upstream,
+        &format!("redis://{}", relay.addr),
+        &secret,
+        false,
+        None,
+        &["--lease-ms", "60000"],
+    );
+    let http = reqwest::Client::new();
+    let url = format!("{}/orders", proxy.base);
+    let first = send(&http, url.clone(), "outage-1", "{}").await;
+    assert_eq!(first.status(), 201, "the caller gets the upstream's answer");
+    assert_eq!(first.text().await.unwrap(), "written upstream");
+    let ready = http
+        .get(format!("{}/_idemkit/ready", proxy.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ready.status(), 503, "not ready while the store is down");
+    relay.restore();
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let res = send(&http, url.clone(), "outage-1", "{}").await;
+        let status = res.status();
+        if status == 201 {
+            assert_eq!(res.headers()["idempotent-replayed"], "true");
+            assert_eq!(res.text().await.unwrap(), "written upstream");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{status}: {}",
+            res.text().await.unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(state.1.load(Ordering::SeqCst), 1, "forwarded once");
+    let ready = http
+        .get(format!("{}/_idemkit/ready", proxy.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ready.status(), 200);
+}
+
+// Item 4 ---------------------------------------------------------------------
+
+/// The proxy drops an idle upstream connection before a common keep-alive
+/// (5 s) would close it under a request being written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_upstream_connections_are_closed_before_common_keep_alives() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = format!("http://{}", listener.local_addr().unwrap());
+    let (closed_tx, mut closed) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok((mut tcp, _)) = listener.accept().await {
+            let closed_tx = closed_tx.clone();
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 4096];
+                let mut seen = Vec::new();
+                loop {
+                    let n = tcp.read(&mut buf).await.unwrap_or(0);
+                    if n == 0 {
+                        let _ = closed_tx.send(std::time::Instant::now());
+                        return;
+                    }
+                    seen.extend_from_slice(&buf[..n]);
+                    if seen.windows(4).any(|w| w == b"\r\n\r\n") {
+                        seen.clear();
+                        let _ = tcp
+                            .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                            .await;
+                    }
+                }
+            });
+        }
+    });
+    let proxy = ProxyProcess::start(&upstream, &temp_db("idle"), false, None);
+    let res = reqwest::get(format!("{}/anything", proxy.base)).await.unwrap();
+    assert_eq!(res.text().await.unwrap(), "ok");
+    let idle_since = std::time::Instant::now();
+    let at = tokio::time::timeout(Duration::from_secs(7), closed.recv())
+        .await
+        .expect("the proxy closes its idle upstream connection within 7 s")
+        .unwrap();
+    assert!(at - idle_since < Duration::from_millis(4900), "{:?}", at - idle_since);
+}
+
+// Item 11 --------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_header_naming_the_credential_or_the_key_is_refused() {
+    let naive = Arc::new(Naive::default());
+    let upstream = serve(Router::new().route("/orders", post(create)).with_state(naive.clone())).await;
+    let proxy = ProxyProcess::start(&upstream, &temp_db("connection"), false, None);
+    for (i, named) in ["Authorization", "keep-alive, Idempotency-Key"].iter().enumerate() {
+        let request = format!(
+            "POST /orders HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer a\r\nIdempotency-Key: conn-{i}\r\n\
+             Connection: close, {named}\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{{}}"
+        );
+        let (status, text) = raw(&proxy.base, &request).await;
+        assert_eq!(status, 400, "{text}");
+        assert!(text.contains("\"validation_failed\""), "{text}");
+    }
+    assert_eq!(naive.posts.load(Ordering::SeqCst), 0, "never forwarded");
+}
+
+// Item 13 --------------------------------------------------------------------
+
+#[tokio::test]
+async fn startup_errors_redact_the_database_password() {
+    let run = crate::idemkit(
+        [
+            "proxy",
+            "--listen",
+            "127.0.0.1:0",
+            "--upstream",
+            "http://127.0.0.1:1",
+            "--database-url",
+            "postgres://app:s3cret-pw@127.0.0.1:1/db",
+            "--scope-secret",
+            "s",
+        ]
+        .map(String::from)
+        .to_vec(),
+    )
+    .await;
+    assert_ne!(run.code, 0, "{run:#?}");
+    assert!(!run.stderr.contains("s3cret-pw"), "{}", run.stderr);
+    assert!(run.stderr.contains("postgres://app:***@127.0.0.1:1/db"), "{}", run.stderr);
+}
+
+// Item 10 --------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_of_routes_the_upstream_lacks_are_not_stored() {
+    let naive = Arc::new(Naive::default());
+    let upstream = serve(
+        Router::new()
+            .route("/count", get(count))
+            .fallback(not_found)
+            .with_state(naive.clone()),
+    )
+    .await;
+    let proxy = ProxyProcess::start(&upstream, &temp_db("404"), false, None);
+    let http = reqwest::Client::new();
+    for body in [r#"{"a":1}"#, r#"{"a":2}"#] {
+        let res = send(&http, format!("{}/nowhere", proxy.base), "nf-1", body).await;
+        assert_eq!(res.status(), 404, "{:?}", res.text().await);
+        let res = send(&http, format!("{}/count", proxy.base), "na-1", body).await;
+        assert_eq!(res.status(), 405, "{:?}", res.text().await);
+    }
+    assert_eq!(naive.posts.load(Ordering::SeqCst), 2, "each 404 was forwarded");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_proxy_runs_the_reaper() {
+    let naive = Arc::new(Naive::default());
+    let upstream = serve(Router::new().route("/orders", post(create)).with_state(naive.clone())).await;
+    let config = write_config(
+        "reaper",
+        "[defaults]\nreplay_window = \"1s\"\nreap_threshold = \"1s\"\n\n[[routes]]\nmethod = \"POST\"\npath = \"/orders\"\n",
+    );
+    let db = temp_db("reaper");
+    let proxy = ProxyProcess::start_with(
+        &upstream,
+        &sqlite(&db),
+        "test-secret",
+        false,
+        None,
+        &["--config", &config, "--reap-interval-ms", "200"],
+    );
+    let http = reqwest::Client::new();
+    assert_eq!(send(&http, format!("{}/orders", proxy.base), "reap-1", "{}").await.status(), 201);
+    let list = || {
+        crate::idemkit(vec![
+            "keys".into(),
+            "list".into(),
+            "--database-url".into(),
+            sqlite(&db),
+            "--json".into(),
+        ])
+    };
+    assert!(list().await.stdout.contains("reap-1"), "stored first");
+    let deadline = std::time::Instant::now() + Duration::from_secs(6);
+    loop {
+        let listed = list().await;
+        if !listed.stdout.contains("reap-1") {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "never reaped: {listed:#?}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+// Item 15 --------------------------------------------------------------------
+
+async fn upstream_healthz() -> &'static str {
+    "upstream-healthy"
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn healthz_is_the_upstreams_and_the_proxy_answers_live_and_ready() {
+    let upstream = serve(Router::new().route("/healthz", get(upstream_healthz))).await;
+    let proxy = ProxyProcess::start(&upstream, &temp_db("health"), false, None);
+    let get = |path: &str| reqwest::get(format!("{}{path}", proxy.base));
+    assert_eq!(get("/healthz").await.unwrap().text().await.unwrap(), "upstream-healthy");
+    assert_eq!(get("/_idemkit/live").await.unwrap().status(), 200);
+    assert_eq!(get("/_idemkit/ready").await.unwrap().status(), 200);
+    assert_eq!(get("/_idemkit/other").await.unwrap().status(), 404);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_can_be_served_on_their_own_listener() {
+    let upstream = serve(Router::new().route("/healthz", get(upstream_healthz))).await;
+    let proxy = ProxyProcess::start_with(
+        &upstream,
+        &sqlite(&temp_db("metrics-listen")),
+        "test-secret",
+        false,
+        None,
+        &["--metrics-listen", "127.0.0.1:0"],
+    );
+    let line = proxy.lines.recv_timeout(Duration::from_secs(10)).unwrap();
+    let metrics = line
+        .strip_prefix("idemkit proxy metrics on ")
+        .unwrap_or_else(|| panic!("{line}"))
+        .to_owned();
+    let text = reqwest::get(format!("{metrics}/_idemkit/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(text.contains("idemkit_requests_total"), "{text}");
+    let public = reqwest::get(format!("{}/_idemkit/metrics", proxy.base)).await.unwrap();
+    assert_eq!(public.status(), 404, "not on the public listener");
+}
+
+// Item 7 ---------------------------------------------------------------------
+
+async fn slow_write(State(n): State<Arc<Naive>>) -> impl IntoResponse {
+    n.posts.fetch_add(1, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    (StatusCode::CREATED, "done")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_lets_in_flight_forwards_finish_and_store() {
+    let naive = Arc::new(Naive::default());
+    let upstream = serve(Router::new().route("/orders", post(slow_write)).with_state(naive.clone())).await;
+    let db = temp_db("sigterm");
+    let mut proxy = ProxyProcess::start(&upstream, &db, false, None);
+    let http = reqwest::Client::new();
+    let pending = tokio::spawn({
+        let (http, url) = (http.clone(), format!("{}/orders", proxy.base));
+        async move { send(&http, url, "term-1", "{}").await }
+    });
+    while naive.posts.load(Ordering::SeqCst) == 0 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &proxy.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let answer = pending.await.unwrap();
+    assert_eq!(answer.status(), 201);
+    assert_eq!(answer.text().await.unwrap(), "done");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(status) = proxy.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(std::time::Instant::now() < deadline, "still running 10 s after SIGTERM");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(status.success(), "{status:?}");
+    let restarted = ProxyProcess::start(&upstream, &db, false, None);
+    let replay = send(&http, format!("{}/orders", restarted.base), "term-1", "{}").await;
+    assert_eq!(replay.status(), 201);
+    assert_eq!(replay.headers()["idempotent-replayed"], "true");
+    assert_eq!(naive.posts.load(Ordering::SeqCst), 1);
+}
+
+// Item 8 ---------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_never_finishes_its_headers_is_cut_off() {
+    let upstream = serve(Router::new().route("/healthz", get(upstream_healthz))).await;
+    let proxy = ProxyProcess::start_with(
+        &upstream,
+        &sqlite(&temp_db("slowloris")),
+        "test-secret",
+        false,
+        None,
+        &["--header-read-timeout-ms", "300"],
+    );
+    let mut slow = Vec::new();
+    for _ in 0..20 {
+        let mut tcp = tokio::net::TcpStream::connect(proxy.base.trim_start_matches("http://"))
+            .await
+            .unwrap();
+        tcp.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n").await.unwrap();
+        slow.push(tcp);
+    }
+    for mut tcp in slow {
+        let mut out = Vec::new();
+        tokio::time::timeout(Duration::from_secs(3), tcp.read_to_end(&mut out))
+            .await
+            .expect("closed by the proxy within 3 s")
+            .ok();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_beyond_the_cap_wait() {
+    let upstream = serve(Router::new().route("/healthz", get(upstream_healthz))).await;
+    let proxy = ProxyProcess::start_with(
+        &upstream,
+        &sqlite(&temp_db("cap")),
+        "test-secret",
+        false,
+        None,
+        &["--max-connections", "1"],
+    );
+    let held = tokio::net::TcpStream::connect(proxy.base.trim_start_matches("http://"))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_millis(700))
+        .build()
+        .unwrap();
+    assert!(
+        http.get(format!("{}/healthz", proxy.base)).send().await.is_err(),
+        "a second connection is not served while the first is open"
+    );
+    drop(held);
+    let http = reqwest::Client::new();
+    let res = http.get(format!("{}/healthz", proxy.base)).send().await.unwrap();
+    assert_eq!(res.text().await.unwrap(), "upstream-healthy");
+}
+
+// Item 12 --------------------------------------------------------------------
+
+async fn echo_forwarding(headers: HeaderMap) -> String {
+    let h = |n: &str| {
+        headers
+            .get_all(n)
+            .iter()
+            .map(|v| v.to_str().unwrap().to_owned())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    format!("{}|{}|{}", h("x-forwarded-for"), h("forwarded"), h("x-forwarded-host"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forwarding_headers_carry_the_real_client_address() {
+    let upstream = serve(Router::new().route("/echo", get(echo_forwarding))).await;
+    let send = |base: String| async move {
+        reqwest::Client::new()
+            .get(format!("{base}/echo"))
+            .header("x-forwarded-for", "6.6.6.6")
+            .header("forwarded", "for=6.6.6.6")
+            .header("x-forwarded-host", "evil.example")
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    };
+    let untrusting = ProxyProcess::start(&upstream, &temp_db("xff"), false, None);
+    let host = untrusting.base.trim_start_matches("http://").to_owned();
+    assert_eq!(
+        send(untrusting.base.clone()).await,
+        format!("127.0.0.1|for=127.0.0.1;host=\"{host}\";proto=http|{host}")
+    );
+    let trusting = ProxyProcess::start_with(
+        &upstream,
+        &sqlite(&temp_db("xff-trust")),
+        "test-secret",
+        false,
+        None,
+        &["--trust-forwarded-headers"],
+    );
+    let host = trusting.base.trim_start_matches("http://").to_owned();
+    assert_eq!(
+        send(trusting.base.clone()).await,
+        format!("6.6.6.6, 127.0.0.1|for=6.6.6.6, for=127.0.0.1;host=\"{host}\";proto=http|evil.example")
+    );
+}
+
+// Item 14 --------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn other_spellings_of_a_keyed_path_are_refused() {
+    let naive = Arc::new(Naive::default());
+    let upstream = serve(Router::new().fallback(any(count_everything)).with_state(naive.clone())).await;
+    let config = write_config(
+        "paths",
+        "[[routes]]\nmethod = \"POST\"\npath = \"/orders/{id}/confirm\"\n",
+    );
+    let proxy = ProxyProcess::start_with(
+        &upstream,
+        &sqlite(&temp_db("paths")),
+        "test-secret",
+        false,
+        None,
+        &["--config", &config],
+    );
+    let variants = [
+        "/orders/7/confirm/",
+        "/orders/7/%63onfirm",
+        "/orders//7/confirm",
+        "/orders/7/./confirm",
+        "/orders/7/confirm;x=1",
+        "/Orders/7/confirm",
+    ];
+    for (i, path) in variants.iter().enumerate() {
+        let request = format!(
+            "POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer a\r\nIdempotency-Key: path-{i}\r\n\
+             Connection: close\r\nContent-Length: 2\r\n\r\n{{}}"
+        );
+        let (status, text) = raw(&proxy.base, &request).await;
+        assert_eq!(status, 400, "{path}: {text}");
+        assert!(text.contains("\"validation_failed\""), "{path}: {text}");
+    }
+    assert_eq!(naive.posts.load(Ordering::SeqCst), 0, "no spelling reached the upstream");
+    let request = "POST /orders/7/confirm HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer a\r\n\
+                   Idempotency-Key: path-ok\r\nConnection: close\r\nContent-Length: 2\r\n\r\n{}";
+    for _ in 0..2 {
+        assert_eq!(raw(&proxy.base, request).await.0, 201);
+    }
+    assert_eq!(naive.posts.load(Ordering::SeqCst), 1, "the route's own spelling is keyed");
+}
