@@ -125,7 +125,7 @@ fn proxy_markdown(proxy: &ProxyContract, client: &RetryConfig) -> String {
          configuration the proxy runs with (`idemkit docs --proxy`).\n"
     );
 
-    routes_table(w, &keyed, true);
+    proxy_routes_table(w, proxy, &keyed);
     match &proxy.config {
         Some(config) => unkeyed_and_descriptions(w, config),
         None => {
@@ -168,6 +168,58 @@ fn proxy_markdown(proxy: &ProxyContract, client: &RetryConfig) -> String {
     out
 }
 
+/// The statuses declared "not executed" on `route` (`` `POST /x` ``, as
+/// [`KeyedRoute::route`] spells it).
+fn declared<'a>(proxy: &'a ProxyContract, route: &str) -> &'a [u16] {
+    proxy
+        .not_executed
+        .get(route.trim_matches('`'))
+        .map_or(&[], Vec::as_slice)
+}
+
+fn statuses(list: &[u16]) -> String {
+    and_list(&list.iter().map(|s| format!("`{s}`")).collect::<Vec<_>>())
+}
+
+/// The `## Routes` table as the proxy runs it: its *on 5xx* column says what
+/// the proxy does with an upstream's answered `5xx` on each route.
+fn proxy_routes_table(w: &mut String, proxy: &ProxyContract, routes: &[KeyedRoute]) {
+    let _ = writeln!(w, "## Routes\n");
+    let _ = writeln!(
+        w,
+        "| route | key | replay status | longest retry chain | on 5xx | while in flight |"
+    );
+    let _ = writeln!(w, "|---|---|---|---|---|---|");
+    for r in routes {
+        let p = &r.policy;
+        let replay = p.replay_status.map_or("the stored status".to_owned(), |s| {
+            format!("{s} for a stored 2xx")
+        });
+        let chain = p.longest_retry_chain.map_or("—".to_owned(), human);
+        let mut five = match (p.on_server_error, proxy.upstream_honours_keys) {
+            (ServerErrorPolicy::Replay, _) => "stored and replayed".to_owned(),
+            (_, true) => "not stored: retry with the same key (`502`, `504`: re-sent with the same key)".to_owned(),
+            (_, false) => "**stored and replayed** (`502`, `504`: parked, outcome unknown)".to_owned(),
+        };
+        let declared = declared(proxy, &r.route);
+        if !declared.is_empty() {
+            five.push_str(&format!(
+                "; {}: declared not executed, not stored, the key is free",
+                statuses(declared)
+            ));
+        }
+        let in_flight = match p.in_flight {
+            InFlightBehavior::Wait(t) => format!("waits up to {}, then replays or 409", human(t)),
+            _ => "409 `idempotency_request_in_progress` with `Retry-After`".to_owned(),
+        };
+        let _ = writeln!(
+            w,
+            "| {} | {} | {replay} | {chain} | {five} | {in_flight} |",
+            r.route, r.key
+        );
+    }
+}
+
 /// The `## Behind idemkit proxy` section: what the proxy does to a keyed
 /// request, and what it cannot promise.
 fn behind_the_proxy(w: &mut String, proxy: &ProxyContract, keyed: &[KeyedRoute], released: &[String]) {
@@ -188,8 +240,10 @@ fn behind_the_proxy(w: &mut String, proxy: &ProxyContract, keyed: &[KeyedRoute],
     let routes = match &proxy.config {
         Some(_) if keyed.is_empty() => "none: every request is forwarded untouched".to_owned(),
         Some(_) => format!(
-            "{}, matched by method and path (a `{{name}}` segment matches any one segment; the path is compared \
-             as sent, without case folding, trailing-slash or percent-decoding normalisation)",
+            "{}, matched by method and path (a `{{name}}` segment matches any one segment) on one spelling of \
+             the path: another spelling the upstream might route to the same handler (other letter case, a \
+             trailing or doubled slash, a `.` or `..` segment, `;` parameters, a percent-encoded character that \
+             needs none) is refused with `400` `validation_failed` and never forwarded",
             and_list(&keyed.iter().map(|r| r.route.clone()).collect::<Vec<_>>())
         ),
         None => format!(
@@ -197,27 +251,56 @@ fn behind_the_proxy(w: &mut String, proxy: &ProxyContract, keyed: &[KeyedRoute],
             and_list(&PROXY_DEFAULT_METHODS.map(str::to_owned))
         ),
     };
-    let five = {
+    let declared_routes: Vec<String> = keyed
+        .iter()
+        .filter(|r| !declared(proxy, &r.route).is_empty())
+        .map(|r| format!("{} on {}", statuses(declared(proxy, &r.route)), r.route))
+        .collect();
+    let declared_text = if declared_routes.is_empty() {
+        String::new()
+    } else {
+        format!(
+            " The operator declared these answers \"not executed\" (the upstream gives them only when it did \
+             nothing): {}. They are passed to you, not stored, and free the key: retry with the same key.",
+            and_list(&declared_routes)
+        )
+    };
+    let five = if proxy.upstream_honours_keys {
         let retry = keyed
             .iter()
             .filter(|r| r.policy.on_server_error == ServerErrorPolicy::Retry)
             .count();
-        if retry == keyed.len() {
-            "passed to you and not stored: retry with the same key"
+        let stored = if retry == keyed.len() {
+            "passed to you and not stored: retry with the same key (the upstream de-duplicates it)"
         } else if retry == 0 {
             "stored and replayed like any other answer"
         } else {
             "stored or not by the route's policy (*on 5xx* under *Routes*)"
-        }
-    };
-    let gateway = if keyed
-        .iter()
-        .any(|r| r.policy.on_server_error == ServerErrorPolicy::Retry)
-    {
-        ", except a `502` or `504` that is not stored: that is an unknown outcome (*When the outcome is \
-         unknown*)"
+        };
+        let gateway = if retry > 0 {
+            ", except a `502` or `504` that is not stored: that is an unknown outcome (*When the outcome is \
+             unknown*)"
+        } else {
+            ""
+        };
+        format!(
+            "`5xx` answers are {stored}{gateway}. The upstream's own `409` \"in progress\" answer (it still runs an \
+             earlier send of your key: a `409` with `Retry-After` or with `code` `idempotency_request_in_progress`) \
+             is passed to you with its `Retry-After` and never stored.{declared_text}"
+        )
     } else {
-        ""
+        format!(
+            "This upstream does not de-duplicate by key, and a `5xx` may come after it did the work (a `500` \
+             after its commit, a sidecar's `503` on a reset), so an answered `5xx` is **stored and replayed** like \
+             any other answer: a retry with the same key gets the same `5xx` again and never runs the request a \
+             second time. Do not retry a stored `5xx` with a new key without checking the outcome first. A `502` \
+             or `504` (a gateway's answer) is an unknown outcome instead (*When the outcome is unknown*), unless \
+             the route stores `5xx` (*on 5xx* under *Routes*).{declared_text}"
+        )
+    };
+    let key_header = match keyed.first() {
+        Some(r) if keyed.iter().all(|k| k.key == r.key) => r.key.replace("header ", ""),
+        _ => "key header".to_owned(),
     };
     let _ = writeln!(
         w,
@@ -227,15 +310,23 @@ fn behind_the_proxy(w: &mut String, proxy: &ProxyContract, keyed: &[KeyedRoute],
          an empty one, or two) the proxy answers `{}` `{unauthorized}` and the request is never forwarded. The scope is a keyed hash (HMAC-SHA256) of the \
          header's value; the credential itself is never stored.\n\
          - **Your key is forwarded to the upstream as sent**, where you put it (header or body).\n\
+         - **A `Connection` header that names `{credential}` or the {key_header}** is refused with `400` \
+         `validation_failed`: those headers must reach the upstream, and `Connection` would strip them.\n\
          - **Answers.** Validation-class answers ({}) are not stored and free the key: the same key, with the request \
-         corrected or not, is forwarded again. `5xx` answers are \
-         {five}{gateway}. Every other answer is stored and replayed byte for byte, with `Idempotent-Replayed: true`; a \
+         corrected or not, is forwarded again. So are `404` and `405` (a route or method the upstream does not \
+         have). {five} Every other answer is stored and replayed byte for byte, with `Idempotent-Replayed: true`; a \
          replay carries the stored status, body and the headers {}. `Set-Cookie` and hop-by-hop headers are \
          never stored.\n\
+         - **If the proxy's key store fails after the upstream answered**, you still get the upstream's answer, \
+         and the proxy keeps trying to store it (for up to 5 minutes, with backoff), so your retry with the same \
+         key gets the replay (`503` `idempotency_store_unavailable` or `409` `idempotency_request_in_progress` \
+         until then). If the proxy stops before it could, your retry finds the request forwarded and unanswered: \
+         see *When the outcome is unknown*.\n\
          - **Request size.** A keyed request body over **{}** is `{}` `{too_large}`; nothing is claimed or \
          forwarded.\n\
-         - **The proxy's own paths**, `/healthz` and `/_idemkit/metrics`, are answered by the proxy and never \
-         forwarded.\n\
+         - **The proxy's own paths**, everything under `/_idemkit/` (`/_idemkit/live`, `/_idemkit/ready`, \
+         `/_idemkit/metrics`), are answered by the proxy and never forwarded; `/healthz` is the upstream's.\n\
+         - **Deploys.** A proxy told to stop lets the requests in flight finish and store before it exits.\n\
          - **Deadlines.** The proxy does not act on `{DEADLINE_HEADER_DISPLAY}`: it is forwarded to the \
          upstream like any other header.",
         unauthorized.default_status(),
@@ -256,8 +347,8 @@ fn behind_the_proxy(w: &mut String, proxy: &ProxyContract, keyed: &[KeyedRoute],
          connection failed after the request was sent (or part-way through an answer to be stored), when the \
          upstream answered `502` or `504` on a route that does not store `5xx` (a gateway's answer: the \
          service behind it may have run the request), or when the proxy died after forwarding it (a retry \
-         after the lease finds it). A connection that failed *before* sending is not one of them: you get `502` \
-         `{internal}` (`retryable: {}`), nothing was sent, and a retry with the same key is forwarded again.\n",
+         after the lease finds it). A connection that failed *before* sending is not one of them (a request that never left on a \
+         reused connection is sent again on a fresh one): you get `502` `{internal}` (`retryable: {}`), nothing was sent, and a retry with the same key is forwarded again.\n",
         internal.retryable()
     );
     if proxy.upstream_honours_keys {
@@ -320,7 +411,12 @@ fn proxy_codes(w: &mut String, proxy: &ProxyContract, mismatch_status: u16) {
                 "the request body is over {}; nothing was claimed or forwarded",
                 size(proxy.max_request_body)
             ),
-            ErrorCode::ValidationFailed => "the request body could not be read".to_owned(),
+            ErrorCode::ValidationFailed => {
+                "the request body could not be read or did not arrive in time, a `Connection` header names the \
+                 credential or key header, or the path is another spelling of a keyed route's path; nothing was \
+                 forwarded"
+                    .to_owned()
+            }
             ErrorCode::KeyReused => {
                 "the key was used with a different request: do not retry; a new request needs a new key"
                     .to_owned()
@@ -338,9 +434,8 @@ fn proxy_codes(w: &mut String, proxy: &ProxyContract, mismatch_status: u16) {
                 "another attempt took the request over: retry with the same key".to_owned()
             }
             ErrorCode::StoreUnavailable => {
-                "the proxy's key store failed: retry with the same key. Nothing was forwarded, unless it failed \
-                 while storing the upstream's answer: that retry is then answered as *When the outcome is \
-                 unknown* says"
+                "the proxy's key store failed before anything was forwarded (or your retry came while the \
+                 store is down): retry with the same key"
                     .to_owned()
             }
             ErrorCode::ResponseTooLarge => {

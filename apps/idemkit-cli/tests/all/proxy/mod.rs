@@ -370,13 +370,13 @@ async fn refusals_never_reach_the_upstream() {
 }
 
 #[tokio::test]
-async fn safe_methods_pass_through_and_healthz_answers() {
+async fn safe_methods_pass_through_and_liveness_answers() {
     let s = setup("passthrough", false).await;
     let res = s.http.get(format!("{}/count?x=1", s.proxy)).send().await.unwrap();
     assert_eq!(res.status(), 200);
     assert_eq!(res.text().await.unwrap(), "0 x=1");
-    let health = s.http.get(format!("{}/healthz", s.proxy)).send().await.unwrap();
-    assert_eq!(health.status(), 200);
+    let live = s.http.get(format!("{}/_idemkit/live", s.proxy)).send().await.unwrap();
+    assert_eq!(live.status(), 200);
 }
 
 /// A caller that hangs up while the upstream works does not orphan its
@@ -482,15 +482,24 @@ async fn an_unknown_outcome_is_parked_for_a_key_ignoring_upstream() {
     s.parked_every_time("/slow", "p", 3).await;
 }
 
+/// A key-honouring upstream that answers after the timeout: the caller gets
+/// `504`, the proxy keeps the lease and waits out the grace period, so the
+/// retry meanwhile is "in progress" (never re-sent into the upstream's own
+/// in-progress) and the late answer is stored and replayed.
 #[tokio::test]
-async fn an_unknown_outcome_is_resent_with_the_same_key_to_a_key_honouring_upstream() {
+async fn a_late_answer_of_a_key_honouring_upstream_is_awaited_and_replayed() {
     let s = setup("honours", true).await;
     let first = s.post("/slow", Some("h"), Some("Bearer a"), "{}").await;
     assert_eq!(first.status(), 504);
     assert_eq!(s.posts(), 1);
     let again = s.post("/slow", Some("h"), Some("Bearer a"), "{}").await;
-    assert_eq!(again.status(), 504);
-    assert_eq!(s.posts(), 2, "re-sent with the same key");
+    assert_eq!(code(again).await, (409, "idempotency_request_in_progress".into()));
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    let replay = s.post("/slow", Some("h"), Some("Bearer a"), "{}").await;
+    assert_eq!(replay.status(), 201);
+    assert_eq!(replay.headers()["idempotent-replayed"], "true");
+    assert_eq!(replay.text().await.unwrap(), "late");
+    assert_eq!(s.posts(), 1, "never re-sent while the first ran");
 }
 
 /// The timeout covers an answer's body too: a `201` whose body stalls past it

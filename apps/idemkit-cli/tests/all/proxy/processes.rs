@@ -61,15 +61,11 @@ impl ProxyProcess {
     ) -> Self {
         use std::io::BufRead;
         let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_idemkit"));
-        cmd.args([
-            "proxy",
-            "--listen",
-            "127.0.0.1:0",
-            "--upstream",
-            upstream,
-            "--lease-ms",
-            "500",
-        ])
+        cmd.args(["proxy", "--listen", "127.0.0.1:0", "--upstream", upstream]);
+        if !extra.contains(&"--lease-ms") {
+            cmd.args(["--lease-ms", "500"]);
+        }
+        cmd
         .arg("--database-url")
         .arg(database_url)
         .env("IDEMKIT_PROXY_SECRET", secret)

@@ -468,7 +468,7 @@ async fn the_proxy_runs_the_reaper() {
     let upstream = serve(Router::new().route("/orders", post(create)).with_state(naive.clone())).await;
     let config = write_config(
         "reaper",
-        "[defaults]\nreplay_window = \"1s\"\nreap_threshold = \"1s\"\n\n[[routes]]\nmethod = \"POST\"\npath = \"/orders\"\n",
+        "[defaults]\nreplay_window = \"1s\"\nreap_threshold = \"1s\"\nlease = \"200ms\"\n\n[[routes]]\nmethod = \"POST\"\npath = \"/orders\"\n",
     );
     let db = temp_db("reaper");
     let proxy = ProxyProcess::start_with(
