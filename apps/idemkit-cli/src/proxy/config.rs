@@ -28,7 +28,10 @@ impl ProxyConfig {
     pub fn from_toml(text: &str) -> anyhow::Result<Self> {
         let mut table: toml::Table = toml::from_str(text).context("invalid idemkit configuration")?;
         let defaults = match table.get_mut("defaults").and_then(|d| d.as_table_mut()) {
-            Some(d) => d.remove(NOT_EXECUTED).map(|v| statuses(&v, "[defaults]")).transpose()?,
+            Some(d) => d
+                .remove(NOT_EXECUTED)
+                .map(|v| statuses(&v, "[defaults]"))
+                .transpose()?,
             None => None,
         };
         let mut per_route = Vec::new();
@@ -55,7 +58,10 @@ impl ProxyConfig {
                 not_executed.insert(route_name(&r.method, &r.path), list);
             }
         }
-        Ok(Self { idemkit, not_executed })
+        Ok(Self {
+            idemkit,
+            not_executed,
+        })
     }
 
     /// The statuses declared "not executed" on the route `method path`.
@@ -104,7 +110,10 @@ mod tests {
         assert_eq!(c.not_executed("POST", "/a"), [503]);
         assert_eq!(c.not_executed("POST", "/b"), [500, 503]);
         assert!(c.not_executed("POST", "/c").is_empty());
-        assert!(ProxyConfig::from_toml("[[routes]]\nmethod = \"POST\"\npath = \"/a\"\nnot_executed = [404]\n").is_err());
+        assert!(
+            ProxyConfig::from_toml("[[routes]]\nmethod = \"POST\"\npath = \"/a\"\nnot_executed = [404]\n")
+                .is_err()
+        );
         assert!(ProxyConfig::from_toml("[[routes]]\nmethod = \"POST\"\npath = \"/a\"\nbogus = 1\n").is_err());
     }
 }

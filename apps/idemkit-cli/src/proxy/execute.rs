@@ -42,9 +42,7 @@ impl Proxy {
         });
         // The timeout and the lease's heartbeat cover the whole answer: its
         // head and, when it is to be stored, its body.
-        let sent = attempt
-            .run(tokio::time::timeout(self.timeout, &mut answer))
-            .await;
+        let sent = attempt.run(tokio::time::timeout(self.timeout, &mut answer)).await;
         #[cfg(feature = "failpoints")]
         fail::fail_point!("idemkit::proxy::after_forward");
         match sent {

@@ -43,11 +43,11 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use idemkit_core::{Account, ErrorCode, IdempotencyKey, KeyStore, Policy, Problem, Scope};
+use idemkit_tower::Reaper;
 use idemkit_tower::engine::{
     Attempt, Detached, Disposition, Engine, Finished, Incoming, Panicked, Refusal, Refused, key_from_json,
     key_problem,
 };
-use idemkit_tower::Reaper;
 use idemkit_tower::metrics::outcome;
 use idemkit_tower::{
     ProblemResponse, STORED_REQUEST_HEADERS, replay_response, stored_request_headers, stored_response,
@@ -98,7 +98,12 @@ const HOP_BY_HOP: &[&str] = &[
 ];
 
 /// The forwarding headers (RFC 7239 and the de-facto `X-Forwarded-*`).
-const FORWARDING: &[&str] = &["forwarded", "x-forwarded-for", "x-forwarded-host", "x-forwarded-proto"];
+const FORWARDING: &[&str] = &[
+    "forwarded",
+    "x-forwarded-for",
+    "x-forwarded-host",
+    "x-forwarded-proto",
+];
 
 /// Where a keyed route reads its key.
 #[derive(Debug, Clone)]
@@ -401,7 +406,10 @@ fn password_of(url: &str) -> Option<&str> {
 }
 
 async fn live() -> impl IntoResponse {
-    ([(header::CONTENT_TYPE, "application/json")], r#"{"status":"live"}"#)
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        r#"{"status":"live"}"#,
+    )
 }
 
 /// Ready when the key store answers a read within a second.
@@ -411,7 +419,11 @@ async fn ready(State(proxy): State<Arc<Proxy>>) -> Response {
         IdempotencyKey::parse("readiness-probe").expect("a valid key"),
     );
     match tokio::time::timeout(Duration::from_secs(1), proxy.store.get(&scope)).await {
-        Ok(Ok(_)) => ([(header::CONTENT_TYPE, "application/json")], r#"{"status":"ready"}"#).into_response(),
+        Ok(Ok(_)) => (
+            [(header::CONTENT_TYPE, "application/json")],
+            r#"{"status":"ready"}"#,
+        )
+            .into_response(),
         Ok(Err(e)) => problem(
             ErrorCode::StoreUnavailable,
             format!("not ready: the key store failed: {e}"),
@@ -497,15 +509,13 @@ impl Proxy {
             .expect("an http base URL and a request target make a URI");
         parts.version = http::Version::HTTP_11;
         strip_hop_by_hop(&mut parts.headers);
-        let host = parts
-            .headers
-            .remove(header::HOST)
-            .or_else(|| parts.uri.authority().and_then(|a| HeaderValue::from_str(a.as_str()).ok()));
-        self.forwarding_headers(
-            &mut parts.headers,
-            listen::client_addr(&parts.extensions),
-            host,
-        );
+        let host = parts.headers.remove(header::HOST).or_else(|| {
+            parts
+                .uri
+                .authority()
+                .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+        });
+        self.forwarding_headers(&mut parts.headers, listen::client_addr(&parts.extensions), host);
         let res = self.client.request(Request::from_parts(parts, body)).await?;
         let (mut parts, body) = res.into_parts();
         strip_hop_by_hop(&mut parts.headers);
@@ -515,7 +525,12 @@ impl Proxy {
     /// Adds the client's address to `X-Forwarded-For` and `Forwarded`, and
     /// the host and scheme it asked for; what the client sent in them is kept
     /// (and appended to) only with `--trust-forwarded-headers`.
-    fn forwarding_headers(&self, headers: &mut HeaderMap, client: Option<SocketAddr>, host: Option<HeaderValue>) {
+    fn forwarding_headers(
+        &self,
+        headers: &mut HeaderMap,
+        client: Option<SocketAddr>,
+        host: Option<HeaderValue>,
+    ) {
         if !self.trust_forwarded {
             for name in FORWARDING {
                 headers.remove(*name);
@@ -761,7 +776,10 @@ mod tests {
         assert_eq!(redact_url("redis://pw@127.0.0.1"), "redis://***@127.0.0.1");
         assert_eq!(redact_url("sqlite://a.db"), "sqlite://a.db");
         assert_eq!(
-            redact_all("failed: postgres://app:s3cret@db/x (s3cret)", "postgres://app:s3cret@db/x"),
+            redact_all(
+                "failed: postgres://app:s3cret@db/x (s3cret)",
+                "postgres://app:s3cret@db/x"
+            ),
             "failed: postgres://app:***@db/x (***)"
         );
     }

@@ -32,12 +32,18 @@ enum Segment {
 
 impl Template {
     pub(super) fn parse(template: &str) -> anyhow::Result<Self> {
-        anyhow::ensure!(template.starts_with('/'), "route path {template} must start with /");
+        anyhow::ensure!(
+            template.starts_with('/'),
+            "route path {template} must start with /"
+        );
         let parts: Vec<&str> = template[1..].split('/').filter(|s| !s.is_empty()).collect();
         let mut segments = Vec::new();
         for (i, s) in parts.iter().enumerate() {
             segments.push(if s.starts_with("{*") && s.ends_with('}') {
-                anyhow::ensure!(i + 1 == parts.len(), "route path {template}: {{*…}} must come last");
+                anyhow::ensure!(
+                    i + 1 == parts.len(),
+                    "route path {template}: {{*…}} must come last"
+                );
                 Segment::Rest
             } else if s.starts_with('{') && s.ends_with('}') {
                 Segment::Param
@@ -84,9 +90,10 @@ impl Template {
 /// Whether every segment of `path` is spelt in its one normal form: no `.`
 /// or `..`, no `;`, no percent-encoded unreserved character, upper-case hex.
 fn canonical(path: &str) -> bool {
-    path.strip_prefix('/').unwrap_or(path).split('/').all(|s| {
-        s != "." && s != ".." && !s.contains(';') && normal_segment(s).as_deref() == Some(s)
-    })
+    path.strip_prefix('/')
+        .unwrap_or(path)
+        .split('/')
+        .all(|s| s != "." && s != ".." && !s.contains(';') && normal_segment(s).as_deref() == Some(s))
 }
 
 /// The segments of `path` after normalisation: empty and `.` segments

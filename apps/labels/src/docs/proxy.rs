@@ -198,7 +198,9 @@ fn proxy_routes_table(w: &mut String, proxy: &ProxyContract, routes: &[KeyedRout
         let chain = p.longest_retry_chain.map_or("—".to_owned(), human);
         let mut five = match (p.on_server_error, proxy.upstream_honours_keys) {
             (ServerErrorPolicy::Replay, _) => "stored and replayed".to_owned(),
-            (_, true) => "not stored: retry with the same key (`502`, `504`: re-sent with the same key)".to_owned(),
+            (_, true) => {
+                "not stored: retry with the same key (`502`, `504`: re-sent with the same key)".to_owned()
+            }
             (_, false) => "**stored and replayed** (`502`, `504`: parked, outcome unknown)".to_owned(),
         };
         let declared = declared(proxy, &r.route);
@@ -299,8 +301,10 @@ fn behind_the_proxy(w: &mut String, proxy: &ProxyContract, keyed: &[KeyedRoute],
         )
     };
     let key_header = match keyed.first() {
-        Some(r) if keyed.iter().all(|k| k.key == r.key) => r.key.replace("header ", ""),
-        _ => "key header".to_owned(),
+        Some(r) if r.key.starts_with("header ") && keyed.iter().all(|k| k.key == r.key) => {
+            r.key.trim_start_matches("header ").to_owned()
+        }
+        _ => "the key header".to_owned(),
     };
     let _ = writeln!(
         w,
@@ -310,7 +314,7 @@ fn behind_the_proxy(w: &mut String, proxy: &ProxyContract, keyed: &[KeyedRoute],
          an empty one, or two) the proxy answers `{}` `{unauthorized}` and the request is never forwarded. The scope is a keyed hash (HMAC-SHA256) of the \
          header's value; the credential itself is never stored.\n\
          - **Your key is forwarded to the upstream as sent**, where you put it (header or body).\n\
-         - **A `Connection` header that names `{credential}` or the {key_header}** is refused with `400` \
+         - **A `Connection` header that names `{credential}` or {key_header}** is refused with `400` \
          `validation_failed`: those headers must reach the upstream, and `Connection` would strip them.\n\
          - **Answers.** Validation-class answers ({}) are not stored and free the key: the same key, with the request \
          corrected or not, is forwarded again. So are `404` and `405` (a route or method the upstream does not \

@@ -375,7 +375,12 @@ async fn safe_methods_pass_through_and_liveness_answers() {
     let res = s.http.get(format!("{}/count?x=1", s.proxy)).send().await.unwrap();
     assert_eq!(res.status(), 200);
     assert_eq!(res.text().await.unwrap(), "0 x=1");
-    let live = s.http.get(format!("{}/_idemkit/live", s.proxy)).send().await.unwrap();
+    let live = s
+        .http
+        .get(format!("{}/_idemkit/live", s.proxy))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(live.status(), 200);
 }
 

@@ -65,12 +65,11 @@ impl ProxyProcess {
         if !extra.contains(&"--lease-ms") {
             cmd.args(["--lease-ms", "500"]);
         }
-        cmd
-        .arg("--database-url")
-        .arg(database_url)
-        .env("IDEMKIT_PROXY_SECRET", secret)
-        .env_remove("RUST_LOG")
-        .stdout(std::process::Stdio::piped());
+        cmd.arg("--database-url")
+            .arg(database_url)
+            .env("IDEMKIT_PROXY_SECRET", secret)
+            .env_remove("RUST_LOG")
+            .stdout(std::process::Stdio::piped());
         if honours {
             cmd.arg("--upstream-honours-keys");
         }

@@ -59,7 +59,10 @@ async fn send(http: &reqwest::Client, url: String, key: &str, body: &str) -> req
 /// before headers, a 500 after commit).
 async fn committed_then_503(State(n): State<Arc<Naive>>) -> impl IntoResponse {
     n.posts.fetch_add(1, Ordering::SeqCst);
-    (StatusCode::SERVICE_UNAVAILABLE, "committed, then the sidecar reset")
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        "committed, then the sidecar reset",
+    )
 }
 
 async fn count_everything(State(n): State<Arc<Naive>>) -> impl IntoResponse {
@@ -127,7 +130,11 @@ async fn a_5xx_declared_not_executed_frees_the_key_on_that_route_only() {
         assert_eq!(res.status(), 503);
         assert!(res.headers().get("idempotent-replayed").is_none());
     }
-    assert_eq!(naive.posts.load(Ordering::SeqCst), 3, "declared not executed: sent again");
+    assert_eq!(
+        naive.posts.load(Ordering::SeqCst),
+        3,
+        "declared not executed: sent again"
+    );
     for _ in 0..2 {
         assert_eq!(
             send(&http, format!("{}/commit", proxy.base), "commit-1", "{}")
@@ -147,11 +154,7 @@ async fn a_5xx_declared_not_executed_frees_the_key_on_that_route_only() {
     .await;
     assert_eq!(doc.code, 0, "{doc:#?}");
     assert!(doc.stdout.contains("`503` on `POST /busy`"), "{}", doc.stdout);
-    assert!(
-        doc.stdout.contains("**stored and replayed**"),
-        "{}",
-        doc.stdout
-    );
+    assert!(doc.stdout.contains("**stored and replayed**"), "{}", doc.stdout);
     assert!(
         !doc.stdout.contains("not stored: retry with the same key"),
         "{}",
@@ -392,7 +395,11 @@ async fn idle_upstream_connections_are_closed_before_common_keep_alives() {
         .await
         .expect("the proxy closes its idle upstream connection within 7 s")
         .unwrap();
-    assert!(at - idle_since < Duration::from_millis(4900), "{:?}", at - idle_since);
+    assert!(
+        at - idle_since < Duration::from_millis(4900),
+        "{:?}",
+        at - idle_since
+    );
 }
 
 // Item 11 --------------------------------------------------------------------
@@ -400,9 +407,17 @@ async fn idle_upstream_connections_are_closed_before_common_keep_alives() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_header_naming_the_credential_or_the_key_is_refused() {
     let naive = Arc::new(Naive::default());
-    let upstream = serve(Router::new().route("/orders", post(create)).with_state(naive.clone())).await;
+    let upstream = serve(
+        Router::new()
+            .route("/orders", post(create))
+            .with_state(naive.clone()),
+    )
+    .await;
     let proxy = ProxyProcess::start(&upstream, &temp_db("connection"), false, None);
-    for (i, named) in ["Authorization", "keep-alive, Idempotency-Key"].iter().enumerate() {
+    for (i, named) in ["Authorization", "keep-alive, Idempotency-Key"]
+        .iter()
+        .enumerate()
+    {
         let request = format!(
             "POST /orders HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer a\r\nIdempotency-Key: conn-{i}\r\n\
              Connection: close, {named}\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{{}}"
@@ -436,7 +451,11 @@ async fn startup_errors_redact_the_database_password() {
     .await;
     assert_ne!(run.code, 0, "{run:#?}");
     assert!(!run.stderr.contains("s3cret-pw"), "{}", run.stderr);
-    assert!(run.stderr.contains("postgres://app:***@127.0.0.1:1/db"), "{}", run.stderr);
+    assert!(
+        run.stderr.contains("postgres://app:***@127.0.0.1:1/db"),
+        "{}",
+        run.stderr
+    );
 }
 
 // Item 10 --------------------------------------------------------------------
@@ -465,7 +484,12 @@ async fn answers_of_routes_the_upstream_lacks_are_not_stored() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_proxy_runs_the_reaper() {
     let naive = Arc::new(Naive::default());
-    let upstream = serve(Router::new().route("/orders", post(create)).with_state(naive.clone())).await;
+    let upstream = serve(
+        Router::new()
+            .route("/orders", post(create))
+            .with_state(naive.clone()),
+    )
+    .await;
     let config = write_config(
         "reaper",
         "[defaults]\nreplay_window = \"1s\"\nreap_threshold = \"1s\"\nlease = \"200ms\"\n\n[[routes]]\nmethod = \"POST\"\npath = \"/orders\"\n",
@@ -480,7 +504,12 @@ async fn the_proxy_runs_the_reaper() {
         &["--config", &config, "--reap-interval-ms", "200"],
     );
     let http = reqwest::Client::new();
-    assert_eq!(send(&http, format!("{}/orders", proxy.base), "reap-1", "{}").await.status(), 201);
+    assert_eq!(
+        send(&http, format!("{}/orders", proxy.base), "reap-1", "{}")
+            .await
+            .status(),
+        201
+    );
     let list = || {
         crate::idemkit(vec![
             "keys".into(),
@@ -513,7 +542,10 @@ async fn healthz_is_the_upstreams_and_the_proxy_answers_live_and_ready() {
     let upstream = serve(Router::new().route("/healthz", get(upstream_healthz))).await;
     let proxy = ProxyProcess::start(&upstream, &temp_db("health"), false, None);
     let get = |path: &str| reqwest::get(format!("{}{path}", proxy.base));
-    assert_eq!(get("/healthz").await.unwrap().text().await.unwrap(), "upstream-healthy");
+    assert_eq!(
+        get("/healthz").await.unwrap().text().await.unwrap(),
+        "upstream-healthy"
+    );
     assert_eq!(get("/_idemkit/live").await.unwrap().status(), 200);
     assert_eq!(get("/_idemkit/ready").await.unwrap().status(), 200);
     assert_eq!(get("/_idemkit/other").await.unwrap().status(), 404);
@@ -542,7 +574,9 @@ async fn metrics_can_be_served_on_their_own_listener() {
         .await
         .unwrap();
     assert!(text.contains("idemkit_requests_total"), "{text}");
-    let public = reqwest::get(format!("{}/_idemkit/metrics", proxy.base)).await.unwrap();
+    let public = reqwest::get(format!("{}/_idemkit/metrics", proxy.base))
+        .await
+        .unwrap();
     assert_eq!(public.status(), 404, "not on the public listener");
 }
 
@@ -557,7 +591,12 @@ async fn slow_write(State(n): State<Arc<Naive>>) -> impl IntoResponse {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_lets_in_flight_forwards_finish_and_store() {
     let naive = Arc::new(Naive::default());
-    let upstream = serve(Router::new().route("/orders", post(slow_write)).with_state(naive.clone())).await;
+    let upstream = serve(
+        Router::new()
+            .route("/orders", post(slow_write))
+            .with_state(naive.clone()),
+    )
+    .await;
     let db = temp_db("sigterm");
     let mut proxy = ProxyProcess::start(&upstream, &db, false, None);
     let http = reqwest::Client::new();
@@ -581,7 +620,10 @@ async fn sigterm_lets_in_flight_forwards_finish_and_store() {
         if let Some(status) = proxy.child.try_wait().unwrap() {
             break status;
         }
-        assert!(std::time::Instant::now() < deadline, "still running 10 s after SIGTERM");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still running 10 s after SIGTERM"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     assert!(status.success(), "{status:?}");
@@ -610,7 +652,9 @@ async fn a_client_that_never_finishes_its_headers_is_cut_off() {
         let mut tcp = tokio::net::TcpStream::connect(proxy.base.trim_start_matches("http://"))
             .await
             .unwrap();
-        tcp.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n").await.unwrap();
+        tcp.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+            .await
+            .unwrap();
         slow.push(tcp);
     }
     for mut tcp in slow {
@@ -662,7 +706,12 @@ async fn echo_forwarding(headers: HeaderMap) -> String {
             .collect::<Vec<_>>()
             .join(", ")
     };
-    format!("{}|{}|{}", h("x-forwarded-for"), h("forwarded"), h("x-forwarded-host"))
+    format!(
+        "{}|{}|{}",
+        h("x-forwarded-for"),
+        h("forwarded"),
+        h("x-forwarded-host")
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -707,7 +756,12 @@ async fn forwarding_headers_carry_the_real_client_address() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn other_spellings_of_a_keyed_path_are_refused() {
     let naive = Arc::new(Naive::default());
-    let upstream = serve(Router::new().fallback(any(count_everything)).with_state(naive.clone())).await;
+    let upstream = serve(
+        Router::new()
+            .fallback(any(count_everything))
+            .with_state(naive.clone()),
+    )
+    .await;
     let config = write_config(
         "paths",
         "[[routes]]\nmethod = \"POST\"\npath = \"/orders/{id}/confirm\"\n",
@@ -737,11 +791,19 @@ async fn other_spellings_of_a_keyed_path_are_refused() {
         assert_eq!(status, 400, "{path}: {text}");
         assert!(text.contains("\"validation_failed\""), "{path}: {text}");
     }
-    assert_eq!(naive.posts.load(Ordering::SeqCst), 0, "no spelling reached the upstream");
+    assert_eq!(
+        naive.posts.load(Ordering::SeqCst),
+        0,
+        "no spelling reached the upstream"
+    );
     let request = "POST /orders/7/confirm HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer a\r\n\
                    Idempotency-Key: path-ok\r\nConnection: close\r\nContent-Length: 2\r\n\r\n{}";
     for _ in 0..2 {
         assert_eq!(raw(&proxy.base, request).await.0, 201);
     }
-    assert_eq!(naive.posts.load(Ordering::SeqCst), 1, "the route's own spelling is keyed");
+    assert_eq!(
+        naive.posts.load(Ordering::SeqCst),
+        1,
+        "the route's own spelling is keyed"
+    );
 }
