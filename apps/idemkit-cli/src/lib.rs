@@ -173,6 +173,10 @@ fn run_docs(args: DocsCommand) -> anyhow::Result<ExitCode> {
         .as_ref()
         .map(|c| c.not_executed.clone())
         .unwrap_or_default();
+    let replayed_headers = config
+        .as_ref()
+        .map(|c| c.replayed_headers.clone())
+        .unwrap_or_default();
     let config = config.map(|c| c.idemkit);
     let contract = ProxyContract {
         config,
@@ -189,6 +193,7 @@ fn run_docs(args: DocsCommand) -> anyhow::Result<ExitCode> {
         },
         default_lease: lease,
         not_executed,
+        replayed_headers,
     };
     let format = match args.docs.format {
         docs::DocsFormat::Markdown => Format::Markdown,

@@ -87,6 +87,12 @@ pub struct ProxyArgs {
     /// `/_idemkit/metrics` and `/metrics`) instead of on `--listen`.
     #[arg(long)]
     pub metrics_listen: Option<SocketAddr>,
+    /// The most keyed request-body bytes held at once, across all requests
+    /// (each counted at its `Content-Length`, or at `--max-request-body` when
+    /// it has none). A request beyond it is answered `503` with `Retry-After`
+    /// before its body is read.
+    #[arg(long, default_value_t = 256 << 20)]
+    pub max_inflight_body_bytes: usize,
     /// How often the reaper runs, in milliseconds (as in `idemkit serve`:
     /// records past the reap threshold are deleted, unfinished ones listed for
     /// review).

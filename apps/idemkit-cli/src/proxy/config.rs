@@ -18,27 +18,37 @@ pub struct ProxyConfig {
     /// is freed on them. Every other answered `5xx` of an upstream that ignores
     /// keys is stored and replayed (`502`/`504`: parked).
     pub not_executed: BTreeMap<String, Vec<u16>>,
+    /// `"METHOD /path"` → the response headers stored and replayed on that
+    /// route on top of the policy's default allowlist (`replayed_headers`).
+    pub replayed_headers: BTreeMap<String, Vec<String>>,
 }
 
-/// The proxy-only setting, on `[defaults]` (every route) and on a route.
+/// The proxy-only settings, on `[defaults]` (every route) and on a route.
 const NOT_EXECUTED: &str = "not_executed";
+const REPLAYED_HEADERS: &str = "replayed_headers";
 
 impl ProxyConfig {
     /// Reads a `--config` file's text.
     pub fn from_toml(text: &str) -> anyhow::Result<Self> {
         let mut table: toml::Table = toml::from_str(text).context("invalid idemkit configuration")?;
-        let defaults = match table.get_mut("defaults").and_then(|d| d.as_table_mut()) {
-            Some(d) => d
-                .remove(NOT_EXECUTED)
-                .map(|v| statuses(&v, "[defaults]"))
-                .transpose()?,
-            None => None,
+        let (defaults, default_headers) = match table.get_mut("defaults").and_then(|d| d.as_table_mut()) {
+            Some(d) => (
+                d.remove(NOT_EXECUTED)
+                    .map(|v| statuses(&v, "[defaults]"))
+                    .transpose()?,
+                d.remove(REPLAYED_HEADERS)
+                    .map(|v| headers(&v, "[defaults]"))
+                    .transpose()?,
+            ),
+            None => (None, None),
         };
         let mut per_route = Vec::new();
+        let mut per_route_headers = Vec::new();
         if let Some(routes) = table.get_mut("routes").and_then(|r| r.as_array_mut()) {
             for r in routes.iter_mut() {
                 let Some(r) = r.as_table_mut() else {
                     per_route.push(None);
+                    per_route_headers.push(None);
                     continue;
                 };
                 let what = format!(
@@ -47,21 +57,40 @@ impl ProxyConfig {
                     r.get("path").and_then(|m| m.as_str()).unwrap_or("?")
                 );
                 per_route.push(r.remove(NOT_EXECUTED).map(|v| statuses(&v, &what)).transpose()?);
+                per_route_headers.push(
+                    r.remove(REPLAYED_HEADERS)
+                        .map(|v| headers(&v, &what))
+                        .transpose()?,
+                );
             }
         }
         let idemkit = IdemkitConfig::from_toml(&toml::to_string(&table)?)?;
         let mut not_executed = BTreeMap::new();
-        for (r, own) in idemkit.routes.iter().zip(per_route) {
+        let mut replayed_headers = BTreeMap::new();
+        for ((r, own), own_headers) in idemkit.routes.iter().zip(per_route).zip(per_route_headers) {
             if let Some(list) = own.or_else(|| defaults.clone())
                 && !list.is_empty()
             {
                 not_executed.insert(route_name(&r.method, &r.path), list);
             }
+            if let Some(list) = own_headers.or_else(|| default_headers.clone())
+                && !list.is_empty()
+            {
+                replayed_headers.insert(route_name(&r.method, &r.path), list);
+            }
         }
         Ok(Self {
             idemkit,
             not_executed,
+            replayed_headers,
         })
+    }
+
+    /// The extra replayed headers of the route `method path`.
+    pub fn replayed_headers(&self, method: &str, path: &str) -> &[String] {
+        self.replayed_headers
+            .get(&route_name(method, path))
+            .map_or(&[], Vec::as_slice)
     }
 
     /// The statuses declared "not executed" on the route `method path`.
@@ -75,6 +104,21 @@ impl ProxyConfig {
 /// How [`ProxyConfig::not_executed`] names a route.
 pub fn route_name(method: &str, path: &str) -> String {
     format!("{} {path}", method.to_ascii_uppercase())
+}
+
+fn headers(v: &toml::Value, what: &str) -> anyhow::Result<Vec<String>> {
+    let list = v
+        .as_array()
+        .with_context(|| format!("{what}: {REPLAYED_HEADERS} must be a list of header names"))?;
+    let mut out = Vec::new();
+    for h in list {
+        let name = h
+            .as_str()
+            .filter(|n| http::HeaderName::from_bytes(n.as_bytes()).is_ok())
+            .with_context(|| format!("{what}: {REPLAYED_HEADERS} lists {h}, not a header name"))?;
+        out.push(name.to_ascii_lowercase());
+    }
+    Ok(out)
 }
 
 fn statuses(v: &toml::Value, what: &str) -> anyhow::Result<Vec<u16>> {
@@ -110,6 +154,11 @@ mod tests {
         assert_eq!(c.not_executed("POST", "/a"), [503]);
         assert_eq!(c.not_executed("POST", "/b"), [500, 503]);
         assert!(c.not_executed("POST", "/c").is_empty());
+        let h = ProxyConfig::from_toml(
+            "[[routes]]\nmethod = \"POST\"\npath = \"/a\"\nreplayed_headers = [\"ETag\", \"cache-control\"]\n",
+        )
+        .unwrap();
+        assert_eq!(h.replayed_headers("POST", "/a"), ["etag", "cache-control"]);
         assert!(
             ProxyConfig::from_toml("[[routes]]\nmethod = \"POST\"\npath = \"/a\"\nnot_executed = [404]\n")
                 .is_err()

@@ -32,6 +32,13 @@ impl Proxy {
                 )
                 .await;
         }
+        // The answer is stored as identity bytes: a stored compressed body
+        // would replay undecodable to a caller that did not ask for it (or
+        // without its encoding). Callers get it uncompressed.
+        let mut parts = parts;
+        parts
+            .headers
+            .insert(header::ACCEPT_ENCODING, HeaderValue::from_static("identity"));
         let req = Request::from_parts(parts, Body::from(bytes));
         #[cfg(feature = "failpoints")]
         fail::fail_point!("idemkit::proxy::before_forward");
@@ -167,7 +174,21 @@ impl Proxy {
         body: Bytes,
     ) -> (&'static str, Response) {
         let policy = attempt.policy().clone();
-        let stored = stored_response(&parts, &body, &policy);
+        // An upstream that compressed anyway: its encoding is stored with the
+        // bytes, so every replay decodes as the first answer did.
+        let encoded = parts
+            .headers
+            .get(header::CONTENT_ENCODING)
+            .is_some_and(|e| !e.as_bytes().eq_ignore_ascii_case(b"identity"));
+        let stored = if encoded {
+            stored_response(
+                &parts,
+                &body,
+                &Policy::clone(&policy).with_replayed_header("content-encoding"),
+            )
+        } else {
+            stored_response(&parts, &body, &policy)
+        };
         let (scope, token) = (attempt.scope().clone(), attempt.lease().token);
         match attempt.store(None, &stored).await {
             Finished::Stored => (outcome::EXECUTED, Response::from_parts(parts, Body::from(body))),

@@ -153,6 +153,8 @@ struct Proxy {
     trust_forwarded: bool,
     /// Detached forwards and background stores, waited for on a stop.
     tasks: Arc<listen::Tracker>,
+    /// The budget of keyed body bytes held at once (one permit a byte).
+    body_budget: Arc<tokio::sync::Semaphore>,
 }
 
 /// Runs the proxy until SIGTERM or SIGINT; then it stops accepting, lets the
@@ -297,14 +299,18 @@ async fn build(args: ProxyArgs) -> anyhow::Result<(Router, Arc<Proxy>)> {
                             .with_context(|| format!("key header {}", r.key_header()))?,
                     ),
                 };
-                let policy = r.policy();
+                let mut policy = r.policy();
+                for h in config.replayed_headers(&r.method, &r.path) {
+                    policy = policy.with_replayed_header(h.clone());
+                }
                 if policy.replay_window > reap.replay_window {
                     reap = reap.with_replay_window(policy.replay_window);
                 }
                 routes.push(Route {
                     method,
                     path: Some(template),
-                    engine: Engine::lease(store.clone(), policy)?,
+                    engine: Engine::lease(store.clone(), policy)
+                        .with_context(|| format!("route {} {}", r.method, r.path))?,
                     key,
                     not_executed: config.not_executed(&r.method, &r.path).to_vec(),
                 });
@@ -372,6 +378,10 @@ async fn build(args: ProxyArgs) -> anyhow::Result<(Router, Arc<Proxy>)> {
         body_read_timeout: Duration::from_millis(args.body_read_timeout_ms),
         trust_forwarded: args.trust_forwarded_headers,
         tasks: Arc::default(),
+        body_budget: Arc::new(tokio::sync::Semaphore::new(
+            args.max_inflight_body_bytes
+                .min(tokio::sync::Semaphore::MAX_PERMITS),
+        )),
     });
     let mut app = Router::new()
         .route(LIVE_PATH, get(live))
@@ -661,6 +671,34 @@ impl Proxy {
                 ProblemResponse::from(key_problem(e)).into_response(),
             );
         }
+        // Bounded memory: the body's bytes are reserved before it is read and
+        // held until the request's work ends.
+        let declared = parts
+            .headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok()?.parse::<usize>().ok())
+            .unwrap_or(self.max_request_body)
+            .min(self.max_request_body)
+            .max(1);
+        let Ok(reserved) = self
+            .body_budget
+            .clone()
+            .try_acquire_many_owned(u32::try_from(declared).unwrap_or(u32::MAX))
+        else {
+            let mut p = Problem::new(
+                ErrorCode::Internal,
+                "the proxy holds as many request bodies as its budget allows (--max-inflight-body-bytes); \
+                 nothing was claimed or forwarded: retry after `Retry-After`",
+            )
+            .with_status(503);
+            p.retryable = true;
+            return (
+                outcome::REJECTED,
+                ProblemResponse::from(p)
+                    .retry_after(Duration::from_secs(1))
+                    .into_response(),
+            );
+        };
         let read = tokio::time::timeout(
             self.body_read_timeout,
             idemkit_tower::read_body(body, self.max_request_body),
@@ -722,6 +760,7 @@ impl Proxy {
         let tracked = self.tasks.track();
         let work = async move {
             let _tracked = tracked;
+            let _reserved = reserved;
             let attempt = match engine.begin(claim).await {
                 Ok(attempt) => attempt,
                 Err(refused) => {

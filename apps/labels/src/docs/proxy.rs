@@ -33,6 +33,9 @@ pub struct ProxyContract {
     /// proxy's `--config`): the key is freed on them. Every other `5xx` of an
     /// upstream that ignores keys is stored and replayed (`502`/`504`: parked).
     pub not_executed: std::collections::BTreeMap<String, Vec<u16>>,
+    /// Per keyed route (`"METHOD /path"`), the response headers replayed on top
+    /// of the default allowlist (`replayed_headers` in the proxy's `--config`).
+    pub replayed_headers: std::collections::BTreeMap<String, Vec<String>>,
 }
 
 /// The codes the proxy answers with, in the order its contract lists them.
@@ -300,6 +303,22 @@ fn behind_the_proxy(w: &mut String, proxy: &ProxyContract, keyed: &[KeyedRoute],
              the route stores `5xx` (*on 5xx* under *Routes*).{declared_text}"
         )
     };
+    let extra_headers: Vec<String> = proxy
+        .replayed_headers
+        .iter()
+        .filter(|(route, _)| keyed.iter().any(|k| k.route.trim_matches('`') == route.as_str()))
+        .map(|(route, hs)| {
+            format!(
+                "{} on `{route}`",
+                and_list(&hs.iter().map(|h| format!("`{h}`")).collect::<Vec<_>>())
+            )
+        })
+        .collect();
+    let extra_headers = if extra_headers.is_empty() {
+        String::new()
+    } else {
+        format!(", and {}", and_list(&extra_headers))
+    };
     let key_header = match keyed.first() {
         Some(r) if r.key.starts_with("header ") && keyed.iter().all(|k| k.key == r.key) => {
             r.key.trim_start_matches("header ").to_owned()
@@ -319,8 +338,11 @@ fn behind_the_proxy(w: &mut String, proxy: &ProxyContract, keyed: &[KeyedRoute],
          - **Answers.** Validation-class answers ({}) are not stored and free the key: the same key, with the request \
          corrected or not, is forwarded again. So are `404` and `405` (a route or method the upstream does not \
          have). {five} Every other answer is stored and replayed byte for byte, with `Idempotent-Replayed: true`; a \
-         replay carries the stored status, body and the headers {}. `Set-Cookie` and hop-by-hop headers are \
-         never stored.\n\
+         replay carries the stored status, body and the headers {}{extra_headers}. `Set-Cookie` and hop-by-hop \
+         headers are never stored.\n\
+         - **Keyed answers are not compressed.** The proxy asks the upstream for `Accept-Encoding: identity` on \
+         keyed routes, so the first answer and every replay are the same uncompressed bytes, which every caller \
+         can decode (an upstream that compresses anyway has its `Content-Encoding` replayed with its bytes).\n\
          - **If the proxy's key store fails after the upstream answered**, you still get the upstream's answer, \
          and the proxy keeps trying to store it (for up to 5 minutes, with backoff), so your retry with the same \
          key gets the replay (`503` `idempotency_store_unavailable` or `409` `idempotency_request_in_progress` \

@@ -807,3 +807,121 @@ async fn other_spellings_of_a_keyed_path_are_refused() {
         "the route's own spelling is keyed"
     );
 }
+
+// Item 5 ---------------------------------------------------------------------
+
+/// Compresses when asked to (a fake gzip body is enough: it must never be
+/// replayed to a caller as if it were the document).
+async fn maybe_compressed(headers: HeaderMap) -> axum::response::Response {
+    let gzip = headers
+        .get("accept-encoding")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.contains("gzip"));
+    if gzip {
+        (
+            [("content-encoding", "gzip"), ("etag", "\"v1\"")],
+            vec![0x1f_u8, 0x8b, 8, 0, 0, 0, 0, 0],
+        )
+            .into_response()
+    } else {
+        ([("etag", "\"v1\"")], "plain-body").into_response()
+    }
+}
+
+fn keyed_request(path: &str, key: &str, extra: &str) -> String {
+    format!(
+        "POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer a\r\nIdempotency-Key: {key}\r\n{extra}\
+         Connection: close\r\nContent-Length: 2\r\n\r\n{{}}"
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keyed_answers_are_stored_uncompressed_and_replay_decodably() {
+    let upstream = serve(Router::new().route("/doc", post(maybe_compressed))).await;
+    let proxy = ProxyProcess::start(&upstream, &temp_db("gzip"), false, None);
+    for i in 0..2 {
+        let (status, text) = raw(
+            &proxy.base,
+            &keyed_request("/doc", "gz-1", "Accept-Encoding: gzip\r\n"),
+        )
+        .await;
+        assert_eq!(status, 200, "{text}");
+        assert!(text.ends_with("\r\n\r\nplain-body"), "attempt {i}: {text:?}");
+        assert!(!text.to_ascii_lowercase().contains("content-encoding"), "{text}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_may_replay_more_headers() {
+    let upstream = serve(
+        Router::new()
+            .route("/doc", post(maybe_compressed))
+            .route("/plain", post(maybe_compressed)),
+    )
+    .await;
+    let config = write_config(
+        "replayed-headers",
+        "[[routes]]\nmethod = \"POST\"\npath = \"/doc\"\nreplayed_headers = [\"ETag\"]\n\n\
+         [[routes]]\nmethod = \"POST\"\npath = \"/plain\"\n",
+    );
+    let proxy = ProxyProcess::start_with(
+        &upstream,
+        &sqlite(&temp_db("replayed-headers")),
+        "test-secret",
+        false,
+        None,
+        &["--config", &config],
+    );
+    for (path, etag) in [("/doc", true), ("/plain", false)] {
+        let key = format!("rh{}", path.replace('/', "-"));
+        raw(&proxy.base, &keyed_request(path, &key, "")).await;
+        let (_, replay) = raw(&proxy.base, &keyed_request(path, &key, "")).await;
+        let replay = replay.to_ascii_lowercase();
+        assert!(replay.contains("idempotent-replayed: true"), "{replay}");
+        assert_eq!(replay.contains("etag: \"v1\""), etag, "{path}: {replay}");
+    }
+    let doc = crate::idemkit(vec!["docs".into(), "--proxy".into(), "--config".into(), config]).await;
+    assert!(doc.stdout.contains("`etag` on `POST /doc`"), "{}", doc.stdout);
+    assert!(
+        doc.stdout.contains("`Accept-Encoding: identity`"),
+        "{}",
+        doc.stdout
+    );
+}
+
+// Item 9 ---------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_bodies_beyond_the_in_flight_budget_are_answered_503() {
+    let naive = Arc::new(Naive::default());
+    let upstream = serve(
+        Router::new()
+            .route("/orders", post(slow_write))
+            .with_state(naive.clone()),
+    )
+    .await;
+    let proxy = ProxyProcess::start_with(
+        &upstream,
+        &sqlite(&temp_db("budget")),
+        "test-secret",
+        false,
+        None,
+        &["--max-inflight-body-bytes", "1000000"],
+    );
+    let http = reqwest::Client::new();
+    let body = format!(r#"{{"pad":"{}"}}"#, "x".repeat(600_000));
+    let first = tokio::spawn({
+        let (http, url, body) = (http.clone(), format!("{}/orders", proxy.base), body.clone());
+        async move { send(&http, url, "budget-1", &body).await.status() }
+    });
+    while naive.posts.load(Ordering::SeqCst) == 0 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let over = send(&http, format!("{}/orders", proxy.base), "budget-2", &body).await;
+    assert_eq!(over.status(), 503);
+    assert!(over.headers().contains_key("retry-after"));
+    assert_eq!(first.await.unwrap(), 201);
+    let after = send(&http, format!("{}/orders", proxy.base), "budget-3", &body).await;
+    assert_eq!(after.status(), 201, "the budget is given back");
+    assert_eq!(naive.posts.load(Ordering::SeqCst), 2);
+}
