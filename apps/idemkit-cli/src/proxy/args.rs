@@ -93,6 +93,15 @@ pub struct ProxyArgs {
     /// before its body is read.
     #[arg(long, default_value_t = 256 << 20)]
     pub max_inflight_body_bytes: usize,
+    /// How long the upstream may take to send the head of its answer to a
+    /// request the proxy does not key, in milliseconds (`504` after it; the
+    /// body then streams without a limit).
+    #[arg(long, default_value_t = 60_000)]
+    pub passthrough_timeout_ms: u64,
+    /// Speak HTTP/2 to the upstream (cleartext, prior knowledge: `h2c`)
+    /// instead of HTTP/1.1. WebSocket upgrades then do not pass.
+    #[arg(long)]
+    pub upstream_http2: bool,
     /// How often the reaper runs, in milliseconds (as in `idemkit serve`:
     /// records past the reap threshold are deleted, unfinished ones listed for
     /// review).

@@ -153,6 +153,10 @@ struct Proxy {
     trust_forwarded: bool,
     /// Detached forwards and background stores, waited for on a stop.
     tasks: Arc<listen::Tracker>,
+    /// The upstream's time to answer an unkeyed request's head.
+    passthrough_timeout: Duration,
+    /// HTTP/2 (prior knowledge) to the upstream.
+    http2: bool,
     /// The budget of keyed body bytes held at once (one permit a byte).
     body_budget: Arc<tokio::sync::Semaphore>,
 }
@@ -365,6 +369,7 @@ async fn build(args: ProxyArgs) -> anyhow::Result<(Router, Arc<Proxy>)> {
                 // A request that never left on a reused connection (it closed
                 // first) is sent again on a new one: hyper knows it was not sent.
                 .retry_canceled_requests(true)
+                .http2_only(args.upstream_http2)
                 .build(connector)
         },
         upstream,
@@ -378,6 +383,8 @@ async fn build(args: ProxyArgs) -> anyhow::Result<(Router, Arc<Proxy>)> {
         body_read_timeout: Duration::from_millis(args.body_read_timeout_ms),
         trust_forwarded: args.trust_forwarded_headers,
         tasks: Arc::default(),
+        passthrough_timeout: Duration::from_millis(args.passthrough_timeout_ms),
+        http2: args.upstream_http2,
         body_budget: Arc::new(tokio::sync::Semaphore::new(
             args.max_inflight_body_bytes
                 .min(tokio::sync::Semaphore::MAX_PERMITS),
@@ -481,11 +488,29 @@ async fn handle(State(proxy): State<Arc<Proxy>>, req: Request) -> Response {
                 ),
             )
         }
-        None => match proxy.forward(req).await {
-            Ok(res) => res,
-            Err(e) => bad_gateway(&e),
+        None => match tokio::time::timeout(proxy.passthrough_timeout, proxy.pass_through(req)).await {
+            Ok(Ok(res)) => res,
+            Ok(Err(e)) => bad_gateway(&e),
+            Err(_) => {
+                let mut p = Problem::new(
+                    ErrorCode::Internal,
+                    format!(
+                        "the upstream did not answer within {} ms",
+                        proxy.passthrough_timeout.as_millis()
+                    ),
+                )
+                .with_status(504);
+                p.retryable = true;
+                ProblemResponse::from(p).into_response()
+            }
         },
     }
+}
+
+/// Whether `headers` ask to switch protocols (`Connection: upgrade` and an
+/// `Upgrade` header): a WebSocket handshake and the like.
+fn is_upgrade(headers: &HeaderMap) -> bool {
+    headers.contains_key(header::UPGRADE) && connection_names(headers).iter().any(|n| n == header::UPGRADE)
 }
 
 /// The header names a `Connection` header lists.
@@ -510,14 +535,68 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
 }
 
 impl Proxy {
+    /// An unkeyed request: forwarded as it streams; a protocol upgrade
+    /// (WebSocket) is passed through, and once the upstream switches, bytes
+    /// are copied both ways until either side closes.
+    async fn pass_through(&self, mut req: Request) -> Result<Response, hyper_util::client::legacy::Error> {
+        if self.http2 || !is_upgrade(req.headers()) {
+            return self.forward(req).await;
+        }
+        let client_side = req.extensions_mut().remove::<hyper::upgrade::OnUpgrade>();
+        let upgrade = req.headers().get(header::UPGRADE).cloned();
+        let (mut parts, body) = req.into_parts();
+        strip_hop_by_hop(&mut parts.headers);
+        if let Some(u) = upgrade {
+            parts.headers.insert(header::UPGRADE, u);
+            parts
+                .headers
+                .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        }
+        let (target, version) = self.target(&parts.uri);
+        parts.uri = target;
+        parts.version = version;
+        let host = parts.headers.remove(header::HOST);
+        self.forwarding_headers(&mut parts.headers, listen::client_addr(&parts.extensions), host);
+        let mut res = self.client.request(Request::from_parts(parts, body)).await?;
+        if res.status() != http::StatusCode::SWITCHING_PROTOCOLS {
+            let (mut parts, body) = res.into_parts();
+            strip_hop_by_hop(&mut parts.headers);
+            return Ok(Response::from_parts(parts, Body::new(body)));
+        }
+        let upstream_side = hyper::upgrade::on(&mut res);
+        tokio::spawn(async move {
+            let (Some(client_side), Ok(upstream)) = (client_side, upstream_side.await) else {
+                return;
+            };
+            let Ok(client) = client_side.await else { return };
+            let mut client = hyper_util::rt::TokioIo::new(client);
+            let mut upstream = hyper_util::rt::TokioIo::new(upstream);
+            let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+        });
+        let (parts, _) = res.into_parts();
+        Ok(Response::from_parts(parts, Body::empty()))
+    }
+
+    /// The upstream URI of a request target, and the HTTP version to use.
+    fn target(&self, uri: &Uri) -> (Uri, http::Version) {
+        let target = uri.path_and_query().map_or("/", |p| p.as_str());
+        let uri = format!("{}{target}", self.upstream)
+            .parse()
+            .expect("an http base URL and a request target make a URI");
+        let version = if self.http2 {
+            http::Version::HTTP_2
+        } else {
+            http::Version::HTTP_11
+        };
+        (uri, version)
+    }
+
     /// Sends `req` to the upstream, streaming both bodies.
     async fn forward(&self, req: Request) -> Result<Response, hyper_util::client::legacy::Error> {
         let (mut parts, body) = req.into_parts();
-        let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-        parts.uri = format!("{}{target}", self.upstream)
-            .parse()
-            .expect("an http base URL and a request target make a URI");
-        parts.version = http::Version::HTTP_11;
+        let (target, version) = self.target(&parts.uri);
+        parts.uri = target;
+        parts.version = version;
         strip_hop_by_hop(&mut parts.headers);
         let host = parts.headers.remove(header::HOST).or_else(|| {
             parts

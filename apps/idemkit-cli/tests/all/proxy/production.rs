@@ -925,3 +925,115 @@ async fn request_bodies_beyond_the_in_flight_budget_are_answered_503() {
     assert_eq!(after.status(), 201, "the budget is given back");
     assert_eq!(naive.posts.load(Ordering::SeqCst), 2);
 }
+
+// Item 16 --------------------------------------------------------------------
+
+async fn hang() -> &'static str {
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    "late"
+}
+
+async fn version(req: axum::extract::Request) -> String {
+    format!("{:?}", req.version())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pass_through_request_has_a_timeout() {
+    let upstream = serve(Router::new().route("/hang", get(hang))).await;
+    let proxy = ProxyProcess::start_with(
+        &upstream,
+        &sqlite(&temp_db("passthrough-timeout")),
+        "test-secret",
+        false,
+        None,
+        &["--passthrough-timeout-ms", "300"],
+    );
+    let started = std::time::Instant::now();
+    let res = reqwest::get(format!("{}/hang", proxy.base)).await.unwrap();
+    assert_eq!(res.status(), 504);
+    assert!(started.elapsed() < Duration::from_secs(3));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_upstream_may_speak_http2() {
+    let upstream = serve(Router::new().route("/version", get(version))).await;
+    let proxy = ProxyProcess::start_with(
+        &upstream,
+        &sqlite(&temp_db("h2")),
+        "test-secret",
+        false,
+        None,
+        &["--upstream-http2"],
+    );
+    let body = reqwest::get(format!("{}/version", proxy.base))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(body, "HTTP/2.0");
+}
+
+/// A WebSocket handshake on an unkeyed route switches protocols end to end:
+/// bytes flow both ways through the proxy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_websocket_upgrade_passes_through() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        while let Ok((mut tcp, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut byte = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") {
+                    if tcp.read(&mut byte).await.unwrap_or(0) == 0 {
+                        return;
+                    }
+                    head.push(byte[0]);
+                }
+                let head = String::from_utf8_lossy(&head).to_ascii_lowercase();
+                if !head.contains("upgrade: websocket") {
+                    let _ = tcp
+                        .write_all(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n")
+                        .await;
+                    return;
+                }
+                let _ = tcp
+                    .write_all(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+                    .await;
+                let mut buf = [0u8; 64];
+                while let Ok(n) = tcp.read(&mut buf).await {
+                    if n == 0 || tcp.write_all(&buf[..n]).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    let proxy = ProxyProcess::start(&upstream, &temp_db("ws"), false, None);
+    let mut tcp = tokio::net::TcpStream::connect(proxy.base.trim_start_matches("http://"))
+        .await
+        .unwrap();
+    tcp.write_all(b"GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+        .await
+        .unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        let n = tokio::time::timeout(Duration::from_secs(5), tcp.read(&mut byte))
+            .await
+            .expect("a handshake answer")
+            .unwrap();
+        assert_ne!(n, 0, "closed: {}", String::from_utf8_lossy(&head));
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&head).into_owned();
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    tcp.write_all(b"ping").await.unwrap();
+    let mut echo = [0u8; 4];
+    tokio::time::timeout(Duration::from_secs(5), tcp.read_exact(&mut echo))
+        .await
+        .expect("the echo comes back through the proxy")
+        .unwrap();
+    assert_eq!(&echo, b"ping");
+}
