@@ -510,7 +510,7 @@ async fn handle(State(proxy): State<Arc<Proxy>>, req: Request) -> Response {
 /// Whether `headers` ask to switch protocols (`Connection: upgrade` and an
 /// `Upgrade` header): a WebSocket handshake and the like.
 fn is_upgrade(headers: &HeaderMap) -> bool {
-    headers.contains_key(header::UPGRADE) && connection_names(headers).iter().any(|n| n == header::UPGRADE)
+    headers.contains_key(header::UPGRADE) && connection_names(headers).contains(&header::UPGRADE)
 }
 
 /// The header names a `Connection` header lists.
