@@ -382,9 +382,11 @@ fn behind_the_proxy(w: &mut String, proxy: &ProxyContract, keyed: &[KeyedRoute],
             w,
             "This upstream de-duplicates by idempotency key itself, so **the same key is re-sent to the \
              upstream**. When the upstream timed out or failed after the request was sent, you get `502` or \
-             `504` with `code` `{internal}`, `retryable: {}` and `Retry-After`: retry with the same key. That \
-             retry (like a retry after the proxy died) is forwarded again with the same key, and the upstream's \
-             own de-duplication makes it one effect.\n\n\
+             `504` with `code` `{internal}`, `retryable: {}` and `Retry-After`: retry with the same key. After a \
+             timeout the proxy keeps waiting for the upstream's answer a while longer, holding your key: a retry \
+             meanwhile gets `409` `idempotency_request_in_progress` (retry after `Retry-After`), and an answer \
+             that arrives is stored and replayed to it. After that, the retry (like a retry after the proxy died) \
+             is forwarded again with the same key, and the upstream's own de-duplication makes it one effect.\n\n\
              What this costs: the upstream must de-duplicate by key itself, for your scope and for as long as \
              you retry. The guarantee is only as good as its key handling.",
             internal.retryable()

@@ -664,6 +664,22 @@ async fn a_client_that_never_finishes_its_headers_is_cut_off() {
             .expect("closed by the proxy within 3 s")
             .ok();
     }
+    // An idle keep-alive connection is closed by the same timer.
+    let mut idle = tokio::net::TcpStream::connect(proxy.base.trim_start_matches("http://"))
+        .await
+        .unwrap();
+    idle.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    tokio::time::timeout(Duration::from_secs(3), idle.read_to_end(&mut out))
+        .await
+        .expect("an idle keep-alive connection is closed within 3 s")
+        .ok();
+    assert!(
+        String::from_utf8_lossy(&out).contains("upstream-healthy"),
+        "answered first: {out:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
