@@ -111,7 +111,7 @@ async fn a_key_honouring_upstream_gets_the_same_key_again() {
         "a key-honouring upstream's requests are never parked:\n{doc}"
     );
     assert!(
-        doc.contains("| `internal_error` | 500, 502, 504 | true |"),
+        doc.contains("| `internal_error` | 500, 502, 503, 504 | true |"),
         "{doc}"
     );
 }

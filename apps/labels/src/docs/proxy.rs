@@ -423,10 +423,7 @@ fn proxy_codes(w: &mut String, proxy: &ProxyContract, mismatch_status: u16) {
     for code in PROXY_CODES {
         let status = match code {
             ErrorCode::KeyReused => mismatch_status.to_string(),
-            ErrorCode::Internal if proxy.upstream_honours_keys => {
-                format!("{}, 502, 504", code.default_status())
-            }
-            ErrorCode::Internal => format!("{}, 502", code.default_status()),
+            ErrorCode::Internal => format!("{}, 502, 503, 504", code.default_status()),
             _ => code.default_status().to_string(),
         };
         let meaning = match code {
@@ -469,13 +466,19 @@ fn proxy_codes(w: &mut String, proxy: &ProxyContract, mismatch_status: u16) {
             ErrorCode::ResponseTooLarge => {
                 "the upstream's answer was too large to store; the key answers this from now on".to_owned()
             }
-            _ if proxy.upstream_honours_keys => {
-                "`502`: the upstream could not be reached (nothing was sent) or failed after the request was \
-                 sent; `504`: it did not answer in time. Retry with the same key"
-                    .to_owned()
+            _ => {
+                let keyed = if proxy.upstream_honours_keys {
+                    "`502`: the upstream could not be reached (nothing was sent) or failed after the request was \
+                     sent; `504`: it did not answer in time"
+                } else {
+                    "`502`: the upstream could not be reached; nothing was sent; `504`: it did not answer an \
+                     unkeyed request in time"
+                };
+                format!(
+                    "{keyed}; `503`: the proxy holds as many request bodies as it may, nothing was claimed or \
+                     forwarded (retry after `Retry-After`). Retry with the same key"
+                )
             }
-            _ => "`502`: the upstream could not be reached; nothing was sent; retry with the same key"
-                .to_owned(),
         };
         let _ = writeln!(w, "| `{code}` | {status} | {} | {meaning} |", code.retryable());
     }
