@@ -111,6 +111,7 @@ impl Proxy {
                 (counted, Response::from_parts(parts, Body::from(body)))
             }
             Ok(Answer::Store(parts, Ok(body))) => self.store_answer(attempt, parts, body).await,
+            Ok(Answer::Stream(parts, body)) => self.stream_and_store(attempt, parts, body),
             Ok(Answer::Store(_, Err(e))) if e.is::<http_body_util::LengthLimitError>() => {
                 let cap = policy.max_stored_body;
                 let p = Problem::new(
@@ -162,6 +163,77 @@ impl Proxy {
                 .await
             }
         }
+    }
+
+    /// Sends a streamed answer on as its frames arrive, recording them; once
+    /// it ends, the recording is stored (the replay is the whole stream, in
+    /// order), or, over the storage cap, the too-large problem is. A stream
+    /// that fails part-way is an unknown outcome. The caller hanging up does
+    /// not stop the recording.
+    fn stream_and_store(
+        self: &Arc<Self>,
+        attempt: Attempt,
+        parts: http::response::Parts,
+        mut body: Body,
+    ) -> (&'static str, Response) {
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(16);
+        let head = parts.clone();
+        let this = self.clone();
+        self.tasks.spawn(async move {
+            let cap = attempt.policy().max_stored_body;
+            let recorded = attempt
+                .run(async {
+                    let mut recorded = Vec::new();
+                    let mut caller = Some(tx);
+                    while let Some(frame) = body.frame().await {
+                        let frame = match frame {
+                            Ok(frame) => frame,
+                            Err(e) => {
+                                // The caller's body fails too: a cut stream never
+                                // looks complete.
+                                if let Some(tx) = &caller {
+                                    let _ = tx.send(Err(std::io::Error::other(e.to_string()))).await;
+                                }
+                                return Err(e.to_string());
+                            }
+                        };
+                        let Ok(data) = frame.into_data() else { continue };
+                        if recorded.len() <= cap {
+                            recorded.extend_from_slice(&data);
+                        }
+                        if let Some(tx) = &caller
+                            && tx.send(Ok(data)).await.is_err()
+                        {
+                            caller = None; // hung up: record on
+                        }
+                    }
+                    Ok::<_, String>(recorded)
+                })
+                .await;
+            match recorded {
+                Ok(bytes) if bytes.len() <= cap => {
+                    this.store_answer(attempt, parts, Bytes::from(bytes)).await;
+                }
+                Ok(_) => {
+                    let p = Problem::new(
+                        ErrorCode::ResponseTooLarge,
+                        format!(
+                            "the upstream's streamed answer is larger than the {cap}-byte storage cap; this key answers this problem from now on"
+                        ),
+                    );
+                    attempt.unstorable(None, p, true).await;
+                }
+                Err(e) => {
+                    let why = format!("the upstream's streamed answer failed part-way: {e}");
+                    this.maybe_executed(attempt, &why, 502, None).await;
+                }
+            }
+        });
+        let stream = futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|c| (c, rx)) });
+        (
+            outcome::EXECUTED,
+            Response::from_parts(head, Body::from_stream(stream)),
+        )
     }
 
     /// Stores the upstream's answer, read whole, and sends it. When the store
@@ -257,6 +329,12 @@ impl Proxy {
         let res = self.forward(req).await?;
         let status = res.status().as_u16();
         Ok(match self.plan(route, status, policy) {
+            // A stream (server-sent events) goes to the caller as it comes,
+            // recorded on the way for the replay (`Proxy::stream_and_store`).
+            Plan::Store if is_event_stream(res.headers()) => {
+                let (parts, body) = res.into_parts();
+                Answer::Stream(parts, body)
+            }
             Plan::Store => {
                 let (parts, body) = res.into_parts();
                 let body = Limited::new(body, policy.max_stored_body)
@@ -357,6 +435,18 @@ fn upstream_in_progress(parts: &http::response::Parts, body: &[u8]) -> bool {
     })
 }
 
+/// Whether an answer is a stream of server-sent events.
+fn is_event_stream(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| {
+            v.trim_start()
+                .to_ascii_lowercase()
+                .starts_with("text/event-stream")
+        })
+}
+
 /// How an upstream status is treated.
 enum Plan {
     Store,
@@ -371,6 +461,8 @@ enum Answer {
         http::response::Parts,
         Result<Bytes, Box<dyn std::error::Error + Send + Sync>>,
     ),
+    /// To be stored, and streamed to the caller as it is recorded.
+    Stream(http::response::Parts, Body),
     /// A 502 or 504 the route's policy does not store: maybe executed.
     Gateway(Response),
     /// Not to be stored (the policy releases its status): passed on as it streams.

@@ -343,6 +343,9 @@ fn behind_the_proxy(w: &mut String, proxy: &ProxyContract, keyed: &[KeyedRoute],
          - **Keyed answers are not compressed.** The proxy asks the upstream for `Accept-Encoding: identity` on \
          keyed routes, so the first answer and every replay are the same uncompressed bytes, which every caller \
          can decode (an upstream that compresses anyway has its `Content-Encoding` replayed with its bytes).\n\
+         - **Streams.** An answer of server-sent events (`text/event-stream`) on a keyed route reaches you as \
+         the upstream sends it; a retry with the same key gets the whole stream again at once, in order (a \
+         stream over the storage cap is answered `idempotency_response_too_large` on retries instead).\n\
          - **If the proxy's key store fails after the upstream answered**, you still get the upstream's answer, \
          and the proxy keeps trying to store it (for up to 5 minutes, with backoff), so your retry with the same \
          key gets the replay (`503` `idempotency_store_unavailable` or `409` `idempotency_request_in_progress` \

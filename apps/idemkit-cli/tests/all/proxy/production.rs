@@ -1053,3 +1053,61 @@ async fn a_websocket_upgrade_passes_through() {
         .unwrap();
     assert_eq!(&echo, b"ping");
 }
+
+// Item 6 ---------------------------------------------------------------------
+
+/// Three server-sent events, 300 ms apart.
+async fn events() -> impl IntoResponse {
+    use futures::StreamExt;
+    let chunks = futures::stream::iter(1..=3).then(|i| async move {
+        if i > 1 {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        Ok::<_, std::io::Error>(format!("data: {i}\n\n"))
+    });
+    (
+        [("content-type", "text/event-stream")],
+        axum::body::Body::from_stream(chunks),
+    )
+}
+
+/// A keyed stream reaches the caller as it is produced (not buffered to its
+/// end), and the retry replays all of it, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keyed_event_stream_streams_and_replays_whole() {
+    let upstream = serve(Router::new().route("/events", post(events))).await;
+    let proxy = ProxyProcess::start(&upstream, &temp_db("sse"), false, None);
+    let http = reqwest::Client::new();
+    let started = std::time::Instant::now();
+    let mut res = send(&http, format!("{}/events", proxy.base), "sse-1", "{}").await;
+    assert_eq!(res.status(), 200);
+    let first = res.chunk().await.unwrap().unwrap();
+    let first_at = started.elapsed();
+    assert_eq!(&first[..], b"data: 1\n\n");
+    assert!(
+        first_at < Duration::from_millis(450),
+        "the first event came after {first_at:?}"
+    );
+    let mut all = first.to_vec();
+    while let Some(c) = res.chunk().await.unwrap() {
+        all.extend_from_slice(&c);
+    }
+    assert_eq!(all, b"data: 1\n\ndata: 2\n\ndata: 3\n\n");
+    // The record is stored once the stream has ended.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let replay = loop {
+        let res = send(&http, format!("{}/events", proxy.base), "sse-1", "{}").await;
+        if res.status() != 409 {
+            break res;
+        }
+        assert!(std::time::Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(replay.status(), 200);
+    assert_eq!(replay.headers()["idempotent-replayed"], "true");
+    assert_eq!(replay.headers()["content-type"], "text/event-stream");
+    assert_eq!(
+        &replay.bytes().await.unwrap()[..],
+        b"data: 1\n\ndata: 2\n\ndata: 3\n\n"
+    );
+}
