@@ -91,7 +91,10 @@ pub struct ProxyArgs {
     /// (each counted at its `Content-Length`, or at `--max-request-body` when
     /// it has none). A request beyond it is answered `503` with `Retry-After`
     /// before its body is read.
-    #[arg(long, default_value_t = 256 << 20)]
+    /// A body is held about three times at its peak (as read, in the claim,
+    /// and while the store writes it), so the proxy's memory grows by up to
+    /// about three times this budget.
+    #[arg(long, default_value_t = 64 << 20)]
     pub max_inflight_body_bytes: usize,
     /// How long the upstream may take to send the head of its answer to a
     /// request the proxy does not key, in milliseconds (`504` after it; the
