@@ -100,6 +100,74 @@ async fn create(
         .into_response())
 }
 
+async fn sink(body: axum::body::Bytes) -> (StatusCode, String) {
+    (StatusCode::CREATED, body.len().to_string())
+}
+
+/// Peak memory of a real `idemkit proxy` process under `concurrent` keyed
+/// requests of `size` bytes each, all at once: its `VmHWM` before and after.
+async fn peak_memory(upstream: &str, concurrent: usize, size: usize) {
+    use std::io::BufRead;
+    let dir = tempdir("memory");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_idemkit"))
+        .args(["proxy", "--listen", "127.0.0.1:0", "--upstream", upstream])
+        .arg("--database-url")
+        .arg(format!("sqlite://{}", dir.join("keys.db").display()))
+        .args(["--max-request-body", &(size + 1024).to_string()])
+        .env("IDEMKIT_PROXY_SECRET", "bench")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    let base = first
+        .trim()
+        .trim_start_matches("idemkit proxy listening on ")
+        .to_owned();
+    let hwm = |pid: u32| -> u64 {
+        std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find(|l| l.starts_with("VmHWM:"))
+                    .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+            })
+            .unwrap_or(0)
+    };
+    let before = hwm(child.id());
+    let body = axum::body::Bytes::from(vec![b'x'; size]);
+    let http = reqwest::Client::new();
+    let answers = futures::future::join_all((0..concurrent).map(|i| {
+        let (http, url, body) = (http.clone(), format!("{base}/sink"), body.clone());
+        async move {
+            http.post(url)
+                .header("authorization", "Bearer bench")
+                .header("idempotency-key", format!("mem-{i}"))
+                .body(body)
+                .send()
+                .await
+                .map(|r| r.status().as_u16())
+                .unwrap_or(0)
+        }
+    }))
+    .await;
+    let after = hwm(child.id());
+    let _ = child.kill();
+    let _ = child.wait();
+    let ok = answers.iter().filter(|s| **s == 201).count();
+    let refused = answers.iter().filter(|s| **s == 503).count();
+    let other = answers.len() - ok - refused;
+    println!(
+        "memory: {concurrent} concurrent {} KiB keyed requests: peak RSS {} MB (idle {} MB); {ok} stored, {refused} answered 503 \
+         by the in-flight body budget (--max-inflight-body-bytes, default 64 MiB), {other} cut off while still sending",
+        size >> 10,
+        after >> 10,
+        before >> 10
+    );
+}
+
 fn tempdir(tag: &str) -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!("idemkit-bench-proxy-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -134,6 +202,8 @@ async fn upstream() -> String {
             .route("/orders", post(create))
             // The same write on a route the `pass` row's proxy does not key.
             .route("/plain", post(create))
+            // Takes any body, for the memory row.
+            .route("/sink", post(sink))
             .with_state(Arc::new(db)),
     )
     .await
@@ -148,19 +218,9 @@ async fn proxy(
     sqlite_synchronous: SqliteSync,
     config: Option<std::path::PathBuf>,
 ) -> (String, Arc<dyn KeyStore>) {
-    let args = ProxyArgs {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        upstream: upstream.to_owned(),
-        database_url,
-        config,
-        account_header: "Authorization".into(),
-        scope_secret: format!("bench-{}", std::process::id()),
-        upstream_honours_keys: false,
-        upstream_timeout_ms: 30_000,
-        lease_ms: None,
-        max_request_body: 1 << 20,
-        sqlite_synchronous,
-    };
+    let mut args = ProxyArgs::new(upstream, &database_url, &format!("bench-{}", std::process::id()));
+    args.config = config;
+    args.sqlite_synchronous = sqlite_synchronous;
     let store = idemkit::open_store(&args.database_url, &args.open_options())
         .await
         .unwrap()
@@ -386,6 +446,7 @@ async fn main() {
             measure(name, &direct, &Target::new(&base), Some(&*store), n).await;
         }
     }
+    peak_memory(&upstream, 300, 1 << 20).await;
     println!(
         "thr ratio = throughput through the proxy ÷ direct; p50/p99 in µs of sequential requests; \
          added/own = (proxy − direct) ÷ direct: below 1, the proxy adds less than the upstream's own request costs; \

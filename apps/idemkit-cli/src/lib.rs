@@ -158,17 +158,26 @@ fn run_docs(args: DocsCommand) -> anyhow::Result<ExitCode> {
     let lease = args.lease_ms.map(std::time::Duration::from_millis);
     let config = match &args.docs.config {
         Some(path) => {
-            let config = idemkit_tower::config::IdemkitConfig::from_toml(
+            let mut config = proxy::ProxyConfig::from_toml(
                 &std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?,
             )?;
             // As the proxy applies `--lease-ms`.
-            Some(match lease {
-                Some(lease) => config.with_lease(lease)?,
-                None => config,
-            })
+            if let Some(lease) = lease {
+                config.idemkit = config.idemkit.with_lease(lease)?;
+            }
+            Some(config)
         }
         None => None,
     };
+    let not_executed = config
+        .as_ref()
+        .map(|c| c.not_executed.clone())
+        .unwrap_or_default();
+    let replayed_headers = config
+        .as_ref()
+        .map(|c| c.replayed_headers.clone())
+        .unwrap_or_default();
+    let config = config.map(|c| c.idemkit);
     let contract = ProxyContract {
         config,
         upstream_honours_keys: args.upstream_honours_keys,
@@ -183,6 +192,8 @@ fn run_docs(args: DocsCommand) -> anyhow::Result<ExitCode> {
                 .context("the default of --max-request-body")?,
         },
         default_lease: lease,
+        not_executed,
+        replayed_headers,
     };
     let format = match args.docs.format {
         docs::DocsFormat::Markdown => Format::Markdown,

@@ -29,6 +29,14 @@ pub struct ProxyContract {
     /// it to the configuration (`IdemkitConfig::with_lease`); so does the
     /// caller, before handing it over here.
     pub default_lease: Option<std::time::Duration>,
+    /// Per keyed route (`"METHOD /path"`, the method upper-cased), the `5xx`
+    /// statuses the operator declared "not executed" (`not_executed` in the
+    /// proxy's `--config`): the key is freed on them. Every other `5xx` of an
+    /// upstream that ignores keys is stored and replayed (`502`/`504`: parked).
+    pub not_executed: std::collections::BTreeMap<String, Vec<u16>>,
+    /// Per keyed route (`"METHOD /path"`), the response headers replayed on top
+    /// of the default allowlist (`replayed_headers` in the proxy's `--config`).
+    pub replayed_headers: std::collections::BTreeMap<String, Vec<String>>,
 }
 
 /// The codes the proxy answers with, in the order its contract lists them.
@@ -121,7 +129,7 @@ fn proxy_markdown(proxy: &ProxyContract, client: &RetryConfig) -> String {
          configuration the proxy runs with (`idemkit docs --proxy`).\n"
     );
 
-    routes_table(w, &keyed, true);
+    proxy_routes_table(w, proxy, &keyed);
     match &proxy.config {
         Some(config) => unkeyed_and_descriptions(w, config),
         None => {
@@ -164,6 +172,60 @@ fn proxy_markdown(proxy: &ProxyContract, client: &RetryConfig) -> String {
     out
 }
 
+/// The statuses declared "not executed" on `route` (`` `POST /x` ``, as
+/// [`KeyedRoute::route`] spells it).
+fn declared<'a>(proxy: &'a ProxyContract, route: &str) -> &'a [u16] {
+    proxy
+        .not_executed
+        .get(route.trim_matches('`'))
+        .map_or(&[], Vec::as_slice)
+}
+
+fn statuses(list: &[u16]) -> String {
+    and_list(&list.iter().map(|s| format!("`{s}`")).collect::<Vec<_>>())
+}
+
+/// The `## Routes` table as the proxy runs it: its *on 5xx* column says what
+/// the proxy does with an upstream's answered `5xx` on each route.
+fn proxy_routes_table(w: &mut String, proxy: &ProxyContract, routes: &[KeyedRoute]) {
+    let _ = writeln!(w, "## Routes\n");
+    let _ = writeln!(
+        w,
+        "| route | key | replay status | longest retry chain | on 5xx | while in flight |"
+    );
+    let _ = writeln!(w, "|---|---|---|---|---|---|");
+    for r in routes {
+        let p = &r.policy;
+        let replay = p.replay_status.map_or("the stored status".to_owned(), |s| {
+            format!("{s} for a stored 2xx")
+        });
+        let chain = p.longest_retry_chain.map_or("—".to_owned(), human);
+        let mut five = match (p.on_server_error, proxy.upstream_honours_keys) {
+            (ServerErrorPolicy::Replay, _) => "stored and replayed".to_owned(),
+            (_, true) => {
+                "not stored: retry with the same key (`502`, `504`: re-sent with the same key)".to_owned()
+            }
+            (_, false) => "**stored and replayed** (`502`, `504`: parked, outcome unknown)".to_owned(),
+        };
+        let declared = declared(proxy, &r.route);
+        if !declared.is_empty() {
+            five.push_str(&format!(
+                "; {}: declared not executed, not stored, the key is free",
+                statuses(declared)
+            ));
+        }
+        let in_flight = match p.in_flight {
+            InFlightBehavior::Wait(t) => format!("waits up to {}, then replays or 409", human(t)),
+            _ => "409 `idempotency_request_in_progress` with `Retry-After`".to_owned(),
+        };
+        let _ = writeln!(
+            w,
+            "| {} | {} | {replay} | {chain} | {five} | {in_flight} |",
+            r.route, r.key
+        );
+    }
+}
+
 /// The `## Behind idemkit proxy` section: what the proxy does to a keyed
 /// request, and what it cannot promise.
 fn behind_the_proxy(w: &mut String, proxy: &ProxyContract, keyed: &[KeyedRoute], released: &[String]) {
@@ -184,8 +246,10 @@ fn behind_the_proxy(w: &mut String, proxy: &ProxyContract, keyed: &[KeyedRoute],
     let routes = match &proxy.config {
         Some(_) if keyed.is_empty() => "none: every request is forwarded untouched".to_owned(),
         Some(_) => format!(
-            "{}, matched by method and path (a `{{name}}` segment matches any one segment; the path is compared \
-             as sent, without case folding, trailing-slash or percent-decoding normalisation)",
+            "{}, matched by method and path (a `{{name}}` segment matches any one segment) on one spelling of \
+             the path: another spelling the upstream might route to the same handler (other letter case, a \
+             trailing or doubled slash, a `.` or `..` segment, `;` parameters, a percent-encoded character that \
+             needs none) is refused with `400` `validation_failed` and never forwarded",
             and_list(&keyed.iter().map(|r| r.route.clone()).collect::<Vec<_>>())
         ),
         None => format!(
@@ -193,27 +257,74 @@ fn behind_the_proxy(w: &mut String, proxy: &ProxyContract, keyed: &[KeyedRoute],
             and_list(&PROXY_DEFAULT_METHODS.map(str::to_owned))
         ),
     };
-    let five = {
+    let declared_routes: Vec<String> = keyed
+        .iter()
+        .filter(|r| !declared(proxy, &r.route).is_empty())
+        .map(|r| format!("{} on {}", statuses(declared(proxy, &r.route)), r.route))
+        .collect();
+    let declared_text = if declared_routes.is_empty() {
+        String::new()
+    } else {
+        format!(
+            " The operator declared these answers \"not executed\" (the upstream gives them only when it did \
+             nothing): {}. They are passed to you, not stored, and free the key: retry with the same key.",
+            and_list(&declared_routes)
+        )
+    };
+    let five = if proxy.upstream_honours_keys {
         let retry = keyed
             .iter()
             .filter(|r| r.policy.on_server_error == ServerErrorPolicy::Retry)
             .count();
-        if retry == keyed.len() {
-            "passed to you and not stored: retry with the same key"
+        let stored = if retry == keyed.len() {
+            "passed to you and not stored: retry with the same key (the upstream de-duplicates it)"
         } else if retry == 0 {
             "stored and replayed like any other answer"
         } else {
             "stored or not by the route's policy (*on 5xx* under *Routes*)"
-        }
-    };
-    let gateway = if keyed
-        .iter()
-        .any(|r| r.policy.on_server_error == ServerErrorPolicy::Retry)
-    {
-        ", except a `502` or `504` that is not stored: that is an unknown outcome (*When the outcome is \
-         unknown*)"
+        };
+        let gateway = if retry > 0 {
+            ", except a `502` or `504` that is not stored: that is an unknown outcome (*When the outcome is \
+             unknown*)"
+        } else {
+            ""
+        };
+        format!(
+            "`5xx` answers are {stored}{gateway}. The upstream's own `409` \"in progress\" answer (it still runs an \
+             earlier send of your key: a `409` with `Retry-After` or with `code` `idempotency_request_in_progress`) \
+             is passed to you with its `Retry-After` and never stored.{declared_text}"
+        )
     } else {
-        ""
+        format!(
+            "This upstream does not de-duplicate by key, and a `5xx` may come after it did the work (a `500` \
+             after its commit, a sidecar's `503` on a reset), so an answered `5xx` is **stored and replayed** like \
+             any other answer: a retry with the same key gets the same `5xx` again and never runs the request a \
+             second time. Do not retry a stored `5xx` with a new key without checking the outcome first. A `502` \
+             or `504` (a gateway's answer) is an unknown outcome instead (*When the outcome is unknown*), unless \
+             the route stores `5xx` (*on 5xx* under *Routes*).{declared_text}"
+        )
+    };
+    let extra_headers: Vec<String> = proxy
+        .replayed_headers
+        .iter()
+        .filter(|(route, _)| keyed.iter().any(|k| k.route.trim_matches('`') == route.as_str()))
+        .map(|(route, hs)| {
+            format!(
+                "{} on `{route}`",
+                and_list(&hs.iter().map(|h| format!("`{h}`")).collect::<Vec<_>>())
+            )
+        })
+        .collect();
+    let extra_headers = if extra_headers.is_empty() {
+        String::new()
+    } else {
+        format!(", and {}", and_list(&extra_headers))
+    };
+    let key_header = match keyed.first() {
+        Some(r) if r.key.starts_with("header ") && keyed.iter().all(|k| k.key == r.key) => {
+            r.key.trim_start_matches("header ").to_owned()
+        }
+        _ => "the key header".to_owned(),
     };
     let _ = writeln!(
         w,
@@ -223,15 +334,29 @@ fn behind_the_proxy(w: &mut String, proxy: &ProxyContract, keyed: &[KeyedRoute],
          an empty one, or two) the proxy answers `{}` `{unauthorized}` and the request is never forwarded. The scope is a keyed hash (HMAC-SHA256) of the \
          header's value; the credential itself is never stored.\n\
          - **Your key is forwarded to the upstream as sent**, where you put it (header or body).\n\
+         - **A `Connection` header that names `{credential}` or {key_header}** is refused with `400` \
+         `validation_failed`: those headers must reach the upstream, and `Connection` would strip them.\n\
          - **Answers.** Validation-class answers ({}) are not stored and free the key: the same key, with the request \
-         corrected or not, is forwarded again. `5xx` answers are \
-         {five}{gateway}. Every other answer is stored and replayed byte for byte, with `Idempotent-Replayed: true`; a \
-         replay carries the stored status, body and the headers {}. `Set-Cookie` and hop-by-hop headers are \
-         never stored.\n\
+         corrected or not, is forwarded again. So are `404` and `405` (a route or method the upstream does not \
+         have). {five} Every other answer is stored and replayed byte for byte, with `Idempotent-Replayed: true`; a \
+         replay carries the stored status, body and the headers {}{extra_headers}. `Set-Cookie` and hop-by-hop \
+         headers are never stored.\n\
+         - **Keyed answers are not compressed.** The proxy asks the upstream for `Accept-Encoding: identity` on \
+         keyed routes, so the first answer and every replay are the same uncompressed bytes, which every caller \
+         can decode (an upstream that compresses anyway has its `Content-Encoding` replayed with its bytes).\n\
+         - **Streams.** An answer of server-sent events (`text/event-stream`) on a keyed route reaches you as \
+         the upstream sends it; a retry with the same key gets the whole stream again at once, in order (a \
+         stream over the storage cap is answered `idempotency_response_too_large` on retries instead).\n\
+         - **If the proxy's key store fails after the upstream answered**, you still get the upstream's answer, \
+         and the proxy keeps trying to store it (for up to 5 minutes, with backoff), so your retry with the same \
+         key gets the replay (`503` `idempotency_store_unavailable` or `409` `idempotency_request_in_progress` \
+         until then). If the proxy stops before it could, your retry finds the request forwarded and unanswered: \
+         see *When the outcome is unknown*.\n\
          - **Request size.** A keyed request body over **{}** is `{}` `{too_large}`; nothing is claimed or \
          forwarded.\n\
-         - **The proxy's own paths**, `/healthz` and `/_idemkit/metrics`, are answered by the proxy and never \
-         forwarded.\n\
+         - **The proxy's own paths**, everything under `/_idemkit/` (`/_idemkit/live`, `/_idemkit/ready`, \
+         `/_idemkit/metrics`), are answered by the proxy and never forwarded; `/healthz` is the upstream's.\n\
+         - **Deploys.** A proxy told to stop lets the requests in flight finish and store before it exits.\n\
          - **Deadlines.** The proxy does not act on `{DEADLINE_HEADER_DISPLAY}`: it is forwarded to the \
          upstream like any other header.",
         unauthorized.default_status(),
@@ -252,8 +377,8 @@ fn behind_the_proxy(w: &mut String, proxy: &ProxyContract, keyed: &[KeyedRoute],
          connection failed after the request was sent (or part-way through an answer to be stored), when the \
          upstream answered `502` or `504` on a route that does not store `5xx` (a gateway's answer: the \
          service behind it may have run the request), or when the proxy died after forwarding it (a retry \
-         after the lease finds it). A connection that failed *before* sending is not one of them: you get `502` \
-         `{internal}` (`retryable: {}`), nothing was sent, and a retry with the same key is forwarded again.\n",
+         after the lease finds it). A connection that failed *before* sending is not one of them (a request that never left on a \
+         reused connection is sent again on a fresh one): you get `502` `{internal}` (`retryable: {}`), nothing was sent, and a retry with the same key is forwarded again.\n",
         internal.retryable()
     );
     if proxy.upstream_honours_keys {
@@ -261,9 +386,11 @@ fn behind_the_proxy(w: &mut String, proxy: &ProxyContract, keyed: &[KeyedRoute],
             w,
             "This upstream de-duplicates by idempotency key itself, so **the same key is re-sent to the \
              upstream**. When the upstream timed out or failed after the request was sent, you get `502` or \
-             `504` with `code` `{internal}`, `retryable: {}` and `Retry-After`: retry with the same key. That \
-             retry (like a retry after the proxy died) is forwarded again with the same key, and the upstream's \
-             own de-duplication makes it one effect.\n\n\
+             `504` with `code` `{internal}`, `retryable: {}` and `Retry-After`: retry with the same key. After a \
+             timeout the proxy keeps waiting for the upstream's answer a while longer, holding your key: a retry \
+             meanwhile gets `409` `idempotency_request_in_progress` (retry after `Retry-After`), and an answer \
+             that arrives is stored and replayed to it. After that, the retry (like a retry after the proxy died) \
+             is forwarded again with the same key, and the upstream's own de-duplication makes it one effect.\n\n\
              What this costs: the upstream must de-duplicate by key itself, for your scope and for as long as \
              you retry. The guarantee is only as good as its key handling.",
             internal.retryable()
@@ -300,10 +427,7 @@ fn proxy_codes(w: &mut String, proxy: &ProxyContract, mismatch_status: u16) {
     for code in PROXY_CODES {
         let status = match code {
             ErrorCode::KeyReused => mismatch_status.to_string(),
-            ErrorCode::Internal if proxy.upstream_honours_keys => {
-                format!("{}, 502, 504", code.default_status())
-            }
-            ErrorCode::Internal => format!("{}, 502", code.default_status()),
+            ErrorCode::Internal => format!("{}, 502, 503, 504", code.default_status()),
             _ => code.default_status().to_string(),
         };
         let meaning = match code {
@@ -316,7 +440,12 @@ fn proxy_codes(w: &mut String, proxy: &ProxyContract, mismatch_status: u16) {
                 "the request body is over {}; nothing was claimed or forwarded",
                 size(proxy.max_request_body)
             ),
-            ErrorCode::ValidationFailed => "the request body could not be read".to_owned(),
+            ErrorCode::ValidationFailed => {
+                "the request body could not be read or did not arrive in time, a `Connection` header names the \
+                 credential or key header, or the path is another spelling of a keyed route's path; nothing was \
+                 forwarded"
+                    .to_owned()
+            }
             ErrorCode::KeyReused => {
                 "the key was used with a different request: do not retry; a new request needs a new key"
                     .to_owned()
@@ -334,21 +463,26 @@ fn proxy_codes(w: &mut String, proxy: &ProxyContract, mismatch_status: u16) {
                 "another attempt took the request over: retry with the same key".to_owned()
             }
             ErrorCode::StoreUnavailable => {
-                "the proxy's key store failed: retry with the same key. Nothing was forwarded, unless it failed \
-                 while storing the upstream's answer: that retry is then answered as *When the outcome is \
-                 unknown* says"
+                "the proxy's key store failed before anything was forwarded (or your retry came while the \
+                 store is down): retry with the same key"
                     .to_owned()
             }
             ErrorCode::ResponseTooLarge => {
                 "the upstream's answer was too large to store; the key answers this from now on".to_owned()
             }
-            _ if proxy.upstream_honours_keys => {
-                "`502`: the upstream could not be reached (nothing was sent) or failed after the request was \
-                 sent; `504`: it did not answer in time. Retry with the same key"
-                    .to_owned()
+            _ => {
+                let keyed = if proxy.upstream_honours_keys {
+                    "`502`: the upstream could not be reached (nothing was sent) or failed after the request was \
+                     sent; `504`: it did not answer in time"
+                } else {
+                    "`502`: the upstream could not be reached; nothing was sent; `504`: it did not answer an \
+                     unkeyed request in time"
+                };
+                format!(
+                    "{keyed}; `503`: the proxy holds as many request bodies as it may, nothing was claimed or \
+                     forwarded (retry after `Retry-After`). Retry with the same key"
+                )
             }
-            _ => "`502`: the upstream could not be reached; nothing was sent; retry with the same key"
-                .to_owned(),
         };
         let _ = writeln!(w, "| `{code}` | {status} | {} | {meaning} |", code.retryable());
     }

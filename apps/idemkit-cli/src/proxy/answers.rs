@@ -26,20 +26,6 @@ pub(super) fn bad_gateway(e: &hyper_util::client::legacy::Error) -> Response {
     .into_response()
 }
 
-/// Stores the upstream's answer, read whole, and sends it.
-pub(super) async fn store_response(
-    attempt: Attempt,
-    parts: http::response::Parts,
-    body: Bytes,
-) -> (&'static str, Response) {
-    let policy = attempt.policy().clone();
-    let stored = stored_response(&parts, &body, &policy);
-    match attempt.store(None, &stored).await {
-        Finished::Stored => (outcome::EXECUTED, Response::from_parts(parts, Body::from(body))),
-        Finished::Refused(refused) => (refused.outcome, refusal_response(refused.refusal, &policy)),
-    }
-}
-
 /// The answer for a request the engine did not let through.
 pub(super) fn refusal_response(refusal: Refusal, policy: &Policy) -> Response {
     match refusal {

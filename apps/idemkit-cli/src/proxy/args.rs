@@ -54,6 +54,62 @@ pub struct ProxyArgs {
     /// request whose claim is lost is forwarded again when retried.
     #[arg(long, value_enum, default_value_t = SqliteSync::Claims)]
     pub sqlite_synchronous: SqliteSync,
+    /// How long an idle pooled connection to the upstream is kept, in
+    /// milliseconds. Below the common upstream keep-alives (Node 5 s, nginx
+    /// 75 s), so the upstream never closes a connection the proxy is about to
+    /// reuse (a request lost that way would be "maybe executed").
+    #[arg(long, default_value_t = 4_000)]
+    pub upstream_idle_timeout_ms: u64,
+    /// With `--upstream-honours-keys`: how much longer than
+    /// `--upstream-timeout-ms` the proxy keeps waiting, in the background and
+    /// holding the key's lease, for an answer that came too late for the
+    /// caller, in milliseconds. A retry meanwhile gets `409 in progress`, and
+    /// an answer that arrives is stored for it. 0: give up at the timeout.
+    #[arg(long, default_value_t = 30_000)]
+    pub timeout_grace_ms: u64,
+    /// How long a client may take to send a request's head, and how long an
+    /// idle keep-alive connection stays open, in milliseconds.
+    #[arg(long, default_value_t = 10_000)]
+    pub header_read_timeout_ms: u64,
+    /// How long a client may take to send a request body, in milliseconds.
+    #[arg(long, default_value_t = 30_000)]
+    pub body_read_timeout_ms: u64,
+    /// The most client connections served at once; further ones wait in the
+    /// listen backlog until one closes.
+    #[arg(long, default_value_t = 1024)]
+    pub max_connections: usize,
+    /// Keep the `X-Forwarded-For`, `Forwarded`, `X-Forwarded-Host` and
+    /// `X-Forwarded-Proto` headers clients send (append to them) instead of
+    /// replacing them: only behind a load balancer that sets them itself.
+    #[arg(long)]
+    pub trust_forwarded_headers: bool,
+    /// Serve the proxy's Prometheus metrics on this address (at
+    /// `/_idemkit/metrics` and `/metrics`) instead of on `--listen`.
+    #[arg(long)]
+    pub metrics_listen: Option<SocketAddr>,
+    /// The most keyed request-body bytes held at once, across all requests
+    /// (each counted at its `Content-Length`, or at `--max-request-body` when
+    /// it has none). A request beyond it is answered `503` with `Retry-After`
+    /// before its body is read.
+    /// A body is held about three times at its peak (as read, in the claim,
+    /// and while the store writes it), so the proxy's memory grows by up to
+    /// about three times this budget.
+    #[arg(long, default_value_t = 64 << 20)]
+    pub max_inflight_body_bytes: usize,
+    /// How long the upstream may take to send the head of its answer to a
+    /// request the proxy does not key, in milliseconds (`504` after it; the
+    /// body then streams without a limit).
+    #[arg(long, default_value_t = 60_000)]
+    pub passthrough_timeout_ms: u64,
+    /// Speak HTTP/2 to the upstream (cleartext, prior knowledge: `h2c`)
+    /// instead of HTTP/1.1. WebSocket upgrades then do not pass.
+    #[arg(long)]
+    pub upstream_http2: bool,
+    /// How often the reaper runs, in milliseconds (as in `idemkit serve`:
+    /// records past the reap threshold are deleted, unfinished ones listed for
+    /// review).
+    #[arg(long, default_value_t = 3_600_000)]
+    pub reap_interval_ms: u64,
 }
 
 /// `--sqlite-synchronous`: which of a SQLite key store's commits wait for the disk.
@@ -68,6 +124,33 @@ pub enum SqliteSync {
 }
 
 impl ProxyArgs {
+    /// The arguments of `idemkit proxy --listen 127.0.0.1:0 --upstream
+    /// <upstream> --database-url <database_url>` with `scope_secret`: every other
+    /// flag at its default (embedders and tests set the fields they need).
+    pub fn new(upstream: &str, database_url: &str, scope_secret: &str) -> Self {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            proxy: ProxyArgs,
+        }
+        let mut args = Cli::try_parse_from([
+            "proxy",
+            "--listen",
+            "127.0.0.1:0",
+            "--upstream",
+            upstream,
+            "--database-url",
+            database_url,
+            "--scope-secret",
+            "-",
+        ])
+        .expect("the defaults parse")
+        .proxy;
+        args.scope_secret = scope_secret.to_owned();
+        args
+    }
+
     /// How the key store is opened (`--sqlite-synchronous` mapped to its
     /// [`idemkit::sqlite::Durability`]).
     pub fn open_options(&self) -> idemkit::OpenOptions {

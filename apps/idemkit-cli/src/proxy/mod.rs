@@ -5,7 +5,8 @@
 //! short:
 //!
 //! - Keyed routes: with `--config`, the routes of the TOML file that are
-//!   `retry_safe` (exact method and path); without it, every `POST`, `PUT`,
+//!   `retry_safe` (method and one normalised spelling of the path; every
+//!   other spelling of a keyed path is refused, `paths`); without it, every `POST`, `PUT`,
 //!   `PATCH` and `DELETE` (the methods the layer guards by default). Every other
 //!   request, and every safe method, is streamed through untouched.
 //! - A keyed request needs the credential header (`--account-header`, default
@@ -40,9 +41,9 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method, Uri, header};
 use http_body_util::{BodyExt, Limited};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 use idemkit_core::{Account, ErrorCode, IdempotencyKey, KeyStore, Policy, Problem, Scope};
-use idemkit_tower::config::IdemkitConfig;
+use idemkit_tower::Reaper;
 use idemkit_tower::engine::{
     Attempt, Detached, Disposition, Engine, Finished, Incoming, Panicked, Refusal, Refused, key_from_json,
     key_problem,
@@ -55,12 +56,16 @@ use sha2::Sha256;
 
 mod answers;
 mod args;
+mod config;
 mod execute;
+mod listen;
+mod paths;
 
-use answers::{bad_gateway, key_outcome, problem, refusal_response, store_response};
+use answers::{bad_gateway, key_outcome, problem, refusal_response};
 use tracing::Instrument;
 
 pub use args::{ProxyArgs, SqliteSync};
+pub use config::{ProxyConfig, route_name};
 
 /// The recovery point recorded just before a request is forwarded: the upstream
 /// may have executed it. A record found here without an answer is re-sent only
@@ -69,8 +74,15 @@ pub const FORWARDED: &str = "forwarded";
 
 /// The proxy's own Prometheus metrics (the layer's series: requests by
 /// outcome, store latency, fenced writes, …), out of the way of the upstream's
-/// paths; `/healthz` is the proxy's too. Every other path goes upstream.
+/// paths; on `--metrics-listen` instead when it is set. Every path outside
+/// `/_idemkit/` goes upstream, `/healthz` included.
 pub const METRICS_PATH: &str = "/_idemkit/metrics";
+
+/// Liveness: `200` while the proxy process serves requests.
+pub const LIVE_PATH: &str = "/_idemkit/live";
+
+/// Readiness: `200` when the key store answers, `503` otherwise.
+pub const READY_PATH: &str = "/_idemkit/ready";
 
 /// Hop-by-hop headers (RFC 9110 §7.6.1): never forwarded, never stored.
 const HOP_BY_HOP: &[&str] = &[
@@ -85,6 +97,14 @@ const HOP_BY_HOP: &[&str] = &[
     "upgrade",
 ];
 
+/// The forwarding headers (RFC 7239 and the de-facto `X-Forwarded-*`).
+const FORWARDING: &[&str] = &[
+    "forwarded",
+    "x-forwarded-for",
+    "x-forwarded-host",
+    "x-forwarded-proto",
+];
+
 /// Where a keyed route reads its key.
 #[derive(Debug, Clone)]
 enum KeySource {
@@ -96,15 +116,22 @@ struct Route {
     method: Method,
     /// `None`: every path (the default table). A configured path is a
     /// template as the service's routes write it (`/orders/{id}/confirm`),
-    /// matched segment by segment against the request's path as sent.
-    path: Option<matchit::Router<()>>,
+    /// matched segment by segment against one normalised spelling.
+    path: Option<paths::Template>,
     engine: Engine,
     key: KeySource,
+    /// The `5xx` statuses the operator declared "not executed" for this route.
+    not_executed: Vec<u16>,
 }
 
 impl Route {
-    fn matches(&self, method: &Method, path: &str) -> bool {
-        self.method == method && self.path.as_ref().is_none_or(|p| p.at(path).is_ok())
+    fn matches(&self, method: &Method, path: &str) -> paths::PathMatch {
+        if self.method != method {
+            return paths::PathMatch::No;
+        }
+        self.path
+            .as_ref()
+            .map_or(paths::PathMatch::Exact, |t| t.matches(path))
     }
 }
 
@@ -118,10 +145,25 @@ struct Proxy {
     secret: Vec<u8>,
     honours_keys: bool,
     timeout: Duration,
+    /// After a timeout, how much longer a key-honouring upstream's answer is
+    /// awaited (holding the lease).
+    grace: Duration,
     max_request_body: usize,
+    body_read_timeout: Duration,
+    trust_forwarded: bool,
+    /// Detached forwards and background stores, waited for on a stop.
+    tasks: Arc<listen::Tracker>,
+    /// The upstream's time to answer an unkeyed request's head.
+    passthrough_timeout: Duration,
+    /// HTTP/2 (prior knowledge) to the upstream.
+    http2: bool,
+    /// The budget of keyed body bytes held at once (one permit a byte).
+    body_budget: Arc<tokio::sync::Semaphore>,
 }
 
-/// Runs the proxy until interrupted.
+/// Runs the proxy until SIGTERM or SIGINT; then it stops accepting, lets the
+/// requests in flight finish and store (bounded by the upstream timeout and
+/// its grace), and exits.
 pub fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
     crate::install_crash_point();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
@@ -130,26 +172,77 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
         let listener = tokio::net::TcpListener::bind(args.listen)
             .await
             .with_context(|| format!("binding {}", args.listen))?;
-        let app = router(args).await?;
+        let metrics = match args.metrics_listen {
+            Some(addr) => Some(
+                tokio::net::TcpListener::bind(addr)
+                    .await
+                    .with_context(|| format!("binding --metrics-listen {addr}"))?,
+            ),
+            None => None,
+        };
+        let limits = listen::Limits {
+            header_read_timeout: Duration::from_millis(args.header_read_timeout_ms),
+            max_connections: args.max_connections,
+            shutdown_grace: Duration::from_millis(args.upstream_timeout_ms)
+                + Duration::from_millis(if args.upstream_honours_keys {
+                    args.timeout_grace_ms
+                } else {
+                    0
+                })
+                + STORE_MARGIN,
+        };
+        let (app, proxy) = build(args).await?;
         println!("idemkit proxy listening on http://{}", listener.local_addr()?);
-        // Both directions stream (pass-through bodies arrive in chunks): no
-        // Nagle delay on a chunk written while the previous one is unacknowledged.
-        let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-            let _ = tcp.set_nodelay(true);
-        });
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async {
-                let _ = tokio::signal::ctrl_c().await;
-            })
-            .await?;
+        if let Some(m) = metrics {
+            println!("idemkit proxy metrics on http://{}", m.local_addr()?);
+            let app = Router::new()
+                .route(METRICS_PATH, get(idemkit_labels::service::metrics_endpoint))
+                .route("/metrics", get(idemkit_labels::service::metrics_endpoint));
+            tokio::spawn(async move { axum::serve(m, app).await });
+        }
+        {
+            use std::io::Write;
+            let _ = std::io::stdout().flush();
+        }
+        listen::serve(listener, app, limits, proxy.tasks.clone(), listen::stop_signal()).await;
         Ok::<_, anyhow::Error>(())
     })?;
     Ok(ExitCode::SUCCESS)
 }
 
-/// The proxy's router: `GET /healthz` for the proxy itself, everything else to
-/// the upstream.
+/// What a stop allows on top of the upstream's time: the store writes after it.
+const STORE_MARGIN: Duration = Duration::from_secs(5);
+
+/// The proxy's router: `/_idemkit/live`, `/_idemkit/ready` and (without
+/// `--metrics-listen`) `/_idemkit/metrics` for the proxy itself, everything
+/// else to the upstream. Also starts the reaper on the current runtime.
 pub async fn router(args: ProxyArgs) -> anyhow::Result<Router> {
+    Ok(build(args).await?.0)
+}
+
+/// The password of a URL's user information replaced by `***`, for messages.
+pub fn redact_url(url: &str) -> String {
+    let Some(scheme_end) = url.find("://") else {
+        return url.to_owned();
+    };
+    let rest = &url[scheme_end + 3..];
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let authority = &rest[..authority_end];
+    let Some(at) = authority.rfind('@') else {
+        return url.to_owned();
+    };
+    let userinfo = &authority[..at];
+    let user = match userinfo.find(':') {
+        Some(colon) => format!("{}:***", &userinfo[..colon]),
+        None if userinfo.is_empty() => String::new(),
+        // `redis://secret@host`: a lone user part is the password there.
+        None if url.starts_with("redis") => "***".to_owned(),
+        None => userinfo.to_owned(),
+    };
+    format!("{}{user}{}", &url[..scheme_end + 3], &rest[at..])
+}
+
+async fn build(args: ProxyArgs) -> anyhow::Result<(Router, Arc<Proxy>)> {
     anyhow::ensure!(!args.scope_secret.is_empty(), "--scope-secret must not be empty");
     let upstream = args.upstream.trim_end_matches('/').to_owned();
     let parsed: Uri = upstream
@@ -159,20 +252,38 @@ pub async fn router(args: ProxyArgs) -> anyhow::Result<Router> {
         parsed.scheme_str() == Some("http") && parsed.authority().is_some(),
         "--upstream must be an http://host:port URL"
     );
+    // Read before the store is opened: a bad file is reported as itself.
+    let config = match &args.config {
+        Some(path) => {
+            let mut config = ProxyConfig::from_toml(
+                &std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?,
+            )
+            .with_context(|| format!("--config {}", path.display()))?;
+            if let Some(ms) = args.lease_ms {
+                config.idemkit = config.idemkit.with_lease(Duration::from_millis(ms))?;
+            }
+            Some(config)
+        }
+        None => None,
+    };
+    // The URL's password never reaches a log or a terminal, nor does the
+    // store's own message (a driver may quote its connection string).
     let opened = idemkit::open_store(&args.database_url, &args.open_options())
         .await
-        .with_context(|| format!("opening the key store {}", args.database_url))?;
+        .map_err(|e| {
+            let msg = redact_all(&e.to_string(), &args.database_url);
+            anyhow::anyhow!("{msg}")
+        })
+        .with_context(|| format!("opening the key store {}", redact_url(&args.database_url)))?;
     let store = opened.key_store();
-    let routes = match &args.config {
-        Some(path) => {
-            let mut config = IdemkitConfig::from_toml(
-                &std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?,
-            )?;
-            if let Some(ms) = args.lease_ms {
-                config = config.with_lease(Duration::from_millis(ms))?;
-            }
+    let mut reap = Policy::new();
+    let routes = match &config {
+        Some(config) => {
             let mut routes = Vec::new();
-            for r in config.routes.iter().filter(|r| r.retry_safe) {
+            reap = reap
+                .with_reap_threshold(config.idemkit.defaults.reap_threshold)
+                .with_replay_window(config.idemkit.defaults.replay_window);
+            for r in config.idemkit.routes.iter().filter(|r| r.retry_safe) {
                 let method = Method::from_bytes(r.method.to_ascii_uppercase().as_bytes())
                     .with_context(|| format!("route method {}", r.method))?;
                 // Safe methods (RFC 9110 §9.2.1) always pass through.
@@ -184,10 +295,7 @@ pub async fn router(args: ProxyArgs) -> anyhow::Result<Router> {
                     );
                     continue;
                 }
-                let mut template = matchit::Router::new();
-                template
-                    .insert(r.path.as_str(), ())
-                    .with_context(|| format!("route path {}", r.path))?;
+                let template = paths::Template::parse(&r.path)?;
                 let key = match &r.key_field {
                     Some(pointer) => KeySource::JsonField(pointer.clone()),
                     None => KeySource::Header(
@@ -195,11 +303,20 @@ pub async fn router(args: ProxyArgs) -> anyhow::Result<Router> {
                             .with_context(|| format!("key header {}", r.key_header()))?,
                     ),
                 };
+                let mut policy = r.policy();
+                for h in config.replayed_headers(&r.method, &r.path) {
+                    policy = policy.with_replayed_header(h.clone());
+                }
+                if policy.replay_window > reap.replay_window {
+                    reap = reap.with_replay_window(policy.replay_window);
+                }
                 routes.push(Route {
                     method,
                     path: Some(template),
-                    engine: Engine::lease(store.clone(), r.policy())?,
+                    engine: Engine::lease(store.clone(), policy)
+                        .with_context(|| format!("route {} {}", r.method, r.path))?,
                     key,
+                    not_executed: config.not_executed(&r.method, &r.path).to_vec(),
                 });
             }
             routes
@@ -217,15 +334,23 @@ pub async fn router(args: ProxyArgs) -> anyhow::Result<Router> {
                     path: None,
                     engine: engine.clone(),
                     key: KeySource::Header(HeaderName::from_static(idemkit_tower::IDEMPOTENCY_KEY)),
+                    not_executed: Vec::new(),
                 })
                 .collect()
         }
     };
-    let proxy = Proxy {
+    // As `idemkit serve` does: records past the reap threshold are deleted,
+    // unfinished ones listed for review.
+    Reaper::with_threshold(
+        store.clone(),
+        reap.reap_threshold.max(reap.replay_window),
+        reap.replay_window,
+    )?
+    .spawn(Duration::from_millis(args.reap_interval_ms.max(1)));
+    let proxy = Arc::new(Proxy {
         routes,
         store,
         client: {
-            // As on the listening side (see `run`).
             let mut connector = HttpConnector::new();
             connector.set_nodelay(true);
             // A connect that fails is "not sent" (the key is freed), but only
@@ -235,7 +360,17 @@ pub async fn router(args: ProxyArgs) -> anyhow::Result<Router> {
             connector.set_connect_timeout(Some(
                 (Duration::from_millis(args.upstream_timeout_ms) / 2).min(Duration::from_secs(10)),
             ));
-            Client::builder(TokioExecutor::new()).build(connector)
+            Client::builder(TokioExecutor::new())
+                // Idle connections are dropped before the upstream's keep-alive
+                // closes them under a request being written (a "maybe
+                // executed" for a request the upstream never read).
+                .pool_idle_timeout(Duration::from_millis(args.upstream_idle_timeout_ms))
+                .pool_timer(TokioTimer::new())
+                // A request that never left on a reused connection (it closed
+                // first) is sent again on a new one: hyper knows it was not sent.
+                .retry_canceled_requests(true)
+                .http2_only(args.upstream_http2)
+                .build(connector)
         },
         upstream,
         account_header: HeaderName::from_bytes(args.account_header.as_bytes())
@@ -243,43 +378,155 @@ pub async fn router(args: ProxyArgs) -> anyhow::Result<Router> {
         secret: args.scope_secret.into_bytes(),
         honours_keys: args.upstream_honours_keys,
         timeout: Duration::from_millis(args.upstream_timeout_ms),
+        grace: Duration::from_millis(args.timeout_grace_ms),
         max_request_body: args.max_request_body,
-    };
-    Ok(Router::new()
-        .route("/healthz", get(healthz))
-        .route(METRICS_PATH, get(idemkit_labels::service::metrics_endpoint))
+        body_read_timeout: Duration::from_millis(args.body_read_timeout_ms),
+        trust_forwarded: args.trust_forwarded_headers,
+        tasks: Arc::default(),
+        passthrough_timeout: Duration::from_millis(args.passthrough_timeout_ms),
+        http2: args.upstream_http2,
+        body_budget: Arc::new(tokio::sync::Semaphore::new(
+            args.max_inflight_body_bytes
+                .min(tokio::sync::Semaphore::MAX_PERMITS),
+        )),
+    });
+    let mut app = Router::new()
+        .route(LIVE_PATH, get(live))
+        .route(READY_PATH, get(ready));
+    if args.metrics_listen.is_none() {
+        app = app.route(METRICS_PATH, get(idemkit_labels::service::metrics_endpoint));
+    }
+    let app = app
+        .route("/_idemkit", axum::routing::any(own_path))
+        .route("/_idemkit/{*rest}", axum::routing::any(own_path))
         .fallback(handle)
-        .with_state(Arc::new(proxy)))
+        .with_state(proxy.clone());
+    Ok((app, proxy))
 }
 
-async fn healthz() -> impl IntoResponse {
-    ([(header::CONTENT_TYPE, "application/json")], r#"{"status":"ok"}"#)
+/// Every occurrence of `url` in `text`, redacted (and its password alone).
+fn redact_all(text: &str, url: &str) -> String {
+    let mut out = text.replace(url, &redact_url(url));
+    if let Some(password) = password_of(url)
+        && !password.is_empty()
+    {
+        out = out.replace(password, "***");
+    }
+    out
+}
+
+fn password_of(url: &str) -> Option<&str> {
+    let rest = &url[url.find("://")? + 3..];
+    let authority = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
+    let userinfo = &authority[..authority.rfind('@')?];
+    Some(userinfo.split_once(':').map_or(userinfo, |(_, p)| p))
+}
+
+async fn live() -> impl IntoResponse {
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        r#"{"status":"live"}"#,
+    )
+}
+
+/// Ready when the key store answers a read within a second.
+async fn ready(State(proxy): State<Arc<Proxy>>) -> Response {
+    let scope = Scope::new(
+        Account::new("_idemkit"),
+        IdempotencyKey::parse("readiness-probe").expect("a valid key"),
+    );
+    match tokio::time::timeout(Duration::from_secs(1), proxy.store.get(&scope)).await {
+        Ok(Ok(_)) => (
+            [(header::CONTENT_TYPE, "application/json")],
+            r#"{"status":"ready"}"#,
+        )
+            .into_response(),
+        Ok(Err(e)) => problem(
+            ErrorCode::StoreUnavailable,
+            format!("not ready: the key store failed: {e}"),
+        )
+        .into_response(),
+        Err(_) => problem(
+            ErrorCode::StoreUnavailable,
+            "not ready: the key store did not answer within 1 s",
+        )
+        .into_response(),
+    }
+}
+
+/// `/_idemkit/…` belongs to the proxy: never forwarded.
+async fn own_path() -> Response {
+    problem(ErrorCode::NotFound, "no such path of the proxy's own")
 }
 
 async fn handle(State(proxy): State<Arc<Proxy>>, req: Request) -> Response {
-    let route = proxy
-        .routes
-        .iter()
-        .position(|r| r.matches(req.method(), req.uri().path()));
-    match route {
+    let mut ambiguous = false;
+    let mut keyed = None;
+    for (i, r) in proxy.routes.iter().enumerate() {
+        match r.matches(req.method(), req.uri().path()) {
+            paths::PathMatch::Exact => {
+                keyed = Some(i);
+                break;
+            }
+            paths::PathMatch::Ambiguous => ambiguous = true,
+            paths::PathMatch::No => {}
+        }
+    }
+    match keyed {
         Some(i) => proxy.keyed(i, req).await,
-        None => match proxy.forward(req).await {
-            Ok(res) => res,
-            Err(e) => bad_gateway(&e),
+        // Another spelling of a keyed path: the upstream may route it to the
+        // keyed handler, where it would run unkeyed.
+        None if ambiguous => {
+            idemkit_tower::metrics::request(outcome::REJECTED);
+            problem(
+                ErrorCode::ValidationFailed,
+                format!(
+                    "the path {} is another spelling of a keyed route's path (letter case, an empty, `.` or `..` \
+                     segment, a trailing slash, `;` parameters or a percent-encoded character that needs none); \
+                     send the route's own spelling",
+                    req.uri().path()
+                ),
+            )
+        }
+        None => match tokio::time::timeout(proxy.passthrough_timeout, proxy.pass_through(req)).await {
+            Ok(Ok(res)) => res,
+            Ok(Err(e)) => bad_gateway(&e),
+            Err(_) => {
+                let mut p = Problem::new(
+                    ErrorCode::Internal,
+                    format!(
+                        "the upstream did not answer within {} ms",
+                        proxy.passthrough_timeout.as_millis()
+                    ),
+                )
+                .with_status(504);
+                p.retryable = true;
+                ProblemResponse::from(p).into_response()
+            }
         },
     }
 }
 
-/// Removes the hop-by-hop headers, and those the `Connection` header names.
-fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    let named: Vec<HeaderName> = headers
+/// Whether `headers` ask to switch protocols (`Connection: upgrade` and an
+/// `Upgrade` header): a WebSocket handshake and the like.
+fn is_upgrade(headers: &HeaderMap) -> bool {
+    headers.contains_key(header::UPGRADE) && connection_names(headers).contains(&header::UPGRADE)
+}
+
+/// The header names a `Connection` header lists.
+fn connection_names(headers: &HeaderMap) -> Vec<HeaderName> {
+    headers
         .get_all(header::CONNECTION)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
         .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
-        .collect();
-    for name in named {
+        .collect()
+}
+
+/// Removes the hop-by-hop headers, and those the `Connection` header names.
+fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    for name in connection_names(headers) {
         headers.remove(name);
     }
     for name in HOP_BY_HOP {
@@ -288,20 +535,136 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
 }
 
 impl Proxy {
+    /// An unkeyed request: forwarded as it streams; a protocol upgrade
+    /// (WebSocket) is passed through, and once the upstream switches, bytes
+    /// are copied both ways until either side closes.
+    async fn pass_through(&self, mut req: Request) -> Result<Response, hyper_util::client::legacy::Error> {
+        if self.http2 || !is_upgrade(req.headers()) {
+            return self.forward(req).await;
+        }
+        let client_side = req.extensions_mut().remove::<hyper::upgrade::OnUpgrade>();
+        let upgrade = req.headers().get(header::UPGRADE).cloned();
+        let (mut parts, body) = req.into_parts();
+        strip_hop_by_hop(&mut parts.headers);
+        if let Some(u) = upgrade {
+            parts.headers.insert(header::UPGRADE, u);
+            parts
+                .headers
+                .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        }
+        let (target, version) = self.target(&parts.uri);
+        parts.uri = target;
+        parts.version = version;
+        let host = parts.headers.remove(header::HOST);
+        self.forwarding_headers(&mut parts.headers, listen::client_addr(&parts.extensions), host);
+        let mut res = self.client.request(Request::from_parts(parts, body)).await?;
+        if res.status() != http::StatusCode::SWITCHING_PROTOCOLS {
+            let (mut parts, body) = res.into_parts();
+            strip_hop_by_hop(&mut parts.headers);
+            return Ok(Response::from_parts(parts, Body::new(body)));
+        }
+        let upstream_side = hyper::upgrade::on(&mut res);
+        tokio::spawn(async move {
+            let (Some(client_side), Ok(upstream)) = (client_side, upstream_side.await) else {
+                return;
+            };
+            let Ok(client) = client_side.await else { return };
+            let mut client = hyper_util::rt::TokioIo::new(client);
+            let mut upstream = hyper_util::rt::TokioIo::new(upstream);
+            let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+        });
+        let (parts, _) = res.into_parts();
+        Ok(Response::from_parts(parts, Body::empty()))
+    }
+
+    /// The upstream URI of a request target, and the HTTP version to use.
+    fn target(&self, uri: &Uri) -> (Uri, http::Version) {
+        let target = uri.path_and_query().map_or("/", |p| p.as_str());
+        let uri = format!("{}{target}", self.upstream)
+            .parse()
+            .expect("an http base URL and a request target make a URI");
+        let version = if self.http2 {
+            http::Version::HTTP_2
+        } else {
+            http::Version::HTTP_11
+        };
+        (uri, version)
+    }
+
     /// Sends `req` to the upstream, streaming both bodies.
     async fn forward(&self, req: Request) -> Result<Response, hyper_util::client::legacy::Error> {
         let (mut parts, body) = req.into_parts();
-        let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-        parts.uri = format!("{}{target}", self.upstream)
-            .parse()
-            .expect("an http base URL and a request target make a URI");
-        parts.version = http::Version::HTTP_11;
+        let (target, version) = self.target(&parts.uri);
+        parts.uri = target;
+        parts.version = version;
         strip_hop_by_hop(&mut parts.headers);
-        parts.headers.remove(header::HOST);
+        let host = parts.headers.remove(header::HOST).or_else(|| {
+            parts
+                .uri
+                .authority()
+                .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+        });
+        self.forwarding_headers(&mut parts.headers, listen::client_addr(&parts.extensions), host);
         let res = self.client.request(Request::from_parts(parts, body)).await?;
         let (mut parts, body) = res.into_parts();
         strip_hop_by_hop(&mut parts.headers);
         Ok(Response::from_parts(parts, Body::new(body)))
+    }
+
+    /// Adds the client's address to `X-Forwarded-For` and `Forwarded`, and
+    /// the host and scheme it asked for; what the client sent in them is kept
+    /// (and appended to) only with `--trust-forwarded-headers`.
+    fn forwarding_headers(
+        &self,
+        headers: &mut HeaderMap,
+        client: Option<SocketAddr>,
+        host: Option<HeaderValue>,
+    ) {
+        if !self.trust_forwarded {
+            for name in FORWARDING {
+                headers.remove(*name);
+            }
+        }
+        let Some(client) = client else { return };
+        let ip = client.ip().to_string();
+        let joined = |headers: &HeaderMap, name: &str| {
+            let all: Vec<&str> = headers
+                .get_all(name)
+                .iter()
+                .filter_map(|v| v.to_str().ok())
+                .collect();
+            (!all.is_empty()).then(|| all.join(", "))
+        };
+        let xff = match joined(headers, "x-forwarded-for") {
+            Some(prev) => format!("{prev}, {ip}"),
+            None => ip.clone(),
+        };
+        let mut node = if client.is_ipv6() {
+            format!("for=\"[{ip}]\"")
+        } else {
+            format!("for={ip}")
+        };
+        if let Some(h) = host.as_ref().and_then(|h| h.to_str().ok()) {
+            node.push_str(&format!(";host=\"{}\"", h.replace(['"', '\\'], "")));
+        }
+        node.push_str(";proto=http");
+        let forwarded = match joined(headers, "forwarded") {
+            Some(prev) => format!("{prev}, {node}"),
+            None => node,
+        };
+        for (name, value) in [("x-forwarded-for", xff), ("forwarded", forwarded)] {
+            if let Ok(v) = HeaderValue::from_str(&value) {
+                headers.insert(name, v);
+            }
+        }
+        if !headers.contains_key("x-forwarded-host")
+            && let Some(h) = host
+        {
+            headers.insert("x-forwarded-host", h);
+        }
+        if !headers.contains_key("x-forwarded-proto") {
+            headers.insert("x-forwarded-proto", HeaderValue::from_static("http"));
+        }
     }
 
     /// The account of a credential: hex `HMAC-SHA256(secret, credential)`.
@@ -325,9 +688,31 @@ impl Proxy {
         res
     }
 
-    async fn keyed_inner(self: &Arc<Self>, route: usize, req: Request) -> (&'static str, Response) {
-        let route = &self.routes[route];
+    async fn keyed_inner(self: &Arc<Self>, route_index: usize, req: Request) -> (&'static str, Response) {
+        let route = &self.routes[route_index];
         let (parts, body) = req.into_parts();
+        // A `Connection` header naming the credential or the key header would
+        // have it stripped as hop-by-hop after it scoped (or keyed) the
+        // request: the upstream would act for a caller it never saw.
+        let key_header = match &route.key {
+            KeySource::Header(name) => Some(name),
+            KeySource::JsonField(_) => None,
+        };
+        if let Some(named) = connection_names(&parts.headers)
+            .into_iter()
+            .find(|n| *n == self.account_header || Some(n) == key_header)
+        {
+            return (
+                outcome::REJECTED,
+                problem(
+                    ErrorCode::ValidationFailed,
+                    format!(
+                        "the `Connection` header names `{named}`, which scopes or keys this request and must reach \
+                         the upstream: remove it from `Connection`"
+                    ),
+                ),
+            );
+        }
         // Exactly one non-empty credential: an empty one would put every caller
         // that sends it in one scope, and of two, the upstream may authenticate
         // another than the one the scope is made of.
@@ -365,9 +750,54 @@ impl Proxy {
                 ProblemResponse::from(key_problem(e)).into_response(),
             );
         }
-        let bytes = match idemkit_tower::read_body(body, self.max_request_body).await {
-            Ok(bytes) => bytes,
-            Err(refused) => return (outcome::REJECTED, refused.into_response()),
+        // Bounded memory: the body's bytes are reserved before it is read and
+        // held until the request's work ends.
+        let declared = parts
+            .headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok()?.parse::<usize>().ok())
+            .unwrap_or(self.max_request_body)
+            .min(self.max_request_body)
+            .max(1);
+        let Ok(reserved) = self
+            .body_budget
+            .clone()
+            .try_acquire_many_owned(u32::try_from(declared).unwrap_or(u32::MAX))
+        else {
+            let mut p = Problem::new(
+                ErrorCode::Internal,
+                "the proxy holds as many request bodies as its budget allows (--max-inflight-body-bytes); \
+                 nothing was claimed or forwarded: retry after `Retry-After`",
+            )
+            .with_status(503);
+            p.retryable = true;
+            return (
+                outcome::REJECTED,
+                ProblemResponse::from(p)
+                    .retry_after(Duration::from_secs(1))
+                    .into_response(),
+            );
+        };
+        let read = tokio::time::timeout(
+            self.body_read_timeout,
+            idemkit_tower::read_body(body, self.max_request_body),
+        );
+        let bytes = match read.await {
+            Ok(Ok(bytes)) => bytes,
+            Ok(Err(refused)) => return (outcome::REJECTED, refused.into_response()),
+            Err(_) => {
+                return (
+                    outcome::REJECTED,
+                    problem(
+                        ErrorCode::ValidationFailed,
+                        format!(
+                            "the request body did not arrive within {} ms; nothing was claimed or forwarded",
+                            self.body_read_timeout.as_millis()
+                        ),
+                    )
+                    .into_response(),
+                );
+            }
         };
         let key = match (header_key, &route.key) {
             (Some(Ok(k)), _) => k,
@@ -403,9 +833,13 @@ impl Proxy {
         // The claim, the forward and the store go on even if the caller hangs
         // up: a claim cut off after its write committed would leave an intent
         // with no holder (its retry parked, though nothing was sent), and a
-        // forward cut off would leave a stuck key instead of a replay.
+        // forward cut off would leave a stuck key instead of a replay. A stop
+        // (SIGTERM) waits for them too.
         let (this, engine) = (self.clone(), route.engine.clone());
+        let tracked = self.tasks.track();
         let work = async move {
+            let _tracked = tracked;
+            let _reserved = reserved;
             let attempt = match engine.begin(claim).await {
                 Ok(attempt) => attempt,
                 Err(refused) => {
@@ -415,7 +849,7 @@ impl Proxy {
                     );
                 }
             };
-            this.execute(attempt, parts, bytes).await
+            this.execute(route_index, attempt, parts, bytes).await
         };
         match Detached::new(work).await {
             Ok(res) => res,
@@ -447,6 +881,24 @@ mod tests {
         assert_eq!(
             hex::encode(hmac_sha256(b"Jefe", b"what do ya want for nothing?")),
             "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
+        );
+    }
+
+    #[test]
+    fn database_passwords_are_redacted() {
+        assert_eq!(
+            redact_url("postgres://app:s3cret@db:5432/x"),
+            "postgres://app:***@db:5432/x"
+        );
+        assert_eq!(redact_url("redis://:pw@127.0.0.1/0"), "redis://:***@127.0.0.1/0");
+        assert_eq!(redact_url("redis://pw@127.0.0.1"), "redis://***@127.0.0.1");
+        assert_eq!(redact_url("sqlite://a.db"), "sqlite://a.db");
+        assert_eq!(
+            redact_all(
+                "failed: postgres://app:s3cret@db/x (s3cret)",
+                "postgres://app:s3cret@db/x"
+            ),
+            "failed: postgres://app:***@db/x (***)"
         );
     }
 }

@@ -111,7 +111,7 @@ async fn a_key_honouring_upstream_gets_the_same_key_again() {
         "a key-honouring upstream's requests are never parked:\n{doc}"
     );
     assert!(
-        doc.contains("| `internal_error` | 500, 502, 504 | true |"),
+        doc.contains("| `internal_error` | 500, 502, 503, 504 | true |"),
         "{doc}"
     );
 }
@@ -188,4 +188,36 @@ async fn upstream_honours_keys_requires_proxy() {
     let run = idemkit(vec!["docs".into(), "--upstream-honours-keys".into()]).await;
     assert_eq!(run.code, 2, "{run:#?}");
     assert!(run.stderr.contains("--proxy"), "{}", run.stderr);
+}
+
+/// Issue 34: the contract states each production behaviour in plain words.
+#[tokio::test]
+async fn the_proxy_contract_states_the_production_behaviours() {
+    let doc = docs(&["--proxy"]).await.stdout;
+    let behind = section(&doc, "## Behind idemkit proxy");
+    for said in [
+        "an answered `5xx` is **stored and replayed**",
+        "never runs the request a second time",
+        "A `502` or `504` (a gateway's answer) is an unknown outcome",
+        "So are `404` and `405`",
+        "A `Connection` header that names `Authorization` or `Idempotency-Key`",
+        "you still get the upstream's answer",
+        "`Accept-Encoding: identity`",
+        "`/_idemkit/ready`",
+        "`/healthz` is the upstream's",
+        "lets the requests in flight finish and store",
+    ] {
+        assert!(behind.contains(said), "{said:?} missing from\n{behind}");
+    }
+    assert!(!doc.contains("not stored: retry with the same key"), "{doc}");
+    let honours = docs(&["--proxy", "--upstream-honours-keys"]).await.stdout;
+    let behind = section(&honours, "## Behind idemkit proxy");
+    assert!(
+        behind.contains("passed to you with its `Retry-After` and never stored"),
+        "{behind}"
+    );
+    assert!(
+        behind.contains("keeps waiting for the upstream's answer a while longer"),
+        "{behind}"
+    );
 }

@@ -15,6 +15,7 @@ use idemkit_cli::proxy::{ProxyArgs, SqliteSync, router};
 use serde_json::Value;
 
 mod processes;
+mod production;
 
 #[derive(Default)]
 struct Naive {
@@ -189,21 +190,12 @@ async fn setup_timed(
         std::fs::write(&path, toml).unwrap();
         path
     });
-    let app = router(ProxyArgs {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        upstream,
-        database_url: format!("sqlite://{}", db.display()),
-        config,
-        account_header: "Authorization".into(),
-        scope_secret: "test-secret".into(),
-        upstream_honours_keys: honours_keys,
-        upstream_timeout_ms,
-        lease_ms: None,
-        max_request_body: 1 << 20,
-        sqlite_synchronous: SqliteSync::Claims,
-    })
-    .await
-    .unwrap();
+    let mut args = ProxyArgs::new(&upstream, &format!("sqlite://{}", db.display()), "test-secret");
+    args.config = config;
+    args.upstream_honours_keys = honours_keys;
+    args.upstream_timeout_ms = upstream_timeout_ms;
+    args.sqlite_synchronous = SqliteSync::Claims;
+    let app = router(args).await.unwrap();
     Setup {
         naive,
         proxy: serve(app).await,
@@ -378,13 +370,18 @@ async fn refusals_never_reach_the_upstream() {
 }
 
 #[tokio::test]
-async fn safe_methods_pass_through_and_healthz_answers() {
+async fn safe_methods_pass_through_and_liveness_answers() {
     let s = setup("passthrough", false).await;
     let res = s.http.get(format!("{}/count?x=1", s.proxy)).send().await.unwrap();
     assert_eq!(res.status(), 200);
     assert_eq!(res.text().await.unwrap(), "0 x=1");
-    let health = s.http.get(format!("{}/healthz", s.proxy)).send().await.unwrap();
-    assert_eq!(health.status(), 200);
+    let live = s
+        .http
+        .get(format!("{}/_idemkit/live", s.proxy))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(live.status(), 200);
 }
 
 /// A caller that hangs up while the upstream works does not orphan its
@@ -490,15 +487,24 @@ async fn an_unknown_outcome_is_parked_for_a_key_ignoring_upstream() {
     s.parked_every_time("/slow", "p", 3).await;
 }
 
+/// A key-honouring upstream that answers after the timeout: the caller gets
+/// `504`, the proxy keeps the lease and waits out the grace period, so the
+/// retry meanwhile is "in progress" (never re-sent into the upstream's own
+/// in-progress) and the late answer is stored and replayed.
 #[tokio::test]
-async fn an_unknown_outcome_is_resent_with_the_same_key_to_a_key_honouring_upstream() {
+async fn a_late_answer_of_a_key_honouring_upstream_is_awaited_and_replayed() {
     let s = setup("honours", true).await;
     let first = s.post("/slow", Some("h"), Some("Bearer a"), "{}").await;
     assert_eq!(first.status(), 504);
     assert_eq!(s.posts(), 1);
     let again = s.post("/slow", Some("h"), Some("Bearer a"), "{}").await;
-    assert_eq!(again.status(), 504);
-    assert_eq!(s.posts(), 2, "re-sent with the same key");
+    assert_eq!(code(again).await, (409, "idempotency_request_in_progress".into()));
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    let replay = s.post("/slow", Some("h"), Some("Bearer a"), "{}").await;
+    assert_eq!(replay.status(), 201);
+    assert_eq!(replay.headers()["idempotent-replayed"], "true");
+    assert_eq!(replay.text().await.unwrap(), "late");
+    assert_eq!(s.posts(), 1, "never re-sent while the first ran");
 }
 
 /// The timeout covers an answer's body too: a `201` whose body stalls past it
@@ -595,21 +601,9 @@ async fn idemkit_check_passes_every_gate_through_the_proxy_and_fails_without_it(
     );
     let db = std::env::temp_dir().join(format!("idemkit-proxy-check-{}.db", std::process::id()));
     let _ = std::fs::remove_file(&db);
-    let app = router(ProxyArgs {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        upstream,
-        database_url: format!("sqlite://{}", db.display()),
-        config: None,
-        account_header: "Authorization".into(),
-        scope_secret: "test-secret".into(),
-        upstream_honours_keys: false,
-        upstream_timeout_ms: 10_000,
-        lease_ms: None,
-        max_request_body: 1 << 20,
-        sqlite_synchronous: SqliteSync::Claims,
-    })
-    .await
-    .unwrap();
+    let mut args = ProxyArgs::new(&upstream, &format!("sqlite://{}", db.display()), "test-secret");
+    args.upstream_timeout_ms = 10_000;
+    let app = router(args).await.unwrap();
     let proxy = serve(app).await;
     let run = crate::idemkit(crate::check_args(&proxy, &["--json"])).await;
     let verdicts = run.verdicts();

@@ -22,15 +22,15 @@ async fn honouring(State(h): State<Arc<Honouring>>, headers: HeaderMap) -> impl 
 }
 
 /// `idemkit proxy` as a real process; its stdout lines arrive on the channel.
-struct ProxyProcess {
-    child: std::process::Child,
-    base: String,
-    lines: std::sync::mpsc::Receiver<String>,
+pub(super) struct ProxyProcess {
+    pub(super) child: std::process::Child,
+    pub(super) base: String,
+    pub(super) lines: std::sync::mpsc::Receiver<String>,
 }
 
 impl ProxyProcess {
     /// `crash`: the failpoint (`IDEMKIT_CRASH_AT`) the process stops at, if any.
-    fn start(upstream: &str, db: &std::path::Path, honours: bool, crash: Option<&str>) -> Self {
+    pub(super) fn start(upstream: &str, db: &std::path::Path, honours: bool, crash: Option<&str>) -> Self {
         Self::start_on(
             upstream,
             &format!("sqlite://{}", db.display()),
@@ -47,25 +47,33 @@ impl ProxyProcess {
         honours: bool,
         crash: Option<&str>,
     ) -> Self {
+        Self::start_with(upstream, database_url, secret, honours, crash, &[])
+    }
+
+    /// [`ProxyProcess::start_on`] with more flags.
+    pub(super) fn start_with(
+        upstream: &str,
+        database_url: &str,
+        secret: &str,
+        honours: bool,
+        crash: Option<&str>,
+        extra: &[&str],
+    ) -> Self {
         use std::io::BufRead;
         let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_idemkit"));
-        cmd.args([
-            "proxy",
-            "--listen",
-            "127.0.0.1:0",
-            "--upstream",
-            upstream,
-            "--lease-ms",
-            "500",
-        ])
-        .arg("--database-url")
-        .arg(database_url)
-        .env("IDEMKIT_PROXY_SECRET", secret)
-        .env_remove("RUST_LOG")
-        .stdout(std::process::Stdio::piped());
+        cmd.args(["proxy", "--listen", "127.0.0.1:0", "--upstream", upstream]);
+        if !extra.contains(&"--lease-ms") {
+            cmd.args(["--lease-ms", "500"]);
+        }
+        cmd.arg("--database-url")
+            .arg(database_url)
+            .env("IDEMKIT_PROXY_SECRET", secret)
+            .env_remove("RUST_LOG")
+            .stdout(std::process::Stdio::piped());
         if honours {
             cmd.arg("--upstream-honours-keys");
         }
+        cmd.args(extra);
         match crash {
             Some(point) => cmd.env("IDEMKIT_CRASH_AT", point),
             None => cmd.env_remove("IDEMKIT_CRASH_AT"),
