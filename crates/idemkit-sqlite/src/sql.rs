@@ -144,16 +144,24 @@ pub(crate) const DISCARD: &str = "UPDATE idemkit_keys SET fencing_token = fencin
 // The reaper's pass: four statements in one transaction.
 
 /// Never completed and claimed before `?1`: in flight with a lease expired
-/// at `?2` (now), or parked; live leases never match. Each is listed once
-/// (a review entry of the same claim means it was listed already), and the
-/// record stays, parked, so it keeps fencing and is never claimed again as
-/// a new request.
+/// at `?2` (now), or parked; live leases never match. Listed once per park by
+/// the reaper: its park marks the record (last error `?3`,
+/// `MOVED_TO_REVIEW`), a marked record is skipped, and only an operator moves
+/// a parked record (a release or a discard, which replace the mark), so a
+/// record that is released, resumed and parked again is listed again. The
+/// record stays,
+/// parked, so it keeps fencing and is never claimed again as a new request.
+///
+/// The one definition of what a pass lists and parks: both statements below
+/// select with it, in one transaction that holds the write lock, so they
+/// select the same rows (the listing writes only the review table, which this
+/// predicate does not read; the review table is the operator's to prune).
 const UNFINISHED: &str = "created_at < ?1 \
      AND (state = 'parked' OR (state = 'in_flight' AND lease_expires_at <= ?2)) \
-     AND NOT EXISTS (SELECT 1 FROM idemkit_review r WHERE r.account = idemkit_keys.account \
-     AND r.idem_key = idemkit_keys.idem_key AND r.created_at = idemkit_keys.created_at)";
+     AND (last_error IS NULL OR last_error <> ?3)";
 
-/// Lists the unfinished records in the review table.
+/// Lists the unfinished records in the review table (binds `?1`–`?3` as
+/// [`REAP_PARK`] does).
 pub(crate) static REAP_REVIEW: LazyLock<String> = LazyLock::new(|| {
     format!(
         "INSERT INTO idemkit_review (account, idem_key, state, created_at, reaped_at, recovery_point, \
@@ -164,11 +172,14 @@ pub(crate) static REAP_REVIEW: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
-/// Parks the records just listed (last error `?3`); as many rows as listed.
-pub(crate) const REAP_PARK: &str = "UPDATE idemkit_keys SET fencing_token = fencing_token + 1, state = 'parked', \
-     lease_expires_at = MIN(lease_expires_at, ?2), last_error = ?3 \
-     WHERE created_at < ?1 AND (state = 'parked' OR (state = 'in_flight' AND lease_expires_at <= ?2)) \
-     AND (last_error IS NULL OR last_error <> ?3)";
+/// Parks the records just listed, marking them (last error `?3`): the same
+/// rows as [`REAP_REVIEW`], by the same predicate.
+pub(crate) static REAP_PARK: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "UPDATE idemkit_keys SET fencing_token = fencing_token + 1, state = 'parked', \
+         lease_expires_at = MIN(lease_expires_at, ?2), last_error = ?3 WHERE {UNFINISHED}"
+    )
+});
 
 /// Completed records finished before `?1` and released ones claimed before it.
 /// `completed_at >= created_at`, so the `created_at` bound only lets the

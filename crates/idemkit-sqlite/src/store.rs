@@ -243,11 +243,12 @@ impl KeyStore for SqliteStore {
         let moved = sqlx::query(AssertSqlSafe(sql::REAP_REVIEW.as_str()))
             .bind(before.0)
             .bind(now)
+            .bind(MOVED_TO_REVIEW)
             .execute(&mut *tx)
             .await
             .map_err(map_err)?
             .rows_affected();
-        let parked = sqlx::query(sql::REAP_PARK)
+        let parked = sqlx::query(AssertSqlSafe(sql::REAP_PARK.as_str()))
             .bind(before.0)
             .bind(now)
             .bind(MOVED_TO_REVIEW)
@@ -255,6 +256,8 @@ impl KeyStore for SqliteStore {
             .await
             .map_err(map_err)?
             .rows_affected();
+        // One predicate selects both, so this holds by construction; kept as
+        // a guard against a future edit of either statement.
         if parked != moved {
             return Err(StoreError::Corrupt(format!(
                 "reaper listed {moved} records for review but parked {parked}"

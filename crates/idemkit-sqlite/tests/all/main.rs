@@ -64,6 +64,9 @@ impl BusinessProbe<SqliteStore> for Orders {
     }
 }
 
+mod reap;
+mod takeover;
+
 mod conformance {
     use super::*;
     idemkit_testkit::store_conformance_tests!(fresh);
