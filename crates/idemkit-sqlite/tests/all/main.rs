@@ -64,6 +64,8 @@ impl BusinessProbe<SqliteStore> for Orders {
     }
 }
 
+#[cfg(feature = "failpoints")]
+mod claim_reply;
 mod reap;
 mod takeover;
 
