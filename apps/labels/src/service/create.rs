@@ -131,10 +131,17 @@ impl Booked {
 
     /// The label row's final write on its own (keys on Redis): the same
     /// values on every attempt, and a created label is never turned failed.
-    async fn write_keyed<S: LabelsDb>(&self, db: &S, label_id: &str, error_json: &str) -> Result<(), sqlx::Error> {
+    async fn write_keyed<S: LabelsDb>(
+        &self,
+        db: &S,
+        label_id: &str,
+        error_json: &str,
+    ) -> Result<(), sqlx::Error> {
         match self {
             Self::Created(s) => db.mark_created_keyed(label_id, s).await,
-            Self::Rejected(_) | Self::Transient(_) => db.mark_failed_unless_created(label_id, error_json).await,
+            Self::Rejected(_) | Self::Transient(_) => {
+                db.mark_failed_unless_created(label_id, error_json).await
+            }
         }
     }
 
@@ -317,14 +324,20 @@ pub(super) async fn create<S: LabelsDb>(
         // The last write and the stored answer commit together.
         return phases
             .finish(&step, async |tx| {
-                booked.write::<S>(tx, &label.id, &error_json).await.map_err(failed)?;
+                booked
+                    .write::<S>(tx, &label.id, &error_json)
+                    .await
+                    .map_err(failed)?;
                 Ok(label_response(verdict.http, &label))
             })
             .await;
     }
     phases
         .phase(&step, async |tx| {
-            booked.write::<S>(tx, &label.id, &error_json).await.map_err(failed)
+            booked
+                .write::<S>(tx, &label.id, &error_json)
+                .await
+                .map_err(failed)
         })
         .await?;
     Ok(rest_answer(verdict, &label))

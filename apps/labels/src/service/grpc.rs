@@ -151,7 +151,10 @@ impl<S: LabelsDb> proto::labels_server::Labels for LabelsGrpc<S> {
         let verdict = booked.verdict();
         phases
             .phase(&booked.final_step(&ctx), async |tx| {
-                booked.write::<S>(tx, &label.id, &error_json).await.map_err(internal)
+                booked
+                    .write::<S>(tx, &label.id, &error_json)
+                    .await
+                    .map_err(internal)
             })
             .await
             .map_err(phase_status)?;

@@ -202,7 +202,10 @@ async fn a_rejection_is_final_and_never_booked_later(keys: Keys, retry: bool) {
         .await
         .unwrap();
     let row: Value = read.json().await.unwrap();
-    assert_eq!(row["status"], "failed", "{keys:?}: the rejected label stays failed");
+    assert_eq!(
+        row["status"], "failed",
+        "{keys:?}: the rejected label stays failed"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -53,11 +53,18 @@ async fn the_reaper_keeps_working_after_an_operator_release_and_a_new_park() {
         panic!("the completer takes it over")
     };
     store
-        .park(&s, lease.token, "external step `courier` has an intent and no result")
+        .park(
+            &s,
+            lease.token,
+            "external step `courier` has an intent and no result",
+        )
         .await
         .unwrap();
     clock.advance(Duration::from_secs(60));
-    let second = store.reap(store.now()).await.expect("the pass after the operator's release");
+    let second = store
+        .reap(store.now())
+        .await
+        .expect("the pass after the operator's release");
     assert_eq!(second.moved_to_review, 1, "the new park is listed");
     let third = store.reap(store.now()).await.expect("a later pass");
     assert_eq!(third.moved_to_review, 0, "listed once per park");
@@ -87,7 +94,10 @@ async fn the_reaper_keeps_working_after_handled_review_rows_are_deleted() {
         .execute(store.pool())
         .await
         .unwrap();
-    let after = store.reap(store.now()).await.expect("the pass after the deletion");
+    let after = store
+        .reap(store.now())
+        .await
+        .expect("the pass after the deletion");
     assert_eq!(after.moved_to_review, 0, "a handled record is not listed again");
     orphan(&*store, &clock, "k-new").await;
     let next = store.reap(store.now()).await.expect("a pass with a new orphan");
