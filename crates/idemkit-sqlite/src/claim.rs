@@ -19,12 +19,17 @@ use crate::tx::{PendingClaim, SqliteTx};
 
 impl SqliteStore {
     /// Claims inside `tx`. Returns the lease when claimed, or the outcome to answer.
+    /// `attempt` is the claim's attempt id, written with it; `wrote` is set
+    /// (`Some(takeover)`) before each claim write goes out.
     pub(crate) async fn claim_on(
         &self,
         conn: &mut SqliteConnection,
         req: &ClaimRequest,
+        attempt: &str,
+        wrote: &mut Option<bool>,
     ) -> StoreResult<Result<Lease, ClaimOutcome>> {
-        if let Some(lease) = self.insert_claim(conn, req).await? {
+        *wrote = Some(false);
+        if let Some(lease) = self.insert_claim(conn, req, attempt).await? {
             return Ok(Ok(lease));
         }
         let now = self.clock.now();
@@ -38,6 +43,7 @@ impl SqliteStore {
             Resolution::Settled(outcome) => return Ok(Err(outcome)),
         };
         let next = FencingToken(existing.fencing_token.0 + 1);
+        *wrote = Some(takeover);
         // Takeover keeps the claim's progress and request; window reuse starts clean.
         let moved = sqlx::query(sql::CLAIM_MOVE)
             .bind(req.scope.account.as_str())
@@ -53,6 +59,7 @@ impl SqliteStore {
             .bind(&req.request.body)
             .bind(existing.fencing_token.0)
             .bind(req.recovery_point.as_deref())
+            .bind(attempt)
             .execute(&mut *conn)
             .await
             .map_err(map_err)?;
@@ -71,11 +78,13 @@ impl SqliteStore {
 
     /// Inserts the claim of an absent key, in flight; `None` when the key
     /// exists. One statement, so it is atomic outside a transaction too (the
-    /// lease-mode claim of a key read as absent runs it in autocommit).
+    /// lease-mode claim of a key read as absent runs it in autocommit),
+    /// carrying the claim's attempt id.
     pub(crate) async fn insert_claim(
         &self,
         conn: &mut SqliteConnection,
         req: &ClaimRequest,
+        attempt: &str,
     ) -> StoreResult<Option<Lease>> {
         let now = self.clock.now();
         let expires = now.plus(req.lease);
@@ -90,6 +99,7 @@ impl SqliteStore {
             .bind(StoredHeader::encode_list(&req.request.headers)?)
             .bind(&req.request.body)
             .bind(req.recovery_point.as_deref())
+            .bind(attempt)
             .fetch_optional(&mut *conn)
             .await
             .map_err(map_err)?;

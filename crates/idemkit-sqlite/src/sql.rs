@@ -31,18 +31,24 @@ pub(crate) const SELECT_REVIEW: &str = "SELECT account, idem_key, state, created
      FROM idemkit_review ORDER BY created_at, id LIMIT ?1";
 
 /// A lease-mode claim of an absent key: the new in-flight row, its token one
-/// above the reaper's floor, at the claim's recovery point `?10`. Returns
-/// nothing when the key exists.
+/// above the reaper's floor, at the claim's recovery point `?10`, carrying the
+/// claim's attempt id `?11`. Returns nothing when the key exists.
 pub(crate) const CLAIM_INSERT: &str = "INSERT INTO idemkit_keys (account, idem_key, fingerprint, state, created_at, lease_expires_at, \
-     fencing_token, req_method, req_path, req_headers, req_body, recovery_point) \
+     fencing_token, req_method, req_path, req_headers, req_body, recovery_point, claim_attempt) \
      VALUES (?1, ?2, ?3, 'in_flight', ?4, ?5, (SELECT floor + 1 FROM idemkit_token_floor), \
-     ?6, ?7, ?8, ?9, ?10) ON CONFLICT (account, idem_key) DO NOTHING RETURNING fencing_token";
+     ?6, ?7, ?8, ?9, ?10, ?11) ON CONFLICT (account, idem_key) DO NOTHING RETURNING fencing_token";
+
+/// What a claim whose reply was lost reads back: whether the record is in
+/// flight under its attempt id `?3`, and the lease it then holds.
+pub(crate) const SELECT_CLAIM_ATTEMPT: &str = "SELECT fencing_token, lease_expires_at, recovery_point FROM idemkit_keys \
+     WHERE account = ?1 AND idem_key = ?2 AND state = 'in_flight' AND claim_attempt = ?3";
 
 /// Moves an existing record to a new holder (compare-and-swap on the token as
 /// read). Takeover (`?5`) keeps the claim's progress and request (a record
 /// without a recovery point takes the claim's `?13`); window reuse starts
-/// clean, at `?13`.
+/// clean, at `?13`. The claim's attempt id is `?14`.
 pub(crate) const CLAIM_MOVE: &str = "UPDATE idemkit_keys SET fencing_token = ?3, lease_expires_at = ?4, state = 'in_flight', \
+     claim_attempt = ?14, \
      fingerprint = CASE WHEN ?5 THEN fingerprint ELSE ?6 END, \
      created_at = CASE WHEN ?5 THEN created_at ELSE ?7 END, completed_at = NULL, \
      recovery_point = CASE WHEN ?5 THEN COALESCE(recovery_point, ?13) ELSE ?13 END, \
@@ -67,7 +73,7 @@ pub(crate) const INSERT_COMPLETED_AND_COMMIT: &str = "INSERT INTO idemkit_keys (
 /// A pending single-step claim over an existing record, written already
 /// completed, only if the record is exactly as read (token `?14`, state `?16`,
 /// lease `?17`).
-pub(crate) const REPLACE_COMPLETED: &str = "UPDATE idemkit_keys SET fingerprint = ?3, state = 'completed', \
+pub(crate) const REPLACE_COMPLETED: &str = "UPDATE idemkit_keys SET claim_attempt = NULL, fingerprint = ?3, state = 'completed', \
      created_at = CASE WHEN ?15 THEN created_at ELSE ?4 END, completed_at = ?5, \
      lease_expires_at = ?5, fencing_token = ?6, req_method = ?7, req_path = ?8, req_headers = ?9, \
      req_body = ?10, resp_status = ?11, resp_headers = ?12, resp_body = ?13, last_error = NULL, \
@@ -79,6 +85,10 @@ pub(crate) const REPLACE_COMPLETED: &str = "UPDATE idemkit_keys SET fingerprint 
 /// Whether the caller still holds the record (`begin_fenced`).
 pub(crate) const HELD: &str = "SELECT 1 FROM idemkit_keys WHERE account = ?1 AND idem_key = ?2 AND fencing_token = ?3 \
      AND state = 'in_flight'";
+
+// Every write below that hands the record on (a new token, or another state)
+// clears `claim_attempt`: a lost claim reply read back after it is not the
+// claim's any more.
 
 // The fenced writes below bind account `?1`, key `?2` and the holder's token `?3` first.
 
@@ -101,7 +111,7 @@ pub(crate) const HEARTBEAT: &str = "UPDATE idemkit_keys SET lease_expires_at = ?
 
 /// The holder's release: a `released` tombstone, or (with recorded progress)
 /// abandoned at `?4` with last error `?5`.
-pub(crate) const RELEASE: &str = "UPDATE idemkit_keys SET fencing_token = fencing_token + 1, \
+pub(crate) const RELEASE: &str = "UPDATE idemkit_keys SET claim_attempt = NULL, fencing_token = fencing_token + 1, \
      state = CASE WHEN recovery_point IS NULL AND step_outputs = '{}' THEN 'released' ELSE state END, \
      lease_expires_at = CASE WHEN recovery_point IS NULL AND step_outputs = '{}' THEN 0 ELSE ?4 END, \
      req_body = CASE WHEN recovery_point IS NULL AND step_outputs = '{}' THEN x'' ELSE req_body END, \
@@ -110,23 +120,23 @@ pub(crate) const RELEASE: &str = "UPDATE idemkit_keys SET fencing_token = fencin
 
 /// The holder's release that discards recorded progress (see
 /// `KeyStore::release_discarding`).
-pub(crate) const RELEASE_DISCARDING: &str = "UPDATE idemkit_keys SET fencing_token = fencing_token + 1, \
+pub(crate) const RELEASE_DISCARDING: &str = "UPDATE idemkit_keys SET claim_attempt = NULL, fencing_token = fencing_token + 1, \
      state = 'released', lease_expires_at = 0, recovery_point = NULL, step_outputs = '{}', req_body = x'' \
      WHERE account = ?1 AND idem_key = ?2 AND fencing_token = ?3 AND state = 'in_flight'";
 
 /// The holder gives up: the lease ends now (`?4`), on a fresh token.
-pub(crate) const ABANDON: &str = "UPDATE idemkit_keys SET fencing_token = fencing_token + 1, lease_expires_at = ?4, last_error = ?5 \
+pub(crate) const ABANDON: &str = "UPDATE idemkit_keys SET claim_attempt = NULL, fencing_token = fencing_token + 1, lease_expires_at = ?4, last_error = ?5 \
      WHERE account = ?1 AND idem_key = ?2 AND fencing_token = ?3 AND state = 'in_flight'";
 
 /// The holder parks the record for an operator.
-pub(crate) const PARK: &str = "UPDATE idemkit_keys SET fencing_token = fencing_token + 1, state = 'parked', \
+pub(crate) const PARK: &str = "UPDATE idemkit_keys SET claim_attempt = NULL, fencing_token = fencing_token + 1, state = 'parked', \
      lease_expires_at = ?4, last_error = ?5 \
      WHERE account = ?1 AND idem_key = ?2 AND fencing_token = ?3 AND state = 'in_flight'";
 
 /// An operator's release of a record nobody holds (now at `?3`, last error
 /// `?4`): the same tombstone as `release` (or, with recorded progress,
 /// resumable: see the trait); the state check replaces the token check.
-pub(crate) const FORCE_RELEASE: &str = "UPDATE idemkit_keys SET fencing_token = fencing_token + 1, last_error = ?4, \
+pub(crate) const FORCE_RELEASE: &str = "UPDATE idemkit_keys SET claim_attempt = NULL, fencing_token = fencing_token + 1, last_error = ?4, \
      state = CASE WHEN recovery_point IS NULL AND step_outputs = '{}' THEN 'released' ELSE 'in_flight' END, \
      lease_expires_at = CASE WHEN recovery_point IS NULL AND step_outputs = '{}' THEN 0 \
      ELSE MIN(lease_expires_at, ?3) END, \
@@ -136,7 +146,7 @@ pub(crate) const FORCE_RELEASE: &str = "UPDATE idemkit_keys SET fencing_token = 
 
 /// An operator's release that discards recorded progress (now at `?3`, last
 /// error `?4`).
-pub(crate) const DISCARD: &str = "UPDATE idemkit_keys SET fencing_token = fencing_token + 1, state = 'released', \
+pub(crate) const DISCARD: &str = "UPDATE idemkit_keys SET claim_attempt = NULL, fencing_token = fencing_token + 1, state = 'released', \
      lease_expires_at = 0, recovery_point = NULL, step_outputs = '{}', req_body = x'', last_error = ?4 \
      WHERE account = ?1 AND idem_key = ?2 \
      AND (state = 'parked' OR (state = 'in_flight' AND lease_expires_at <= ?3))";
@@ -144,16 +154,24 @@ pub(crate) const DISCARD: &str = "UPDATE idemkit_keys SET fencing_token = fencin
 // The reaper's pass: four statements in one transaction.
 
 /// Never completed and claimed before `?1`: in flight with a lease expired
-/// at `?2` (now), or parked; live leases never match. Each is listed once
-/// (a review entry of the same claim means it was listed already), and the
-/// record stays, parked, so it keeps fencing and is never claimed again as
-/// a new request.
+/// at `?2` (now), or parked; live leases never match. Listed once per park by
+/// the reaper: its park marks the record (last error `?3`,
+/// `MOVED_TO_REVIEW`), a marked record is skipped, and only an operator moves
+/// a parked record (a release or a discard, which replace the mark), so a
+/// record that is released, resumed and parked again is listed again. The
+/// record stays,
+/// parked, so it keeps fencing and is never claimed again as a new request.
+///
+/// The one definition of what a pass lists and parks: both statements below
+/// select with it, in one transaction that holds the write lock, so they
+/// select the same rows (the listing writes only the review table, which this
+/// predicate does not read; the review table is the operator's to prune).
 const UNFINISHED: &str = "created_at < ?1 \
      AND (state = 'parked' OR (state = 'in_flight' AND lease_expires_at <= ?2)) \
-     AND NOT EXISTS (SELECT 1 FROM idemkit_review r WHERE r.account = idemkit_keys.account \
-     AND r.idem_key = idemkit_keys.idem_key AND r.created_at = idemkit_keys.created_at)";
+     AND (last_error IS NULL OR last_error <> ?3)";
 
-/// Lists the unfinished records in the review table.
+/// Lists the unfinished records in the review table (binds `?1`–`?3` as
+/// [`REAP_PARK`] does).
 pub(crate) static REAP_REVIEW: LazyLock<String> = LazyLock::new(|| {
     format!(
         "INSERT INTO idemkit_review (account, idem_key, state, created_at, reaped_at, recovery_point, \
@@ -164,11 +182,14 @@ pub(crate) static REAP_REVIEW: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
-/// Parks the records just listed (last error `?3`); as many rows as listed.
-pub(crate) const REAP_PARK: &str = "UPDATE idemkit_keys SET fencing_token = fencing_token + 1, state = 'parked', \
-     lease_expires_at = MIN(lease_expires_at, ?2), last_error = ?3 \
-     WHERE created_at < ?1 AND (state = 'parked' OR (state = 'in_flight' AND lease_expires_at <= ?2)) \
-     AND (last_error IS NULL OR last_error <> ?3)";
+/// Parks the records just listed, marking them (last error `?3`): the same
+/// rows as [`REAP_REVIEW`], by the same predicate.
+pub(crate) static REAP_PARK: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "UPDATE idemkit_keys SET claim_attempt = NULL, fencing_token = fencing_token + 1, state = 'parked', \
+         lease_expires_at = MIN(lease_expires_at, ?2), last_error = ?3 WHERE {UNFINISHED}"
+    )
+});
 
 /// Completed records finished before `?1` and released ones claimed before it.
 /// `completed_at >= created_at`, so the `created_at` bound only lets the

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use idemkit_core::{
-    ClaimOutcome, ClaimRequest, Decision, FORCE_RELEASED, FencingToken, KeyStore, ListFilter,
+    ClaimOutcome, ClaimRequest, Decision, FORCE_RELEASED, FencingToken, KeyStore, Lease, ListFilter,
     MOVED_TO_REVIEW, Millis, PhaseUpdate, RELEASE_REFUSED, ReapReport, Record, ReviewEntry, Scope,
     StoreError, StoreResult, StoredHeader, StoredResponse,
 };
@@ -112,15 +112,25 @@ impl SqliteStore {
     }
 }
 
-#[async_trait]
-impl KeyStore for SqliteStore {
-    async fn claim(&self, req: &ClaimRequest) -> StoreResult<ClaimOutcome> {
+impl SqliteStore {
+    /// The lease-mode claim, writing `attempt` with it. `wrote` is set once a
+    /// claim write has gone out (`Some(takeover)`): from then on an error may
+    /// hide a write that committed.
+    async fn claim_as(
+        &self,
+        req: &ClaimRequest,
+        attempt: &str,
+        wrote: &mut Option<bool>,
+    ) -> StoreResult<ClaimOutcome> {
         if self.assume_absent(req) {
             // No row this process knows of: the insert alone, autocommitted, is
             // the claim, without the read that would only find the key absent.
             // A row written by another process makes it insert nothing, and the
             // read below decides on it.
-            if let Some(lease) = self.insert_claim(&mut *self.solo_for_claim().await?, req).await? {
+            let mut conn = self.solo_for_claim().await?;
+            *wrote = Some(false);
+            if let Some(lease) = self.insert_claim(&mut conn, req, attempt).await? {
+                reply_lost(&req.scope)?;
                 return Ok(ClaimOutcome::Claimed(lease));
             }
         }
@@ -132,17 +142,91 @@ impl KeyStore for SqliteStore {
             // Read as absent: the insert alone, autocommitted, is the claim.
             // A key that appeared meanwhile makes it insert nothing, and the
             // transaction below decides on the row it finds.
-            if let Some(lease) = self.insert_claim(&mut *self.solo_for_claim().await?, req).await? {
+            let mut conn = self.solo_for_claim().await?;
+            *wrote = Some(false);
+            if let Some(lease) = self.insert_claim(&mut conn, req, attempt).await? {
+                reply_lost(&req.scope)?;
                 return Ok(ClaimOutcome::Claimed(lease));
             }
         }
         let mut tx = self.begin_for_claim().await?;
-        match self.claim_on(&mut tx, req).await? {
+        match self.claim_on(&mut tx, req, attempt, wrote).await? {
             Ok(lease) => {
                 tx.commit().await.map_err(map_err)?;
+                reply_lost(&req.scope)?;
                 Ok(ClaimOutcome::Claimed(lease))
             }
             Err(outcome) => Ok(outcome),
+        }
+    }
+
+    /// A claim whose write went out but whose answer is an error: the write
+    /// may have committed all the same (SPEC §3: a lost claim reply never
+    /// holds a key with no holder). The record is read back; carrying this
+    /// claim's attempt id, in flight, it is this claim's and the lease is
+    /// answered. Otherwise (or when the read fails too) the error stands:
+    /// nothing of this claim holds the key.
+    async fn claimed_after_all(
+        &self,
+        req: &ClaimRequest,
+        attempt: &str,
+        takeover: bool,
+        error: StoreError,
+    ) -> StoreResult<ClaimOutcome> {
+        let row = sqlx::query_as::<_, (i64, i64, Option<String>)>(sql::SELECT_CLAIM_ATTEMPT)
+            .bind(req.scope.account.as_str())
+            .bind(req.scope.key.as_str())
+            .bind(attempt)
+            .fetch_optional(&self.pool)
+            .await;
+        match row {
+            Ok(Some((token, expires_at, recovery_point))) => {
+                tracing::debug!(error = %error, "idempotency: a claim's reply was lost; the record read back is the claim's");
+                self.known.add(&req.scope);
+                Ok(ClaimOutcome::Claimed(Lease {
+                    token: FencingToken(token),
+                    expires_at: Millis(expires_at),
+                    // A takeover resumes from where the record is (the claim
+                    // kept its recovery point); a new request from nothing.
+                    resumed_from: if takeover { recovery_point } else { None },
+                }))
+            }
+            _ => Err(error),
+        }
+    }
+}
+
+/// Test hook (`failpoints` feature): the failpoint
+/// `idemkit_sqlite::claim_reply_lost`, configured `return(<key>)`, makes the
+/// claim of that key answer an error after its write committed, as a lost
+/// reply does.
+fn reply_lost(scope: &Scope) -> StoreResult<()> {
+    #[cfg(feature = "failpoints")]
+    if fail::eval("idemkit_sqlite::claim_reply_lost", |arg| {
+        arg.as_deref() == Some(scope.key.as_str())
+    }) == Some(true)
+    {
+        return Err(StoreError::Unavailable(
+            "failpoint: the claim's reply was lost after its commit".into(),
+        ));
+    }
+    let _ = scope;
+    Ok(())
+}
+
+#[async_trait]
+impl KeyStore for SqliteStore {
+    async fn claim(&self, req: &ClaimRequest) -> StoreResult<ClaimOutcome> {
+        // The attempt id this claim writes into the record, so a claim that
+        // cannot tell whether its write committed can recognise it.
+        let attempt = uuid::Uuid::new_v4().simple().to_string();
+        let mut wrote = None;
+        match self.claim_as(req, &attempt, &mut wrote).await {
+            Err(error) => match wrote {
+                Some(takeover) => self.claimed_after_all(req, &attempt, takeover, error).await,
+                None => Err(error),
+            },
+            answered => answered,
         }
     }
 
@@ -243,11 +327,12 @@ impl KeyStore for SqliteStore {
         let moved = sqlx::query(AssertSqlSafe(sql::REAP_REVIEW.as_str()))
             .bind(before.0)
             .bind(now)
+            .bind(MOVED_TO_REVIEW)
             .execute(&mut *tx)
             .await
             .map_err(map_err)?
             .rows_affected();
-        let parked = sqlx::query(sql::REAP_PARK)
+        let parked = sqlx::query(AssertSqlSafe(sql::REAP_PARK.as_str()))
             .bind(before.0)
             .bind(now)
             .bind(MOVED_TO_REVIEW)
@@ -255,6 +340,8 @@ impl KeyStore for SqliteStore {
             .await
             .map_err(map_err)?
             .rows_affected();
+        // One predicate selects both, so this holds by construction; kept as
+        // a guard against a future edit of either statement.
         if parked != moved {
             return Err(StoreError::Corrupt(format!(
                 "reaper listed {moved} records for review but parked {parked}"

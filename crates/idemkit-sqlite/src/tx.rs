@@ -16,6 +16,7 @@ use sqlx::{Sqlite, SqliteConnection};
 use tokio::sync::OwnedMutexGuard;
 
 use crate::SqliteStore;
+use crate::decode::fetch_record;
 use crate::error::map_err;
 use crate::sql;
 
@@ -262,6 +263,39 @@ impl TransactionalStore for SqliteStore {
                 retry_after: Duration::from_secs(1),
             }));
         };
+        let mut tx = self.begin().await?;
+        let (existing, decision) = if existing.is_none() {
+            // Absent (assumed or read): nothing is handed to the handler from
+            // a record, and a row written meanwhile fails the insert at commit.
+            (existing, decision)
+        } else {
+            // Read again under the write lock, held until commit: the read
+            // above took no lock, and a lapsed holder's fenced write in between
+            // (its token is still the record's) moves the recovery point and
+            // the step outputs without changing the token, state or lease the
+            // commit compares. The handler is given what the record holds now.
+            let fresh = match fetch_record(&mut tx, &req.scope).await {
+                Ok(fresh) => fresh,
+                Err(e) => {
+                    self.rollback_tx(tx).await;
+                    return Err(e);
+                }
+            };
+            let decision = req.decide(fresh.as_ref().map(RecordHead::from).as_ref(), self.clock.now());
+            match decision.settle(fresh.clone()) {
+                Ok(None) => (fresh, decision),
+                settled => {
+                    // Changed meanwhile into something to answer (completed,
+                    // heartbeaten, parked): the lock is let go before the answer.
+                    self.rollback_tx(tx).await;
+                    return settled.and_then(|outcome| {
+                        outcome.map(TxClaim::Other).ok_or_else(|| {
+                            StoreError::Corrupt("a settled decision without an outcome".into())
+                        })
+                    });
+                }
+            }
+        };
         let replaces = existing.as_ref().map(RecordHead::from);
         // An insert's token is raised to the reaper's floor when it is written.
         let token = FencingToken(replaces.map_or(1, |h| h.fencing_token.0 + 1));
@@ -269,7 +303,6 @@ impl TransactionalStore for SqliteStore {
             Decision::Takeover => existing.and_then(|r| r.recovery_point),
             _ => None,
         };
-        let mut tx = self.begin().await?;
         let now = self.clock.now();
         tx.pending = Some(PendingClaim {
             _marker: marker,

@@ -27,6 +27,34 @@ pub(super) enum CourierFailure {
     Transient(String),
 }
 
+/// How a create ends, whatever the protocol and wherever the keys live: the
+/// one table the three create paths (`POST /labels` with the keys in the
+/// rows' database, `POST /labels` with the keys on Redis, gRPC
+/// `CreateLabel`) answer from, so they cannot disagree on what is stored.
+///
+/// | courier step | label | outcome | REST | gRPC |
+/// |---|---|---|---|---|
+/// | booked | `created` | final: stored, replayed | `201` | `OK` |
+/// | refused for good | `failed` | final: stored, replayed | `502` | `FAILED_PRECONDITION` |
+/// | unavailable | `failed` | retryable: not stored, a retry resumes | `502` | `UNAVAILABLE`, RetryInfo 1 s |
+///
+/// A final outcome is stored whatever the route's `server_errors` policy
+/// says: a refusal came after the label row committed, and under `retry` an
+/// unmarked `502` would leave the record resumable, so a retry or the
+/// completer would call the courier again and book the label the caller was
+/// told had failed.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Verdict {
+    /// What the layer does with the answer.
+    pub(super) outcome: Outcome,
+    /// The REST status.
+    pub(super) http: StatusCode,
+    /// The gRPC status code; `None`: `OK` with the label.
+    pub(super) grpc: Option<tonic::Code>,
+    /// The retry hint a retryable answer carries.
+    pub(super) retry_after: Option<Duration>,
+}
+
 /// What the courier step came to.
 pub(super) enum Booked {
     /// Booked: the label is created.
@@ -49,6 +77,71 @@ impl Booked {
                 retryable: true,
             })),
             Err(other) => Err(other.map_work(|e| internal(format!("{e:?}")))),
+        }
+    }
+
+    /// What this outcome is, for every create path: the one table they all
+    /// answer from (see [`Verdict`]).
+    pub(super) fn verdict(&self) -> Verdict {
+        match self {
+            Self::Created(_) => Verdict {
+                outcome: Outcome::Final,
+                http: StatusCode::CREATED,
+                grpc: None,
+                retry_after: None,
+            },
+            Self::Rejected(_) => Verdict {
+                outcome: Outcome::Final,
+                http: StatusCode::BAD_GATEWAY,
+                grpc: Some(tonic::Code::FailedPrecondition),
+                retry_after: None,
+            },
+            Self::Transient(_) => Verdict {
+                outcome: Outcome::Retryable,
+                http: StatusCode::BAD_GATEWAY,
+                grpc: Some(tonic::Code::Unavailable),
+                retry_after: Some(Duration::from_secs(1)),
+            },
+        }
+    }
+
+    /// The step of the label's final write: one per outcome, and one per
+    /// attempt for an unavailable courier (every attempt records its own).
+    pub(super) fn final_step(&self, ctx: &IdempotencyContext) -> String {
+        match self {
+            Self::Created(_) => "created".into(),
+            Self::Rejected(_) => "rejected".into(),
+            Self::Transient(_) => courier_failed_step(ctx),
+        }
+    }
+
+    /// The label row's final write in a phase's transaction (keys in the
+    /// rows' database).
+    pub(super) async fn write<S: LabelsDb>(
+        &self,
+        tx: &mut S::Tx,
+        label_id: &str,
+        error_json: &str,
+    ) -> Result<(), sqlx::Error> {
+        match self {
+            Self::Created(s) => S::mark_created(tx, label_id, s).await,
+            Self::Rejected(_) | Self::Transient(_) => S::mark_failed(tx, label_id, error_json).await,
+        }
+    }
+
+    /// The label row's final write on its own (keys on Redis): the same
+    /// values on every attempt, and a created label is never turned failed.
+    async fn write_keyed<S: LabelsDb>(
+        &self,
+        db: &S,
+        label_id: &str,
+        error_json: &str,
+    ) -> Result<(), sqlx::Error> {
+        match self {
+            Self::Created(s) => db.mark_created_keyed(label_id, s).await,
+            Self::Rejected(_) | Self::Transient(_) => {
+                db.mark_failed_unless_created(label_id, error_json).await
+            }
         }
     }
 
@@ -225,36 +318,34 @@ pub(super) async fn create<S: LabelsDb>(
             .map_err(rest_error)?;
     booked.apply(&mut label);
     let error_json = serde_json::to_string(&label.error).unwrap_or_default();
-    match &booked {
-        Booked::Created(s) => {
-            phases
-                .finish("created", async |tx| {
-                    S::mark_created(tx, &label.id, s).await.map_err(failed)?;
-                    Ok(label_response(StatusCode::CREATED, &label))
-                })
-                .await
-        }
-        Booked::Rejected(_) => {
-            phases
-                .finish("rejected", async |tx| {
-                    S::mark_failed(tx, &label.id, &error_json).await.map_err(failed)?;
-                    Ok(label_response(StatusCode::BAD_GATEWAY, &label))
-                })
-                .await
-        }
-        Booked::Transient(_) => {
-            phases
-                .phase(&courier_failed_step(&ctx), async |tx| {
-                    S::mark_failed(tx, &label.id, &error_json).await.map_err(failed)
-                })
-                .await?;
-            Ok((
-                Outcome::Retryable,
-                label_response(StatusCode::BAD_GATEWAY, &label),
-            )
-                .into_response())
-        }
+    let verdict = booked.verdict();
+    let step = booked.final_step(&ctx);
+    if verdict.outcome == Outcome::Final {
+        // The last write and the stored answer commit together.
+        return phases
+            .finish(&step, async |tx| {
+                booked
+                    .write::<S>(tx, &label.id, &error_json)
+                    .await
+                    .map_err(failed)?;
+                Ok(label_response(verdict.http, &label))
+            })
+            .await;
     }
+    phases
+        .phase(&step, async |tx| {
+            booked
+                .write::<S>(tx, &label.id, &error_json)
+                .await
+                .map_err(failed)
+        })
+        .await?;
+    Ok(rest_answer(verdict, &label))
+}
+
+/// A REST answer as [`Verdict`] has it, marked for the layer.
+fn rest_answer(verdict: Verdict, label: &Label) -> Response {
+    (verdict.outcome, label_response(verdict.http, label)).into_response()
 }
 
 /// `POST /labels` with the keys in a store that is not the labels rows'
@@ -295,38 +386,20 @@ pub(super) async fn create_keyed<S: LabelsDb>(
     let mut label = new_label(&label_id, &req);
     booked.apply(&mut label);
     let error_json = serde_json::to_string(&label.error).unwrap_or_default();
-    match &booked {
-        Booked::Created(s) => {
-            // The same values on every attempt (the courier replays the
-            // shipment for the same key): idempotent as it stands.
-            app.store
-                .mark_created_keyed(&label.id, s)
-                .await
-                .map_err(|e| PhaseError::Work(failed(e)))?;
-            fail::fail_point!("labels::after_finish_write");
-            Ok(label_response(StatusCode::CREATED, &label))
-        }
-        Booked::Rejected(_) => {
-            app.store
-                .mark_failed_unless_created(&label.id, &error_json)
-                .await
-                .map_err(|e| PhaseError::Work(failed(e)))?;
-            Ok(label_response(StatusCode::BAD_GATEWAY, &label))
-        }
-        Booked::Transient(_) => {
-            app.store
-                .mark_failed_unless_created(&label.id, &error_json)
-                .await
-                .map_err(|e| PhaseError::Work(failed(e)))?;
-            // Fenced: a stale attempt learns here that it lost the key.
-            phases.mark::<Response>(&courier_failed_step(&ctx)).await?;
-            Ok((
-                Outcome::Retryable,
-                label_response(StatusCode::BAD_GATEWAY, &label),
-            )
-                .into_response())
-        }
+    let verdict = booked.verdict();
+    booked
+        .write_keyed(&*app.store, &label.id, &error_json)
+        .await
+        .map_err(|e| PhaseError::Work(failed(e)))?;
+    if matches!(booked, Booked::Created(_)) {
+        fail::fail_point!("labels::after_finish_write");
     }
+    if verdict.outcome == Outcome::Retryable {
+        // Fenced: a stale attempt learns here that it lost the key.
+        phases.mark::<Response>(&booked.final_step(&ctx)).await?;
+    }
+    // The layer stores a final answer with the attempt's fenced completion.
+    Ok(rest_answer(verdict, &label))
 }
 
 pub(super) fn now_ms() -> i64 {

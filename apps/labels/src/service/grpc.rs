@@ -2,7 +2,8 @@
 //! recovery points as the REST routes, behind `idemkit-tonic`'s layer.
 //!
 //! `CreateLabel` answers (ErrorInfo `domain` = [`LABELS_DOMAIN`] for the
-//! label's own outcomes, `idemkit` for the layer's refusals):
+//! label's own outcomes, `idemkit` for the layer's refusals), from the one
+//! table every create path shares (`create::Verdict`):
 //!
 //! | outcome | REST | gRPC | stored |
 //! |---|---|---|---|
@@ -21,7 +22,7 @@ use idemkit_tower::{IdempotencyContext, PhaseError};
 use tonic::{Code, Request, Response, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 
-use super::create::{Booked, courier_failed_step, internal, label_and_courier};
+use super::create::{internal, label_and_courier};
 use super::db::LabelsDb;
 use super::{App, CreateLabel, Label, Tokens, read};
 use crate::proto;
@@ -145,41 +146,28 @@ impl<S: LabelsDb> proto::labels_server::Labels for LabelsGrpc<S> {
         booked.apply(&mut label);
         let error_json = serde_json::to_string(&label.error).unwrap_or_default();
         // The final write is a phase of its own; the layer stores the answer
-        // (a crash between the two resumes with every step saved).
-        match &booked {
-            Booked::Created(s) => {
-                phases
-                    .phase("created", async |tx| {
-                        S::mark_created(tx, &label.id, s).await.map_err(internal)
-                    })
+        // (a crash between the two resumes with every step saved), as the one
+        // table of outcomes (`Verdict`) has it.
+        let verdict = booked.verdict();
+        phases
+            .phase(&booked.final_step(&ctx), async |tx| {
+                booked
+                    .write::<S>(tx, &label.id, &error_json)
                     .await
-                    .map_err(phase_status)?;
-                Ok(Response::new(to_message(&label)))
+                    .map_err(internal)
+            })
+            .await
+            .map_err(phase_status)?;
+        match verdict.grpc {
+            None => {
+                let mut answer = Response::new(to_message(&label));
+                answer.extensions_mut().insert(verdict.outcome);
+                Ok(answer)
             }
-            Booked::Rejected(_) => {
-                phases
-                    .phase("rejected", async |tx| {
-                        S::mark_failed(tx, &label.id, &error_json).await.map_err(internal)
-                    })
-                    .await
-                    .map_err(phase_status)?;
-                Err(with_outcome(
-                    failed_label(Code::FailedPrecondition, &label, None),
-                    Outcome::Final,
-                ))
-            }
-            Booked::Transient(_) => {
-                phases
-                    .phase(&courier_failed_step(&ctx), async |tx| {
-                        S::mark_failed(tx, &label.id, &error_json).await.map_err(internal)
-                    })
-                    .await
-                    .map_err(phase_status)?;
-                Err(with_outcome(
-                    failed_label(Code::Unavailable, &label, Some(Duration::from_secs(1))),
-                    Outcome::Retryable,
-                ))
-            }
+            Some(code) => Err(with_outcome(
+                failed_label(code, &label, verdict.retry_after),
+                verdict.outcome,
+            )),
         }
     }
 

@@ -7,6 +7,7 @@ use idemkit_labels::courier::{CourierConfig, RunningCourier, Stats};
 use serde_json::Value;
 
 mod courier;
+mod create;
 
 /// A courier on a free loopback port with its own temporary SQLite file.
 pub(crate) async fn start_courier() -> RunningCourier {

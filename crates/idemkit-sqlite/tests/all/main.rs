@@ -64,6 +64,11 @@ impl BusinessProbe<SqliteStore> for Orders {
     }
 }
 
+#[cfg(feature = "failpoints")]
+mod claim_reply;
+mod reap;
+mod takeover;
+
 mod conformance {
     use super::*;
     idemkit_testkit::store_conformance_tests!(fresh);

@@ -24,6 +24,7 @@ const SQLITE: &[(i64, &str)] = &[
     (20261201000001, "9cd69b62d6ab3716"),
     (20261215000001, "f6532604cf0e4c55"),
     (20261217000001, "bfc3518e048b976f"),
+    (20261221000001, "82b348f2352a9dd8"),
 ];
 
 fn checksums(migrator: &sqlx::migrate::Migrator) -> Vec<(i64, String)> {
