@@ -73,7 +73,11 @@ fn main() -> ExitCode {
         let injected = info
             .payload()
             .downcast_ref::<&str>()
-            .is_some_and(|s| s.starts_with("simulated"));
+            .is_some_and(|s| s.starts_with("simulated"))
+            || info
+                .payload()
+                .downcast_ref::<String>()
+                .is_some_and(|s| s.starts_with("simulated"));
         if !injected {
             default_hook(info);
         }

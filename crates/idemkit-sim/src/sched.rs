@@ -102,7 +102,8 @@ pub struct Faults {
     pub unavailable: f64,
     /// Calls an outage lasts.
     pub outage_len: u32,
-    /// An instance crash: all its parked calls and every later call of it never return.
+    /// An instance crash: all its parked calls and every later call of it
+    /// unwind their tasks (the process is gone).
     pub crash: f64,
     /// A handler panic (drawn by the handler at its own points).
     pub panic: f64,
@@ -318,14 +319,12 @@ impl Sched {
             Some(rx)
             }
         };
-        let Some(rx) = rx else {
-            return std::future::pending().await;
-        };
+        let Some(rx) = rx else { crashed() };
         self.notify.notify_one();
         match rx.await {
             Ok(p) => p,
             // The driver dropped the permit: the instance crashed.
-            Err(_) => std::future::pending().await,
+            Err(_) => crashed(),
         }
     }
 
@@ -496,6 +495,17 @@ impl Sched {
         let g = self.lock();
         g.in_store > 0 || !g.parked.is_empty()
     }
+}
+
+/// The panic message of a crashed instance's calls.
+pub const CRASHED: &str = "simulated crash: this instance's process is gone";
+
+/// Unwinds the calling task: a crashed process's futures are dropped at
+/// their next store call, releasing what they hold (an open SQLite
+/// transaction, the writer lock) as the database does when a process dies.
+/// Clients see the unwinding as a reset connection.
+fn crashed() -> ! {
+    std::panic::panic_any(CRASHED)
 }
 
 /// Marks the end of a store call when dropped.

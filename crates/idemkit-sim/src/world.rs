@@ -3,6 +3,7 @@
 //! operator, run to the end under the scheduler, then checked.
 
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -19,6 +20,7 @@ use idemkit_tower::{
     BearerTokenAccount, CallError, Completer, Downstream, IdempotencyContext, IdempotencyLayer, PhaseError, Phases,
     Reaper, Tx,
 };
+use futures::FutureExt;
 use tower::ServiceExt;
 
 use crate::check::{self, Answer, Violation};
@@ -407,9 +409,11 @@ impl World {
                 .unwrap_or_default();
             (status, body.to_vec())
         };
+        let call = std::panic::AssertUnwindSafe(call).catch_unwind();
         let answer = match tokio::time::timeout(timeout, call).await {
-            Ok((status, body)) => Answer::new(spec.id, status, body, final_check),
-            Err(_) => Answer::hung_up(spec.id, final_check),
+            Ok(Ok((status, body))) => Answer::new(spec.id, status, body, final_check),
+            // The instance crashed under the request: the connection reset.
+            Ok(Err(_)) | Err(_) => Answer::hung_up(spec.id, final_check),
         };
         self.answers.lock().unwrap_or_else(|p| p.into_inner()).push(answer.clone());
         answer
@@ -430,13 +434,17 @@ impl World {
         for round in 0..6u32 {
             tokio::time::sleep(Duration::from_secs(4)).await;
             let inst = self.live();
-            if round % 2 == 0 {
-                let completer = Completer::new(inst.store.clone(), inst.app.clone()).min_age(COMPLETER_AGE);
-                let _ = completer.run_once().await;
-            } else {
-                let reaper = Reaper::new(inst.store.clone(), &policy());
-                let _ = reaper.run_once().await;
-            }
+            let pass = async {
+                if round % 2 == 0 {
+                    let completer = Completer::new(inst.store.clone(), inst.app.clone()).min_age(COMPLETER_AGE);
+                    let _ = completer.run_once().await;
+                } else {
+                    let reaper = Reaper::new(inst.store.clone(), &policy());
+                    let _ = reaper.run_once().await;
+                }
+            };
+            // A pass on an instance that crashes under it dies with it.
+            let _ = std::panic::AssertUnwindSafe(pass).catch_unwind().await;
         }
     }
 
@@ -447,7 +455,9 @@ impl World {
             tokio::time::sleep(wait).await;
             let i = self.sched.with_rng(|r| r.below(specs.len()));
             let inst = self.live();
-            let _ = inst.store.force_release(&specs[i].scope()).await;
+            let scope = specs[i].scope();
+            let release = inst.store.force_release(&scope);
+            let _ = std::panic::AssertUnwindSafe(release).catch_unwind().await;
         }
     }
 }
@@ -455,6 +465,17 @@ impl World {
 fn clock_elapsed(c: &VirtualClock) -> Duration {
     use idemkit_core::Clock;
     Duration::from_millis((c.now().0 - 1_700_000_000_000).max(0) as u64)
+}
+
+/// Runs `fut` in a task and spins until it ends, so that paused time does
+/// not auto-advance while it waits on I/O (the checker's own store reads).
+async fn busy_wait<T: Send + 'static>(fut: impl Future<Output = T> + Send + 'static) -> T {
+    let handle = tokio::spawn(fut);
+    while !handle.is_finished() {
+        tokio::task::yield_now().await;
+        std::thread::yield_now();
+    }
+    handle.await.expect("the checker does not panic")
 }
 
 /// Drives the runtime until `done` holds, releasing one parked task at a time.
@@ -589,7 +610,9 @@ async fn run_inner(config: &Config) -> Outcome {
                 tokio::time::sleep(LEASE + COMPLETER_AGE + Duration::from_secs(1)).await;
                 let inst = world.live();
                 let completer = Completer::new(inst.store.clone(), inst.app.clone()).min_age(COMPLETER_AGE);
-                let _ = completer.run_once().await;
+                let _ = completer.run_once().await.map_err(|e| {
+                    world.sched.note(|| format!("completer pass failed: {e}"));
+                });
             }
         })
     };
@@ -598,7 +621,10 @@ async fn run_inner(config: &Config) -> Outcome {
         violations.push(Violation::stuck(format!("the completer did not finish: {e}")));
     }
     sched.note(|| format!("liveness check at +{:?}", clock_elapsed(&world.clock)));
-    let settled = check::settled(&world.raw, &specs).await;
+    let settled = {
+        let (raw, specs) = (world.raw.clone(), specs.clone());
+        busy_wait(async move { check::settled(&raw, &specs).await }).await
+    };
     violations.extend(settled);
     // Phase 3: one final request per request: none may answer "in progress".
     let finals = {
@@ -617,17 +643,23 @@ async fn run_inner(config: &Config) -> Outcome {
     let answers = world.answers.lock().unwrap_or_else(|p| p.into_inner()).clone();
     let events = log.lock().unwrap_or_else(|p| p.into_inner()).clone();
     let rows = match &world.backing {
-        Backing::Sqlite { store, .. } => sqlx::query_as::<_, (String, i64)>(
-            "SELECT item, COUNT(*) FROM sim_orders GROUP BY item",
-        )
-        .fetch_all(store.pool())
-        .await
-        .unwrap_or_default(),
+        Backing::Sqlite { store, .. } => {
+            let pool = store.pool().clone();
+            busy_wait(async move {
+                sqlx::query_as::<_, (String, i64)>("SELECT item, COUNT(*) FROM sim_orders GROUP BY item")
+                    .fetch_all(&pool)
+                    .await
+                    .unwrap_or_default()
+            })
+            .await
+        }
         Backing::Memory(_) => Vec::new(),
     };
     {
-        let fx = world.shared.effects.lock().unwrap_or_else(|p| p.into_inner());
-        violations.extend(check::safety(&specs, &answers, &events, &fx, &rows, &world.raw).await);
+        let fx = std::mem::take(&mut *world.shared.effects.lock().unwrap_or_else(|p| p.into_inner()));
+        let (raw, specs) = (world.raw.clone(), specs.clone());
+        let found = busy_wait(async move { check::safety(&specs, &answers, &events, &fx, &rows, &raw).await }).await;
+        violations.extend(found);
     }
     let stats = sched.stats();
     let trace = sched.trace();
