@@ -90,6 +90,22 @@ pub enum Permit {
     /// (After the call) the reply is lost: the write applied, the caller sees
     /// an `Unavailable` error.
     LoseReply,
+    /// (Before the call) the instance freezes for this many milliseconds of
+    /// virtual time (a paused process): none of its calls is sent meanwhile,
+    /// heartbeats included, so its leases may run out, and its calls then
+    /// arrive late.
+    Stall(u64),
+}
+
+impl Permit {
+    fn code(self) -> u64 {
+        match self {
+            Self::Go => 0,
+            Self::Unavailable => 1,
+            Self::LoseReply => 2,
+            Self::Stall(ms) => 3 + ms,
+        }
+    }
 }
 
 /// Which faults a run injects, and how often (per released yield point).
@@ -109,6 +125,10 @@ pub struct Faults {
     pub panic: f64,
     /// A downstream that acted but whose answer was lost.
     pub lost_answer: f64,
+    /// A downstream call that takes 1 to 15 s of virtual time.
+    pub slow: f64,
+    /// An instance that freezes for 1 to 15 s of virtual time.
+    pub stall: f64,
 }
 
 impl Faults {
@@ -120,6 +140,8 @@ impl Faults {
         crash: 0.0,
         panic: 0.0,
         lost_answer: 0.0,
+        slow: 0.0,
+        stall: 0.0,
     };
 
     /// The default mix.
@@ -130,6 +152,8 @@ impl Faults {
         crash: 0.004,
         panic: 0.03,
         lost_answer: 0.1,
+        slow: 0.1,
+        stall: 0.03,
     };
 }
 
@@ -161,6 +185,7 @@ struct Inner {
     hash: u64,
     faults_injected: u64,
     dead: Vec<bool>,
+    frozen: HashMap<usize, tokio::time::Instant>,
     outage: HashMap<usize, u32>,
     trace: Vec<String>,
     tracing: bool,
@@ -213,6 +238,7 @@ impl Sched {
                 hash: 0xcbf2_9ce4_8422_2325,
                 faults_injected: 0,
                 dead: Vec::new(),
+                frozen: HashMap::new(),
                 outage: HashMap::new(),
                 trace: Vec::new(),
                 tracing: std::env::var_os("IDEMKIT_SIM_TRACE").is_some(),
@@ -230,6 +256,16 @@ impl Sched {
         let mut g = self.lock();
         g.dead.push(false);
         g.dead.len() - 1
+    }
+
+    /// Until when the instance is frozen (a stalled process: none of its
+    /// store calls is sent, heartbeats included).
+    pub fn frozen_until(&self, instance: usize) -> Option<tokio::time::Instant> {
+        let g = self.lock();
+        g.frozen
+            .get(&instance)
+            .copied()
+            .filter(|t| *t > tokio::time::Instant::now())
     }
 
     /// Whether the instance crashed.
@@ -414,7 +450,7 @@ impl Sched {
             parked.owner as u64,
             parked.phase as u64,
             parked.op.len() as u64,
-            permit.map_or(9, |p| p as u64),
+            permit.map_or(9, Permit::code),
         ] {
             *h ^= part;
             *h = h.wrapping_mul(0x0100_0000_01b3);
@@ -461,6 +497,13 @@ impl Sched {
                         g.outage.remove(&p.instance);
                     }
                     return Some(Permit::Unavailable);
+                }
+                if g.rng.chance(f.stall) {
+                    g.faults_injected += 1;
+                    let ms = 1000 + g.rng.next_u64() % 14_000;
+                    let until = tokio::time::Instant::now() + Duration::from_millis(ms);
+                    g.frozen.insert(p.instance, until);
+                    return Some(Permit::Stall(ms));
                 }
                 if g.rng.chance(f.unavailable) {
                     g.faults_injected += 1;

@@ -112,8 +112,17 @@ impl<S: ?Sized> Instrumented<S> {
     where
         F: Future<Output = StoreResult<T>>,
     {
-        if self.sched.point(self.instance, Phase::Before, op).await == Permit::Unavailable {
-            return Err(unavailable());
+        if let Some(until) = self.sched.frozen_until(self.instance) {
+            tokio::time::sleep_until(until).await;
+        }
+        match self.sched.point(self.instance, Phase::Before, op).await {
+            Permit::Unavailable => return Err(unavailable()),
+            Permit::Stall(_) => {
+                if let Some(until) = self.sched.frozen_until(self.instance) {
+                    tokio::time::sleep_until(until).await;
+                }
+            }
+            Permit::Go | Permit::LoseReply => {}
         }
         let result = {
             let _guard = self.sched.enter_store();

@@ -206,6 +206,12 @@ async fn pay<St: TransactionalStore>(
     let it = item.clone();
     let charge: String = phases
         .external("charge", Downstream::IgnoresKeys, async move |key| {
+            // A slow downstream: the attempt outlives its lease unless its
+            // heartbeats get through.
+            if shared.sched.fault(|f| f.slow) {
+                let pause = shared.sched.with_rng(|r| r.millis(1000, 15000));
+                tokio::time::sleep(pause).await;
+            }
             let mut fx = shared.effects.lock().unwrap_or_else(|p| p.into_inner());
             let list = fx.ignoring.entry(it).or_default();
             list.push(key.as_str().to_owned());
