@@ -192,18 +192,32 @@ pub async fn safety(
     // Effects: one per request at the downstream that ignores keys; one key
     // per request at the one that honours them.
     for (item, calls) in &fx.ignoring {
-        if calls.len() > 1 && !specs.iter().any(|s| s.item == item && discarded.contains(&s.scope())) {
+        if calls.len() > 1
+            && !specs
+                .iter()
+                .any(|s| s.item == item && discarded.contains(&s.scope()))
+        {
             out.push(Violation::new(
                 Kind::DuplicateEffect,
-                format!("request {item}: {} calls to the downstream that ignores keys: {calls:?}", calls.len()),
+                format!(
+                    "request {item}: {} calls to the downstream that ignores keys: {calls:?}",
+                    calls.len()
+                ),
             ));
         }
     }
     for (item, keys) in &fx.honouring {
-        if keys.len() > 1 && !specs.iter().any(|s| s.item == item && discarded.contains(&s.scope())) {
+        if keys.len() > 1
+            && !specs
+                .iter()
+                .any(|s| s.item == item && discarded.contains(&s.scope()))
+        {
             out.push(Violation::new(
                 Kind::DuplicateEffect,
-                format!("request {item}: the downstream that honours keys got {} different keys: {keys:?}", keys.len()),
+                format!(
+                    "request {item}: the downstream that honours keys got {} different keys: {keys:?}",
+                    keys.len()
+                ),
             ));
         }
     }
@@ -263,9 +277,7 @@ pub async fn safety(
                 ),
             ));
         }
-        if a.final_check
-            && (a.is("idempotency_request_in_progress") || a.status == 0 || a.status == 503)
-        {
+        if a.final_check && (a.is("idempotency_request_in_progress") || a.status == 0 || a.status == 503) {
             out.push(Violation::stuck(format!(
                 "request {}: after faults stopped and the completer ran, it still answers {} {}",
                 spec.item,
@@ -276,8 +288,12 @@ pub async fn safety(
     }
     for (scope, list) in &by_scope {
         let first = list[0];
-        if let Some(other) = list.iter().find(|a| a.body != first.body || a.status != first.status) {
-            if !discarded.contains(scope) {
+        if let Some(other) = list
+            .iter()
+            .find(|a| a.body != first.body || a.status != first.status)
+            && !discarded.contains(scope)
+        {
+            {
                 out.push(Violation::new(
                     Kind::WrongAnswer,
                     format!(

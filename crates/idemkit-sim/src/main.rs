@@ -116,7 +116,10 @@ fn main() -> ExitCode {
                 for v in &outcome.violations {
                     println!("  {v}");
                 }
-                let mutant = args.mutation.map(|m| format!(" --mutant {}", m.name())).unwrap_or_default();
+                let mutant = args
+                    .mutation
+                    .map(|m| format!(" --mutant {}", m.name()))
+                    .unwrap_or_default();
                 println!(
                     "sim: replay with: bash .ci/sim --store {} --seed {run_seed} --schedule {index}{mutant}",
                     store.name()
@@ -137,5 +140,9 @@ fn main() -> ExitCode {
         faults += store_faults;
     }
     println!("sim: {schedules} schedules, {faults} faults, {violations} violations");
-    if violations > 0 { ExitCode::from(1) } else { ExitCode::SUCCESS }
+    if violations > 0 {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    }
 }

@@ -161,7 +161,12 @@ impl<S: KeyStore + ?Sized> KeyStore for Mutant<S> {
     async fn heartbeat(&self, scope: &Scope, token: FencingToken, lease: Duration) -> StoreResult<Millis> {
         self.inner.heartbeat(&self.scope(scope), token, lease).await
     }
-    async fn complete(&self, scope: &Scope, token: FencingToken, response: &StoredResponse) -> StoreResult<()> {
+    async fn complete(
+        &self,
+        scope: &Scope,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> StoreResult<()> {
         let scope = self.scope(scope);
         let token = self.complete_token(&scope, token).await?;
         self.inner.complete(&scope, token, response).await
@@ -247,7 +252,9 @@ impl<S: TransactionalStore> TransactionalStore for Mutant<S> {
         token: FencingToken,
         update: &PhaseUpdate,
     ) -> StoreResult<()> {
-        self.inner.advance_in_tx(tx, &self.scope(scope), token, update).await
+        self.inner
+            .advance_in_tx(tx, &self.scope(scope), token, update)
+            .await
     }
     async fn complete_in_tx(
         &self,

@@ -331,28 +331,28 @@ impl Sched {
             if g.dead.get(instance).copied().unwrap_or(false) {
                 None
             } else {
-            let owner = match tokio::task::try_id() {
-                Some(id) => {
-                    let next = g.owners.len();
-                    let owner = *g.owners.entry(id).or_insert(next);
-                    if owner == g.priority.len() {
-                        let p = g.rng.next_u64() | (1 << 40);
-                        g.priority.push(p);
+                let owner = match tokio::task::try_id() {
+                    Some(id) => {
+                        let next = g.owners.len();
+                        let owner = *g.owners.entry(id).or_insert(next);
+                        if owner == g.priority.len() {
+                            let p = g.rng.next_u64() | (1 << 40);
+                            g.priority.push(p);
+                        }
+                        owner
                     }
-                    owner
-                }
-                None => usize::MAX,
-            };
-            let (tx, rx) = oneshot::channel();
-            g.parked.push(Parked {
-                owner,
-                instance,
-                phase,
-                op,
-                tx,
-            });
-            g.progress += 1;
-            Some(rx)
+                    None => usize::MAX,
+                };
+                let (tx, rx) = oneshot::channel();
+                g.parked.push(Parked {
+                    owner,
+                    instance,
+                    phase,
+                    op,
+                    tx,
+                });
+                g.progress += 1;
+                Some(rx)
             }
         };
         let Some(rx) = rx else { crashed() };

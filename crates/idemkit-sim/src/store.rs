@@ -173,35 +173,52 @@ impl<S: KeyStore + ?Sized> KeyStore for Instrumented<S> {
     }
     async fn heartbeat(&self, scope: &Scope, token: FencingToken, lease: Duration) -> StoreResult<Millis> {
         let s = scope.clone();
-        self.call("heartbeat", self.inner.heartbeat(scope, token, lease), move |_, log| {
-            push(
-                log,
-                Event::FencedWrite {
-                    scope: s,
-                    token,
-                    op: "heartbeat",
-                },
-            )
-        })
+        self.call(
+            "heartbeat",
+            self.inner.heartbeat(scope, token, lease),
+            move |_, log| {
+                push(
+                    log,
+                    Event::FencedWrite {
+                        scope: s,
+                        token,
+                        op: "heartbeat",
+                    },
+                )
+            },
+        )
         .await
     }
-    async fn complete(&self, scope: &Scope, token: FencingToken, response: &StoredResponse) -> StoreResult<()> {
+    async fn complete(
+        &self,
+        scope: &Scope,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> StoreResult<()> {
         let (s, r) = (scope.clone(), response.clone());
-        self.call("complete", self.inner.complete(scope, token, response), move |_, log| {
-            push(
-                log,
-                Event::Completed {
-                    scope: s,
-                    token,
-                    response: r,
-                },
-            )
-        })
+        self.call(
+            "complete",
+            self.inner.complete(scope, token, response),
+            move |_, log| {
+                push(
+                    log,
+                    Event::Completed {
+                        scope: s,
+                        token,
+                        response: r,
+                    },
+                )
+            },
+        )
         .await
     }
     async fn release(&self, scope: &Scope, token: FencingToken) -> StoreResult<()> {
-        self.call("release", self.inner.release(scope, token), fenced(scope, token, "release"))
-            .await
+        self.call(
+            "release",
+            self.inner.release(scope, token),
+            fenced(scope, token, "release"),
+        )
+        .await
     }
     async fn release_discarding(&self, scope: &Scope, token: FencingToken) -> StoreResult<()> {
         self.call(
@@ -237,12 +254,20 @@ impl<S: KeyStore + ?Sized> KeyStore for Instrumented<S> {
         .await
     }
     async fn park(&self, scope: &Scope, token: FencingToken, reason: &str) -> StoreResult<()> {
-        self.call("park", self.inner.park(scope, token, reason), fenced(scope, token, "park"))
-            .await
+        self.call(
+            "park",
+            self.inner.park(scope, token, reason),
+            fenced(scope, token, "park"),
+        )
+        .await
     }
     async fn abandoned(&self, claimed_before: Millis, limit: usize) -> StoreResult<Vec<Record>> {
-        self.call("abandoned", self.inner.abandoned(claimed_before, limit), |_, _| {})
-            .await
+        self.call(
+            "abandoned",
+            self.inner.abandoned(claimed_before, limit),
+            |_, _| {},
+        )
+        .await
     }
     async fn reap(&self, before: Millis) -> StoreResult<ReapReport> {
         self.call("reap", self.inner.reap(before), |_, _| {}).await
@@ -255,32 +280,40 @@ impl<S: KeyStore + ?Sized> KeyStore for Instrumented<S> {
     }
     async fn force_release(&self, scope: &Scope) -> StoreResult<bool> {
         let s = scope.clone();
-        self.call("force_release", self.inner.force_release(scope), move |done, log| {
-            if *done {
-                push(
-                    log,
-                    Event::OperatorReleased {
-                        scope: s,
-                        discarded: false,
-                    },
-                )
-            }
-        })
+        self.call(
+            "force_release",
+            self.inner.force_release(scope),
+            move |done, log| {
+                if *done {
+                    push(
+                        log,
+                        Event::OperatorReleased {
+                            scope: s,
+                            discarded: false,
+                        },
+                    )
+                }
+            },
+        )
         .await
     }
     async fn discard_progress(&self, scope: &Scope) -> StoreResult<bool> {
         let s = scope.clone();
-        self.call("discard_progress", self.inner.discard_progress(scope), move |done, log| {
-            if *done {
-                push(
-                    log,
-                    Event::OperatorReleased {
-                        scope: s,
-                        discarded: true,
-                    },
-                )
-            }
-        })
+        self.call(
+            "discard_progress",
+            self.inner.discard_progress(scope),
+            move |done, log| {
+                if *done {
+                    push(
+                        log,
+                        Event::OperatorReleased {
+                            scope: s,
+                            discarded: true,
+                        },
+                    )
+                }
+            },
+        )
         .await
     }
     async fn wait_for_change(&self, scope: &Scope, timeout: Duration) -> StoreResult<()> {
@@ -380,7 +413,12 @@ impl<S: KeyStore + ?Sized> KeyStore for MemTx<S> {
     async fn heartbeat(&self, scope: &Scope, token: FencingToken, lease: Duration) -> StoreResult<Millis> {
         self.0.heartbeat(scope, token, lease).await
     }
-    async fn complete(&self, scope: &Scope, token: FencingToken, response: &StoredResponse) -> StoreResult<()> {
+    async fn complete(
+        &self,
+        scope: &Scope,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> StoreResult<()> {
         self.0.complete(scope, token, response).await
     }
     async fn release(&self, scope: &Scope, token: FencingToken) -> StoreResult<()> {

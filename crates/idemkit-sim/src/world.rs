@@ -12,15 +12,15 @@ use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
+use futures::FutureExt;
 use http::{Request, StatusCode};
 use idemkit_core::{Account, IdempotencyKey, KeyStore, Millis, Policy, Scope, TransactionalStore};
 use idemkit_sqlite::{SqliteConfig, SqliteStore, SqliteTx};
 use idemkit_testkit::MemoryStore;
 use idemkit_tower::{
-    BearerTokenAccount, CallError, Completer, Downstream, IdempotencyContext, IdempotencyLayer, PhaseError, Phases,
-    Reaper, Tx,
+    BearerTokenAccount, CallError, Completer, Downstream, IdempotencyContext, IdempotencyLayer, PhaseError,
+    Phases, Reaper, Tx,
 };
-use futures::FutureExt;
 use tower::ServiceExt;
 
 use crate::check::{self, Answer, Violation};
@@ -134,10 +134,34 @@ pub fn scenario(store: StoreKind) -> Vec<Spec> {
         StoreKind::Memory => "/pay",
     };
     vec![
-        Spec { id: 0, account: "acct-a", key: "key-1", path: "/pay", item: "a1" },
-        Spec { id: 1, account: "acct-b", key: "key-1", path: "/pay", item: "b1" },
-        Spec { id: 2, account: "acct-a", key: "key-1", path: "/pay", item: "a1-other" },
-        Spec { id: 3, account: "acct-a", key: "key-2", path: second, item: "a2" },
+        Spec {
+            id: 0,
+            account: "acct-a",
+            key: "key-1",
+            path: "/pay",
+            item: "a1",
+        },
+        Spec {
+            id: 1,
+            account: "acct-b",
+            key: "key-1",
+            path: "/pay",
+            item: "b1",
+        },
+        Spec {
+            id: 2,
+            account: "acct-a",
+            key: "key-1",
+            path: "/pay",
+            item: "a1-other",
+        },
+        Spec {
+            id: 3,
+            account: "acct-a",
+            key: "key-2",
+            path: second,
+            item: "a2",
+        },
     ]
 }
 
@@ -218,7 +242,10 @@ async fn pay<St: TransactionalStore>(
             let id = format!("ch-{}", list.len());
             drop(fx);
             if shared.sched.fault(|f| f.lost_answer) {
-                return Err(CallError::Unknown((StatusCode::BAD_GATEWAY, "charge timed out".into())));
+                return Err(CallError::Unknown((
+                    StatusCode::BAD_GATEWAY,
+                    "charge timed out".into(),
+                )));
             }
             Ok(id)
         })
@@ -241,7 +268,10 @@ async fn pay<St: TransactionalStore>(
             };
             drop(fx);
             if shared.sched.fault(|f| f.lost_answer) {
-                return Err(CallError::Unknown((StatusCode::BAD_GATEWAY, "notify timed out".into())));
+                return Err(CallError::Unknown((
+                    StatusCode::BAD_GATEWAY,
+                    "notify timed out".into(),
+                )));
             }
             Ok(answer)
         })
@@ -408,7 +438,12 @@ impl World {
             self.sched.with_rng(|r| r.millis(300, 9000))
         };
         let call = async {
-            let res = inst.app.clone().oneshot(spec.request()).await.expect("infallible router");
+            let res = inst
+                .app
+                .clone()
+                .oneshot(spec.request())
+                .await
+                .expect("infallible router");
             let status = res.status().as_u16();
             let body = axum::body::to_bytes(res.into_body(), usize::MAX)
                 .await
@@ -421,7 +456,10 @@ impl World {
             // The instance crashed under the request: the connection reset.
             Ok(Err(_)) | Err(_) => Answer::hung_up(spec.id, final_check),
         };
-        self.answers.lock().unwrap_or_else(|p| p.into_inner()).push(answer.clone());
+        self.answers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(answer.clone());
         answer
     }
 
@@ -442,7 +480,8 @@ impl World {
             let inst = self.live();
             let pass = async {
                 if round % 2 == 0 {
-                    let completer = Completer::new(inst.store.clone(), inst.app.clone()).min_age(COMPLETER_AGE);
+                    let completer =
+                        Completer::new(inst.store.clone(), inst.app.clone()).min_age(COMPLETER_AGE);
                     let _ = completer.run_once().await;
                 } else {
                     let reaper = Reaper::new(inst.store.clone(), &policy());
@@ -524,10 +563,12 @@ async fn open_sqlite(seed: u64) -> (SqliteStore, std::path::PathBuf) {
         ..SqliteConfig::default()
     };
     let store = SqliteStore::open_with(&path, &config).await.expect("open sqlite");
-    sqlx::query("CREATE TABLE IF NOT EXISTS sim_orders (id INTEGER PRIMARY KEY AUTOINCREMENT, item TEXT NOT NULL)")
-        .execute(store.pool())
-        .await
-        .expect("create sim_orders");
+    sqlx::query(
+        "CREATE TABLE IF NOT EXISTS sim_orders (id INTEGER PRIMARY KEY AUTOINCREMENT, item TEXT NOT NULL)",
+    )
+    .execute(store.pool())
+    .await
+    .expect("create sim_orders");
     store.keys_loaded().await;
     (store, path)
 }
@@ -664,7 +705,8 @@ async fn run_inner(config: &Config) -> Outcome {
     {
         let fx = std::mem::take(&mut *world.shared.effects.lock().unwrap_or_else(|p| p.into_inner()));
         let (raw, specs) = (world.raw.clone(), specs.clone());
-        let found = busy_wait(async move { check::safety(&specs, &answers, &events, &fx, &rows, &raw).await }).await;
+        let found =
+            busy_wait(async move { check::safety(&specs, &answers, &events, &fx, &rows, &raw).await }).await;
         violations.extend(found);
     }
     let stats = sched.stats();

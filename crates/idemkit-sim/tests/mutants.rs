@@ -35,8 +35,11 @@ fn quiet_injected_panics() {
         let default_hook = std::panic::take_hook();
         std::panic::set_hook(Box::new(move |info| {
             let p = info.payload();
-            let injected = p.downcast_ref::<&str>().is_some_and(|s| s.starts_with("simulated"))
-                || p.downcast_ref::<String>().is_some_and(|s| s.starts_with("simulated"));
+            let injected = p
+                .downcast_ref::<&str>()
+                .is_some_and(|s| s.starts_with("simulated"))
+                || p.downcast_ref::<String>()
+                    .is_some_and(|s| s.starts_with("simulated"));
             if !injected {
                 default_hook(info);
             }
@@ -49,7 +52,11 @@ fn real_memory_store_passes() {
     quiet_injected_panics();
     for n in 0..60 {
         let outcome = run(&config_for(StoreKind::Memory, 0x5eed, n, None));
-        assert!(outcome.violations.is_empty(), "schedule {n}: {:?}", outcome.violations);
+        assert!(
+            outcome.violations.is_empty(),
+            "schedule {n}: {:?}",
+            outcome.violations
+        );
     }
 }
 
@@ -58,7 +65,11 @@ fn real_sqlite_store_passes() {
     quiet_injected_panics();
     for n in 0..15 {
         let outcome = run(&config_for(StoreKind::Sqlite, 0x5eed, n, None));
-        assert!(outcome.violations.is_empty(), "schedule {n}: {:?}", outcome.violations);
+        assert!(
+            outcome.violations.is_empty(),
+            "schedule {n}: {:?}",
+            outcome.violations
+        );
     }
 }
 
