@@ -178,6 +178,7 @@ struct Inner {
     change_points: Vec<u64>,
     /// Store calls running right now.
     in_store: usize,
+    running: Vec<&'static str>,
     /// Bumped on every registration, store entry and exit: the settle loop
     /// waits until it stops moving.
     progress: u64,
@@ -233,6 +234,7 @@ impl Sched {
                 priority: Vec::new(),
                 change_points,
                 in_store: 0,
+                running: Vec::new(),
                 progress: 0,
                 steps: 0,
                 hash: 0xcbf2_9ce4_8422_2325,
@@ -365,8 +367,9 @@ impl Sched {
     }
 
     /// Marks a store call as running (until the guard drops).
-    pub fn enter_store(self: &Arc<Self>) -> StoreGuard {
+    pub fn enter_store(self: &Arc<Self>, op: &'static str) -> StoreGuard {
         let mut g = self.lock();
+        g.running.push(op);
         g.in_store += 1;
         g.progress += 1;
         StoreGuard(self.clone())
@@ -394,9 +397,17 @@ impl Sched {
             }
             still += 1;
             if in_store > 0 {
-                if since.elapsed() < Duration::from_millis(25) {
+                if since.elapsed() < LOCK_WAIT {
                     std::thread::yield_now();
                     continue;
+                }
+                if std::env::var_os("IDEMKIT_SIM_DEBUG").is_some() {
+                    let g = self.lock();
+                    eprintln!(
+                        "lock wait: {:?} in store, parked: {:?}",
+                        g.running,
+                        g.parked.iter().map(|p| (p.owner, p.op)).collect::<Vec<_>>()
+                    );
                 }
                 return;
             }
@@ -498,7 +509,15 @@ impl Sched {
                     }
                     return Some(Permit::Unavailable);
                 }
-                if g.rng.chance(f.stall) {
+                // Not inside an open transaction: a process frozen while it
+                // holds SQLite's write lock stalls every writer for real
+                // milliseconds per step, and the freeze is as likely between
+                // transactions.
+                let in_tx = matches!(
+                    p.op,
+                    "advance_in_tx" | "commit" | "complete_in_tx" | "rollback_tx"
+                );
+                if !in_tx && g.rng.chance(f.stall) {
                     g.faults_injected += 1;
                     let ms = 1000 + g.rng.next_u64() % 14_000;
                     let until = tokio::time::Instant::now() + Duration::from_millis(ms);
@@ -534,11 +553,19 @@ impl Sched {
     }
 
     /// Whether a store call is running.
-    pub fn busy(&self) -> bool {
-        let g = self.lock();
-        g.in_store > 0 || !g.parked.is_empty()
+    pub fn in_store(&self) -> bool {
+        self.lock().in_store > 0
     }
 }
+
+/// How long (real time) a running store call may take before the scheduler
+/// takes it to be blocked on a lock a parked task holds, and releases another.
+pub const LOCK_WAIT: Duration = Duration::from_millis(40);
+
+/// How long (real time) a running store call may take, with nothing else
+/// to release, before the scheduler lets virtual time move (the call waits on
+/// a lock held by a sleeping task).
+pub const SLEEPING_LOCK_WAIT: Duration = Duration::from_millis(250);
 
 /// The panic message of a crashed instance's calls.
 pub const CRASHED: &str = "simulated crash: this instance's process is gone";
@@ -563,6 +590,7 @@ impl std::fmt::Debug for StoreGuard {
 impl Drop for StoreGuard {
     fn drop(&mut self) {
         let mut g = self.0.lock();
+        g.running.pop();
         g.in_store -= 1;
         g.progress += 1;
     }

@@ -125,7 +125,7 @@ impl<S: ?Sized> Instrumented<S> {
             Permit::Go | Permit::LoseReply => {}
         }
         let result = {
-            let _guard = self.sched.enter_store();
+            let _guard = self.sched.enter_store(op);
             fut.await
         };
         if let Ok(v) = &result {

@@ -527,6 +527,7 @@ async fn busy_wait<T: Send + 'static>(fut: impl Future<Output = T> + Send + 'sta
 async fn drive(sched: &Sched, done: impl Fn() -> bool, horizon: Duration) -> Result<(), String> {
     let until = tokio::time::Instant::now() + horizon;
     let mut steps = 0u64;
+    let mut waiting_since: Option<std::time::Instant> = None;
     loop {
         sched.settle().await;
         if done() {
@@ -536,7 +537,20 @@ async fn drive(sched: &Sched, done: impl Fn() -> bool, horizon: Duration) -> Res
             if tokio::time::Instant::now() >= until {
                 return Err(format!("no progress within {horizon:?} of virtual time"));
             }
+            // A store call still running with nothing else to release: wait
+            // for it (real time) before letting virtual time move, so a slow
+            // I/O does not let timers fire early.
+            if sched.in_store() {
+                let since = *waiting_since.get_or_insert_with(std::time::Instant::now);
+                if since.elapsed() < crate::sched::SLEEPING_LOCK_WAIT {
+                    std::thread::yield_now();
+                    continue;
+                }
+            }
+            waiting_since = None;
             sched.idle(Duration::from_secs(30)).await;
+        } else {
+            waiting_since = None;
         }
         steps += 1;
         if steps > 200_000 {

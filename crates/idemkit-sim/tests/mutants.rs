@@ -132,3 +132,17 @@ fn takeover_refused_memory() {
 fn takeover_refused_sqlite() {
     assert_caught(StoreKind::Sqlite, Mutation::TakeoverRefused, 60);
 }
+
+#[test]
+fn a_seed_replays_its_schedule_on_memory() {
+    quiet_injected_panics();
+    for n in 0..20 {
+        let config = config_for(StoreKind::Memory, 0xabc, n, None);
+        let (a, b) = (run(&config), run(&config));
+        assert_eq!(
+            (a.stats.hash, a.stats.steps, a.stats.faults),
+            (b.stats.hash, b.stats.steps, b.stats.faults),
+            "schedule {n} did not replay"
+        );
+    }
+}
