@@ -30,6 +30,8 @@ pub enum Kind {
     Reopened,
     /// A write of a holder whose lease was taken over landed.
     StaleWrite,
+    /// A claim took a key whose holder's lease had not run out.
+    StolenLease,
     /// An acknowledged answer is not what the store keeps.
     Lost,
     /// A key never settles, or a request answers "in progress" forever.
@@ -172,7 +174,7 @@ pub async fn settled(store: &Arc<dyn KeyStore>, specs: &[Spec]) -> Vec<Violation
 pub async fn safety(
     specs: &[Spec],
     answers: &[Answer],
-    events: &[Event],
+    events: &[(tokio::time::Instant, Event)],
     fx: &Effects,
     rows: &[(String, i64)],
     store: &Arc<dyn KeyStore>,
@@ -180,7 +182,7 @@ pub async fn safety(
     let mut out = Vec::new();
     let discarded: HashSet<_> = events
         .iter()
-        .filter_map(|e| match e {
+        .filter_map(|(_, e)| match e {
             Event::OperatorReleased {
                 scope,
                 discarded: true,
@@ -345,11 +347,28 @@ pub async fn safety(
     // The store's history: completions and fenced writes.
     let mut completed: HashMap<_, u64> = HashMap::new();
     let mut highest: HashMap<_, i64> = HashMap::new();
-    for e in events {
+    let mut holder: HashMap<_, (i64, tokio::time::Instant)> = HashMap::new();
+    let tolerance = std::time::Duration::from_secs(1);
+    for (at, e) in events {
         match e {
             Event::Claimed { scope, token } => {
                 let h = highest.entry(scope.clone()).or_insert(0);
                 *h = (*h).max(token.0);
+                if let Some((held, until)) = holder.get(scope)
+                    && *until > *at + tolerance
+                {
+                    out.push(Violation::new(
+                        Kind::StolenLease,
+                        format!(
+                            "{}/{}: token {} claimed while token {held}'s lease had {:?} left",
+                            scope.account.as_str(),
+                            scope.key.as_str(),
+                            token.0,
+                            *until - *at
+                        ),
+                    ));
+                }
+                holder.insert(scope.clone(), (token.0, *at + crate::world::LEASE));
             }
             Event::Completed { scope, token, .. } | Event::FencedWrite { scope, token, .. } => {
                 if let Some(h) = highest.get(scope)
@@ -364,6 +383,19 @@ pub async fn safety(
                             token.0
                         ),
                     ));
+                }
+                let op = match e {
+                    Event::FencedWrite { op, .. } => *op,
+                    _ => "complete",
+                };
+                if let Some((held, until)) = holder.get_mut(scope)
+                    && *held == token.0
+                {
+                    if op == "heartbeat" {
+                        *until = *at + crate::world::LEASE;
+                    } else if op != "advance" {
+                        holder.remove(scope);
+                    }
                 }
                 if let Event::Completed { .. } = e {
                     let n = completed.entry(scope.clone()).or_insert(0);
@@ -380,7 +412,9 @@ pub async fn safety(
                     }
                 }
             }
-            Event::OperatorReleased { .. } => {}
+            Event::OperatorReleased { scope, .. } => {
+                holder.remove(scope);
+            }
         }
     }
     out

@@ -35,6 +35,10 @@ pub enum Mutation {
     ClaimNeverSucceeds,
     /// A takeover of an expired in-flight record is refused forever.
     TakeoverRefused,
+    /// Leases are judged by the caller's clock, and one instance's clock runs
+    /// a lease ahead (SQLite: the embedded store's clock is the caller's).
+    /// Not a wrapper: the world skews that instance's store clock.
+    LeaseByCallerClock,
 }
 
 impl Mutation {
@@ -47,6 +51,7 @@ impl Mutation {
         Self::CompleteNotFenced,
         Self::ClaimNeverSucceeds,
         Self::TakeoverRefused,
+        Self::LeaseByCallerClock,
     ];
 
     /// The kinds of violation that catch this mutation.
@@ -59,6 +64,7 @@ impl Mutation {
             Self::CompleteNotFenced => &[Kind::StaleWrite, Kind::Reopened, Kind::WrongAnswer],
             Self::ClaimNeverSucceeds => &[Kind::Stuck],
             Self::TakeoverRefused => &[Kind::Stuck],
+            Self::LeaseByCallerClock => &[Kind::StolenLease],
         }
     }
 
@@ -72,6 +78,7 @@ impl Mutation {
             Self::CompleteNotFenced => "complete-not-fenced",
             Self::ClaimNeverSucceeds => "claim-never-succeeds",
             Self::TakeoverRefused => "takeover-refused",
+            Self::LeaseByCallerClock => "lease-by-caller-clock",
         }
     }
 

@@ -53,11 +53,12 @@ pub enum Event {
     },
 }
 
-/// The shared event log.
-pub type Log = Arc<Mutex<Vec<Event>>>;
+/// The shared event log, each event with the (virtual) time it happened.
+pub type Log = Arc<Mutex<Vec<(tokio::time::Instant, Event)>>>;
 
 fn push(log: &Log, e: Event) {
-    log.lock().unwrap_or_else(|p| p.into_inner()).push(e);
+    let now = tokio::time::Instant::now();
+    log.lock().unwrap_or_else(|p| p.into_inner()).push((now, e));
 }
 
 fn lost() -> StoreError {

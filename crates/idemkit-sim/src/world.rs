@@ -335,12 +335,16 @@ struct World {
     instances: Mutex<Vec<Instance>>,
     answers: Mutex<Vec<Answer>>,
     restarts: Mutex<u64>,
+    mutation: Option<Mutation>,
 }
 
 impl World {
     fn instance(&self, slot: usize) -> Instance {
         let id = self.sched.new_instance();
-        let skew = if slot == 0 { 0 } else { (slot as i64) * 150 };
+        let mut skew = if slot == 0 { 0 } else { (slot as i64) * 150 };
+        if slot == 1 && self.mutation == Some(Mutation::LeaseByCallerClock) {
+            skew = i64::try_from(LEASE.as_millis()).unwrap_or(0) + 2000;
+        }
         let lease_layer = |store: Arc<dyn KeyStore>| {
             IdempotencyLayer::builder(store)
                 .policy(policy())
@@ -637,6 +641,7 @@ async fn run_inner(config: &Config) -> Outcome {
         instances: Mutex::new(Vec::new()),
         answers: Mutex::default(),
         restarts: Mutex::new(0),
+        mutation: config.mutation,
     });
     let first: Vec<Instance> = (0..config.instances.max(1)).map(|s| world.instance(s)).collect();
     *world.instances.lock().unwrap_or_else(|p| p.into_inner()) = first;

@@ -146,3 +146,8 @@ fn a_seed_replays_its_schedule_on_memory() {
         );
     }
 }
+
+#[test]
+fn lease_by_caller_clock_sqlite() {
+    assert_caught(StoreKind::Sqlite, Mutation::LeaseByCallerClock, 80);
+}
