@@ -32,8 +32,18 @@ fn parse() -> Result<Args, String> {
                 args.stores = match value()?.as_str() {
                     "memory" => vec![StoreKind::Memory],
                     "sqlite" => vec![StoreKind::Sqlite],
-                    "all" => vec![StoreKind::Memory, StoreKind::Sqlite],
-                    s @ ("postgres" | "redis") => {
+                    "postgres" => vec![StoreKind::Postgres],
+                    "all" => {
+                        let mut all = vec![StoreKind::Memory, StoreKind::Sqlite];
+                        if std::env::var_os("IDEMKIT_TEST_POSTGRES_URL").is_some() {
+                            all.push(StoreKind::Postgres);
+                        } else {
+                            eprintln!("sim: IDEMKIT_TEST_POSTGRES_URL is not set; PostgreSQL skipped");
+                        }
+                        eprintln!("sim: the redis store is not simulated yet; skipped");
+                        all
+                    }
+                    s @ "redis" => {
                         eprintln!("sim: the {s} store is not simulated yet; skipped");
                         vec![]
                     }

@@ -15,6 +15,7 @@ use axum::routing::post;
 use futures::FutureExt;
 use http::{Request, StatusCode};
 use idemkit_core::{Account, IdempotencyKey, KeyStore, Millis, Policy, Scope, TransactionalStore};
+use idemkit_postgres::{PgConfig, PgStore, PgTx};
 use idemkit_sqlite::{SqliteConfig, SqliteStore, SqliteTx};
 use idemkit_testkit::MemoryStore;
 use idemkit_tower::{
@@ -37,6 +38,10 @@ pub enum StoreKind {
     /// `idemkit_sqlite::SqliteStore` on a temporary file (lease mode with
     /// phases, and single-step mode with a business row in the same database).
     Sqlite,
+    /// `idemkit_postgres::PgStore` at `IDEMKIT_TEST_POSTGRES_URL`, in a fresh
+    /// schema dropped afterwards; every handle's database clock replaced by
+    /// the virtual clock (`with_test_clock`). Best-effort deterministic.
+    Postgres,
 }
 
 impl StoreKind {
@@ -45,6 +50,7 @@ impl StoreKind {
         match self {
             Self::Memory => "memory",
             Self::Sqlite => "sqlite",
+            Self::Postgres => "postgres",
         }
     }
 }
@@ -130,7 +136,7 @@ impl Spec {
 /// one's key (a mismatch), and a second key (single-step on SQLite).
 pub fn scenario(store: StoreKind) -> Vec<Spec> {
     let second = match store {
-        StoreKind::Sqlite => "/order",
+        StoreKind::Sqlite | StoreKind::Postgres => "/order",
         StoreKind::Memory => "/pay",
     };
     vec![
@@ -306,6 +312,24 @@ async fn order(mut tx: Tx<SqliteTx>, shared: State<Arc<Shared>>, body: Bytes) ->
     }
 }
 
+/// The single-step handler on PostgreSQL.
+async fn order_pg(mut tx: Tx<PgTx>, shared: State<Arc<Shared>>, body: Bytes) -> Response {
+    let item = item_of(&body);
+    maybe_panic(&shared);
+    let id: Result<i64, _> = sqlx::query_scalar("INSERT INTO sim_orders (item) VALUES ($1) RETURNING id")
+        .bind(&item)
+        .fetch_one(&mut **tx)
+        .await;
+    match id {
+        Ok(id) => (
+            StatusCode::CREATED,
+            axum::Json(serde_json::json!({ "item": item, "row": id })),
+        )
+            .into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    }
+}
+
 /// The store of a schedule, below the instances' handles.
 enum Backing {
     Memory(Arc<Mutant<dyn KeyStore>>),
@@ -313,6 +337,11 @@ enum Backing {
         store: SqliteStore,
         mutation: Option<Mutation>,
         path: std::path::PathBuf,
+    },
+    Postgres {
+        store: PgStore,
+        mutation: Option<Mutation>,
+        schema: String,
     },
 }
 
@@ -391,6 +420,40 @@ impl World {
                     .layer(lease_layer(handle.clone()));
                 let order_app = Router::new()
                     .route("/order", post(order))
+                    .with_state(self.shared.clone())
+                    .layer(
+                        IdempotencyLayer::transactional(handle.clone())
+                            .policy(policy())
+                            .resolver(BearerTokenAccount)
+                            .build()
+                            .expect("a valid layer"),
+                    );
+                Instance {
+                    id,
+                    store: handle,
+                    app: pay_app.merge(order_app),
+                }
+            }
+            Backing::Postgres { store, mutation, .. } => {
+                // The database's clock is shared; only the mutant skews it.
+                let skew = if skew > 1000 { skew } else { 0 };
+                let inner = store.clone().with_test_clock(Arc::new(self.clock.skewed(skew)));
+                let handle = Arc::new(Instrumented::new(
+                    Arc::new(Mutant::new(Arc::new(inner), *mutation)),
+                    self.sched.clone(),
+                    id,
+                    self.log.clone(),
+                ));
+                type H = Instrumented<Mutant<PgStore>>;
+                let pay_app = Router::new()
+                    .route("/pay", post(pay::<H>))
+                    .with_state(AppState {
+                        store: handle.clone(),
+                        shared: self.shared.clone(),
+                    })
+                    .layer(lease_layer(handle.clone()));
+                let order_app = Router::new()
+                    .route("/order", post(order_pg))
                     .with_state(self.shared.clone())
                     .layer(
                         IdempotencyLayer::transactional(handle.clone())
@@ -567,6 +630,23 @@ fn all_done(handles: &[tokio::task::JoinHandle<()>]) -> bool {
     handles.iter().all(|h| h.is_finished())
 }
 
+/// Opens a fresh schema at `IDEMKIT_TEST_POSTGRES_URL`.
+async fn open_postgres(seed: u64) -> Result<(PgStore, String), String> {
+    let url = std::env::var("IDEMKIT_TEST_POSTGRES_URL")
+        .map_err(|_| "set IDEMKIT_TEST_POSTGRES_URL to simulate PostgreSQL".to_owned())?;
+    let schema = format!("idemkit_sim_{}_{seed:x}", std::process::id());
+    let config = PgConfig {
+        schema: schema.clone(),
+        ..PgConfig::default()
+    };
+    let store = PgStore::connect(&url, config).await.map_err(|e| e.to_string())?;
+    sqlx::query("CREATE TABLE IF NOT EXISTS sim_orders (id BIGSERIAL PRIMARY KEY, item TEXT NOT NULL)")
+        .execute(store.pool())
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok((store, schema))
+}
+
 async fn open_sqlite(seed: u64) -> (SqliteStore, std::path::PathBuf) {
     let path = std::env::temp_dir().join(format!(
         "idemkit-sim-{}-{seed:x}-{}.db",
@@ -605,20 +685,38 @@ pub fn run(config: &Config) -> Outcome {
 async fn run_inner(config: &Config) -> Outcome {
     let sqlite = match config.store {
         StoreKind::Sqlite => Some(open_sqlite(config.seed).await),
-        StoreKind::Memory => None,
+        StoreKind::Memory | StoreKind::Postgres => None,
+    };
+    let postgres = match config.store {
+        StoreKind::Postgres => match open_postgres(config.seed).await {
+            Ok(pg) => Some(pg),
+            Err(e) => {
+                return Outcome {
+                    stats: SchedStats::default(),
+                    violations: vec![Violation::stuck(format!("cannot open PostgreSQL: {e}"))],
+                    trace: Vec::new(),
+                };
+            }
+        },
+        _ => None,
     };
     // From here on time is virtual: it moves only when every task waits.
     tokio::time::pause();
     let clock = VirtualClock::new(Millis(1_700_000_000_000), 0);
     let sched = Sched::new(config.seed, config.strategy, config.faults);
     let log: Log = Arc::default();
-    let backing = match sqlite {
-        Some((store, path)) => Backing::Sqlite {
+    let backing = match (sqlite, postgres) {
+        (Some((store, path)), _) => Backing::Sqlite {
             store: store.with_clock(Arc::new(clock.clone())),
             mutation: config.mutation,
             path,
         },
-        None => {
+        (None, Some((store, schema))) => Backing::Postgres {
+            store: store.with_test_clock(Arc::new(clock.clone())),
+            mutation: config.mutation,
+            schema,
+        },
+        (None, None) => {
             let base: Arc<dyn KeyStore> = Arc::new(MemoryStore::with_clock(Arc::new(clock.clone())));
             let m: Arc<Mutant<dyn KeyStore>> = Arc::new(Mutant::new(base, config.mutation));
             Backing::Memory(m)
@@ -627,6 +725,9 @@ async fn run_inner(config: &Config) -> Outcome {
     let raw: Arc<dyn KeyStore> = match &backing {
         Backing::Memory(m) => m.clone(),
         Backing::Sqlite { store, mutation, .. } => Arc::new(Mutant::new(Arc::new(store.clone()), *mutation)),
+        Backing::Postgres { store, mutation, .. } => {
+            Arc::new(Mutant::new(Arc::new(store.clone()), *mutation))
+        }
     };
     let world = Arc::new(World {
         sched: sched.clone(),
@@ -719,6 +820,16 @@ async fn run_inner(config: &Config) -> Outcome {
             })
             .await
         }
+        Backing::Postgres { store, .. } => {
+            let pool = store.pool().clone();
+            busy_wait(async move {
+                sqlx::query_as::<_, (String, i64)>("SELECT item, COUNT(*) FROM sim_orders GROUP BY item")
+                    .fetch_all(&pool)
+                    .await
+                    .unwrap_or_default()
+            })
+            .await
+        }
         Backing::Memory(_) => Vec::new(),
     };
     {
@@ -730,11 +841,22 @@ async fn run_inner(config: &Config) -> Outcome {
     }
     let stats = sched.stats();
     let trace = sched.trace();
-    if let Backing::Sqlite { path, .. } = &world.backing {
-        let path = path.clone();
-        for suffix in ["", "-wal", "-shm"] {
-            let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+    match &world.backing {
+        Backing::Sqlite { path, .. } => {
+            for suffix in ["", "-wal", "-shm"] {
+                let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+            }
         }
+        Backing::Postgres { store, schema, .. } => {
+            let (pool, schema) = (store.pool().clone(), schema.clone());
+            busy_wait(async move {
+                // The schema name is ours (`idemkit_sim_<pid>_<hex>`), not input.
+                let sql = sqlx::AssertSqlSafe(format!("DROP SCHEMA IF EXISTS {schema} CASCADE"));
+                let _ = sqlx::query(sql).execute(&pool).await;
+            })
+            .await;
+        }
+        Backing::Memory(_) => {}
     }
     Outcome {
         stats,

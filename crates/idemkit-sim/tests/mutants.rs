@@ -151,3 +151,53 @@ fn a_seed_replays_its_schedule_on_memory() {
 fn lease_by_caller_clock_sqlite() {
     assert_caught(StoreKind::Sqlite, Mutation::LeaseByCallerClock, 80);
 }
+
+/// PostgreSQL runs when `IDEMKIT_TEST_POSTGRES_URL` is set (under `CI` it must be).
+fn postgres() -> bool {
+    if std::env::var_os("IDEMKIT_TEST_POSTGRES_URL").is_some() {
+        return true;
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "CI must set IDEMKIT_TEST_POSTGRES_URL"
+    );
+    eprintln!("IDEMKIT_TEST_POSTGRES_URL is not set: PostgreSQL skipped");
+    false
+}
+
+#[test]
+fn real_postgres_store_passes() {
+    if !postgres() {
+        return;
+    }
+    quiet_injected_panics();
+    for n in 0..10 {
+        let outcome = run(&config_for(StoreKind::Postgres, 0x5eed, n, None));
+        assert!(
+            outcome.violations.is_empty(),
+            "schedule {n}: {:?}",
+            outcome.violations
+        );
+    }
+}
+
+#[test]
+fn lease_by_app_clock_postgres() {
+    if postgres() {
+        assert_caught(StoreKind::Postgres, Mutation::LeaseByCallerClock, 80);
+    }
+}
+
+#[test]
+fn ignores_fingerprint_postgres() {
+    if postgres() {
+        assert_caught(StoreKind::Postgres, Mutation::IgnoresFingerprint, 20);
+    }
+}
+
+#[test]
+fn takeover_refused_postgres() {
+    if postgres() {
+        assert_caught(StoreKind::Postgres, Mutation::TakeoverRefused, 60);
+    }
+}
