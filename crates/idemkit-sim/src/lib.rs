@@ -32,9 +32,12 @@
 //! store's I/O runs on sqlx's worker threads: the scheduler waits for a
 //! running call to return (spinning, so paused time never auto-advances
 //! during I/O), and treats a call that has not returned after 25 ms of real
-//! time as blocked on a lock a parked task holds. That makes SQLite
-//! schedules reproducible unless an I/O takes longer than that (a loaded
-//! machine): best effort. Network stores (PostgreSQL, Redis) are not run yet.
+//! time as blocked on a lock a parked task holds. That makes SQLite and
+//! PostgreSQL schedules reproducible unless an I/O takes longer than that (a
+//! loaded machine): best effort. PostgreSQL runs in a fresh schema with every
+//! handle's database clock replaced by the virtual clock (`with_test_clock`),
+//! so its timeouts never race a jump of paused time: the scheduler spins
+//! (never idles) while a store call is on the wire. Redis is not run yet.
 
 pub mod check;
 pub mod mutants;
