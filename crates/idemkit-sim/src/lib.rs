@@ -75,5 +75,6 @@ pub fn config_for(store: StoreKind, run_seed: u64, n: u64, mutation: Option<Muta
         faults: Faults::DEFAULT,
         mutation,
         instances: 2,
+        always_panic: false,
     }
 }

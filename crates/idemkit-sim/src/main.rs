@@ -14,6 +14,7 @@ struct Args {
     seed: Option<u64>,
     schedule: Option<u64>,
     mutation: Option<Mutation>,
+    always_panic: bool,
 }
 
 fn parse() -> Result<Args, String> {
@@ -23,6 +24,7 @@ fn parse() -> Result<Args, String> {
         seed: None,
         schedule: None,
         mutation: None,
+        always_panic: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -57,9 +59,10 @@ fn parse() -> Result<Args, String> {
                 let v = value()?;
                 args.mutation = Some(Mutation::parse(&v).ok_or(format!("unknown mutant {v}"))?);
             }
+            "--always-panic" => args.always_panic = true,
             "--help" | "-h" => {
                 println!(
-                    "usage: idemkit-sim [--store memory|sqlite|all] [--seconds N] [--seed S] [--schedule N] [--mutant NAME]"
+                    "usage: idemkit-sim [--store memory|sqlite|all] [--seconds N] [--seed S] [--schedule N] [--mutant NAME] [--always-panic]"
                 );
                 std::process::exit(0);
             }
@@ -107,7 +110,8 @@ fn main() -> ExitCode {
         let budget = Duration::from_secs_f64(args.seconds);
         loop {
             let index = args.schedule.unwrap_or(n);
-            let config = config_for(*store, run_seed, index, args.mutation);
+            let mut config = config_for(*store, run_seed, index, args.mutation);
+            config.always_panic = args.always_panic;
             let outcome = run(&config);
             n += 1;
             hashes.insert(outcome.stats.hash);

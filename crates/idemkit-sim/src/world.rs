@@ -70,6 +70,10 @@ pub struct Config {
     pub mutation: Option<Mutation>,
     /// Instances sharing the store.
     pub instances: usize,
+    /// Adds a request whose handler panics on every run, after its first
+    /// phase committed (issue 30, defect 6: a panic must not hold the key
+    /// forever; it ends parked or in the review list).
+    pub always_panic: bool,
 }
 
 /// The result of one schedule.
@@ -134,12 +138,12 @@ impl Spec {
 /// The requests of a scenario: a request sent by two clients, another
 /// account's request under the same key, a different request under the first
 /// one's key (a mismatch), and a second key (single-step on SQLite).
-pub fn scenario(store: StoreKind) -> Vec<Spec> {
+pub fn scenario(store: StoreKind, always_panic: bool) -> Vec<Spec> {
     let second = match store {
         StoreKind::Sqlite | StoreKind::Postgres => "/order",
         StoreKind::Memory => "/pay",
     };
-    vec![
+    let mut specs = vec![
         Spec {
             id: 0,
             account: "acct-a",
@@ -168,7 +172,17 @@ pub fn scenario(store: StoreKind) -> Vec<Spec> {
             path: second,
             item: "a2",
         },
-    ]
+    ];
+    if always_panic {
+        specs.push(Spec {
+            id: 4,
+            account: "acct-c",
+            key: "key-3",
+            path: "/pay",
+            item: "boom",
+        });
+    }
+    specs
 }
 
 /// Effects at the simulated downstreams, by request marker.
@@ -231,6 +245,9 @@ async fn pay<St: TransactionalStore>(
     let reserved: String = phases
         .phase("reserve", async |_tx| Ok::<_, HandlerError>(format!("r-{item}")))
         .await?;
+    if item == "boom" {
+        panic!("simulated panic on every run");
+    }
     maybe_panic(&app.shared);
     let shared = app.shared.clone();
     let it = item.clone();
@@ -747,7 +764,7 @@ async fn run_inner(config: &Config) -> Outcome {
     let first: Vec<Instance> = (0..config.instances.max(1)).map(|s| world.instance(s)).collect();
     *world.instances.lock().unwrap_or_else(|p| p.into_inner()) = first;
 
-    let specs = scenario(config.store);
+    let specs = scenario(config.store, config.always_panic);
     let mut violations = Vec::new();
 
     // Phase 1: clients (two for the first request), jobs and the operator, with faults.

@@ -201,3 +201,27 @@ fn takeover_refused_postgres() {
         assert_caught(StoreKind::Postgres, Mutation::TakeoverRefused, 60);
     }
 }
+
+/// Issue 30, defect 6, reached by the simulator on the code before its fix:
+/// a handler that panics on every run (after its first phase committed) is
+/// abandoned and resumed by every completer pass, so its key is still in
+/// flight when the liveness check runs (`Stuck: acct-c/key-3 still in flight
+/// after the completer ran (recovery point Some("reserve"), last error
+/// Some("the handler failed after recording progress"))`, every schedule).
+/// Ignored until the hardening fix (a bounded number of resumes, then parked)
+/// is merged; `bash .ci/sim --always-panic` runs the same scenario.
+#[test]
+#[ignore = "fails until issue 30's panic fix is merged"]
+fn a_handler_that_always_panics_ends_parked() {
+    quiet_injected_panics();
+    for n in 0..20 {
+        let mut config = config_for(StoreKind::Memory, 0x5eed, n, None);
+        config.always_panic = true;
+        let outcome = run(&config);
+        assert!(
+            outcome.violations.is_empty(),
+            "schedule {n}: {:?}",
+            outcome.violations
+        );
+    }
+}
