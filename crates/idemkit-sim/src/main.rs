@@ -42,13 +42,14 @@ fn parse() -> Result<Args, String> {
                         } else {
                             eprintln!("sim: IDEMKIT_TEST_POSTGRES_URL is not set; PostgreSQL skipped");
                         }
-                        eprintln!("sim: the redis store is not simulated yet; skipped");
+                        if std::env::var_os("IDEMKIT_TEST_REDIS_URL").is_some() {
+                            all.push(StoreKind::Redis);
+                        } else {
+                            eprintln!("sim: IDEMKIT_TEST_REDIS_URL is not set; Redis skipped");
+                        }
                         all
                     }
-                    s @ "redis" => {
-                        eprintln!("sim: the {s} store is not simulated yet; skipped");
-                        vec![]
-                    }
+                    "redis" => vec![StoreKind::Redis],
                     s => return Err(format!("unknown store {s}")),
                 }
             }

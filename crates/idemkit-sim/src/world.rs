@@ -16,6 +16,7 @@ use futures::FutureExt;
 use http::{Request, StatusCode};
 use idemkit_core::{Account, IdempotencyKey, KeyStore, Millis, Policy, Scope, TransactionalStore};
 use idemkit_postgres::{PgConfig, PgStore, PgTx};
+use idemkit_redis::{RedisConfig, RedisStore};
 use idemkit_sqlite::{SqliteConfig, SqliteStore, SqliteTx};
 use idemkit_testkit::MemoryStore;
 use idemkit_tower::{
@@ -42,6 +43,10 @@ pub enum StoreKind {
     /// schema dropped afterwards; every handle's database clock replaced by
     /// the virtual clock (`with_test_clock`). Best-effort deterministic.
     Postgres,
+    /// `idemkit_redis::RedisStore` at `IDEMKIT_TEST_REDIS_URL` under a key
+    /// prefix of its own (deleted afterwards), the server's clock replaced by
+    /// the virtual clock; lease mode with phases through [`MemTx`].
+    Redis,
 }
 
 impl StoreKind {
@@ -51,6 +56,7 @@ impl StoreKind {
             Self::Memory => "memory",
             Self::Sqlite => "sqlite",
             Self::Postgres => "postgres",
+            Self::Redis => "redis",
         }
     }
 }
@@ -141,7 +147,7 @@ impl Spec {
 pub fn scenario(store: StoreKind, always_panic: bool) -> Vec<Spec> {
     let second = match store {
         StoreKind::Sqlite | StoreKind::Postgres => "/order",
-        StoreKind::Memory => "/pay",
+        StoreKind::Memory | StoreKind::Redis => "/pay",
     };
     let mut specs = vec![
         Spec {
@@ -360,6 +366,12 @@ enum Backing {
         mutation: Option<Mutation>,
         schema: String,
     },
+    Redis {
+        store: RedisStore,
+        mutation: Option<Mutation>,
+        prefix: String,
+        url: String,
+    },
 }
 
 /// One process: its store handle and its application.
@@ -449,6 +461,29 @@ impl World {
                     id,
                     store: handle,
                     app: pay_app.merge(order_app),
+                }
+            }
+            Backing::Redis { store, mutation, .. } => {
+                let skew = if skew > 1000 { skew } else { 0 };
+                let inner = store.clone().with_test_clock(Arc::new(self.clock.skewed(skew)));
+                let handle = Arc::new(MemTx(Arc::new(Instrumented::new(
+                    Arc::new(Mutant::new(Arc::new(inner), *mutation)),
+                    self.sched.clone(),
+                    id,
+                    self.log.clone(),
+                ))));
+                type H = MemTx<Instrumented<Mutant<RedisStore>>>;
+                let app = Router::new()
+                    .route("/pay", post(pay::<H>))
+                    .with_state(AppState {
+                        store: handle.clone(),
+                        shared: self.shared.clone(),
+                    })
+                    .layer(lease_layer(handle.clone()));
+                Instance {
+                    id,
+                    store: handle,
+                    app,
                 }
             }
             Backing::Postgres { store, mutation, .. } => {
@@ -664,6 +699,41 @@ async fn open_postgres(seed: u64) -> Result<(PgStore, String), String> {
     Ok((store, schema))
 }
 
+/// Connects to `IDEMKIT_TEST_REDIS_URL` under a fresh key prefix.
+async fn open_redis(seed: u64) -> Result<(RedisStore, String, String), String> {
+    let url = std::env::var("IDEMKIT_TEST_REDIS_URL")
+        .map_err(|_| "set IDEMKIT_TEST_REDIS_URL to simulate Redis".to_owned())?;
+    let prefix = format!("idemkit-sim:{}:{seed:x}:", std::process::id());
+    let mut config = RedisConfig::from_url(&url).map_err(|e| e.to_string())?;
+    config.key_prefix = prefix.clone();
+    let store = RedisStore::connect(config).await.map_err(|e| e.to_string())?;
+    Ok((store, prefix, url))
+}
+
+/// Deletes every key under `prefix` (never anything else: the server is shared).
+async fn clear_redis(url: &str, prefix: &str) -> redis::RedisResult<()> {
+    let client = redis::Client::open(url)?;
+    let mut conn = client.get_multiplexed_async_connection().await?;
+    let mut cursor: u64 = 0;
+    loop {
+        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(format!("{prefix}*"))
+            .arg("COUNT")
+            .arg(500)
+            .query_async(&mut conn)
+            .await?;
+        if !keys.is_empty() {
+            let () = redis::cmd("DEL").arg(&keys).query_async(&mut conn).await?;
+        }
+        if next == 0 {
+            return Ok(());
+        }
+        cursor = next;
+    }
+}
+
 async fn open_sqlite(seed: u64) -> (SqliteStore, std::path::PathBuf) {
     let path = std::env::temp_dir().join(format!(
         "idemkit-sim-{}-{seed:x}-{}.db",
@@ -702,7 +772,20 @@ pub fn run(config: &Config) -> Outcome {
 async fn run_inner(config: &Config) -> Outcome {
     let sqlite = match config.store {
         StoreKind::Sqlite => Some(open_sqlite(config.seed).await),
-        StoreKind::Memory | StoreKind::Postgres => None,
+        StoreKind::Memory | StoreKind::Postgres | StoreKind::Redis => None,
+    };
+    let redis = match config.store {
+        StoreKind::Redis => match open_redis(config.seed).await {
+            Ok(r) => Some(r),
+            Err(e) => {
+                return Outcome {
+                    stats: SchedStats::default(),
+                    violations: vec![Violation::stuck(format!("cannot open Redis: {e}"))],
+                    trace: Vec::new(),
+                };
+            }
+        },
+        _ => None,
     };
     let postgres = match config.store {
         StoreKind::Postgres => match open_postgres(config.seed).await {
@@ -723,6 +806,15 @@ async fn run_inner(config: &Config) -> Outcome {
     let sched = Sched::new(config.seed, config.strategy, config.faults);
     let log: Log = Arc::default();
     let backing = match (sqlite, postgres) {
+        (None, None) if redis.is_some() => {
+            let (store, prefix, url) = redis.expect("checked");
+            Backing::Redis {
+                store: store.with_test_clock(Arc::new(clock.clone())),
+                mutation: config.mutation,
+                prefix,
+                url,
+            }
+        }
         (Some((store, path)), _) => Backing::Sqlite {
             store: store.with_clock(Arc::new(clock.clone())),
             mutation: config.mutation,
@@ -745,6 +837,7 @@ async fn run_inner(config: &Config) -> Outcome {
         Backing::Postgres { store, mutation, .. } => {
             Arc::new(Mutant::new(Arc::new(store.clone()), *mutation))
         }
+        Backing::Redis { store, mutation, .. } => Arc::new(Mutant::new(Arc::new(store.clone()), *mutation)),
     };
     let world = Arc::new(World {
         sched: sched.clone(),
@@ -847,7 +940,7 @@ async fn run_inner(config: &Config) -> Outcome {
             })
             .await
         }
-        Backing::Memory(_) => Vec::new(),
+        Backing::Memory(_) | Backing::Redis { .. } => Vec::new(),
     };
     {
         let fx = std::mem::take(&mut *world.shared.effects.lock().unwrap_or_else(|p| p.into_inner()));
@@ -870,6 +963,13 @@ async fn run_inner(config: &Config) -> Outcome {
                 // The schema name is ours (`idemkit_sim_<pid>_<hex>`), not input.
                 let sql = sqlx::AssertSqlSafe(format!("DROP SCHEMA IF EXISTS {schema} CASCADE"));
                 let _ = sqlx::query(sql).execute(&pool).await;
+            })
+            .await;
+        }
+        Backing::Redis { url, prefix, .. } => {
+            let (url, prefix) = (url.clone(), prefix.clone());
+            busy_wait(async move {
+                let _ = clear_redis(&url, &prefix).await;
             })
             .await;
         }

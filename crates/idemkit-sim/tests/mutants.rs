@@ -225,3 +225,60 @@ fn a_handler_that_always_panics_ends_parked() {
         );
     }
 }
+
+/// Redis runs when `IDEMKIT_TEST_REDIS_URL` is set (under `CI` it must be).
+fn redis() -> bool {
+    if std::env::var_os("IDEMKIT_TEST_REDIS_URL").is_some() {
+        return true;
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "CI must set IDEMKIT_TEST_REDIS_URL"
+    );
+    eprintln!("IDEMKIT_TEST_REDIS_URL is not set: Redis skipped");
+    false
+}
+
+#[test]
+fn real_redis_store_passes() {
+    if !redis() {
+        return;
+    }
+    quiet_injected_panics();
+    for n in 0..20 {
+        let outcome = run(&config_for(StoreKind::Redis, 0x5eed, n, None));
+        assert!(
+            outcome.violations.is_empty(),
+            "schedule {n}: {:?}",
+            outcome.violations
+        );
+    }
+}
+
+#[test]
+fn lease_by_app_clock_redis() {
+    if redis() {
+        assert_caught(StoreKind::Redis, Mutation::LeaseByCallerClock, 80);
+    }
+}
+
+#[test]
+fn ignores_fingerprint_redis() {
+    if redis() {
+        assert_caught(StoreKind::Redis, Mutation::IgnoresFingerprint, 20);
+    }
+}
+
+#[test]
+fn takeover_refused_redis() {
+    if redis() {
+        assert_caught(StoreKind::Redis, Mutation::TakeoverRefused, 60);
+    }
+}
+
+#[test]
+fn generation_reset_redis() {
+    if redis() {
+        assert_caught(StoreKind::Redis, Mutation::GenerationResetOnTakeover, 300);
+    }
+}
