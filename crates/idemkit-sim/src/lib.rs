@@ -37,7 +37,10 @@
 //! loaded machine): best effort. PostgreSQL runs in a fresh schema with every
 //! handle's database clock replaced by the virtual clock (`with_test_clock`),
 //! so its timeouts never race a jump of paused time: the scheduler spins
-//! (never idles) while a store call is on the wire. Redis is not run yet.
+//! (never idles) while a store call is on the wire. Redis runs the same way
+//! under a key prefix of its own (deleted afterwards), its server clock
+//! replaced by the virtual clock, lease mode with phases through
+//! [`store::MemTx`].
 
 pub mod check;
 pub mod mutants;
