@@ -295,20 +295,18 @@ pub async fn safety(
             .find(|a| a.body != first.body || a.status != first.status)
             && !discarded.contains(scope)
         {
-            {
-                out.push(Violation::new(
-                    Kind::WrongAnswer,
-                    format!(
-                        "two different answers for {}/{}: {} {} and {} {}",
-                        scope.account.as_str(),
-                        scope.key.as_str(),
-                        first.status,
-                        String::from_utf8_lossy(&first.body),
-                        other.status,
-                        String::from_utf8_lossy(&other.body)
-                    ),
-                ));
-            }
+            out.push(Violation::new(
+                Kind::WrongAnswer,
+                format!(
+                    "two different answers for {}/{}: {} {} and {} {}",
+                    scope.account.as_str(),
+                    scope.key.as_str(),
+                    first.status,
+                    String::from_utf8_lossy(&first.body),
+                    other.status,
+                    String::from_utf8_lossy(&other.body)
+                ),
+            ));
         }
         // Nothing acknowledged is lost: the store keeps what was answered.
         match store.get(scope).await {
