@@ -63,7 +63,7 @@ fn parse() -> Result<Args, String> {
             "--always-panic" => args.always_panic = true,
             "--help" | "-h" => {
                 println!(
-                    "usage: idemkit-sim [--store memory|sqlite|all] [--seconds N] [--seed S] [--schedule N] [--mutant NAME] [--always-panic]"
+                    "usage: idemkit-sim [--store memory|sqlite|postgres|redis|all] [--seconds N] [--seed S] [--schedule N] [--mutant NAME] [--always-panic]"
                 );
                 std::process::exit(0);
             }
@@ -131,12 +131,15 @@ fn main() -> ExitCode {
                 for v in &outcome.violations {
                     println!("  {v}");
                 }
-                let mutant = args
+                let mut extra = args
                     .mutation
                     .map(|m| format!(" --mutant {}", m.name()))
                     .unwrap_or_default();
+                if args.always_panic {
+                    extra.push_str(" --always-panic");
+                }
                 println!(
-                    "sim: replay with: bash .ci/sim --store {} --seed {run_seed} --schedule {index}{mutant}",
+                    "sim: replay with: bash .ci/sim --store {} --seed {run_seed} --schedule {index}{extra}",
                     store.name()
                 );
             }
