@@ -1,0 +1,419 @@
+//! The checker: safety over the answers, the store's event log and the
+//! downstreams' effects; liveness over the records once faults stopped.
+//!
+//! The rules of the race suite's history checker
+//! (`idemkit_testkit::race::history`) are here, over the shipped code's
+//! history: at most one effect per request at a downstream that ignores keys
+//! (and one downstream key per request at one that honours them); one answer
+//! per key (every 2xx answer byte-identical and the stored one); no completed
+//! record completed again; no write of a holder whose lease was taken over
+//! lands; and every request that reached a downstream is completed, resumable
+//! or parked / listed for review.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use idemkit_core::{KeyStore, RecordState};
+
+use crate::store::Event;
+use crate::world::{Effects, Spec};
+
+/// The kind of a violation (negative controls assert on it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[non_exhaustive]
+pub enum Kind {
+    /// A downstream acted twice for one request.
+    DuplicateEffect,
+    /// An answer that is neither the stored one nor a documented refusal.
+    WrongAnswer,
+    /// A completed record was completed again.
+    Reopened,
+    /// A write of a holder whose lease was taken over landed.
+    StaleWrite,
+    /// A claim took a key whose holder's lease had not run out.
+    StolenLease,
+    /// An acknowledged answer is not what the store keeps.
+    Lost,
+    /// A key never settles, or a request answers "in progress" forever.
+    Stuck,
+}
+
+/// One violation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Violation {
+    /// Its kind.
+    pub kind: Kind,
+    /// What was seen.
+    pub detail: String,
+}
+
+impl Violation {
+    fn new(kind: Kind, detail: impl Into<String>) -> Self {
+        Self {
+            kind,
+            detail: detail.into(),
+        }
+    }
+
+    /// A liveness violation.
+    pub fn stuck(detail: impl Into<String>) -> Self {
+        Self::new(Kind::Stuck, detail)
+    }
+}
+
+impl std::fmt::Display for Violation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}: {}", self.kind, self.detail)
+    }
+}
+
+/// An answer a client saw.
+#[derive(Debug, Clone)]
+pub struct Answer {
+    /// Which request ([`Spec::id`]).
+    pub spec: usize,
+    /// Status (0: the client hung up first).
+    pub status: u16,
+    /// The problem `code`, when the body is a problem document.
+    pub code: Option<String>,
+    /// Body bytes.
+    pub body: Vec<u8>,
+    /// Sent after faults stopped and the completer ran.
+    pub final_check: bool,
+}
+
+impl Answer {
+    /// An answer.
+    pub fn new(spec: usize, status: u16, body: Vec<u8>, final_check: bool) -> Self {
+        let code = serde_json::from_slice::<serde_json::Value>(&body)
+            .ok()
+            .and_then(|v| v.get("code").and_then(|c| c.as_str()).map(str::to_owned));
+        Self {
+            spec,
+            status,
+            code,
+            body,
+            final_check,
+        }
+    }
+
+    /// The client gave up waiting.
+    pub fn hung_up(spec: usize, final_check: bool) -> Self {
+        Self {
+            spec,
+            status: 0,
+            code: None,
+            body: Vec::new(),
+            final_check,
+        }
+    }
+
+    fn success(&self) -> bool {
+        (200..300).contains(&self.status)
+    }
+
+    fn is(&self, code: &str) -> bool {
+        self.code.as_deref() == Some(code)
+    }
+
+    /// Whether a client retries on it.
+    pub fn retryable(&self) -> bool {
+        self.status == 0
+            || self.status >= 500
+            || self.is("idempotency_request_in_progress")
+            || self.is("idempotency_lease_lost")
+    }
+
+    fn documented_refusal(&self) -> bool {
+        match self.status {
+            0 => true,
+            409 | 422 => [
+                "idempotency_request_in_progress",
+                "idempotency_lease_lost",
+                "idempotency_key_reused",
+                "idempotency_request_parked",
+            ]
+            .iter()
+            .any(|c| self.is(c)),
+            // The handler's own error (a downstream failed), a panic, the store.
+            500 | 502 | 503 => true,
+            _ => false,
+        }
+    }
+}
+
+/// Liveness: after faults stopped and the completer ran past lease and age,
+/// every key is completed, released, parked, listed for review, or was never
+/// claimed; none is still in flight.
+pub async fn settled(store: &Arc<dyn KeyStore>, specs: &[Spec]) -> Vec<Violation> {
+    let mut out = Vec::new();
+    let review = store.review(1000).await.unwrap_or_default();
+    let mut seen = HashSet::new();
+    for spec in specs {
+        let scope = spec.scope();
+        if !seen.insert(scope.clone()) {
+            continue;
+        }
+        match store.get(&scope).await {
+            Ok(Some(r)) if r.state == RecordState::InFlight => {
+                if !review.iter().any(|e| e.scope == scope) {
+                    out.push(Violation::stuck(format!(
+                        "{}/{} still in flight after the completer ran (recovery point {:?}, last error {:?})",
+                        spec.account, spec.key, r.recovery_point, r.last_error
+                    )));
+                }
+            }
+            Ok(_) => {}
+            Err(e) => out.push(Violation::stuck(format!("{}/{}: {e}", spec.account, spec.key))),
+        }
+    }
+    out
+}
+
+/// Safety (and the final requests' liveness).
+pub async fn safety(
+    specs: &[Spec],
+    answers: &[Answer],
+    events: &[(tokio::time::Instant, Event)],
+    fx: &Effects,
+    rows: &[(String, i64)],
+    store: &Arc<dyn KeyStore>,
+) -> Vec<Violation> {
+    let mut out = Vec::new();
+    let discarded: HashSet<_> = events
+        .iter()
+        .filter_map(|(_, e)| match e {
+            Event::OperatorReleased {
+                scope,
+                discarded: true,
+            } => Some(scope.clone()),
+            _ => None,
+        })
+        .collect();
+    let spec_of = |id: usize| &specs[id];
+    // Effects: one per request at the downstream that ignores keys; one key
+    // per request at the one that honours them.
+    for (item, calls) in &fx.ignoring {
+        if calls.len() > 1
+            && !specs
+                .iter()
+                .any(|s| s.item == item && discarded.contains(&s.scope()))
+        {
+            out.push(Violation::new(
+                Kind::DuplicateEffect,
+                format!(
+                    "request {item}: {} calls to the downstream that ignores keys: {calls:?}",
+                    calls.len()
+                ),
+            ));
+        }
+    }
+    for (item, keys) in &fx.honouring {
+        if keys.len() > 1
+            && !specs
+                .iter()
+                .any(|s| s.item == item && discarded.contains(&s.scope()))
+        {
+            out.push(Violation::new(
+                Kind::DuplicateEffect,
+                format!(
+                    "request {item}: the downstream that honours keys got {} different keys: {keys:?}",
+                    keys.len()
+                ),
+            ));
+        }
+    }
+    for (item, n) in rows {
+        if *n > 1 {
+            out.push(Violation::new(
+                Kind::DuplicateEffect,
+                format!("request {item}: {n} business rows committed"),
+            ));
+        }
+    }
+    // Answers.
+    let mut by_scope: Vec<(idemkit_core::Scope, Vec<&Answer>)> = Vec::new();
+    for a in answers {
+        let spec = spec_of(a.spec);
+        if a.success() {
+            let echoed = serde_json::from_slice::<serde_json::Value>(&a.body)
+                .ok()
+                .and_then(|v| v.get("item").and_then(|i| i.as_str()).map(str::to_owned));
+            if echoed.as_deref() != Some(spec.item) {
+                out.push(Violation::new(
+                    Kind::WrongAnswer,
+                    format!(
+                        "request {} got the answer of another request: {}",
+                        spec.item,
+                        String::from_utf8_lossy(&a.body)
+                    ),
+                ));
+            }
+            let scope = spec.scope();
+            match by_scope.iter_mut().find(|(s, _)| *s == scope) {
+                Some((_, list)) => list.push(a),
+                None => by_scope.push((scope, vec![a])),
+            }
+        } else if !a.documented_refusal() {
+            out.push(Violation::new(
+                Kind::WrongAnswer,
+                format!(
+                    "request {} got an undocumented answer {} {}",
+                    spec.item,
+                    a.status,
+                    String::from_utf8_lossy(&a.body)
+                ),
+            ));
+        }
+        // A request alone in its scope can never be a mismatch.
+        let alone = specs
+            .iter()
+            .filter(|s| s.scope() == spec.scope())
+            .all(|s| s.item == spec.item);
+        if alone && a.is("idempotency_key_reused") {
+            out.push(Violation::new(
+                Kind::WrongAnswer,
+                format!(
+                    "request {} ({}/{}) answered as a mismatch, though no other request used its key in its account",
+                    spec.item, spec.account, spec.key
+                ),
+            ));
+        }
+        if a.final_check && (a.is("idempotency_request_in_progress") || a.status == 0 || a.status == 503) {
+            out.push(Violation::stuck(format!(
+                "request {}: after faults stopped and the completer ran, it still answers {} {}",
+                spec.item,
+                a.status,
+                String::from_utf8_lossy(&a.body)
+            )));
+        }
+    }
+    for (scope, list) in &by_scope {
+        let first = list[0];
+        if let Some(other) = list
+            .iter()
+            .find(|a| a.body != first.body || a.status != first.status)
+            && !discarded.contains(scope)
+        {
+            out.push(Violation::new(
+                Kind::WrongAnswer,
+                format!(
+                    "two different answers for {}/{}: {} {} and {} {}",
+                    scope.account.as_str(),
+                    scope.key.as_str(),
+                    first.status,
+                    String::from_utf8_lossy(&first.body),
+                    other.status,
+                    String::from_utf8_lossy(&other.body)
+                ),
+            ));
+        }
+        // Nothing acknowledged is lost: the store keeps what was answered.
+        match store.get(scope).await {
+            Ok(Some(r)) if r.state == RecordState::Completed => {
+                let stored = r.response.as_ref().map(|s| s.body.clone()).unwrap_or_default();
+                if stored != first.body && !discarded.contains(scope) {
+                    out.push(Violation::new(
+                        Kind::Lost,
+                        format!(
+                            "{}/{} answered {} but stores {}",
+                            scope.account.as_str(),
+                            scope.key.as_str(),
+                            String::from_utf8_lossy(&first.body),
+                            String::from_utf8_lossy(&stored)
+                        ),
+                    ));
+                }
+            }
+            Ok(r) => {
+                if !discarded.contains(scope) {
+                    out.push(Violation::new(
+                        Kind::Lost,
+                        format!(
+                            "{}/{} answered {} but its record is {:?}",
+                            scope.account.as_str(),
+                            scope.key.as_str(),
+                            String::from_utf8_lossy(&first.body),
+                            r.map(|r| r.state)
+                        ),
+                    ));
+                }
+            }
+            Err(_) => {}
+        }
+    }
+    // The store's history: completions and fenced writes.
+    let mut completed: HashMap<_, u64> = HashMap::new();
+    let mut highest: HashMap<_, i64> = HashMap::new();
+    let mut holder: HashMap<_, (i64, tokio::time::Instant)> = HashMap::new();
+    let tolerance = std::time::Duration::from_secs(1);
+    for (at, e) in events {
+        match e {
+            Event::Claimed { scope, token } => {
+                let h = highest.entry(scope.clone()).or_insert(0);
+                *h = (*h).max(token.0);
+                if let Some((held, until)) = holder.get(scope)
+                    && *until > *at + tolerance
+                {
+                    out.push(Violation::new(
+                        Kind::StolenLease,
+                        format!(
+                            "{}/{}: token {} claimed while token {held}'s lease had {:?} left",
+                            scope.account.as_str(),
+                            scope.key.as_str(),
+                            token.0,
+                            *until - *at
+                        ),
+                    ));
+                }
+                holder.insert(scope.clone(), (token.0, *at + crate::world::LEASE));
+            }
+            Event::Completed { scope, token, .. } | Event::FencedWrite { scope, token, .. } => {
+                if let Some(h) = highest.get(scope)
+                    && *h > token.0
+                {
+                    out.push(Violation::new(
+                        Kind::StaleWrite,
+                        format!(
+                            "{}/{}: a write with token {} landed after token {h} was claimed ({e:?})",
+                            scope.account.as_str(),
+                            scope.key.as_str(),
+                            token.0
+                        ),
+                    ));
+                }
+                let op = match e {
+                    Event::FencedWrite { op, .. } => *op,
+                    _ => "complete",
+                };
+                if let Some((held, until)) = holder.get_mut(scope)
+                    && *held == token.0
+                {
+                    if op == "heartbeat" {
+                        *until = *at + crate::world::LEASE;
+                    } else if op != "advance" {
+                        holder.remove(scope);
+                    }
+                }
+                if let Event::Completed { .. } = e {
+                    let n = completed.entry(scope.clone()).or_insert(0);
+                    *n += 1;
+                    if *n == 2 && !discarded.contains(scope) {
+                        out.push(Violation::new(
+                            Kind::Reopened,
+                            format!(
+                                "{}/{} completed twice within its replay window",
+                                scope.account.as_str(),
+                                scope.key.as_str()
+                            ),
+                        ));
+                    }
+                }
+            }
+            Event::OperatorReleased { scope, .. } => {
+                holder.remove(scope);
+            }
+        }
+    }
+    out
+}

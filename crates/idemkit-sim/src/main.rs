@@ -1,0 +1,166 @@
+//! `idemkit-sim`: runs schedules for a time budget per store; prints the
+//! figures, each violation with its seed and replay command, and a last line
+//! `sim: <schedules> schedules, <faults> faults, <violations> violations`.
+
+use std::collections::HashSet;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use idemkit_sim::{Mutation, StoreKind, config_for, run};
+
+struct Args {
+    stores: Vec<StoreKind>,
+    seconds: f64,
+    seed: Option<u64>,
+    schedule: Option<u64>,
+    mutation: Option<Mutation>,
+    always_panic: bool,
+}
+
+fn parse() -> Result<Args, String> {
+    let mut args = Args {
+        stores: vec![StoreKind::Memory, StoreKind::Sqlite],
+        seconds: 20.0,
+        seed: None,
+        schedule: None,
+        mutation: None,
+        always_panic: false,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(a) = it.next() {
+        let mut value = || it.next().ok_or(format!("{a} needs a value"));
+        match a.as_str() {
+            "--store" => {
+                args.stores = match value()?.as_str() {
+                    "memory" => vec![StoreKind::Memory],
+                    "sqlite" => vec![StoreKind::Sqlite],
+                    "postgres" => vec![StoreKind::Postgres],
+                    "all" => {
+                        let mut all = vec![StoreKind::Memory, StoreKind::Sqlite];
+                        if std::env::var_os("IDEMKIT_TEST_POSTGRES_URL").is_some() {
+                            all.push(StoreKind::Postgres);
+                        } else {
+                            eprintln!("sim: IDEMKIT_TEST_POSTGRES_URL is not set; PostgreSQL skipped");
+                        }
+                        if std::env::var_os("IDEMKIT_TEST_REDIS_URL").is_some() {
+                            all.push(StoreKind::Redis);
+                        } else {
+                            eprintln!("sim: IDEMKIT_TEST_REDIS_URL is not set; Redis skipped");
+                        }
+                        all
+                    }
+                    "redis" => vec![StoreKind::Redis],
+                    s => return Err(format!("unknown store {s}")),
+                }
+            }
+            "--seconds" => args.seconds = value()?.parse().map_err(|e| format!("--seconds: {e}"))?,
+            "--seed" => args.seed = Some(value()?.parse().map_err(|e| format!("--seed: {e}"))?),
+            "--schedule" => args.schedule = Some(value()?.parse().map_err(|e| format!("--schedule: {e}"))?),
+            "--mutant" => {
+                let v = value()?;
+                args.mutation = Some(Mutation::parse(&v).ok_or(format!("unknown mutant {v}"))?);
+            }
+            "--always-panic" => args.always_panic = true,
+            "--help" | "-h" => {
+                println!(
+                    "usage: idemkit-sim [--store memory|sqlite|postgres|redis|all] [--seconds N] [--seed S] [--schedule N] [--mutant NAME] [--always-panic]"
+                );
+                std::process::exit(0);
+            }
+            other => return Err(format!("unknown argument {other}")),
+        }
+    }
+    Ok(args)
+}
+
+fn main() -> ExitCode {
+    let args = match parse() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("idemkit-sim: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    // Injected handler panics are expected; keep other panics loud.
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let injected = info
+            .payload()
+            .downcast_ref::<&str>()
+            .is_some_and(|s| s.starts_with("simulated"))
+            || info
+                .payload()
+                .downcast_ref::<String>()
+                .is_some_and(|s| s.starts_with("simulated"));
+        if !injected {
+            default_hook(info);
+        }
+    }));
+    let run_seed = args.seed.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(1)
+    });
+    println!("sim: run seed {run_seed}");
+    let (mut schedules, mut faults, mut violations) = (0u64, 0u64, 0u64);
+    for store in &args.stores {
+        let started = Instant::now();
+        let mut hashes = HashSet::new();
+        let (mut n, mut store_faults, mut steps) = (0u64, 0u64, 0u64);
+        let budget = Duration::from_secs_f64(args.seconds);
+        loop {
+            let index = args.schedule.unwrap_or(n);
+            let mut config = config_for(*store, run_seed, index, args.mutation);
+            config.always_panic = args.always_panic;
+            let outcome = run(&config);
+            n += 1;
+            hashes.insert(outcome.stats.hash);
+            store_faults += outcome.stats.faults;
+            steps += outcome.stats.steps;
+            for line in &outcome.trace {
+                println!("  {line}");
+            }
+            if !outcome.violations.is_empty() {
+                violations += outcome.violations.len() as u64;
+                println!(
+                    "sim: VIOLATION on {} (schedule {index}, seed {run_seed}, strategy {:?}):",
+                    store.name(),
+                    config.strategy
+                );
+                for v in &outcome.violations {
+                    println!("  {v}");
+                }
+                let mut extra = args
+                    .mutation
+                    .map(|m| format!(" --mutant {}", m.name()))
+                    .unwrap_or_default();
+                if args.always_panic {
+                    extra.push_str(" --always-panic");
+                }
+                println!(
+                    "sim: replay with: bash .ci/sim --store {} --seed {run_seed} --schedule {index}{extra}",
+                    store.name()
+                );
+            }
+            if args.schedule.is_some() || started.elapsed() >= budget {
+                break;
+            }
+        }
+        let secs = started.elapsed().as_secs_f64();
+        println!(
+            "sim: {}: {n} schedules in {secs:.1}s ({:.1}/s), {} distinct interleavings, {steps} yield points released, {store_faults} faults",
+            store.name(),
+            n as f64 / secs.max(1e-9),
+            hashes.len()
+        );
+        schedules += n;
+        faults += store_faults;
+    }
+    println!("sim: {schedules} schedules, {faults} faults, {violations} violations");
+    if violations > 0 {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    }
+}

@@ -1,0 +1,983 @@
+//! One schedule: the store, the instances (each the real `IdempotencyLayer`
+//! in front of an axum router), the clients, the completer, the reaper and the
+//! operator, run to the end under the scheduler, then checked.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use futures::FutureExt;
+use http::{Request, StatusCode};
+use idemkit_core::{Account, IdempotencyKey, KeyStore, Millis, Policy, Scope, TransactionalStore};
+use idemkit_postgres::{PgConfig, PgStore, PgTx};
+use idemkit_redis::{RedisConfig, RedisStore};
+use idemkit_sqlite::{SqliteConfig, SqliteStore, SqliteTx};
+use idemkit_testkit::MemoryStore;
+use idemkit_tower::{
+    BearerTokenAccount, CallError, Completer, Downstream, IdempotencyContext, IdempotencyLayer, PhaseError,
+    Phases, Reaper, Tx,
+};
+use tower::ServiceExt;
+
+use crate::check::{self, Answer, Violation};
+use crate::mutants::{Mutant, Mutation};
+use crate::sched::{Faults, Sched, SchedStats, Strategy, VirtualClock};
+use crate::store::{Instrumented, Log, MemTx};
+
+/// Which store a schedule runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StoreKind {
+    /// `idemkit_testkit::MemoryStore` (lease mode; phases through [`MemTx`]).
+    Memory,
+    /// `idemkit_sqlite::SqliteStore` on a temporary file (lease mode with
+    /// phases, and single-step mode with a business row in the same database).
+    Sqlite,
+    /// `idemkit_postgres::PgStore` at `IDEMKIT_TEST_POSTGRES_URL`, in a fresh
+    /// schema dropped afterwards; every handle's database clock replaced by
+    /// the virtual clock (`with_test_clock`). Best-effort deterministic.
+    Postgres,
+    /// `idemkit_redis::RedisStore` at `IDEMKIT_TEST_REDIS_URL` under a key
+    /// prefix of its own (deleted afterwards), the server's clock replaced by
+    /// the virtual clock; lease mode with phases through [`MemTx`].
+    Redis,
+}
+
+impl StoreKind {
+    /// The name used on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Memory => "memory",
+            Self::Sqlite => "sqlite",
+            Self::Postgres => "postgres",
+            Self::Redis => "redis",
+        }
+    }
+}
+
+/// What one schedule runs.
+#[derive(Debug, Clone, Copy)]
+pub struct Config {
+    /// The store.
+    pub store: StoreKind,
+    /// The seed every choice derives from.
+    pub seed: u64,
+    /// The scheduling strategy.
+    pub strategy: Strategy,
+    /// The faults.
+    pub faults: Faults,
+    /// A planted defect (negative controls).
+    pub mutation: Option<Mutation>,
+    /// Instances sharing the store.
+    pub instances: usize,
+    /// Adds a request whose handler panics on every run, after its first
+    /// phase committed (issue 30, defect 6: a panic must not hold the key
+    /// forever; it ends parked or in the review list).
+    pub always_panic: bool,
+}
+
+/// The result of one schedule.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    /// Scheduler figures.
+    pub stats: SchedStats,
+    /// What the checker found.
+    pub violations: Vec<Violation>,
+    /// The scheduler's choices (with `IDEMKIT_SIM_TRACE` set).
+    pub trace: Vec<String>,
+}
+
+/// The route policy every instance runs: short lease and window so the
+/// virtual clock crosses them within a schedule.
+pub fn policy() -> Policy {
+    Policy::new()
+        .with_lease(LEASE)
+        .with_replay_window(Duration::from_secs(600))
+        .with_reap_threshold(Duration::from_secs(600))
+}
+
+/// The lease of every claim.
+pub const LEASE: Duration = Duration::from_secs(6);
+/// The completer's minimum age of an abandoned record.
+pub const COMPLETER_AGE: Duration = Duration::from_secs(6);
+
+/// One request the clients send (and retry).
+#[derive(Debug, Clone)]
+pub struct Spec {
+    /// Index in the scenario.
+    pub id: usize,
+    /// Account (the bearer token).
+    pub account: &'static str,
+    /// Idempotency key.
+    pub key: &'static str,
+    /// Route path.
+    pub path: &'static str,
+    /// The request's own marker, echoed by every answer it executes.
+    pub item: &'static str,
+}
+
+impl Spec {
+    /// Its scope.
+    pub fn scope(&self) -> Scope {
+        Scope::new(
+            Account::new(self.account),
+            IdempotencyKey::parse(self.key).expect("a valid key"),
+        )
+    }
+
+    fn request(&self) -> Request<Body> {
+        Request::post(self.path)
+            .header("authorization", format!("Bearer {}", self.account))
+            .header("idempotency-key", self.key)
+            .header("content-type", "application/json")
+            .body(Body::from(format!(r#"{{"item":"{}"}}"#, self.item)))
+            .expect("a valid request")
+    }
+}
+
+/// The requests of a scenario: a request sent by two clients, another
+/// account's request under the same key, a different request under the first
+/// one's key (a mismatch), and a second key (single-step on SQLite).
+pub fn scenario(store: StoreKind, always_panic: bool) -> Vec<Spec> {
+    let second = match store {
+        StoreKind::Sqlite | StoreKind::Postgres => "/order",
+        StoreKind::Memory | StoreKind::Redis => "/pay",
+    };
+    let mut specs = vec![
+        Spec {
+            id: 0,
+            account: "acct-a",
+            key: "key-1",
+            path: "/pay",
+            item: "a1",
+        },
+        Spec {
+            id: 1,
+            account: "acct-b",
+            key: "key-1",
+            path: "/pay",
+            item: "b1",
+        },
+        Spec {
+            id: 2,
+            account: "acct-a",
+            key: "key-1",
+            path: "/pay",
+            item: "a1-other",
+        },
+        Spec {
+            id: 3,
+            account: "acct-a",
+            key: "key-2",
+            path: second,
+            item: "a2",
+        },
+    ];
+    if always_panic {
+        specs.push(Spec {
+            id: 4,
+            account: "acct-c",
+            key: "key-3",
+            path: "/pay",
+            item: "boom",
+        });
+    }
+    specs
+}
+
+/// Effects at the simulated downstreams, by request marker.
+#[derive(Debug, Default)]
+pub struct Effects {
+    /// The downstream that ignores keys: every call acts.
+    pub ignoring: BTreeMap<String, Vec<String>>,
+    /// The downstream that honours keys: the keys it acted on.
+    pub honouring: BTreeMap<String, Vec<String>>,
+    honoured: BTreeMap<String, String>,
+}
+
+/// What handlers share: the scheduler (for faults) and the downstreams.
+#[derive(Debug)]
+pub struct Shared {
+    sched: Arc<Sched>,
+    effects: Mutex<Effects>,
+}
+
+struct AppState<St: ?Sized> {
+    store: Arc<St>,
+    shared: Arc<Shared>,
+}
+
+impl<St: ?Sized> Clone for AppState<St> {
+    fn clone(&self) -> Self {
+        Self {
+            store: self.store.clone(),
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+fn item_of(body: &[u8]) -> String {
+    serde_json::from_slice::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| v.get("item").and_then(|i| i.as_str()).map(str::to_owned))
+        .unwrap_or_default()
+}
+
+fn maybe_panic(shared: &Shared) {
+    if shared.sched.fault(|f| f.panic) {
+        panic!("simulated handler panic");
+    }
+}
+
+type HandlerError = (StatusCode, String);
+
+/// The lease-mode handler: a phase, a call to a downstream that ignores keys,
+/// a call to one that honours them, and the final phase, written with the real
+/// [`Phases`].
+async fn pay<St: TransactionalStore>(
+    State(app): State<AppState<St>>,
+    ctx: IdempotencyContext,
+    body: Bytes,
+) -> Result<Response, PhaseError<HandlerError>> {
+    let item = item_of(&body);
+    maybe_panic(&app.shared);
+    let mut phases = Phases::begin(app.store.clone(), &ctx).await?;
+    let reserved: String = phases
+        .phase("reserve", async |_tx| Ok::<_, HandlerError>(format!("r-{item}")))
+        .await?;
+    if item == "boom" {
+        panic!("simulated panic on every run");
+    }
+    maybe_panic(&app.shared);
+    let shared = app.shared.clone();
+    let it = item.clone();
+    let charge: String = phases
+        .external("charge", Downstream::IgnoresKeys, async move |key| {
+            // A slow downstream: the attempt outlives its lease unless its
+            // heartbeats get through.
+            if shared.sched.fault(|f| f.slow) {
+                let pause = shared.sched.with_rng(|r| r.millis(1000, 15000));
+                tokio::time::sleep(pause).await;
+            }
+            let mut fx = shared.effects.lock().unwrap_or_else(|p| p.into_inner());
+            let list = fx.ignoring.entry(it).or_default();
+            list.push(key.as_str().to_owned());
+            let id = format!("ch-{}", list.len());
+            drop(fx);
+            if shared.sched.fault(|f| f.lost_answer) {
+                return Err(CallError::Unknown((
+                    StatusCode::BAD_GATEWAY,
+                    "charge timed out".into(),
+                )));
+            }
+            Ok(id)
+        })
+        .await?;
+    maybe_panic(&app.shared);
+    let shared = app.shared.clone();
+    let it = item.clone();
+    let note: String = phases
+        .external("notify", Downstream::HonoursKeys, async move |key| {
+            let mut fx = shared.effects.lock().unwrap_or_else(|p| p.into_inner());
+            let k = key.as_str().to_owned();
+            let answer = match fx.honoured.get(&k) {
+                Some(a) => a.clone(),
+                None => {
+                    let a = format!("n-{}", fx.honoured.len());
+                    fx.honoured.insert(k.clone(), a.clone());
+                    fx.honouring.entry(it).or_default().push(k);
+                    a
+                }
+            };
+            drop(fx);
+            if shared.sched.fault(|f| f.lost_answer) {
+                return Err(CallError::Unknown((
+                    StatusCode::BAD_GATEWAY,
+                    "notify timed out".into(),
+                )));
+            }
+            Ok(answer)
+        })
+        .await?;
+    let token = ctx.token.0;
+    phases
+        .finish("done", async |_tx| {
+            let body = serde_json::json!({
+                "item": item, "reserved": reserved, "charge": charge, "note": note, "token": token
+            });
+            Ok((StatusCode::CREATED, axum::Json(body)).into_response())
+        })
+        .await
+}
+
+/// The single-step handler: its business write is a row in the store's own
+/// SQLite database, committed with the claim and the answer.
+async fn order(mut tx: Tx<SqliteTx>, shared: State<Arc<Shared>>, body: Bytes) -> Response {
+    let item = item_of(&body);
+    maybe_panic(&shared);
+    let id: Result<i64, _> = sqlx::query_scalar("INSERT INTO sim_orders (item) VALUES (?1) RETURNING id")
+        .bind(&item)
+        .fetch_one(&mut **tx)
+        .await;
+    match id {
+        Ok(id) => (
+            StatusCode::CREATED,
+            axum::Json(serde_json::json!({ "item": item, "row": id })),
+        )
+            .into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    }
+}
+
+/// The single-step handler on PostgreSQL.
+async fn order_pg(mut tx: Tx<PgTx>, shared: State<Arc<Shared>>, body: Bytes) -> Response {
+    let item = item_of(&body);
+    maybe_panic(&shared);
+    let id: Result<i64, _> = sqlx::query_scalar("INSERT INTO sim_orders (item) VALUES ($1) RETURNING id")
+        .bind(&item)
+        .fetch_one(&mut **tx)
+        .await;
+    match id {
+        Ok(id) => (
+            StatusCode::CREATED,
+            axum::Json(serde_json::json!({ "item": item, "row": id })),
+        )
+            .into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    }
+}
+
+/// The store of a schedule, below the instances' handles.
+enum Backing {
+    Memory(Arc<Mutant<dyn KeyStore>>),
+    Sqlite {
+        store: SqliteStore,
+        mutation: Option<Mutation>,
+        path: std::path::PathBuf,
+    },
+    Postgres {
+        store: PgStore,
+        mutation: Option<Mutation>,
+        schema: String,
+    },
+    Redis {
+        store: RedisStore,
+        mutation: Option<Mutation>,
+        prefix: String,
+        url: String,
+    },
+}
+
+/// One process: its store handle and its application.
+#[derive(Clone)]
+struct Instance {
+    id: usize,
+    store: Arc<dyn KeyStore>,
+    app: Router,
+}
+
+struct World {
+    sched: Arc<Sched>,
+    log: Log,
+    shared: Arc<Shared>,
+    backing: Backing,
+    clock: VirtualClock,
+    /// The uninstrumented view the checker reads.
+    raw: Arc<dyn KeyStore>,
+    instances: Mutex<Vec<Instance>>,
+    answers: Mutex<Vec<Answer>>,
+    restarts: Mutex<u64>,
+    mutation: Option<Mutation>,
+}
+
+impl World {
+    fn instance(&self, slot: usize) -> Instance {
+        let id = self.sched.new_instance();
+        let mut skew = if slot == 0 { 0 } else { (slot as i64) * 150 };
+        if slot == 1 && self.mutation == Some(Mutation::LeaseByCallerClock) {
+            skew = i64::try_from(LEASE.as_millis()).unwrap_or(0) + 2000;
+        }
+        let lease_layer = |store: Arc<dyn KeyStore>| {
+            IdempotencyLayer::builder(store)
+                .policy(policy())
+                .resolver(BearerTokenAccount)
+                .build()
+                .expect("a valid layer")
+        };
+        match &self.backing {
+            Backing::Memory(m) => {
+                let handle = Arc::new(MemTx(Arc::new(Instrumented::new(
+                    m.clone(),
+                    self.sched.clone(),
+                    id,
+                    self.log.clone(),
+                ))));
+                let app = Router::new().route("/pay", post(pay::<MemTx<Instrumented<Mutant<dyn KeyStore>>>>));
+                let app = app
+                    .with_state(AppState {
+                        store: handle.clone(),
+                        shared: self.shared.clone(),
+                    })
+                    .layer(lease_layer(handle.clone()));
+                Instance {
+                    id,
+                    store: handle,
+                    app,
+                }
+            }
+            Backing::Sqlite { store, mutation, .. } => {
+                let inner = store.clone().with_clock(Arc::new(self.clock.skewed(skew)));
+                let handle = Arc::new(Instrumented::new(
+                    Arc::new(Mutant::new(Arc::new(inner), *mutation)),
+                    self.sched.clone(),
+                    id,
+                    self.log.clone(),
+                ));
+                type H = Instrumented<Mutant<SqliteStore>>;
+                let pay_app = Router::new()
+                    .route("/pay", post(pay::<H>))
+                    .with_state(AppState {
+                        store: handle.clone(),
+                        shared: self.shared.clone(),
+                    })
+                    .layer(lease_layer(handle.clone()));
+                let order_app = Router::new()
+                    .route("/order", post(order))
+                    .with_state(self.shared.clone())
+                    .layer(
+                        IdempotencyLayer::transactional(handle.clone())
+                            .policy(policy())
+                            .resolver(BearerTokenAccount)
+                            .build()
+                            .expect("a valid layer"),
+                    );
+                Instance {
+                    id,
+                    store: handle,
+                    app: pay_app.merge(order_app),
+                }
+            }
+            Backing::Redis { store, mutation, .. } => {
+                let skew = if skew > 1000 { skew } else { 0 };
+                let inner = store.clone().with_test_clock(Arc::new(self.clock.skewed(skew)));
+                let handle = Arc::new(MemTx(Arc::new(Instrumented::new(
+                    Arc::new(Mutant::new(Arc::new(inner), *mutation)),
+                    self.sched.clone(),
+                    id,
+                    self.log.clone(),
+                ))));
+                type H = MemTx<Instrumented<Mutant<RedisStore>>>;
+                let app = Router::new()
+                    .route("/pay", post(pay::<H>))
+                    .with_state(AppState {
+                        store: handle.clone(),
+                        shared: self.shared.clone(),
+                    })
+                    .layer(lease_layer(handle.clone()));
+                Instance {
+                    id,
+                    store: handle,
+                    app,
+                }
+            }
+            Backing::Postgres { store, mutation, .. } => {
+                // The database's clock is shared; only the mutant skews it.
+                let skew = if skew > 1000 { skew } else { 0 };
+                let inner = store.clone().with_test_clock(Arc::new(self.clock.skewed(skew)));
+                let handle = Arc::new(Instrumented::new(
+                    Arc::new(Mutant::new(Arc::new(inner), *mutation)),
+                    self.sched.clone(),
+                    id,
+                    self.log.clone(),
+                ));
+                type H = Instrumented<Mutant<PgStore>>;
+                let pay_app = Router::new()
+                    .route("/pay", post(pay::<H>))
+                    .with_state(AppState {
+                        store: handle.clone(),
+                        shared: self.shared.clone(),
+                    })
+                    .layer(lease_layer(handle.clone()));
+                let order_app = Router::new()
+                    .route("/order", post(order_pg))
+                    .with_state(self.shared.clone())
+                    .layer(
+                        IdempotencyLayer::transactional(handle.clone())
+                            .policy(policy())
+                            .resolver(BearerTokenAccount)
+                            .build()
+                            .expect("a valid layer"),
+                    );
+                Instance {
+                    id,
+                    store: handle,
+                    app: pay_app.merge(order_app),
+                }
+            }
+        }
+    }
+
+    /// A live instance for a client, restarting a crashed one now and then.
+    fn pick(&self) -> Instance {
+        let n = self.instances.lock().unwrap_or_else(|p| p.into_inner()).len();
+        let slot = self.sched.with_rng(|r| r.below(n));
+        let current = self.instances.lock().unwrap_or_else(|p| p.into_inner())[slot].clone();
+        if !self.sched.is_dead(current.id) {
+            return current;
+        }
+        // The process restarts: a new engine, a new store handle, same store.
+        let fresh = self.instance(slot);
+        *self.restarts.lock().unwrap_or_else(|p| p.into_inner()) += 1;
+        self.instances.lock().unwrap_or_else(|p| p.into_inner())[slot] = fresh.clone();
+        fresh
+    }
+
+    fn live(&self) -> Instance {
+        for _ in 0..64 {
+            let i = self.pick();
+            if !self.sched.is_dead(i.id) {
+                return i;
+            }
+        }
+        self.pick()
+    }
+
+    /// Sends `spec` once; records the answer.
+    async fn send(&self, spec: &Spec, final_check: bool) -> Answer {
+        let inst = self.live();
+        let timeout = if final_check {
+            Duration::from_secs(60)
+        } else {
+            self.sched.with_rng(|r| r.millis(300, 9000))
+        };
+        let call = async {
+            let res = inst
+                .app
+                .clone()
+                .oneshot(spec.request())
+                .await
+                .expect("infallible router");
+            let status = res.status().as_u16();
+            let body = axum::body::to_bytes(res.into_body(), usize::MAX)
+                .await
+                .unwrap_or_default();
+            (status, body.to_vec())
+        };
+        let call = std::panic::AssertUnwindSafe(call).catch_unwind();
+        let answer = match tokio::time::timeout(timeout, call).await {
+            Ok(Ok((status, body))) => Answer::new(spec.id, status, body, final_check),
+            // The instance crashed under the request: the connection reset.
+            Ok(Err(_)) | Err(_) => Answer::hung_up(spec.id, final_check),
+        };
+        self.answers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(answer.clone());
+        answer
+    }
+
+    async fn client(self: Arc<Self>, spec: Spec) {
+        for _ in 0..5 {
+            let a = self.send(&spec, false).await;
+            if !a.retryable() {
+                return;
+            }
+            let wait = self.sched.with_rng(|r| r.millis(100, 3000));
+            tokio::time::sleep(wait).await;
+        }
+    }
+
+    async fn jobs(self: Arc<Self>) {
+        for round in 0..6u32 {
+            tokio::time::sleep(Duration::from_secs(4)).await;
+            let inst = self.live();
+            let pass = async {
+                if round % 2 == 0 {
+                    let completer =
+                        Completer::new(inst.store.clone(), inst.app.clone()).min_age(COMPLETER_AGE);
+                    let _ = completer.run_once().await;
+                } else {
+                    let reaper = Reaper::new(inst.store.clone(), &policy());
+                    let _ = reaper.run_once().await;
+                }
+            };
+            // A pass on an instance that crashes under it dies with it.
+            let _ = std::panic::AssertUnwindSafe(pass).catch_unwind().await;
+        }
+    }
+
+    async fn operator(self: Arc<Self>, specs: Vec<Spec>) {
+        // `idemkit keys release` (progress kept): only records nobody holds.
+        for _ in 0..3 {
+            let wait = self.sched.with_rng(|r| r.millis(2000, 12000));
+            tokio::time::sleep(wait).await;
+            let i = self.sched.with_rng(|r| r.below(specs.len()));
+            let inst = self.live();
+            let scope = specs[i].scope();
+            let release = inst.store.force_release(&scope);
+            let _ = std::panic::AssertUnwindSafe(release).catch_unwind().await;
+        }
+    }
+}
+
+fn clock_elapsed(c: &VirtualClock) -> Duration {
+    use idemkit_core::Clock;
+    Duration::from_millis((c.now().0 - 1_700_000_000_000).max(0) as u64)
+}
+
+/// Runs `fut` in a task and spins until it ends, so that paused time does
+/// not auto-advance while it waits on I/O (the checker's own store reads).
+async fn busy_wait<T: Send + 'static>(fut: impl Future<Output = T> + Send + 'static) -> T {
+    let handle = tokio::spawn(fut);
+    while !handle.is_finished() {
+        tokio::task::yield_now().await;
+        std::thread::yield_now();
+    }
+    handle.await.expect("the checker does not panic")
+}
+
+/// Drives the runtime until `done` holds, releasing one parked task at a time.
+async fn drive(sched: &Sched, done: impl Fn() -> bool, horizon: Duration) -> Result<(), String> {
+    let until = tokio::time::Instant::now() + horizon;
+    let mut steps = 0u64;
+    let mut waiting_since: Option<std::time::Instant> = None;
+    loop {
+        sched.settle().await;
+        if done() {
+            return Ok(());
+        }
+        if !sched.step() {
+            if tokio::time::Instant::now() >= until {
+                return Err(format!("no progress within {horizon:?} of virtual time"));
+            }
+            // A store call still running with nothing else to release: wait
+            // for it (real time) before letting virtual time move, so a slow
+            // I/O does not let timers fire early.
+            if sched.in_store() {
+                let since = *waiting_since.get_or_insert_with(std::time::Instant::now);
+                if since.elapsed() < crate::sched::SLEEPING_LOCK_WAIT {
+                    std::thread::yield_now();
+                    continue;
+                }
+            }
+            waiting_since = None;
+            sched.idle(Duration::from_secs(30)).await;
+        } else {
+            waiting_since = None;
+        }
+        steps += 1;
+        if steps > 200_000 {
+            return Err("more than 200000 steps".into());
+        }
+    }
+}
+
+fn all_done(handles: &[tokio::task::JoinHandle<()>]) -> bool {
+    handles.iter().all(|h| h.is_finished())
+}
+
+/// Opens a fresh schema at `IDEMKIT_TEST_POSTGRES_URL`.
+async fn open_postgres(seed: u64) -> Result<(PgStore, String), String> {
+    let url = std::env::var("IDEMKIT_TEST_POSTGRES_URL")
+        .map_err(|_| "set IDEMKIT_TEST_POSTGRES_URL to simulate PostgreSQL".to_owned())?;
+    let schema = format!("idemkit_sim_{}_{seed:x}", std::process::id());
+    let config = PgConfig {
+        schema: schema.clone(),
+        ..PgConfig::default()
+    };
+    let store = PgStore::connect(&url, config).await.map_err(|e| e.to_string())?;
+    sqlx::query("CREATE TABLE IF NOT EXISTS sim_orders (id BIGSERIAL PRIMARY KEY, item TEXT NOT NULL)")
+        .execute(store.pool())
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok((store, schema))
+}
+
+/// Connects to `IDEMKIT_TEST_REDIS_URL` under a fresh key prefix.
+async fn open_redis(seed: u64) -> Result<(RedisStore, String, String), String> {
+    let url = std::env::var("IDEMKIT_TEST_REDIS_URL")
+        .map_err(|_| "set IDEMKIT_TEST_REDIS_URL to simulate Redis".to_owned())?;
+    let prefix = format!("idemkit-sim:{}:{seed:x}:", std::process::id());
+    let mut config = RedisConfig::from_url(&url).map_err(|e| e.to_string())?;
+    config.key_prefix = prefix.clone();
+    let store = RedisStore::connect(config).await.map_err(|e| e.to_string())?;
+    Ok((store, prefix, url))
+}
+
+/// Deletes every key under `prefix` (never anything else: the server is shared).
+async fn clear_redis(url: &str, prefix: &str) -> redis::RedisResult<()> {
+    let client = redis::Client::open(url)?;
+    let mut conn = client.get_multiplexed_async_connection().await?;
+    let mut cursor: u64 = 0;
+    loop {
+        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(format!("{prefix}*"))
+            .arg("COUNT")
+            .arg(500)
+            .query_async(&mut conn)
+            .await?;
+        if !keys.is_empty() {
+            let () = redis::cmd("DEL").arg(&keys).query_async(&mut conn).await?;
+        }
+        if next == 0 {
+            return Ok(());
+        }
+        cursor = next;
+    }
+}
+
+async fn open_sqlite(seed: u64) -> (SqliteStore, std::path::PathBuf) {
+    let path = std::env::temp_dir().join(format!(
+        "idemkit-sim-{}-{seed:x}-{}.db",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0)
+    ));
+    let config = SqliteConfig {
+        checkpoint_interval: Duration::ZERO,
+        ..SqliteConfig::default()
+    };
+    let store = SqliteStore::open_with(&path, &config).await.expect("open sqlite");
+    sqlx::query(
+        "CREATE TABLE IF NOT EXISTS sim_orders (id INTEGER PRIMARY KEY AUTOINCREMENT, item TEXT NOT NULL)",
+    )
+    .execute(store.pool())
+    .await
+    .expect("create sim_orders");
+    store.keys_loaded().await;
+    (store, path)
+}
+
+/// Runs one schedule on a fresh runtime and store; checks it.
+pub fn run(config: &Config) -> Outcome {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let outcome = rt.block_on(run_inner(config));
+    drop(rt);
+    outcome
+}
+
+async fn run_inner(config: &Config) -> Outcome {
+    let sqlite = match config.store {
+        StoreKind::Sqlite => Some(open_sqlite(config.seed).await),
+        StoreKind::Memory | StoreKind::Postgres | StoreKind::Redis => None,
+    };
+    let redis = match config.store {
+        StoreKind::Redis => match open_redis(config.seed).await {
+            Ok(r) => Some(r),
+            Err(e) => {
+                return Outcome {
+                    stats: SchedStats::default(),
+                    violations: vec![Violation::stuck(format!("cannot open Redis: {e}"))],
+                    trace: Vec::new(),
+                };
+            }
+        },
+        _ => None,
+    };
+    let postgres = match config.store {
+        StoreKind::Postgres => match open_postgres(config.seed).await {
+            Ok(pg) => Some(pg),
+            Err(e) => {
+                return Outcome {
+                    stats: SchedStats::default(),
+                    violations: vec![Violation::stuck(format!("cannot open PostgreSQL: {e}"))],
+                    trace: Vec::new(),
+                };
+            }
+        },
+        _ => None,
+    };
+    // From here on time is virtual: it moves only when every task waits.
+    tokio::time::pause();
+    let clock = VirtualClock::new(Millis(1_700_000_000_000), 0);
+    let sched = Sched::new(config.seed, config.strategy, config.faults);
+    let log: Log = Arc::default();
+    let backing = match (sqlite, postgres) {
+        (None, None) if redis.is_some() => {
+            let (store, prefix, url) = redis.expect("checked");
+            Backing::Redis {
+                store: store.with_test_clock(Arc::new(clock.clone())),
+                mutation: config.mutation,
+                prefix,
+                url,
+            }
+        }
+        (Some((store, path)), _) => Backing::Sqlite {
+            store: store.with_clock(Arc::new(clock.clone())),
+            mutation: config.mutation,
+            path,
+        },
+        (None, Some((store, schema))) => Backing::Postgres {
+            store: store.with_test_clock(Arc::new(clock.clone())),
+            mutation: config.mutation,
+            schema,
+        },
+        (None, None) => {
+            let base: Arc<dyn KeyStore> = Arc::new(MemoryStore::with_clock(Arc::new(clock.clone())));
+            let m: Arc<Mutant<dyn KeyStore>> = Arc::new(Mutant::new(base, config.mutation));
+            Backing::Memory(m)
+        }
+    };
+    let raw: Arc<dyn KeyStore> = match &backing {
+        Backing::Memory(m) => m.clone(),
+        Backing::Sqlite { store, mutation, .. } => Arc::new(Mutant::new(Arc::new(store.clone()), *mutation)),
+        Backing::Postgres { store, mutation, .. } => {
+            Arc::new(Mutant::new(Arc::new(store.clone()), *mutation))
+        }
+        Backing::Redis { store, mutation, .. } => Arc::new(Mutant::new(Arc::new(store.clone()), *mutation)),
+    };
+    let world = Arc::new(World {
+        sched: sched.clone(),
+        log: log.clone(),
+        shared: Arc::new(Shared {
+            sched: sched.clone(),
+            effects: Mutex::default(),
+        }),
+        backing,
+        clock,
+        raw,
+        instances: Mutex::new(Vec::new()),
+        answers: Mutex::default(),
+        restarts: Mutex::new(0),
+        mutation: config.mutation,
+    });
+    let first: Vec<Instance> = (0..config.instances.max(1)).map(|s| world.instance(s)).collect();
+    *world.instances.lock().unwrap_or_else(|p| p.into_inner()) = first;
+
+    let specs = scenario(config.store, config.always_panic);
+    let mut violations = Vec::new();
+
+    // Phase 1: clients (two for the first request), jobs and the operator, with faults.
+    let mut handles = Vec::new();
+    for spec in specs.iter().chain(std::iter::once(&specs[0])) {
+        handles.push(tokio::spawn(world.clone().client(spec.clone())));
+    }
+    let background = vec![
+        tokio::spawn(world.clone().jobs()),
+        tokio::spawn(world.clone().operator(specs.clone())),
+    ];
+    if let Err(e) = drive(&sched, || all_done(&handles), Duration::from_secs(900)).await {
+        violations.push(Violation::stuck(format!("clients did not finish: {e}")));
+    }
+    // Phase 2: faults stop; the background jobs end; the clock passes the
+    // lease and the completer's age; the completer runs (twice, a lease apart).
+    sched.note(|| format!("clients done at +{:?}", clock_elapsed(&world.clock)));
+    sched.set_faults(false);
+    // The jobs and the operator stop (one on a crashed instance never returns).
+    for b in &background {
+        b.abort();
+    }
+    let liveness = {
+        let world = world.clone();
+        tokio::spawn(async move {
+            for _ in 0..2 {
+                tokio::time::sleep(LEASE + COMPLETER_AGE + Duration::from_secs(1)).await;
+                let inst = world.live();
+                let completer = Completer::new(inst.store.clone(), inst.app.clone()).min_age(COMPLETER_AGE);
+                let _ = completer.run_once().await.map_err(|e| {
+                    world.sched.note(|| format!("completer pass failed: {e}"));
+                });
+            }
+        })
+    };
+    let handles = vec![liveness];
+    if let Err(e) = drive(&sched, || all_done(&handles), Duration::from_secs(900)).await {
+        violations.push(Violation::stuck(format!("the completer did not finish: {e}")));
+    }
+    sched.note(|| format!("liveness check at +{:?}", clock_elapsed(&world.clock)));
+    let settled = {
+        let (raw, specs) = (world.raw.clone(), specs.clone());
+        busy_wait(async move { check::settled(&raw, &specs).await }).await
+    };
+    violations.extend(settled);
+    // Phase 3: one final request per request: none may answer "in progress".
+    let finals = {
+        let world = world.clone();
+        let specs = specs.clone();
+        tokio::spawn(async move {
+            for s in &specs {
+                world.send(s, true).await;
+            }
+        })
+    };
+    let handles = vec![finals];
+    if let Err(e) = drive(&sched, || all_done(&handles), Duration::from_secs(900)).await {
+        violations.push(Violation::stuck(format!("final requests did not finish: {e}")));
+    }
+    let answers = world.answers.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let events = log.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let rows = match &world.backing {
+        Backing::Sqlite { store, .. } => {
+            let pool = store.pool().clone();
+            busy_wait(async move {
+                sqlx::query_as::<_, (String, i64)>("SELECT item, COUNT(*) FROM sim_orders GROUP BY item")
+                    .fetch_all(&pool)
+                    .await
+                    .unwrap_or_default()
+            })
+            .await
+        }
+        Backing::Postgres { store, .. } => {
+            let pool = store.pool().clone();
+            busy_wait(async move {
+                sqlx::query_as::<_, (String, i64)>("SELECT item, COUNT(*) FROM sim_orders GROUP BY item")
+                    .fetch_all(&pool)
+                    .await
+                    .unwrap_or_default()
+            })
+            .await
+        }
+        Backing::Memory(_) | Backing::Redis { .. } => Vec::new(),
+    };
+    {
+        let fx = std::mem::take(&mut *world.shared.effects.lock().unwrap_or_else(|p| p.into_inner()));
+        let (raw, specs) = (world.raw.clone(), specs.clone());
+        let found =
+            busy_wait(async move { check::safety(&specs, &answers, &events, &fx, &rows, &raw).await }).await;
+        violations.extend(found);
+    }
+    let stats = sched.stats();
+    let trace = sched.trace();
+    match &world.backing {
+        Backing::Sqlite { path, .. } => {
+            for suffix in ["", "-wal", "-shm"] {
+                let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+            }
+        }
+        Backing::Postgres { store, schema, .. } => {
+            let (pool, schema) = (store.pool().clone(), schema.clone());
+            busy_wait(async move {
+                // The schema name is ours (`idemkit_sim_<pid>_<hex>`), not input.
+                let sql = sqlx::AssertSqlSafe(format!("DROP SCHEMA IF EXISTS {schema} CASCADE"));
+                let _ = sqlx::query(sql).execute(&pool).await;
+            })
+            .await;
+        }
+        Backing::Redis { url, prefix, .. } => {
+            let (url, prefix) = (url.clone(), prefix.clone());
+            busy_wait(async move {
+                let _ = clear_redis(&url, &prefix).await;
+            })
+            .await;
+        }
+        Backing::Memory(_) => {}
+    }
+    Outcome {
+        stats,
+        violations,
+        trace,
+    }
+}
