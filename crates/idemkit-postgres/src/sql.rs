@@ -557,6 +557,18 @@ pub(crate) static DISCARD: LazyLock<String> = LazyLock::new(|| {
 /// and re-checked against the conditions; a statement-snapshot read of the key
 /// table would copy the row as it was before that commit, and the review list
 /// would show an operator a record without the intent it was parked with.
+///
+/// That re-check sees the locked row as committed, but the statement's
+/// subqueries still read its snapshot: a second pass overlapping this one
+/// (another instance's reaper) that waited on the same row lock would find the
+/// row parked by the first, its review entry invisible to `NOT EXISTS`, and
+/// park it again and file a second entry (a copy of the parked row, `last_error`
+/// the reaper's own). So the locked row must still be on the token the snapshot
+/// saw (the scalar subquery reads the snapshot, the re-check the new row): a
+/// row moved to a new token meanwhile (parked by another pass, taken over,
+/// abandoned, released) is left for the next pass, which judges it afresh; a
+/// lapsed holder's phase keeps the token, so its intent is still parked and
+/// listed as committed.
 pub(crate) static REAP: LazyLock<String> = LazyLock::new(|| {
     format!(
         "WITH now AS (SELECT {now} AS ms), \
@@ -567,6 +579,8 @@ pub(crate) static REAP: LazyLock<String> = LazyLock::new(|| {
          AND (k.state = 'parked' OR (k.state = 'in_flight' AND k.lease_expires_at <= now.ms)) \
          AND NOT EXISTS (SELECT 1 FROM idemkit_review r WHERE r.account = k.account \
          AND r.idem_key = k.idem_key AND r.created_at = k.created_at) \
+         AND k.fencing_token = (SELECT o.fencing_token FROM idemkit_keys o \
+         WHERE o.account = k.account AND o.idem_key = k.idem_key) \
          FOR UPDATE OF k), \
          listed AS (UPDATE idemkit_keys k SET fencing_token = {NEXT_TOKEN}, state = 'parked', \
          lease_expires_at = LEAST(l.lease_expires_at, (SELECT ms FROM now)), last_error = $3 \

@@ -432,3 +432,79 @@ async fn a_failed_snapshot_level_opening_frees_the_keys_lock() {
         .await
         .unwrap();
 }
+
+/// Waits until at least `n` reaper passes of this schema wait on a lock (on
+/// backend `pid`, or on each other: the second waits behind the first).
+async fn wait_until_reapers_blocked(pool: &PgPool, pid: i32, n: i64) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE cardinality(pg_blocking_pids(pid)) > 0 \
+             AND query LIKE '%locked AS (SELECT%' \
+             AND ($1 = ANY(pg_blocking_pids(pid)) OR EXISTS (SELECT 1 FROM pg_stat_activity o \
+             WHERE o.pid = ANY(pg_blocking_pids(pg_stat_activity.pid)) AND $1 = ANY(pg_blocking_pids(o.pid))))",
+        )
+        .bind(pid)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+        if waiting >= n {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{n} backends not blocked on backend {pid} within 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Review (after issue 30): two reapers (two instances' completers) whose
+/// passes overlap on one lapsed record. Both wait on the record's row lock;
+/// the first parks it and files its review entry; the second, re-checking the
+/// row after the first committed, must not park it again and file a second
+/// entry (a copy of the already-parked row, whose `last_error` is the
+/// reaper's own "moved to review", not the holder's error).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overlapping_reaper_passes_file_one_review_entry() {
+    let clock = Arc::new(ManualClock::new());
+    let Some(store) = store_in_fresh_schema(Some(clock.clone())).await else {
+        return;
+    };
+    let s = scope("a", "reap-twice");
+    let holder = must_claim(&*store, &claim_req(&s, "{}")).await;
+    clock.advance(LEASE * 2);
+
+    // A lapsed holder's phase holds the row lock while both passes start.
+    let mut a = store.begin_fenced(&s, holder.token).await.unwrap();
+    let a_pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut *a)
+        .await
+        .unwrap();
+    store
+        .advance_in_tx(
+            &mut a,
+            &s,
+            holder.token,
+            &PhaseUpdate {
+                recovery_point: "courier-intent".into(),
+                step: None,
+            },
+        )
+        .await
+        .unwrap();
+    let before = clock.now().plus(Duration::from_secs(1));
+    let reap = || {
+        let store = store.clone();
+        tokio::spawn(async move { store.reap(before).await })
+    };
+    let (first, second) = (reap(), reap());
+    wait_until_reapers_blocked(store.pool(), a_pid, 2).await;
+    TransactionalStore::commit(&*store, a).await.unwrap();
+    let moved = first.await.unwrap().expect("first pass").moved_to_review
+        + second.await.unwrap().expect("second pass").moved_to_review;
+
+    let review = store.review(10).await.unwrap();
+    assert_eq!(review.len(), 1, "one lapsed record, filed twice: {review:?}");
+    assert_eq!(moved, 1, "the record was parked by both passes");
+}
