@@ -130,4 +130,3 @@ pub use crate::reqwest::{ReqwestRetryError, RetryErrorExt, RetryMiddleware};
 #[cfg(feature = "tower")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
 pub use crate::tower::{ReplayBody, ResponseFuture, RetryBody, RetryLayer, RetryService, TowerRetryError};
-

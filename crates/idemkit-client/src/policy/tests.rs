@@ -369,8 +369,8 @@ fn a_retry_never_sent_gives_its_tokens_back() {
 /// what was left would raise it above what any attempt ever needed).
 #[test]
 fn an_attempt_cut_by_the_deadline_does_not_raise_the_adaptive_timeout() {
-    let config = RetryConfig::new()
-        .with_adaptive_attempt_timeout(AdaptiveTimeout::new().with_min_samples(20));
+    let config =
+        RetryConfig::new().with_adaptive_attempt_timeout(AdaptiveTimeout::new().with_min_samples(20));
     let policy = RetryPolicy::new(config);
     for _ in 0..50 {
         let mut call = policy.start(&Method::POST, &HeaderMap::new(), true);
