@@ -243,15 +243,27 @@ pub(crate) static MOVE: LazyLock<String> = LazyLock::new(|| {
 });
 
 /// A lease-mode claim's own record after its reply was lost: the token, lease
-/// and recovery point of the record if attempt `$3` holds it (in flight, its
-/// lease alive by the store's clock, test clock at `$4`). Any other writer
-/// that can change the record without replacing the attempt id (an operator's
-/// release, the reaper) needs the lease expired or leaves it parked.
+/// and recovery point of the key's record, and whether attempt `$3` holds it
+/// (in flight, its lease alive by the store's clock, test clock at `$4`). Any
+/// other writer that can change the record without replacing the attempt id
+/// (an operator's release, the reaper) needs the lease expired or leaves it
+/// parked.
+///
+/// The row is read `FOR SHARE`, with the attempt tested in the select list,
+/// not in the `WHERE`: a claim whose connection broke while its statement
+/// waited on the row lock (a lapsed holder's phase transaction) is still run
+/// by its backend, which commits the move once the lock is free. A plain read
+/// would see the row as before the move and answer "not ours" while our own
+/// attempt then holds the key for a lease; the share lock waits behind the
+/// move (a writer of the row), and READ COMMITTED's re-check then reads the
+/// row as it committed. (A condition on the attempt in the `WHERE` would be
+/// judged on the snapshot's row first, which no move has touched, and would
+/// not wait at all.)
 pub(crate) static CLAIMED_BY_ATTEMPT: LazyLock<String> = LazyLock::new(|| {
     format!(
-        "SELECT fencing_token, lease_expires_at, recovery_point FROM idemkit_keys \
-         WHERE account = $1 AND idem_key = $2 AND claim_attempt = $3 AND state = 'in_flight' \
-         AND lease_expires_at > {}",
+        "SELECT fencing_token, lease_expires_at, recovery_point, \
+         COALESCE(claim_attempt = $3 AND state = 'in_flight' AND lease_expires_at > {}, false) \
+         FROM idemkit_keys WHERE account = $1 AND idem_key = $2 FOR SHARE",
         now_sql(4)
     )
 });
