@@ -204,9 +204,10 @@ impl PgStore {
     pub(crate) async fn recover_claim(&self, req: &ClaimRequest, attempt: &Attempt) -> Option<Lease> {
         for pause in [0, 20, 100] {
             tokio::time::sleep(Duration::from_millis(pause)).await;
-            let Some(left) = req.lease.checked_sub(attempt.started.elapsed()) else {
-                return None;
-            };
+            let left = req
+                .lease
+                .checked_sub(attempt.started.elapsed())
+                .filter(|left| !left.is_zero())?;
             let mut conn = match self.pool.acquire().await {
                 Ok(conn) => conn,
                 Err(e) => {

@@ -530,7 +530,9 @@ impl CuttableProxy {
         std::thread::spawn(move || {
             for client in listener.incoming() {
                 let Ok(client) = client else { return };
-                let Ok(server) = std::net::TcpStream::connect(upstream) else { return };
+                let Ok(server) = std::net::TcpStream::connect(upstream) else {
+                    return;
+                };
                 c.lock().unwrap().push(client.try_clone().unwrap());
                 k.lock().unwrap().push(server.try_clone().unwrap());
                 let (mut c1, mut s1) = (client.try_clone().unwrap(), server.try_clone().unwrap());
@@ -636,14 +638,20 @@ async fn a_claim_cut_off_while_its_move_waits_is_recognised() {
         if claim.is_finished() || behind_move > 0 || waiting >= 2 {
             break;
         }
-        assert!(tokio::time::Instant::now() < deadline, "neither settled nor waiting");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "neither settled nor waiting"
+        );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     holder.commit().await.unwrap();
     let outcome = claim.await.unwrap();
 
     let rec = store.get(&s).await.unwrap().unwrap();
-    assert!(rec.fencing_token > first.token, "the cut-off move committed: {rec:?}");
+    assert!(
+        rec.fencing_token > first.token,
+        "the cut-off move committed: {rec:?}"
+    );
     let lease = match outcome {
         Ok(ClaimOutcome::Claimed(lease)) => lease,
         other => panic!(
