@@ -208,8 +208,11 @@ impl PgStore {
                 .lease
                 .checked_sub(attempt.started.elapsed())
                 .filter(|left| !left.is_zero())?;
+            // Closed when dropped unless the read finished: a read that waits on
+            // the row lock and is cancelled (the bound below, or the caller's
+            // own) must not go back to the pool with its statement running.
             let mut conn = match self.pool.acquire().await {
-                Ok(conn) => conn,
+                Ok(conn) => Opening::new(conn),
                 Err(e) => {
                     tracing::debug!(error = %e, "idemkit-postgres: re-reading a claim whose reply was lost");
                     continue;
@@ -225,17 +228,17 @@ impl PgStore {
                     .bind(req.scope.key.as_str())
                     .bind(attempt.id.as_str())
                     .bind(self.test_now())
-                    .fetch_optional(&mut *conn),
+                    .fetch_optional(&mut **conn.conn()),
             )
             .await;
             let read = match read {
                 Ok(read) => read,
-                Err(_) => {
-                    // Cancelled mid-statement: never back to the pool.
-                    conn.close_on_drop();
-                    return None;
-                }
+                // Cancelled mid-statement: `conn` closes.
+                Err(_) => return None,
             };
+            if read.is_ok() {
+                drop(conn.keep());
+            }
             let row = match read {
                 Ok(Some(row)) => row,
                 Ok(None) => return None,
