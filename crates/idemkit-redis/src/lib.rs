@@ -474,28 +474,38 @@ impl RedisStore {
         } else {
             "0"
         };
-        let (reply, acks) = self
-            .run(
-                &SCRIPTS.claim,
-                &[&key, &tokens],
-                &|c| {
-                    c.arg(&now)
-                        .arg(ms(req.lease))
-                        .arg(ms(req.replay_window))
-                        .arg(ms(keep))
-                        .arg(&req.fingerprint.as_bytes()[..])
-                        .arg(&req.request.method)
-                        .arg(&req.request.path)
-                        .arg(&headers)
-                        .arg(&req.request.body)
-                        .arg(touch)
-                        .arg(attempt)
-                        .arg(&resume)
-                        .arg(req.recovery_point.as_deref().unwrap_or_default());
-                },
-                self.config.wait_replicas,
-            )
-            .await?;
+        let fill = |c: &mut Cmd| {
+            c.arg(&now)
+                .arg(ms(req.lease))
+                .arg(ms(req.replay_window))
+                .arg(ms(keep))
+                .arg(&req.fingerprint.as_bytes()[..])
+                .arg(&req.request.method)
+                .arg(&req.request.path)
+                .arg(&headers)
+                .arg(&req.request.body)
+                .arg(touch)
+                .arg(attempt)
+                .arg(&resume)
+                .arg(req.recovery_point.as_deref().unwrap_or_default());
+        };
+        let keys = [key.as_str(), tokens.as_str()];
+        let claim = || self.run(&SCRIPTS.claim, &keys, &fill, self.config.wait_replicas);
+        let (reply, acks) = match claim().await {
+            // The claim may have run with its reply lost (a connection that broke
+            // after sending, the operation timeout): delivered again, once, under
+            // the same attempt id, on the next connection. The script answers its
+            // own attempt `Claimed` on the lease it took, or, if the first
+            // delivery never ran, decides afresh; either way the caller learns
+            // whether it holds the key, instead of an error while its attempt
+            // holds it for a whole lease. (A late first delivery arriving after
+            // this one finds its attempt and writes nothing.)
+            Err(StoreError::Unavailable(e)) => {
+                tracing::debug!(error = %e, "idemkit-redis: claim reply lost; delivering it again");
+                claim().await?
+            }
+            other => other?,
+        };
         let outcome = decode_claim(reply, expires)?;
         if matches!(outcome, ClaimOutcome::Claimed(_) | ClaimOutcome::Replay(_))
             && let Err(e) = self.check_acks(acks)
