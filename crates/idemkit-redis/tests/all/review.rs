@@ -143,3 +143,69 @@ mod url_host {
         }
     }
 }
+
+/// A store whose connections go through `proxy`.
+async fn through(proxy: &ReplyEater, url: &str, tag: &str) -> RedisStore {
+    let target = url_host::parse(url);
+    let mut config = single_config(tag)
+        .with_notifications(false)
+        .with_connections(NonZeroUsize::new(2).unwrap());
+    config.urls = vec![target.with_addr(proxy.addr)];
+    RedisStore::connect(config)
+        .await
+        .expect("connect through the proxy")
+}
+
+/// Fenced writes whose reply is lost: the write ids exist so that the same
+/// write delivered again answers like the first and writes nothing, but
+/// nothing delivered it again. A completion that landed was answered
+/// `Unavailable` (the engine's retry then, under a new id, is fenced by the
+/// completion itself), and a phase whose business writes landed was answered
+/// as failed. The store delivers them once more under the same write id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fenced_writes_whose_reply_is_lost_are_delivered_again_under_their_id() {
+    let Some(url) = redis_url() else { return };
+    let proxy = ReplyEater::start(url_host::parse(&url).addr);
+    let store = through(&proxy, &url, "reply-lost-writes").await;
+    let mut failures = Vec::new();
+
+    // A phase with a business write.
+    let s = scope("a", "reply-lost-phase");
+    let ClaimOutcome::Claimed(lease) = store.claim(&claim_req(&s, "{}")).await.unwrap() else {
+        panic!("claim");
+    };
+    let stock = store.business_key(&s.account, "stock");
+    let update = idemkit_core::PhaseUpdate {
+        recovery_point: "reserved".into(),
+        step: None,
+    };
+    proxy.armed.store(true, Ordering::SeqCst);
+    let phase = store
+        .advance_with(
+            &s,
+            lease.token,
+            &update,
+            &[idemkit_redis::RedisWrite::incr_by(stock.clone(), -1)],
+        )
+        .await;
+    assert!(!proxy.armed.load(Ordering::SeqCst), "the phase's reply was eaten");
+    let rec = store.get(&s).await.unwrap().unwrap();
+    assert_eq!(rec.recovery_point.as_deref(), Some("reserved"), "the phase ran");
+    if phase.is_err() {
+        failures.push(format!("a phase that landed answered {phase:?}"));
+    }
+
+    // The completion.
+    proxy.armed.store(true, Ordering::SeqCst);
+    let done = store.complete(&s, lease.token, &response(201, "done")).await;
+    assert!(
+        !proxy.armed.load(Ordering::SeqCst),
+        "the completion's reply was eaten"
+    );
+    let rec = store.get(&s).await.unwrap().unwrap();
+    assert_eq!(rec.state, RecordState::Completed, "the completion ran");
+    if done.is_err() {
+        failures.push(format!("a completion that landed answered {done:?}"));
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
