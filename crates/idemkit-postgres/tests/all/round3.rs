@@ -575,9 +575,21 @@ impl Drop for CuttableProxy {
 async fn a_claim_cut_off_while_its_move_waits_is_recognised() {
     let Some(url) = crate::database_url() else { return };
     let clock = Arc::new(ManualClock::new());
-    let proxy = CuttableProxy::start("127.0.0.1:5432".parse().unwrap());
-    let proxied = url.replace("127.0.0.1:5432", &format!("127.0.0.1:{}", proxy.port));
-    assert_ne!(proxied, url, "the test database URL names 127.0.0.1:5432");
+    // The URL's host and port, replaced by the proxy's.
+    let rest = url.split_once("://").map_or(url.as_str(), |(_, r)| r);
+    let rest = rest.rsplit_once('@').map_or(rest, |(_, r)| r);
+    let hostport = rest.split(['/', '?']).next().unwrap().to_owned();
+    let upstream = if hostport.contains(':') {
+        hostport.clone()
+    } else {
+        format!("{hostport}:5432")
+    };
+    let upstream = std::net::ToSocketAddrs::to_socket_addrs(&upstream)
+        .unwrap()
+        .next()
+        .unwrap();
+    let proxy = CuttableProxy::start(upstream);
+    let proxied = url.replacen(&hostport, &format!("127.0.0.1:{}", proxy.port), 1);
     let config = PgConfig {
         schema: crate::fresh_schema(),
         max_connections: 8,
