@@ -204,16 +204,41 @@ impl PgStore {
     pub(crate) async fn recover_claim(&self, req: &ClaimRequest, attempt: &Attempt) -> Option<Lease> {
         for pause in [0, 20, 100] {
             tokio::time::sleep(Duration::from_millis(pause)).await;
-            if attempt.started.elapsed() >= req.lease {
-                return None;
+            let left = req
+                .lease
+                .checked_sub(attempt.started.elapsed())
+                .filter(|left| !left.is_zero())?;
+            // Closed when dropped unless the read finished: a read that waits on
+            // the row lock and is cancelled (the bound below, or the caller's
+            // own) must not go back to the pool with its statement running.
+            let mut conn = match self.pool.acquire().await {
+                Ok(conn) => Opening::new(conn),
+                Err(e) => {
+                    tracing::debug!(error = %e, "idemkit-postgres: re-reading a claim whose reply was lost");
+                    continue;
+                }
+            };
+            // The read may wait behind our own cut-off statement still running
+            // on the server (see `sql::CLAIMED_BY_ATTEMPT`), at most for what is
+            // left of the lease: past it the record could not be ours anyway.
+            let read = tokio::time::timeout(
+                left,
+                sqlx::query(AssertSqlSafe(sql::CLAIMED_BY_ATTEMPT.as_str()))
+                    .bind(req.scope.account.as_str())
+                    .bind(req.scope.key.as_str())
+                    .bind(attempt.id.as_str())
+                    .bind(self.test_now())
+                    .fetch_optional(&mut **conn.conn()),
+            )
+            .await;
+            let read = match read {
+                Ok(read) => read,
+                // Cancelled mid-statement: `conn` closes.
+                Err(_) => return None,
+            };
+            if read.is_ok() {
+                drop(conn.keep());
             }
-            let read = sqlx::query(AssertSqlSafe(sql::CLAIMED_BY_ATTEMPT.as_str()))
-                .bind(req.scope.account.as_str())
-                .bind(req.scope.key.as_str())
-                .bind(attempt.id.as_str())
-                .bind(self.test_now())
-                .fetch_optional(&self.pool)
-                .await;
             let row = match read {
                 Ok(Some(row)) => row,
                 Ok(None) => return None,
@@ -222,6 +247,9 @@ impl PgStore {
                     continue;
                 }
             };
+            if !row.try_get::<bool, _>(3).unwrap_or(false) {
+                return None;
+            }
             let lease = (|| -> Result<Lease, sqlx::Error> {
                 Ok(Lease {
                     token: FencingToken(row.try_get(0)?),

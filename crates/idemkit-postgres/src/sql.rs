@@ -243,15 +243,27 @@ pub(crate) static MOVE: LazyLock<String> = LazyLock::new(|| {
 });
 
 /// A lease-mode claim's own record after its reply was lost: the token, lease
-/// and recovery point of the record if attempt `$3` holds it (in flight, its
-/// lease alive by the store's clock, test clock at `$4`). Any other writer
-/// that can change the record without replacing the attempt id (an operator's
-/// release, the reaper) needs the lease expired or leaves it parked.
+/// and recovery point of the key's record, and whether attempt `$3` holds it
+/// (in flight, its lease alive by the store's clock, test clock at `$4`). Any
+/// other writer that can change the record without replacing the attempt id
+/// (an operator's release, the reaper) needs the lease expired or leaves it
+/// parked.
+///
+/// The row is read `FOR SHARE`, with the attempt tested in the select list,
+/// not in the `WHERE`: a claim whose connection broke while its statement
+/// waited on the row lock (a lapsed holder's phase transaction) is still run
+/// by its backend, which commits the move once the lock is free. A plain read
+/// would see the row as before the move and answer "not ours" while our own
+/// attempt then holds the key for a lease; the share lock waits behind the
+/// move (a writer of the row), and READ COMMITTED's re-check then reads the
+/// row as it committed. (A condition on the attempt in the `WHERE` would be
+/// judged on the snapshot's row first, which no move has touched, and would
+/// not wait at all.)
 pub(crate) static CLAIMED_BY_ATTEMPT: LazyLock<String> = LazyLock::new(|| {
     format!(
-        "SELECT fencing_token, lease_expires_at, recovery_point FROM idemkit_keys \
-         WHERE account = $1 AND idem_key = $2 AND claim_attempt = $3 AND state = 'in_flight' \
-         AND lease_expires_at > {}",
+        "SELECT fencing_token, lease_expires_at, recovery_point, \
+         COALESCE(claim_attempt = $3 AND state = 'in_flight' AND lease_expires_at > {}, false) \
+         FROM idemkit_keys WHERE account = $1 AND idem_key = $2 FOR SHARE",
         now_sql(4)
     )
 });
@@ -557,6 +569,18 @@ pub(crate) static DISCARD: LazyLock<String> = LazyLock::new(|| {
 /// and re-checked against the conditions; a statement-snapshot read of the key
 /// table would copy the row as it was before that commit, and the review list
 /// would show an operator a record without the intent it was parked with.
+///
+/// That re-check sees the locked row as committed, but the statement's
+/// subqueries still read its snapshot: a second pass overlapping this one
+/// (another instance's reaper) that waited on the same row lock would find the
+/// row parked by the first, its review entry invisible to `NOT EXISTS`, and
+/// park it again and file a second entry (a copy of the parked row, `last_error`
+/// the reaper's own). So the locked row must still be on the token the snapshot
+/// saw (the scalar subquery reads the snapshot, the re-check the new row): a
+/// row moved to a new token meanwhile (parked by another pass, taken over,
+/// abandoned, released) is left for the next pass, which judges it afresh; a
+/// lapsed holder's phase keeps the token, so its intent is still parked and
+/// listed as committed.
 pub(crate) static REAP: LazyLock<String> = LazyLock::new(|| {
     format!(
         "WITH now AS (SELECT {now} AS ms), \
@@ -567,6 +591,8 @@ pub(crate) static REAP: LazyLock<String> = LazyLock::new(|| {
          AND (k.state = 'parked' OR (k.state = 'in_flight' AND k.lease_expires_at <= now.ms)) \
          AND NOT EXISTS (SELECT 1 FROM idemkit_review r WHERE r.account = k.account \
          AND r.idem_key = k.idem_key AND r.created_at = k.created_at) \
+         AND k.fencing_token = (SELECT o.fencing_token FROM idemkit_keys o \
+         WHERE o.account = k.account AND o.idem_key = k.idem_key) \
          FOR UPDATE OF k), \
          listed AS (UPDATE idemkit_keys k SET fencing_token = {NEXT_TOKEN}, state = 'parked', \
          lease_expires_at = LEAST(l.lease_expires_at, (SELECT ms FROM now)), last_error = $3 \

@@ -124,23 +124,19 @@ impl RedisStore {
         let tokens = keys::token_key(&self.config.key_prefix, scope);
         let mut all_keys = vec![key.as_str(), channel.as_str(), tokens.as_str()];
         all_keys.extend(writes.iter().map(|w| w.key.as_str()));
+        let fill = |c: &mut redis::Cmd| {
+            c.arg(token.0)
+                .arg(&update.recovery_point)
+                .arg(name)
+                .arg(&output)
+                .arg(writes.len());
+            for w in writes {
+                c.arg(w.op.as_str()).arg(&w.field).arg(&w.value);
+            }
+            c.arg(write_id);
+        };
         let (reply, acks) = self
-            .run(
-                &SCRIPTS.phase,
-                &all_keys,
-                &|c| {
-                    c.arg(token.0)
-                        .arg(&update.recovery_point)
-                        .arg(name)
-                        .arg(&output)
-                        .arg(writes.len());
-                    for w in writes {
-                        c.arg(w.op.as_str()).arg(&w.field).arg(&w.value);
-                    }
-                    c.arg(write_id);
-                },
-                self.config.wait_replicas,
-            )
+            .run_redelivered(&SCRIPTS.phase, &all_keys, &fill, self.config.wait_replicas)
             .await?;
         match reply {
             Value::Int(1) => self.check_acks(acks),

@@ -237,6 +237,30 @@ impl RedisStore {
             .map_err(map_err)
     }
 
+    /// [`Self::run`] for a script that is safe to deliver twice (a claim under
+    /// its attempt id, a fenced write under its write id: the second delivery
+    /// answers like the first and writes nothing). A failure as unavailable (a
+    /// connection that broke after sending, the operation timeout) may have hidden
+    /// a script that ran: it is delivered once more, on the next connection, so
+    /// the caller learns what happened instead of an error after a write that
+    /// landed. One re-delivery, not a loop: a server that is really gone is a 503
+    /// after two operation timeouts.
+    async fn run_redelivered(
+        &self,
+        lua: &Lua,
+        keys: &[&str],
+        fill: &(dyn Fn(&mut Cmd) + Send + Sync),
+        wait: Option<(u32, Duration)>,
+    ) -> StoreResult<(Value, Option<i64>)> {
+        match self.run(lua, keys, fill, wait).await {
+            Err(StoreError::Unavailable(e)) => {
+                tracing::debug!(error = %e, script = lua.name, "idemkit-redis: reply lost; delivering again");
+                self.run(lua, keys, fill, wait).await
+            }
+            other => other,
+        }
+    }
+
     /// `Err(Unavailable)` when `WAIT` counted fewer replicas than required.
     fn check_acks(&self, acks: Option<i64>) -> StoreResult<()> {
         match (self.config.wait_replicas, acks) {
@@ -283,7 +307,7 @@ impl RedisStore {
         let channel = keys::channel(&self.config.key_prefix, scope);
         let tokens = keys::token_key(&self.config.key_prefix, scope);
         let (reply, acks) = self
-            .run(
+            .run_redelivered(
                 lua,
                 &[&key, &channel, &tokens],
                 &|c| {
@@ -474,27 +498,30 @@ impl RedisStore {
         } else {
             "0"
         };
+        let fill = |c: &mut Cmd| {
+            c.arg(&now)
+                .arg(ms(req.lease))
+                .arg(ms(req.replay_window))
+                .arg(ms(keep))
+                .arg(&req.fingerprint.as_bytes()[..])
+                .arg(&req.request.method)
+                .arg(&req.request.path)
+                .arg(&headers)
+                .arg(&req.request.body)
+                .arg(touch)
+                .arg(attempt)
+                .arg(&resume)
+                .arg(req.recovery_point.as_deref().unwrap_or_default());
+        };
+        let keys = [key.as_str(), tokens.as_str()];
+        // A claim whose reply is lost is delivered again under the same attempt
+        // id: the script answers its own attempt `Claimed` on the lease it took,
+        // or, if the first delivery never ran, decides afresh; either way the
+        // caller learns whether it holds the key, instead of an error while its
+        // attempt holds it for a whole lease. (A late first delivery arriving
+        // after the second finds its attempt and writes nothing.)
         let (reply, acks) = self
-            .run(
-                &SCRIPTS.claim,
-                &[&key, &tokens],
-                &|c| {
-                    c.arg(&now)
-                        .arg(ms(req.lease))
-                        .arg(ms(req.replay_window))
-                        .arg(ms(keep))
-                        .arg(&req.fingerprint.as_bytes()[..])
-                        .arg(&req.request.method)
-                        .arg(&req.request.path)
-                        .arg(&headers)
-                        .arg(&req.request.body)
-                        .arg(touch)
-                        .arg(attempt)
-                        .arg(&resume)
-                        .arg(req.recovery_point.as_deref().unwrap_or_default());
-                },
-                self.config.wait_replicas,
-            )
+            .run_redelivered(&SCRIPTS.claim, &keys, &fill, self.config.wait_replicas)
             .await?;
         let outcome = decode_claim(reply, expires)?;
         if matches!(outcome, ClaimOutcome::Claimed(_) | ClaimOutcome::Replay(_))

@@ -32,6 +32,7 @@ impl RetryPolicy {
             previous_sleep: Duration::ZERO,
             withdrawal: None,
             retry_pending: false,
+            cut_by_deadline: false,
             deadline: config.deadline,
         }
     }
@@ -86,6 +87,9 @@ pub struct Call {
     /// before [`Call::before_attempt`] (the caller cancelled during the backoff, or
     /// the deadline came first), its tokens go back to the budget.
     retry_pending: bool,
+    /// The attempt under way was given less than the attempt timeout because the
+    /// deadline was nearer: its timing out says nothing about the attempt timeout.
+    cut_by_deadline: bool,
     /// The overall deadline: the config's, or less (see [`Call::limit_deadline`]).
     deadline: Option<Duration>,
 }
@@ -163,8 +167,12 @@ impl Call {
         self.attempt_started = Some(elapsed);
         let remaining = self.deadline.map(|d| d.saturating_sub(elapsed));
         let mut timeout = self.policy.current_attempt_timeout();
-        if let Some(remaining) = remaining {
-            timeout = timeout.min(remaining);
+        self.cut_by_deadline = false;
+        if let Some(remaining) = remaining
+            && remaining < timeout
+        {
+            timeout = remaining;
+            self.cut_by_deadline = true;
         }
         AttemptPlan {
             number: self.attempts,
@@ -193,9 +201,12 @@ impl Call {
             "verdict" => verdict_label(verdict),
         )
         .increment(1);
-        if matches!(outcome, Outcome::MaybeExecuted { timed_out: true }) {
+        if matches!(outcome, Outcome::MaybeExecuted { timed_out: true }) && !self.cut_by_deadline {
             // The adaptive timeout learns from attempts it cut short too, or a rise in
-            // latency above it would fail every call and never be measured.
+            // latency above it would fail every call and never be measured. Not from
+            // an attempt the deadline cut shorter than the attempt timeout: that one
+            // only says latency exceeded what the caller had left, and doubling that
+            // could raise the timeout above anything an attempt ever needed.
             inner
                 .latency
                 .record_timeout(self.last_attempt, &config.attempt_timeout);

@@ -362,3 +362,39 @@ fn a_retry_never_sent_gives_its_tokens_back() {
     drop(call);
     assert_eq!(bucket.available(), 486);
 }
+
+/// Review (after issue 30, item 18): an attempt cut short by the call's
+/// deadline, not by the adaptive timeout, says only that latency exceeded what
+/// was left of the deadline; it must not raise the adaptive timeout (doubling
+/// what was left would raise it above what any attempt ever needed).
+#[test]
+fn an_attempt_cut_by_the_deadline_does_not_raise_the_adaptive_timeout() {
+    let config =
+        RetryConfig::new().with_adaptive_attempt_timeout(AdaptiveTimeout::new().with_min_samples(20));
+    let policy = RetryPolicy::new(config);
+    for _ in 0..50 {
+        let mut call = policy.start(&Method::POST, &HeaderMap::new(), true);
+        call.before_attempt(Duration::ZERO);
+        call.after_attempt(30 * MS, &status(201));
+    }
+    let learned = policy.current_attempt_timeout();
+    assert_eq!(learned, 100 * MS, "the floor, from 30 ms successes");
+
+    // A caller with 70 ms left: the attempt's budget is 70 ms, and it times out.
+    let mut call = policy.start(&Method::POST, &HeaderMap::new(), true);
+    call.limit_deadline(70 * MS);
+    let plan = call.before_attempt(Duration::ZERO);
+    assert_eq!(plan.timeout(), 70 * MS);
+    call.after_attempt(70 * MS, &Outcome::MaybeExecuted { timed_out: true });
+    assert_eq!(
+        policy.current_attempt_timeout(),
+        learned,
+        "an attempt the deadline cut short raised the adaptive timeout"
+    );
+
+    // An attempt the adaptive timeout itself cut short still raises it.
+    let mut call = policy.start(&Method::POST, &HeaderMap::new(), true);
+    call.before_attempt(Duration::ZERO);
+    call.after_attempt(100 * MS, &Outcome::MaybeExecuted { timed_out: true });
+    assert_eq!(policy.current_attempt_timeout(), 200 * MS);
+}

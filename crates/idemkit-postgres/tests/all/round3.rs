@@ -432,3 +432,248 @@ async fn a_failed_snapshot_level_opening_frees_the_keys_lock() {
         .await
         .unwrap();
 }
+
+/// Waits until at least `n` reaper passes of this schema wait on a lock (on
+/// backend `pid`, or on each other: the second waits behind the first).
+async fn wait_until_reapers_blocked(pool: &PgPool, pid: i32, n: i64) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE cardinality(pg_blocking_pids(pid)) > 0 \
+             AND query LIKE '%locked AS (SELECT%' \
+             AND ($1 = ANY(pg_blocking_pids(pid)) OR EXISTS (SELECT 1 FROM pg_stat_activity o \
+             WHERE o.pid = ANY(pg_blocking_pids(pg_stat_activity.pid)) AND $1 = ANY(pg_blocking_pids(o.pid))))",
+        )
+        .bind(pid)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+        if waiting >= n {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{n} backends not blocked on backend {pid} within 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Review (after issue 30): two reapers (two instances' completers) whose
+/// passes overlap on one lapsed record. Both wait on the record's row lock;
+/// the first parks it and files its review entry; the second, re-checking the
+/// row after the first committed, must not park it again and file a second
+/// entry (a copy of the already-parked row, whose `last_error` is the
+/// reaper's own "moved to review", not the holder's error).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overlapping_reaper_passes_file_one_review_entry() {
+    let clock = Arc::new(ManualClock::new());
+    let Some(store) = store_in_fresh_schema(Some(clock.clone())).await else {
+        return;
+    };
+    let s = scope("a", "reap-twice");
+    let holder = must_claim(&*store, &claim_req(&s, "{}")).await;
+    clock.advance(LEASE * 2);
+
+    // A lapsed holder's phase holds the row lock while both passes start.
+    let mut a = store.begin_fenced(&s, holder.token).await.unwrap();
+    let a_pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut *a)
+        .await
+        .unwrap();
+    store
+        .advance_in_tx(
+            &mut a,
+            &s,
+            holder.token,
+            &PhaseUpdate {
+                recovery_point: "courier-intent".into(),
+                step: None,
+            },
+        )
+        .await
+        .unwrap();
+    let before = clock.now().plus(Duration::from_secs(1));
+    let reap = || {
+        let store = store.clone();
+        tokio::spawn(async move { store.reap(before).await })
+    };
+    let (first, second) = (reap(), reap());
+    wait_until_reapers_blocked(store.pool(), a_pid, 2).await;
+    TransactionalStore::commit(&*store, a).await.unwrap();
+    let moved = first.await.unwrap().expect("first pass").moved_to_review
+        + second.await.unwrap().expect("second pass").moved_to_review;
+
+    let review = store.review(10).await.unwrap();
+    assert_eq!(review.len(), 1, "one lapsed record, filed twice: {review:?}");
+    assert_eq!(moved, 1, "the record was parked by both passes");
+}
+
+/// A TCP proxy in front of PostgreSQL whose client-side connections can be cut
+/// while the server side stays open: the server's backend keeps running the
+/// statement it received, as when the network between client and server
+/// fails (the server notices only when it next writes, or never).
+struct CuttableProxy {
+    port: u16,
+    clients: Arc<std::sync::Mutex<Vec<std::net::TcpStream>>>,
+    /// Server-side sockets of cut connections, kept open until the test ends.
+    kept: Arc<std::sync::Mutex<Vec<std::net::TcpStream>>>,
+}
+
+impl CuttableProxy {
+    fn start(upstream: std::net::SocketAddr) -> Self {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let clients = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let kept = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (c, k) = (clients.clone(), kept.clone());
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { return };
+                let Ok(server) = std::net::TcpStream::connect(upstream) else {
+                    return;
+                };
+                c.lock().unwrap().push(client.try_clone().unwrap());
+                k.lock().unwrap().push(server.try_clone().unwrap());
+                let (mut c1, mut s1) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+                std::thread::spawn(move || {
+                    let _ = std::io::copy(&mut c1, &mut s1);
+                });
+                let (mut c2, mut s2) = (client, server);
+                std::thread::spawn(move || {
+                    let _ = std::io::copy(&mut s2, &mut c2);
+                });
+            }
+        });
+        Self { port, clients, kept }
+    }
+
+    /// Cuts every client-side connection open now (later ones work).
+    fn cut(&self) {
+        for c in self.clients.lock().unwrap().drain(..) {
+            let _ = c.shutdown(std::net::Shutdown::Both);
+        }
+    }
+}
+
+impl Drop for CuttableProxy {
+    fn drop(&mut self) {
+        for s in self.kept.lock().unwrap().drain(..) {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+    }
+}
+
+/// Review (after issue 30, item 5): a takeover's move waits on the record's
+/// row lock (a lapsed holder's transaction), and the client's connection
+/// breaks meanwhile. The server's backend still runs the move, and commits it
+/// once the lock is free. The claim's re-read on a fresh connection must see
+/// that outcome, not the row as it was before the move (then the claim answers
+/// an error while its own attempt holds the key, and every retry is told
+/// "in progress" for a lease).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_cut_off_while_its_move_waits_is_recognised() {
+    let Some(url) = crate::database_url() else { return };
+    let clock = Arc::new(ManualClock::new());
+    // The URL's host and port, replaced by the proxy's.
+    let rest = url.split_once("://").map_or(url.as_str(), |(_, r)| r);
+    let rest = rest.rsplit_once('@').map_or(rest, |(_, r)| r);
+    let hostport = rest.split(['/', '?']).next().unwrap().to_owned();
+    let upstream = if hostport.contains(':') {
+        hostport.clone()
+    } else {
+        format!("{hostport}:5432")
+    };
+    let upstream = std::net::ToSocketAddrs::to_socket_addrs(&upstream)
+        .unwrap()
+        .next()
+        .unwrap();
+    let proxy = CuttableProxy::start(upstream);
+    let proxied = url.replacen(&hostport, &format!("127.0.0.1:{}", proxy.port), 1);
+    let config = PgConfig {
+        schema: crate::fresh_schema(),
+        max_connections: 8,
+        // Every acquire checks its connection: the cut ones are replaced.
+        ping_if_idle_for: Duration::ZERO,
+        ..PgConfig::default()
+    };
+    let schema = config.schema.clone();
+    let store = Arc::new(
+        PgStore::connect(&proxied, config)
+            .await
+            .unwrap()
+            .with_test_clock(clock.clone()),
+    );
+    let s = scope("a", "cut-while-moving");
+    let first = must_claim(&*store, &claim_req(&s, "{}")).await;
+    clock.advance(LEASE * 2);
+
+    // A lapsed holder's transaction holds the row lock (directly, not proxied).
+    let direct = PgPool::connect(&url).await.unwrap();
+    let mut holder = direct.begin().await.unwrap();
+    let holder_pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut *holder)
+        .await
+        .unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "SELECT 1 FROM {schema}.idemkit_keys WHERE idem_key = $1 FOR UPDATE"
+    )))
+    .bind(s.key.as_str())
+    .fetch_one(&mut *holder)
+    .await
+    .unwrap();
+
+    let claim = tokio::spawn({
+        let store = store.clone();
+        let req = claim_req(&s, "{}");
+        async move { store.claim(&req).await }
+    });
+    wait_until_blocked_by(&direct, holder_pid).await;
+    proxy.cut();
+    // The claim settles at once (unfixed), or its re-read waits behind the move.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let waiting: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))")
+                .bind(holder_pid)
+                .fetch_one(&direct)
+                .await
+                .unwrap();
+        let behind_move: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE cardinality(pg_blocking_pids(pid)) > 0 \
+             AND NOT ($1 = ANY(pg_blocking_pids(pid)))",
+        )
+        .bind(holder_pid)
+        .fetch_one(&direct)
+        .await
+        .unwrap();
+        if claim.is_finished() || behind_move > 0 || waiting >= 2 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "neither settled nor waiting"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    holder.commit().await.unwrap();
+    let outcome = claim.await.unwrap();
+
+    let rec = store.get(&s).await.unwrap().unwrap();
+    assert!(
+        rec.fencing_token > first.token,
+        "the cut-off move committed: {rec:?}"
+    );
+    let lease = match outcome {
+        Ok(ClaimOutcome::Claimed(lease)) => lease,
+        other => panic!(
+            "the move committed after the connection broke, and the claim answered {other:?} \
+             (the key is held by its attempt for a lease)"
+        ),
+    };
+    assert_eq!(lease.token, rec.fencing_token);
+    store
+        .complete(&s, lease.token, &response(201, "done"))
+        .await
+        .expect("the caller holds the key its cut-off move took");
+}

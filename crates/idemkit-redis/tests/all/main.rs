@@ -13,6 +13,7 @@ mod fencing;
 mod hardening;
 mod harness;
 mod race;
+mod review;
 mod roundtrips;
 mod single;
 
