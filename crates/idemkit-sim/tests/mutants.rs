@@ -208,10 +208,9 @@ fn takeover_refused_postgres() {
 /// flight when the liveness check runs (`Stuck: acct-c/key-3 still in flight
 /// after the completer ran (recovery point Some("reserve"), last error
 /// Some("the handler failed after recording progress"))`, every schedule).
-/// Ignored until the hardening fix (a bounded number of resumes, then parked)
-/// is merged; `bash .ci/sim --always-panic` runs the same scenario.
+/// With the hardening fix (a bounded number of resumes, then parked) it
+/// passes; `bash .ci/sim --always-panic` runs the same scenario.
 #[test]
-#[ignore = "fails until issue 30's panic fix is merged"]
 fn a_handler_that_always_panics_ends_parked() {
     quiet_injected_panics();
     for n in 0..20 {
