@@ -36,6 +36,7 @@ use std::time::Duration;
 
 use idemkit_client::{Jitter, RetryConfig, TokenBucket};
 use idemkit_core::{ErrorCode, InFlightBehavior, MAX_KEY_LEN, Policy, ServerErrorPolicy};
+use idemkit_tower::config::KeyConvention;
 pub use idemkit_tower::config::{IdemkitConfig, RouteConfig};
 use serde_json::{Value, json};
 
@@ -198,16 +199,25 @@ struct KeyedRoute {
     key: String,
     /// The route's effective policy.
     policy: Policy,
+    /// The response headers a replay carries (when the first answer had them).
+    replayed: String,
 }
 
 impl KeyedRoute {
     fn of(r: &RouteConfig) -> Self {
         Self {
             route: format!("`{} {}`", r.method, r.path),
-            key: match &r.key_field {
-                Some(f) => format!("JSON body field `{f}`"),
-                None => format!("header `{}`", r.key_header()),
+            key: match (&r.key_field, r.key) {
+                (_, KeyConvention::Repeatability) => "headers `Repeatability-Request-ID` and `Repeatability-First-Sent` (OASIS Repeatable Requests 1.0)".to_owned(),
+                (Some(f), _) => format!("JSON body field `{f}`"),
+                (None, _) => format!("header `{}`", r.key_header()),
             },
+            replayed: r
+                .replayed_headers()
+                .iter()
+                .map(|h| format!("`{h}`"))
+                .collect::<Vec<_>>()
+                .join(", "),
             policy: r.policy(),
         }
     }
@@ -219,9 +229,9 @@ fn routes_table(w: &mut String, routes: &[KeyedRoute], proxy: bool) {
     let _ = writeln!(w, "## Routes\n");
     let _ = writeln!(
         w,
-        "| route | key | replay status | longest retry chain | on 5xx | while in flight |"
+        "| route | key | replay status | replayed headers | longest retry chain | on 5xx | while in flight |"
     );
-    let _ = writeln!(w, "|---|---|---|---|---|---|");
+    let _ = writeln!(w, "|---|---|---|---|---|---|---|");
     for r in routes {
         let p = &r.policy;
         let replay = p.replay_status.map_or("the stored status".to_owned(), |s| {
@@ -239,8 +249,8 @@ fn routes_table(w: &mut String, routes: &[KeyedRoute], proxy: bool) {
         };
         let _ = writeln!(
             w,
-            "| {} | {} | {replay} | {chain} | {five} | {in_flight} |",
-            r.route, r.key
+            "| {} | {} | {replay} | {} | {chain} | {five} | {in_flight} |",
+            r.route, r.key, r.replayed
         );
     }
 }
@@ -311,7 +321,13 @@ fn answers(w: &mut String, validation: &str, mismatch_status: u16) {
     let _ = writeln!(w, "\n## Answers\n");
     let _ = writeln!(
         w,
-        "- A replay is byte-identical to the first answer and carries `Idempotent-Replayed: true`.\n\
+        "- A replay is byte-identical to the first answer and carries `Idempotent-Replayed: true`, with the \
+         route's replayed headers (table above) as first sent; never `Set-Cookie`, hop-by-hop headers or `Date`.\n\
+         - A compressed answer is stored with its `Content-Encoding` and replayed only to a request whose \
+         `Accept-Encoding` names that coding (or `*`); any other gets `406 idempotency_replay_not_acceptable` \
+         (the request is not run again: repeat it accepting the coding).\n\
+         - A streaming answer (`text/event-stream`) on a keyed route is never stored nor replayed in part: the \
+         request is answered `500 idempotency_streaming_unsupported`.\n\
          {validation}\n\
          - Errors are RFC 9457 problem documents (`application/problem+json`) with a stable `code` and a \
          `retryable` flag.\n"
@@ -510,6 +526,13 @@ pub fn keyed_body(route: &RouteConfig, body: &Value, key: &str) -> (Value, Vec<S
             }
             (body, Vec::new())
         }
+        None if route.key == KeyConvention::Repeatability => (
+            body,
+            vec![
+                format!("Repeatability-Request-ID: {key}"),
+                "Repeatability-First-Sent: Thu, 03 Dec 2026 08:00:00 GMT".to_owned(),
+            ],
+        ),
         None => (body, vec![format!("{}: {key}", route.key_header())]),
     }
 }
