@@ -112,8 +112,8 @@ pub use classify::{
 pub use error::{Last, RetryError};
 pub use key::{AutoKey, IDEMPOTENCY_KEY, IdempotencyKey, InvalidKey};
 pub use policy::{
-    ATTEMPT_HEADER, AttemptPlan, Call, CallDeadline, DEADLINE_HEADER, Decision, RetryConfig, RetryPolicy,
-    Stop, TIMEOUT_HEADER, gets_auto_key, is_idempotent,
+    ATTEMPT_HEADER, AttemptPlan, Call, CallDeadline, DEADLINE_HEADER, Decision, REPEATABILITY_FIRST_SENT,
+    REPEATABILITY_REQUEST_ID, RetryConfig, RetryPolicy, Stop, TIMEOUT_HEADER, gets_auto_key, is_idempotent,
 };
 pub use policy_doc::{KeyLocation, PolicyDocError, PublishedAnswer, PublishedOperation, PublishedPolicy};
 pub use timeout::{AdaptiveTimeout, AttemptTimeout};
@@ -130,4 +130,3 @@ pub use crate::reqwest::{ReqwestRetryError, RetryErrorExt, RetryMiddleware};
 #[cfg(feature = "tower")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
 pub use crate::tower::{ReplayBody, ResponseFuture, RetryBody, RetryLayer, RetryService, TowerRetryError};
-

@@ -530,7 +530,7 @@ pub fn keyed_body(route: &RouteConfig, body: &Value, key: &str) -> (Value, Vec<S
             body,
             vec![
                 format!("Repeatability-Request-ID: {key}"),
-                "Repeatability-First-Sent: Thu, 03 Dec 2026 08:00:00 GMT".to_owned(),
+                "Repeatability-First-Sent: $FIRST_SENT".to_owned(),
             ],
         ),
         None => (body, vec![format!("{}: {key}", route.key_header())]),
@@ -544,7 +544,12 @@ fn curl(route: &RouteConfig, headers: &[String], body: &Value) -> String {
         route.method, route.path
     );
     for h in headers {
-        cmd.push_str(&format!(" -H '{h}'"));
+        if h.contains('$') {
+            // A shell variable (`$FIRST_SENT`) is expanded.
+            cmd.push_str(&format!(" -H \"{h}\""));
+        } else {
+            cmd.push_str(&format!(" -H '{h}'"));
+        }
     }
     cmd.push_str(&format!(" \\\n  -d '{body}'"));
     cmd
@@ -553,9 +558,15 @@ fn curl(route: &RouteConfig, headers: &[String], body: &Value) -> String {
 /// The four answers of one route: first request, replay, mismatch, in progress.
 fn examples(w: &mut String, r: &RouteConfig, example: &RouteExample) {
     let p = r.policy();
-    let where_key = match &r.key_field {
-        Some(f) => format!("in the JSON body field `{f}`"),
-        None => format!("in the `{}` header", r.key_header()),
+    let where_key = match (&r.key_field, r.key) {
+        (_, KeyConvention::Repeatability) => "in the `Repeatability-Request-ID` header (OASIS Repeatable Requests 1.0), \
+             with `Repeatability-First-Sent`: the HTTP-date of the first attempt, set once \
+             (`FIRST_SENT=$(LC_ALL=C date -u '+%a, %d %b %Y %H:%M:%S GMT')`) and sent unchanged on every retry; one older than \
+             the replay window (or more than a minute ahead) is `412 repeatability_first_sent_out_of_window`. Answers \
+             carry `Repeatability-Result: accepted` (ran, or replayed) or `rejected`"
+            .to_owned(),
+        (Some(f), _) => format!("in the JSON body field `{f}`"),
+        (None, _) => format!("in the `{}` header", r.key_header()),
     };
     let body = &example.body;
     let (first, headers) = keyed_body(r, body, "order-4711-label");

@@ -883,4 +883,3 @@ mod tests {
         assert!(failures.is_empty(), "{}", failures.join("\n"));
     }
 }
-

@@ -524,18 +524,39 @@ mod tests {
         assert!(r.policy().replays_header("Cache-Control"));
         assert_eq!(
             r.x_idempotency()["replay"]["headers"],
-            json!(["content-type", "location", "content-language", "content-encoding", "etag", "cache-control", "link"])
+            json!([
+                "content-type",
+                "location",
+                "content-language",
+                "content-encoding",
+                "etag",
+                "cache-control",
+                "link"
+            ])
         );
-        for bad in ["set-cookie", "Set-Cookie", "connection", "transfer-encoding", "date", "keep-alive", "upgrade"] {
+        for bad in [
+            "set-cookie",
+            "Set-Cookie",
+            "connection",
+            "transfer-encoding",
+            "date",
+            "keep-alive",
+            "upgrade",
+        ] {
             let err = IdemkitConfig::from_toml(&format!(
                 "[[routes]]\nmethod = \"POST\"\npath = \"/x\"\nreplay_headers = [\"etag\", \"{bad}\"]\n"
             ))
             .unwrap_err()
             .to_string();
-            assert!(err.contains("POST /x") && err.contains("can never be replayed"), "{bad}: {err}");
+            assert!(
+                err.contains("POST /x") && err.contains("can never be replayed"),
+                "{bad}: {err}"
+            );
         }
-        let err = IdemkitConfig::from_toml("[[routes]]\nmethod = \"POST\"\npath = \"/x\"\nreplay_headers = [\"bad header\"]\n")
-            .unwrap_err();
+        let err = IdemkitConfig::from_toml(
+            "[[routes]]\nmethod = \"POST\"\npath = \"/x\"\nreplay_headers = [\"bad header\"]\n",
+        )
+        .unwrap_err();
         assert!(err.to_string().contains("not a header name"), "{err}");
     }
 

@@ -115,7 +115,9 @@ pub fn accepts_encoding(headers: &HeaderMap, coding: &str) -> bool {
             let q = parts
                 .filter_map(|p| {
                     let (k, v) = p.split_once('=')?;
-                    k.trim().eq_ignore_ascii_case("q").then(|| v.trim().parse::<f32>().ok())?
+                    k.trim()
+                        .eq_ignore_ascii_case("q")
+                        .then(|| v.trim().parse::<f32>().ok())?
                 })
                 .next()
                 .unwrap_or(1.0);
@@ -165,13 +167,28 @@ mod tests {
 
     #[test]
     fn accept_encoding_is_read_strictly() {
-        assert!(accepts_encoding(&headers(&[("accept-encoding", "gzip, br")]), "gzip"));
-        assert!(accepts_encoding(&headers(&[("accept-encoding", "br;q=0.5, GZIP;q=0.1")]), "gzip"));
-        assert!(!accepts_encoding(&headers(&[("accept-encoding", "gzip;q=0")]), "gzip"));
+        assert!(accepts_encoding(
+            &headers(&[("accept-encoding", "gzip, br")]),
+            "gzip"
+        ));
+        assert!(accepts_encoding(
+            &headers(&[("accept-encoding", "br;q=0.5, GZIP;q=0.1")]),
+            "gzip"
+        ));
+        assert!(!accepts_encoding(
+            &headers(&[("accept-encoding", "gzip;q=0")]),
+            "gzip"
+        ));
         assert!(!accepts_encoding(&headers(&[("accept-encoding", "br")]), "gzip"));
         assert!(accepts_encoding(&headers(&[("accept-encoding", "*")]), "gzip"));
-        assert!(!accepts_encoding(&headers(&[("accept-encoding", "*, gzip;q=0")]), "gzip"));
-        assert!(!accepts_encoding(&HeaderMap::new(), "gzip"), "no header: not accepted");
+        assert!(!accepts_encoding(
+            &headers(&[("accept-encoding", "*, gzip;q=0")]),
+            "gzip"
+        ));
+        assert!(
+            !accepts_encoding(&HeaderMap::new(), "gzip"),
+            "no header: not accepted"
+        );
         assert!(accepts_encoding(&HeaderMap::new(), "identity"));
     }
 
@@ -181,7 +198,10 @@ mod tests {
         let window = Duration::from_secs(3600);
         let at = |first: &str| {
             read_repeatable(
-                &headers(&[("repeatability-request-id", "r1"), ("repeatability-first-sent", first)]),
+                &headers(&[
+                    ("repeatability-request-id", "r1"),
+                    ("repeatability-first-sent", first),
+                ]),
                 window,
                 now,
             )
@@ -189,8 +209,14 @@ mod tests {
         };
         assert!(at("Thu, 03 Dec 2026 07:30:00 GMT").is_ok());
         assert!(at("Thu, 03 Dec 2026 08:00:30 GMT").is_ok(), "small skew ahead");
-        assert_eq!(at("Thu, 03 Dec 2026 06:59:59 GMT"), Err(ErrorCode::FirstSentOutOfWindow));
-        assert_eq!(at("Thu, 03 Dec 2026 08:05:00 GMT"), Err(ErrorCode::FirstSentOutOfWindow));
+        assert_eq!(
+            at("Thu, 03 Dec 2026 06:59:59 GMT"),
+            Err(ErrorCode::FirstSentOutOfWindow)
+        );
+        assert_eq!(
+            at("Thu, 03 Dec 2026 08:05:00 GMT"),
+            Err(ErrorCode::FirstSentOutOfWindow)
+        );
         assert_eq!(at("yesterday"), Err(ErrorCode::KeyInvalid));
         let missing = read_repeatable(&headers(&[("repeatability-request-id", "r1")]), window, now);
         assert_eq!(missing.unwrap_err().problem.code, ErrorCode::KeyMissing);

@@ -68,7 +68,11 @@ async fn replayed_headers_come_from_the_route_configuration() {
     assert!(replay.replayed());
     assert_eq!(replay.body, first.body);
     for h in ["etag", "cache-control", "link", "location"] {
-        assert_eq!(replay.headers.get(h), first.headers.get(h), "{h} replayed as sent");
+        assert_eq!(
+            replay.headers.get(h),
+            first.headers.get(h),
+            "{h} replayed as sent"
+        );
     }
     assert!(replay.headers.get("set-cookie").is_none());
     assert!(replay.headers.get("x-unlisted").is_none());
@@ -104,7 +108,10 @@ async fn a_compressed_answer_replays_with_its_coding_only_to_callers_that_accept
     assert_eq!(first.status, 201);
     let replay = post(&base, &gzip(), "{}").await;
     assert!(replay.replayed());
-    assert_eq!(replay.headers["content-encoding"], "gzip", "the coding is replayed with the body");
+    assert_eq!(
+        replay.headers["content-encoding"], "gzip",
+        "the coding is replayed with the body"
+    );
     assert_eq!(replay.body, first.body);
     for accept in [None, Some("br"), Some("gzip;q=0")] {
         let mut headers = vec![("idempotency-key", "k1".to_owned())];
@@ -158,14 +165,23 @@ async fn oasis_repeatable_requests_are_keyed_by_their_headers() {
     assert_eq!(again.status, 201);
     assert!(again.replayed());
     assert_eq!(again.body, first.body);
-    assert_eq!(result(&again).as_deref(), Some("accepted"), "a replay is accepted");
+    assert_eq!(
+        result(&again).as_deref(),
+        Some("accepted"),
+        "a replay is accepted"
+    );
 
     let reused = post(&base, &repeatable("r-1", now), "{\"a\":2}").await;
     assert_eq!(reused.status, 409);
     assert_eq!(reused.code(), "idempotency_key_reused");
     assert_eq!(result(&reused).as_deref(), Some("rejected"));
 
-    let stale = post(&base, &repeatable("r-2", now - Duration::from_secs(11 * 60)), "{}").await;
+    let stale = post(
+        &base,
+        &repeatable("r-2", now - Duration::from_secs(11 * 60)),
+        "{}",
+    )
+    .await;
     assert_eq!(stale.status, 412);
     assert_eq!(stale.code(), "repeatability_first_sent_out_of_window");
     assert_eq!(stale.headers["content-type"], "application/problem+json");
@@ -191,7 +207,10 @@ async fn oasis_repeatable_requests_are_keyed_by_their_headers() {
     assert_eq!(bad_date.code(), "idempotency_key_invalid");
 
     let idempotency_key = post(&base, &[("idempotency-key", "k".to_owned())], "{}").await;
-    assert_eq!(idempotency_key.status, 400, "this route speaks only repeatability");
+    assert_eq!(
+        idempotency_key.status, 400,
+        "this route speaks only repeatability"
+    );
     assert_eq!(idempotency_key.code(), "idempotency_key_missing");
     assert_eq!(runs.get(), 1, "only the first request ran");
 }
