@@ -442,3 +442,80 @@ async fn courier_refusal_is_stored_and_an_outage_resumes() {
     );
     assert_eq!(shipments(&labels).await, 1);
 }
+
+/// The AIP-155 form: `CreateLabelWithRequestId` keyed by its `request_id`
+/// field (a UUID4, resolved by name from the descriptor set), sharing the key
+/// space and label creation of `CreateLabel`; retries numbered by gRFC A6
+/// `grpc-previous-rpc-attempts` are counted in `/metrics`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aip_155_request_ids_key_create_label_with_request_id() {
+    let labels = Labels::start();
+    let mut c = client(&labels.base).await;
+    let with_id = |id: &str| {
+        let base = create("unused");
+        proto::CreateLabelWithRequestIdRequest {
+            request_id: id.to_owned(),
+            courier: base.courier,
+            ship_from: base.ship_from,
+            ship_to: base.ship_to,
+            parcel: base.parcel,
+        }
+    };
+    let id = "7c9e6679-7425-40de-944b-e07fc1f90ae7";
+    let first = c
+        .create_label_with_request_id(call(with_id(id), TOKEN))
+        .await
+        .unwrap();
+    assert!(first.metadata().get("idempotent-replayed").is_none());
+    let first = first.into_inner();
+    assert_eq!(first.status, "created");
+    let mut retry = call(with_id(id), TOKEN);
+    retry
+        .metadata_mut()
+        .insert("grpc-previous-rpc-attempts", "1".parse().unwrap());
+    let again = c.create_label_with_request_id(retry).await.unwrap();
+    assert_eq!(again.metadata().get("idempotent-replayed").unwrap(), "true");
+    assert_eq!(
+        again.into_inner(),
+        first,
+        "the first answer, not the label's current state"
+    );
+    assert_eq!(shipments(&labels).await, 1);
+
+    let not_uuid = c
+        .create_label_with_request_id(call(with_id("label-order-4711"), TOKEN))
+        .await
+        .unwrap_err();
+    assert_eq!(not_uuid.code(), Code::InvalidArgument);
+    assert_eq!(reason(&not_uuid), "idempotency_key_invalid");
+    assert!(not_uuid.message().contains("UUID4"), "{}", not_uuid.message());
+    let not_v4 = c
+        .create_label_with_request_id(call(with_id("7c9e6679-7425-10de-944b-e07fc1f90ae7"), TOKEN))
+        .await
+        .unwrap_err();
+    assert_eq!(reason(&not_v4), "idempotency_key_invalid");
+    let none = c
+        .create_label_with_request_id(call(with_id(""), TOKEN))
+        .await
+        .unwrap_err();
+    assert_eq!(reason(&none), "idempotency_key_missing");
+    assert_eq!(shipments(&labels).await, 1);
+
+    let metrics = reqwest::get(format!("{}/metrics", labels.base))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let line = |bucket: &str| {
+        metrics
+            .lines()
+            .find(|l| {
+                l.starts_with("idemkit_grpc_call_attempts_total")
+                    && l.contains(&format!("previous_attempts=\"{bucket}\""))
+            })
+            .map(str::to_owned)
+    };
+    assert!(line("1").is_some_and(|l| l.ends_with(" 1")), "{metrics}");
+    assert!(line("0").is_some(), "{metrics}");
+}

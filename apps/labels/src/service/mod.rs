@@ -412,7 +412,12 @@ fn grpc_routes<S: db::LabelsDb>(
     let layer = idemkit_tonic::IdempotencyLayer::builder(app.keys.clone())
         .policy(route.policy())
         .resolver(app.tokens.clone())
+        .file_descriptor_set(crate::proto::FILE_DESCRIPTOR_SET)
         .unary_with_key_field(crate::proto::CREATE_LABEL, crate::proto::KEY_FIELD_NUMBER)
+        .unary_with_request_id(
+            crate::proto::CREATE_LABEL_WITH_REQUEST_ID,
+            crate::proto::REQUEST_ID_FIELD,
+        )
         .max_request_message(64 * 1024)
         .build()?;
     let labels = layer
