@@ -121,8 +121,8 @@ pub use timeout::{AdaptiveTimeout, AttemptTimeout};
 #[cfg(feature = "tonic")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
 pub use crate::grpc::{
-    GRPC_RETRY_PUSHBACK_MS, GRPC_TIMEOUT, GrpcResponseFuture, GrpcRetryError, GrpcRetryLayer,
-    GrpcRetryService, grpc_timeout_value, parse_grpc_timeout,
+    GRPC_PREVIOUS_RPC_ATTEMPTS, GRPC_RETRY_PUSHBACK_MS, GRPC_TIMEOUT, GrpcResponseFuture, GrpcRetryError,
+    GrpcRetryLayer, GrpcRetryService, grpc_timeout_value, parse_grpc_timeout,
 };
 #[cfg(feature = "reqwest")]
 #[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
