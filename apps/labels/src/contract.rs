@@ -50,6 +50,18 @@ pub fn contract(config: &IdemkitConfig) -> Contract {
             )
             .with_section(section(route));
     }
+    if config.route("POST", crate::service::REPEATABLE_PATH).is_some() {
+        let mut different = example_label();
+        different["courier"] = json!("dhl");
+        contract = contract.with_example(
+            "POST",
+            crate::service::REPEATABLE_PATH,
+            RouteExample {
+                body: example_label(),
+                different,
+            },
+        );
+    }
     contract
 }
 

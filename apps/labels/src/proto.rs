@@ -44,6 +44,14 @@ pub const CREATE_LABEL: &str = "/labels.v1.Labels/CreateLabel";
 /// The field number of `CreateLabelRequest.idempotency_key`.
 pub const KEY_FIELD_NUMBER: u32 = 1;
 
+/// The AIP-155 form of label creation: the key is the `request_id` field
+/// (a UUID4).
+pub const CREATE_LABEL_WITH_REQUEST_ID: &str = "/labels.v1.Labels/CreateLabelWithRequestId";
+
+/// The AIP-155 request id field of `CreateLabelWithRequestIdRequest`, by name
+/// (the layer resolves its number from [`FILE_DESCRIPTOR_SET`]).
+pub const REQUEST_ID_FIELD: &str = "request_id";
+
 fn pool() -> &'static DescriptorPool {
     static POOL: OnceLock<DescriptorPool> = OnceLock::new();
     POOL.get_or_init(|| {
@@ -69,6 +77,7 @@ described!(
     Tracking => "labels.v1.Tracking",
     GetLabelRequest => "labels.v1.GetLabelRequest",
     GetTrackingRequest => "labels.v1.GetTrackingRequest",
+    CreateLabelWithRequestIdRequest => "labels.v1.CreateLabelWithRequestIdRequest",
 );
 
 fn descriptor<M: Described>() -> prost_reflect::MessageDescriptor {

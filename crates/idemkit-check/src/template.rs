@@ -17,6 +17,11 @@ pub enum KeyPlacement {
     Field(String),
 }
 
+/// The OASIS Repeatable Requests key header: a template keyed by it gets
+/// `Repeatability-First-Sent` on every keyed request.
+pub(crate) const REPEATABILITY_REQUEST_ID: &str = "repeatability-request-id";
+const REPEATABILITY_FIRST_SENT: &str = "repeatability-first-sent";
+
 impl Default for KeyPlacement {
     fn default() -> Self {
         KeyPlacement::Header(HeaderName::from_static("idempotency-key"))
@@ -244,6 +249,16 @@ impl Template {
                 let value =
                     HeaderValue::from_bytes(key.as_bytes()).expect("gate keys are valid header values");
                 headers.insert(name.clone(), value);
+                if name == REPEATABILITY_REQUEST_ID && !headers.contains_key(REPEATABILITY_FIRST_SENT) {
+                    // OASIS Repeatable Requests: the id travels with the time of
+                    // the first attempt. The gates' repeats follow within seconds,
+                    // well inside any replay window; "now" on each is as good.
+                    let now = httpdate::fmt_http_date(std::time::SystemTime::now());
+                    headers.insert(
+                        HeaderName::from_static(REPEATABILITY_FIRST_SENT),
+                        HeaderValue::from_str(&now).expect("an HTTP-date is a valid header value"),
+                    );
+                }
             }
         }
         Request {

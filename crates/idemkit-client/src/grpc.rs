@@ -86,6 +86,9 @@ pub struct GrpcRetryLayer {
 struct Methods {
     streaming: Vec<&'static str>,
     unary: Vec<&'static str>,
+    /// Unary methods whose key is a `string` field of the request (AIP-155
+    /// `request_id`), by field number.
+    key_fields: Vec<(&'static str, u32)>,
 }
 
 impl Methods {
@@ -94,9 +97,17 @@ impl Methods {
     }
 
     fn is_unary(&self, path: &str) -> bool {
-        self.unary.contains(&path)
+        self.unary.contains(&path) || self.key_field(path).is_some()
+    }
+
+    fn key_field(&self, path: &str) -> Option<u32> {
+        self.key_fields.iter().find(|(p, _)| *p == path).map(|(_, n)| *n)
     }
 }
+
+/// gRFC A6: how many attempts of this call were sent before this one, on every
+/// retry (absent on the first attempt).
+pub const GRPC_PREVIOUS_RPC_ATTEMPTS: &str = "grpc-previous-rpc-attempts";
 
 impl GrpcRetryLayer {
     /// A layer using `policy`. No method is assumed unary or streaming: see the
@@ -125,6 +136,19 @@ impl GrpcRetryLayer {
     #[must_use]
     pub fn with_unary_method(mut self, path: &'static str) -> Self {
         Arc::make_mut(&mut self.methods).unary.push(path);
+        self
+    }
+
+    /// Declares `path` a unary method (as [`with_unary_method`](Self::with_unary_method))
+    /// whose key is the top-level `string` field `number` of its request message
+    /// (AIP-155 `request_id`). When the caller left the field empty, the client
+    /// fills it with the call's automatic key, a UUID4 generated once per logical
+    /// call, and sends the same message on every attempt (AIP-4235); the key
+    /// metadata carries the same value, so the two never disagree. A caller's own
+    /// value is kept (and sent as the key metadata too).
+    #[must_use]
+    pub fn with_request_id_field(mut self, path: &'static str, number: u32) -> Self {
+        Arc::make_mut(&mut self.methods).key_fields.push((path, number));
         self
     }
 
@@ -204,7 +228,8 @@ where
             return Box::pin(pass_through(ready, req));
         }
         let unary = self.methods.is_unary(path);
-        Box::pin(run(ready, self.policy.clone(), req, unary))
+        let key_field = self.methods.key_field(path);
+        Box::pin(run(ready, self.policy.clone(), req, unary, key_field))
     }
 }
 
@@ -256,6 +281,7 @@ async fn run<S, ResB>(
     policy: RetryPolicy,
     req: Request<Body>,
     unary: bool,
+    key_field: Option<u32>,
 ) -> Result<Response<Body>, GrpcRetryError>
 where
     S: Service<Request<Body>, Response = Response<ResB>> + Clone,
@@ -279,7 +305,18 @@ where
             ));
         }
     };
+    let mut parts = parts;
     let mut call = policy.start(&Method::POST, &parts.headers, true);
+    let message = match key_field {
+        Some(number) => fill_key_field(
+            message,
+            number,
+            &mut parts.headers,
+            &call,
+            policy.config().key_header(),
+        ),
+        None => message,
+    };
     // The caller's own deadline (its `grpc-timeout`, or a `CallDeadline`) bounds the
     // whole call, sleeps and pushback included, when it is the sooner one.
     let callers = callers_grpc_deadline(&parts.headers, &parts.extensions);
@@ -324,6 +361,12 @@ where
         let timeout = plan.timeout();
         let mut attempt = Request::from_parts(parts.clone(), Body::new(Full::new(message.clone())));
         plan.apply_metadata(attempt.headers_mut());
+        if plan.number() > 1 {
+            attempt.headers_mut().insert(
+                http::HeaderName::from_static(GRPC_PREVIOUS_RPC_ATTEMPTS),
+                HeaderValue::from(plan.number() - 1),
+            );
+        }
         // The server is told how long the client waits: a unary attempt's own budget;
         // for a call that may be a stream, only the caller's deadline (an attempt
         // budget there would cut a long stream on the server).
@@ -427,6 +470,105 @@ enum Taken {
 /// bidirectional stream has a second message, or an end that is not there yet. Only
 /// the first is buffered; waiting for more would deadlock a bidirectional call whose
 /// client waits for an answer before it sends again.
+/// AIP-4235: the request's key field (`number`), filled once per logical call.
+/// A field the caller set is kept and copied to the key metadata; an empty one
+/// gets the call's automatic key (so every attempt sends the same message). A
+/// compressed or malformed message is sent as it is.
+fn fill_key_field(
+    frame: Bytes,
+    number: u32,
+    headers: &mut HeaderMap,
+    call: &crate::Call,
+    key_header: http::HeaderName,
+) -> Bytes {
+    if frame.len() < 5 || frame[0] != 0 {
+        return frame;
+    }
+    let Some(existing) = wire::last_string_field(&frame[5..], number) else {
+        return frame;
+    };
+    if let Some(value) = existing.filter(|v| !v.is_empty()) {
+        if !headers.contains_key(&key_header)
+            && let Ok(v) = HeaderValue::from_bytes(value)
+        {
+            headers.insert(key_header, v);
+        }
+        return frame;
+    }
+    let Some(key) = call.idempotency_key() else {
+        // The caller's own key metadata is the key; the field stays empty.
+        return frame;
+    };
+    let mut message = BytesMut::from(&frame[5..]);
+    // A later occurrence of a scalar field wins (protobuf merge rules), so an
+    // empty one already present is overridden.
+    wire::put_varint(&mut message, (u64::from(number) << 3) | 2);
+    wire::put_varint(&mut message, key.as_str().len() as u64);
+    message.extend_from_slice(key.as_str().as_bytes());
+    let mut out = BytesMut::with_capacity(message.len() + 5);
+    out.extend_from_slice(&[0]);
+    out.extend_from_slice(&u32::try_from(message.len()).unwrap_or(u32::MAX).to_be_bytes());
+    out.extend_from_slice(&message);
+    out.freeze()
+}
+
+/// Just enough of the protobuf wire format to find and add a string field.
+mod wire {
+    use bytes::{BufMut, BytesMut};
+
+    fn varint(buf: &mut &[u8]) -> Option<u64> {
+        let mut value = 0u64;
+        for shift in (0..64).step_by(7) {
+            let (&b, rest) = buf.split_first()?;
+            *buf = rest;
+            value |= u64::from(b & 0x7f) << shift;
+            if b & 0x80 == 0 {
+                return Some(value);
+            }
+        }
+        None
+    }
+
+    /// The last value of the length-delimited field `number`: `Some(None)` when
+    /// absent, `None` when the message is not well-formed.
+    pub(super) fn last_string_field(mut msg: &[u8], number: u32) -> Option<Option<&[u8]>> {
+        let mut found = None;
+        while !msg.is_empty() {
+            let tag = varint(&mut msg)?;
+            let len = match tag & 7 {
+                0 => {
+                    varint(&mut msg)?;
+                    continue;
+                }
+                1 => 8,
+                2 => usize::try_from(varint(&mut msg)?).ok()?,
+                5 => 4,
+                _ => return None,
+            };
+            if msg.len() < len {
+                return None;
+            }
+            let (value, rest) = msg.split_at(len);
+            if tag >> 3 == u64::from(number) {
+                if tag & 7 != 2 {
+                    return None;
+                }
+                found = Some(value);
+            }
+            msg = rest;
+        }
+        Some(found)
+    }
+
+    pub(super) fn put_varint(buf: &mut BytesMut, mut v: u64) {
+        while v >= 0x80 {
+            buf.put_u8((v as u8) | 0x80);
+            v >>= 7;
+        }
+        buf.put_u8(v as u8);
+    }
+}
+
 async fn take_message(body: Body) -> Taken {
     let mut body = Box::pin(body);
     let mut buffered = BytesMut::new();
@@ -721,6 +863,63 @@ mod tests {
     use super::*;
     use crate::classify::Classifier;
     use crate::classify::{RetryKind, Verdict};
+
+    fn frame(message: &[u8]) -> Bytes {
+        let mut out = vec![0];
+        out.extend_from_slice(&u32::try_from(message.len()).unwrap().to_be_bytes());
+        out.extend_from_slice(message);
+        Bytes::from(out)
+    }
+
+    #[test]
+    fn an_empty_request_id_is_filled_once_and_a_set_one_kept() {
+        let policy = RetryPolicy::default().with_seed(1);
+        let call = policy.start(&Method::POST, &HeaderMap::new(), true);
+        let key = call.idempotency_key().unwrap().as_str().to_owned();
+        let header = http::HeaderName::from_static("idempotency-key");
+        // `request_id = 1` absent, `n = 2` (varint 5) present.
+        let mut headers = HeaderMap::new();
+        let filled = fill_key_field(frame(&[0x10, 5]), 1, &mut headers, &call, header.clone());
+        assert_eq!(
+            wire::last_string_field(&filled[5..], 1),
+            Some(Some(key.as_bytes())),
+            "filled with the call's key"
+        );
+        assert_eq!(
+            u32::from_be_bytes(filled[1..5].try_into().unwrap()) as usize,
+            filled.len() - 5
+        );
+        let again = fill_key_field(frame(&[0x10, 5]), 1, &mut HeaderMap::new(), &call, header.clone());
+        assert_eq!(again, filled, "the same message on every attempt");
+        // An empty occurrence is overridden by the appended one.
+        let empty = fill_key_field(
+            frame(&[0x0a, 0, 0x10, 5]),
+            1,
+            &mut HeaderMap::new(),
+            &call,
+            header.clone(),
+        );
+        assert_eq!(
+            wire::last_string_field(&empty[5..], 1),
+            Some(Some(key.as_bytes()))
+        );
+        // A caller's own value is kept, and sent as the key metadata.
+        let own = frame(&[0x0a, 3, b'a', b'b', b'c']);
+        let mut headers = HeaderMap::new();
+        assert_eq!(
+            fill_key_field(own.clone(), 1, &mut headers, &call, header.clone()),
+            own
+        );
+        assert_eq!(headers[&header], "abc");
+        // Compressed messages are left alone.
+        let mut compressed = own.to_vec();
+        compressed[0] = 1;
+        let compressed = Bytes::from(compressed);
+        assert_eq!(
+            fill_key_field(compressed.clone(), 1, &mut HeaderMap::new(), &call, header),
+            compressed
+        );
+    }
 
     #[test]
     fn timeouts_round_trip() {

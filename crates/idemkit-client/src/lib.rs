@@ -112,8 +112,8 @@ pub use classify::{
 pub use error::{Last, RetryError};
 pub use key::{AutoKey, IDEMPOTENCY_KEY, IdempotencyKey, InvalidKey};
 pub use policy::{
-    ATTEMPT_HEADER, AttemptPlan, Call, CallDeadline, DEADLINE_HEADER, Decision, RetryConfig, RetryPolicy,
-    Stop, TIMEOUT_HEADER, gets_auto_key, is_idempotent,
+    ATTEMPT_HEADER, AttemptPlan, Call, CallDeadline, DEADLINE_HEADER, Decision, REPEATABILITY_FIRST_SENT,
+    REPEATABILITY_REQUEST_ID, RetryConfig, RetryPolicy, Stop, TIMEOUT_HEADER, gets_auto_key, is_idempotent,
 };
 pub use policy_doc::{KeyLocation, PolicyDocError, PublishedAnswer, PublishedOperation, PublishedPolicy};
 pub use timeout::{AdaptiveTimeout, AttemptTimeout};
@@ -121,8 +121,8 @@ pub use timeout::{AdaptiveTimeout, AttemptTimeout};
 #[cfg(feature = "tonic")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
 pub use crate::grpc::{
-    GRPC_RETRY_PUSHBACK_MS, GRPC_TIMEOUT, GrpcResponseFuture, GrpcRetryError, GrpcRetryLayer,
-    GrpcRetryService, grpc_timeout_value, parse_grpc_timeout,
+    GRPC_PREVIOUS_RPC_ATTEMPTS, GRPC_RETRY_PUSHBACK_MS, GRPC_TIMEOUT, GrpcResponseFuture, GrpcRetryError,
+    GrpcRetryLayer, GrpcRetryService, grpc_timeout_value, parse_grpc_timeout,
 };
 #[cfg(feature = "reqwest")]
 #[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]

@@ -39,6 +39,11 @@ pub enum KeyLocation {
     Header(HeaderName),
     /// In the JSON body, at this JSON pointer (`/idempotencyKey`).
     Body(String),
+    /// OASIS Repeatable Requests 1.0: `Repeatability-Request-ID` with
+    /// `Repeatability-First-Sent` (configure the client with
+    /// [`RetryConfig::with_repeatability`](crate::RetryConfig::with_repeatability),
+    /// or [`PublishedOperation::configure`]).
+    Repeatability,
 }
 
 /// A published answer: its status and machine code.
@@ -81,6 +86,18 @@ pub struct PublishedOperation {
     pub key_invalid: Option<PublishedAnswer>,
     /// The `x-idempotency` object itself, for what this type does not model.
     pub raw: Value,
+}
+
+impl PublishedOperation {
+    /// `config` adjusted to speak the operation's published key convention: OASIS
+    /// Repeatable Requests headers where the operation publishes them.
+    #[must_use]
+    pub fn configure(&self, config: crate::RetryConfig) -> crate::RetryConfig {
+        match self.key {
+            Some(KeyLocation::Repeatability) => config.with_repeatability(),
+            _ => config,
+        }
+    }
 }
 
 /// A document that is not a policy this module can read.
@@ -248,6 +265,9 @@ fn operation(method: &str, path: &str, x: &Value) -> Result<PublishedOperation, 
     let method = Method::from_bytes(method.to_ascii_uppercase().as_bytes())
         .map_err(|_| PolicyDocError(format!("`{method}` is not a method")))?;
     let key = x.get("key").and_then(|k| {
+        if k.get("convention").and_then(Value::as_str) == Some("oasis-repeatable-requests-1.0") {
+            return Some(KeyLocation::Repeatability);
+        }
         let name = k.get("name")?.as_str()?;
         match k.get("in")?.as_str()? {
             "header" => HeaderName::from_bytes(name.as_bytes())
@@ -321,5 +341,38 @@ mod tests {
         assert_eq!(p.key_for(&Method::POST, "/items/7"), None);
         assert!(p.operation(&Method::PUT, "/items/7/x").is_none());
         assert!(PublishedPolicy::from_document("x", &json!({"a": 1})).is_err());
+    }
+
+    #[test]
+    fn oasis_repeatable_requests_are_read_and_configure_the_client() {
+        let doc = json!({"operations": [{"method": "POST", "path": "/r", "x-idempotency": {
+            "key": {"in": "header", "name": "Repeatability-Request-ID", "convention": "oasis-repeatable-requests-1.0"}
+        }}]});
+        let p = PublishedPolicy::from_document("http://h", &doc).unwrap();
+        let op = p.operation(&Method::POST, "/r").unwrap();
+        assert_eq!(op.key, Some(KeyLocation::Repeatability));
+        let config = op.configure(crate::RetryConfig::new());
+        assert!(config.repeatability());
+        assert_eq!(config.key_header(), "repeatability-request-id");
+        let policy = crate::RetryPolicy::new(config).with_seed(1);
+        let mut call = policy.start(&Method::POST, &http::HeaderMap::new(), true);
+        let mut first = http::HeaderMap::new();
+        call.before_attempt(std::time::Duration::ZERO).apply(&mut first);
+        let key = first["repeatability-request-id"].clone();
+        let sent = first["repeatability-first-sent"].clone();
+        assert!(httpdate::parse_http_date(sent.to_str().unwrap()).is_ok());
+        call.after_attempt(
+            std::time::Duration::from_millis(1),
+            &crate::Outcome::status(http::StatusCode::SERVICE_UNAVAILABLE),
+        );
+        let mut second = http::HeaderMap::new();
+        call.before_attempt(std::time::Duration::from_secs(2))
+            .apply(&mut second);
+        assert_eq!(second["repeatability-request-id"], key, "one id per logical call");
+        assert_eq!(
+            second["repeatability-first-sent"], sent,
+            "one first-sent per logical call"
+        );
+        assert!(second.get("idempotency-key").is_none());
     }
 }

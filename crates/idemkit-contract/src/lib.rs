@@ -36,6 +36,7 @@ use std::time::Duration;
 
 use idemkit_client::{Jitter, RetryConfig, TokenBucket};
 use idemkit_core::{ErrorCode, InFlightBehavior, MAX_KEY_LEN, Policy, ServerErrorPolicy};
+use idemkit_tower::config::KeyConvention;
 pub use idemkit_tower::config::{IdemkitConfig, RouteConfig};
 use serde_json::{Value, json};
 
@@ -312,16 +313,25 @@ struct KeyedRoute {
     key: String,
     /// The route's effective policy.
     policy: Policy,
+    /// The response headers a replay carries (when the first answer had them).
+    replayed: String,
 }
 
 impl KeyedRoute {
     fn of(r: &RouteConfig) -> Self {
         Self {
             route: format!("`{} {}`", r.method, r.path),
-            key: match &r.key_field {
-                Some(f) => format!("JSON body field `{f}`"),
-                None => format!("header `{}`", r.key_header()),
+            key: match (&r.key_field, r.key) {
+                (_, KeyConvention::Repeatability) => "headers `Repeatability-Request-ID` and `Repeatability-First-Sent` (OASIS Repeatable Requests 1.0)".to_owned(),
+                (Some(f), _) => format!("JSON body field `{f}`"),
+                (None, _) => format!("header `{}`", r.key_header()),
             },
+            replayed: r
+                .replayed_headers()
+                .iter()
+                .map(|h| format!("`{h}`"))
+                .collect::<Vec<_>>()
+                .join(", "),
             policy: r.policy(),
         }
     }
@@ -333,9 +343,9 @@ fn routes_table(w: &mut String, routes: &[KeyedRoute], proxy: bool) {
     let _ = writeln!(w, "## Routes\n");
     let _ = writeln!(
         w,
-        "| route | key | replay status | longest retry chain | on 5xx | while in flight |"
+        "| route | key | replay status | replayed headers | longest retry chain | on 5xx | while in flight |"
     );
-    let _ = writeln!(w, "|---|---|---|---|---|---|");
+    let _ = writeln!(w, "|---|---|---|---|---|---|---|");
     for r in routes {
         let p = &r.policy;
         let replay = p.replay_status.map_or("the stored status".to_owned(), |s| {
@@ -353,8 +363,8 @@ fn routes_table(w: &mut String, routes: &[KeyedRoute], proxy: bool) {
         };
         let _ = writeln!(
             w,
-            "| {} | {} | {replay} | {chain} | {five} | {in_flight} |",
-            r.route, r.key
+            "| {} | {} | {replay} | {} | {chain} | {five} | {in_flight} |",
+            r.route, r.key, r.replayed
         );
     }
 }
@@ -425,7 +435,13 @@ fn answers(w: &mut String, validation: &str, mismatch_status: u16) {
     let _ = writeln!(w, "\n## Answers\n");
     let _ = writeln!(
         w,
-        "- A replay is byte-identical to the first answer and carries `Idempotent-Replayed: true`.\n\
+        "- A replay is byte-identical to the first answer and carries `Idempotent-Replayed: true`, with the \
+         route's replayed headers (table above) as first sent; never `Set-Cookie`, hop-by-hop headers or `Date`.\n\
+         - A compressed answer is stored with its `Content-Encoding` and replayed only to a request whose \
+         `Accept-Encoding` names that coding (or `*`); any other gets `406 idempotency_replay_not_acceptable` \
+         (the request is not run again: repeat it accepting the coding).\n\
+         - A streaming answer (`text/event-stream`) on a keyed route is never stored nor replayed in part: the \
+         request is answered `500 idempotency_streaming_unsupported`.\n\
          {validation}\n\
          - Errors are RFC 9457 problem documents (`application/problem+json`) with a stable `code` and a \
          `retryable` flag.\n"
@@ -627,6 +643,13 @@ pub fn keyed_body(route: &RouteConfig, body: &Value, key: &str) -> (Value, Vec<S
             }
             (body, Vec::new())
         }
+        None if route.key == KeyConvention::Repeatability => (
+            body,
+            vec![
+                format!("Repeatability-Request-ID: {key}"),
+                "Repeatability-First-Sent: $FIRST_SENT".to_owned(),
+            ],
+        ),
         None => (body, vec![format!("{}: {key}", route.key_header())]),
     }
 }
@@ -638,7 +661,12 @@ fn curl(route: &RouteConfig, headers: &[String], body: &Value) -> String {
         route.method, route.path
     );
     for h in headers {
-        cmd.push_str(&format!(" -H '{h}'"));
+        if h.contains('$') {
+            // A shell variable (`$FIRST_SENT`) is expanded.
+            cmd.push_str(&format!(" -H \"{h}\""));
+        } else {
+            cmd.push_str(&format!(" -H '{h}'"));
+        }
     }
     cmd.push_str(&format!(" \\\n  -d '{body}'"));
     cmd
@@ -647,9 +675,15 @@ fn curl(route: &RouteConfig, headers: &[String], body: &Value) -> String {
 /// The four answers of one route: first request, replay, mismatch, in progress.
 fn examples(w: &mut String, r: &RouteConfig, example: &RouteExample) {
     let p = r.policy();
-    let where_key = match &r.key_field {
-        Some(f) => format!("in the JSON body field `{f}`"),
-        None => format!("in the `{}` header", r.key_header()),
+    let where_key = match (&r.key_field, r.key) {
+        (_, KeyConvention::Repeatability) => "in the `Repeatability-Request-ID` header (OASIS Repeatable Requests 1.0), \
+             with `Repeatability-First-Sent`: the HTTP-date of the first attempt, set once \
+             (`FIRST_SENT=$(LC_ALL=C date -u '+%a, %d %b %Y %H:%M:%S GMT')`) and sent unchanged on every retry; one older than \
+             the replay window (or more than a minute ahead) is `412 repeatability_first_sent_out_of_window`. Answers \
+             carry `Repeatability-Result: accepted` (ran, or replayed) or `rejected`"
+            .to_owned(),
+        (Some(f), _) => format!("in the JSON body field `{f}`"),
+        (None, _) => format!("in the `{}` header", r.key_header()),
     };
     let body = &example.body;
     let (first, headers) = keyed_body(r, body, "order-4711-label");

@@ -110,6 +110,11 @@ fn proxy_markdown(proxy: &ProxyContract, client: &RetryConfig) -> String {
                 .map(|m| KeyedRoute {
                     route: format!("`{m}` (any path)"),
                     key: format!("header `{header}`"),
+                    replayed: idemkit_core::DEFAULT_REPLAYED_HEADERS
+                        .iter()
+                        .map(|h| format!("`{h}`"))
+                        .collect::<Vec<_>>()
+                        .join(", "),
                     policy: policy.clone(),
                 })
                 .collect();

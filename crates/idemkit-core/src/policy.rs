@@ -51,7 +51,11 @@ impl MismatchStatus {
 }
 
 /// Default response headers stored and replayed besides any configured ones.
-pub const DEFAULT_REPLAYED_HEADERS: &[&str] = &["content-type", "location", "content-language"];
+/// `content-encoding` is among them because a stored body's bytes mean nothing
+/// without it: a compressed answer is stored with its coding and replayed only
+/// to a caller whose `Accept-Encoding` accepts that coding (SPEC §5).
+pub const DEFAULT_REPLAYED_HEADERS: &[&str] =
+    &["content-type", "location", "content-language", "content-encoding"];
 
 /// Headers that are never stored or replayed, whatever the allowlist says:
 /// cookies are per-session, hop-by-hop headers describe one connection, and `date`
@@ -158,7 +162,9 @@ pub enum PolicyError {
     #[error("replay status {0} is not an HTTP status")]
     BadReplayStatus(u16),
     /// A header the contract forbids replaying was allowlisted.
-    #[error("header `{0}` can never be replayed")]
+    #[error(
+        "header `{0}` can never be replayed: cookies belong to one session, hop-by-hop headers to one connection, and `date`, `content-length` and the replay marker describe the replay itself"
+    )]
     ForbiddenHeader(String),
 }
 
@@ -304,7 +310,7 @@ impl Policy {
         if let Some(h) = self
             .replayed_headers
             .iter()
-            .find(|h| NEVER_REPLAYED_HEADERS.contains(&h.as_str()))
+            .find(|h| NEVER_REPLAYED_HEADERS.iter().any(|n| n.eq_ignore_ascii_case(h)))
         {
             return Err(PolicyError::ForbiddenHeader(h.clone()));
         }

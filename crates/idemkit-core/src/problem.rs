@@ -51,6 +51,24 @@ pub enum ErrorCode {
     /// fail the same way until the route is fixed. Not retryable.
     #[serde(rename = "idempotency_misconfigured")]
     Misconfigured,
+    /// An OASIS Repeatable Requests route was sent a `Repeatability-First-Sent`
+    /// time outside the replay window (too old to know whether the request
+    /// already ran, or in the future): `412`, nothing was claimed. Not
+    /// retryable with the same headers.
+    #[serde(rename = "repeatability_first_sent_out_of_window")]
+    FirstSentOutOfWindow,
+    /// The stored answer has a `Content-Encoding` this caller's `Accept-Encoding`
+    /// does not accept, so it cannot be replayed to it byte for byte (`406`).
+    /// The request ran once; repeating it with an `Accept-Encoding` that accepts
+    /// the stored coding replays it.
+    #[serde(rename = "idempotency_replay_not_acceptable")]
+    ReplayNotAcceptable,
+    /// The handler answered a keyed request with a stream (`text/event-stream`)
+    /// that the layer cannot record and replay faithfully: the answer was not
+    /// stored, never replayed empty or truncated (`500`). The route is
+    /// misconfigured: streaming answers belong on unkeyed routes.
+    #[serde(rename = "idempotency_streaming_unsupported")]
+    StreamingUnsupported,
     /// The request body or parameters failed validation.
     ValidationFailed,
     /// The request body is larger than the route accepts.
@@ -80,6 +98,9 @@ impl ErrorCode {
             Self::StoreUnavailable => "idempotency_store_unavailable",
             Self::DeadlineExceeded => "deadline_exceeded",
             Self::Misconfigured => "idempotency_misconfigured",
+            Self::FirstSentOutOfWindow => "repeatability_first_sent_out_of_window",
+            Self::ReplayNotAcceptable => "idempotency_replay_not_acceptable",
+            Self::StreamingUnsupported => "idempotency_streaming_unsupported",
             Self::ValidationFailed => "validation_failed",
             Self::PayloadTooLarge => "payload_too_large",
             Self::UnsupportedMediaType => "unsupported_media_type",
@@ -94,7 +115,9 @@ impl ErrorCode {
         match self {
             Self::KeyMissing | Self::KeyInvalid | Self::ValidationFailed => 400,
             Self::KeyReused | Self::RequestInProgress | Self::RequestParked => 409,
-            Self::ResponseTooLarge | Self::Misconfigured | Self::Internal => 500,
+            Self::ResponseTooLarge | Self::Misconfigured | Self::StreamingUnsupported | Self::Internal => 500,
+            Self::FirstSentOutOfWindow => 412,
+            Self::ReplayNotAcceptable => 406,
             Self::LeaseLost | Self::StoreUnavailable => 503,
             Self::DeadlineExceeded => 504,
             Self::PayloadTooLarge => 413,
@@ -125,6 +148,9 @@ impl ErrorCode {
             Self::StoreUnavailable => "Idempotency store unavailable",
             Self::DeadlineExceeded => "Deadline exceeded",
             Self::Misconfigured => "Idempotency misconfigured",
+            Self::FirstSentOutOfWindow => "Repeatability-First-Sent outside the replay window",
+            Self::ReplayNotAcceptable => "Stored answer not acceptable to this caller",
+            Self::StreamingUnsupported => "Streaming answers are not stored for replay",
             Self::ValidationFailed => "Validation failed",
             Self::PayloadTooLarge => "Payload too large",
             Self::UnsupportedMediaType => "Unsupported media type",

@@ -100,13 +100,69 @@ pub struct Options {
 impl Default for Options {
     fn default() -> Self {
         Self {
-            key_headers: vec!["Idempotency-Key".into()],
+            key_headers: vec!["Idempotency-Key".into(), REPEATABILITY_REQUEST_ID.into()],
             key_fields: vec!["idempotency_key".into(), "idempotencyKey".into()],
         }
     }
 }
 
 const METHODS: [&str; 4] = ["post", "put", "patch", "delete"];
+
+/// The OASIS Repeatable Requests 1.0 key header.
+const REPEATABILITY_REQUEST_ID: &str = "Repeatability-Request-ID";
+/// The OASIS Repeatable Requests 1.0 first-sent header.
+const REPEATABILITY_FIRST_SENT: &str = "Repeatability-First-Sent";
+/// `x-idempotency.key.convention` of OASIS Repeatable Requests.
+const OASIS_CONVENTION: &str = "oasis-repeatable-requests-1.0";
+
+/// An operation keyed by OASIS Repeatable Requests (its key header is
+/// `Repeatability-Request-ID`, or its `x-idempotency` says so) must declare the
+/// required `Repeatability-First-Sent` header and document the `412` a stale
+/// first-sent time gets; its `x-idempotency` must name the convention, or
+/// clients reading it send no `Repeatability-First-Sent`.
+fn repeatability_notes(
+    key: Option<&Key>,
+    x: Option<&Map<String, Value>>,
+    params: &[&Value],
+    codes: &[&str],
+    notes: &mut Vec<String>,
+) {
+    let convention = x
+        .and_then(|x| x.get("key"))
+        .and_then(|k| k.get("convention"))
+        .and_then(Value::as_str);
+    let by_header =
+        key.is_some_and(|k| k.location == "header" && k.name.eq_ignore_ascii_case(REPEATABILITY_REQUEST_ID));
+    if !(by_header || convention == Some(OASIS_CONVENTION)) {
+        return;
+    }
+    if x.is_some() && convention != Some(OASIS_CONVENTION) {
+        notes.push(format!(
+            "OASIS Repeatable Requests: `x-idempotency.key` names no `convention: \"{OASIS_CONVENTION}\"`, so clients reading it will not send `{REPEATABILITY_FIRST_SENT}`"
+        ));
+    }
+    let first_sent = params.iter().find(|p| {
+        p.get("in").and_then(Value::as_str) == Some("header")
+            && p.get("name")
+                .and_then(Value::as_str)
+                .is_some_and(|n| n.eq_ignore_ascii_case(REPEATABILITY_FIRST_SENT))
+    });
+    match first_sent {
+        None => notes.push(format!(
+            "OASIS Repeatable Requests: the required `{REPEATABILITY_FIRST_SENT}` header is not declared"
+        )),
+        Some(p) if p.get("required").and_then(Value::as_bool) != Some(true) => notes.push(format!(
+            "OASIS Repeatable Requests: `{REPEATABILITY_FIRST_SENT}` is declared optional; it is required"
+        )),
+        Some(_) => {}
+    }
+    if !codes.contains(&"412") && !codes.iter().any(|c| c.eq_ignore_ascii_case("4XX")) {
+        notes.push(
+            "OASIS Repeatable Requests: responses do not document 412 (a first-sent time outside the replay window)"
+                .into(),
+        );
+    }
+}
 
 /// Lints every state-changing operation of `doc`, sorted by path, then method.
 pub fn lint(doc: &Document, options: &Options) -> Vec<Operation> {
@@ -241,6 +297,15 @@ fn operation(
     };
     if verdict == Verdict::Keyed {
         response_notes(doc, op, x, &mut notes);
+        let mut ignored = Vec::new();
+        let responses = op
+            .get("responses")
+            .map(|r| doc.deref(r, &mut ignored))
+            .and_then(Value::as_object);
+        let codes: Vec<&str> = responses
+            .map(|r| r.keys().map(String::as_str).collect())
+            .unwrap_or_default();
+        repeatability_notes(key.as_ref(), x, &params, &codes, &mut notes);
     }
     notes.dedup();
     Operation {
@@ -490,6 +555,46 @@ mod tests {
         );
         assert_eq!(op.operation_id.as_deref(), Some("make"));
         assert!(op.notes.is_empty(), "{:?}", op.notes);
+    }
+
+    #[test]
+    fn oasis_repeatable_requests_need_their_first_sent_header_and_412() {
+        let bare = one(oas(json!({
+            "post": {"parameters": [{"name": "Repeatability-Request-ID", "in": "header", "required": true}],
+                "responses": {"201": {"description": "made, Idempotent-Replayed on replays"}, "409": {"description": "conflict"}}}
+        })));
+        assert_eq!(bare.verdict, Verdict::Keyed);
+        assert_eq!(bare.key.as_ref().unwrap().name, "Repeatability-Request-ID");
+        assert!(
+            bare.notes
+                .iter()
+                .any(|n| n.contains("`Repeatability-First-Sent` header is not declared")),
+            "{:?}",
+            bare.notes
+        );
+        assert!(bare.notes.iter().any(|n| n.contains("412")), "{:?}", bare.notes);
+
+        let published_without_convention = one(oas(json!({
+            "post": {"x-idempotency": {"key": {"in": "header", "name": "Repeatability-Request-ID"}},
+                "parameters": [{"name": "Repeatability-Request-ID", "in": "header", "required": true},
+                               {"name": "Repeatability-First-Sent", "in": "header", "required": true}],
+                "responses": {"201": {"description": "made, Idempotent-Replayed on replays"}, "409": {"description": "c"}, "412": {"description": "stale"}}}
+        })));
+        assert_eq!(
+            published_without_convention.notes.len(),
+            1,
+            "{:?}",
+            published_without_convention.notes
+        );
+        assert!(published_without_convention.notes[0].contains("convention"));
+
+        let complete = one(oas(json!({
+            "post": {"x-idempotency": {"key": {"in": "header", "name": "Repeatability-Request-ID", "convention": "oasis-repeatable-requests-1.0"}},
+                "parameters": [{"name": "Repeatability-Request-ID", "in": "header", "required": true},
+                               {"name": "Repeatability-First-Sent", "in": "header", "required": true}],
+                "responses": {"201": {"description": "made, Idempotent-Replayed on replays"}, "409": {"description": "c"}, "412": {"description": "stale"}}}
+        })));
+        assert!(complete.notes.is_empty(), "{:?}", complete.notes);
     }
 
     #[test]

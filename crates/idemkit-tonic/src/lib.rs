@@ -60,7 +60,7 @@ pub use deadline::{GRPC_TIMEOUT, parse_grpc_timeout};
 pub use layer::{ConfigError, IdempotencyLayer, IdempotencyLayerBuilder};
 pub use outcome::{OUTCOME_METADATA, with_outcome};
 pub use resolver::{BearerTokenAccount, MetadataAccountResolver, TrustedMetadataAccount};
-pub use service::{Idempotency, ResponseFuture};
+pub use service::{ATTEMPTS_METRIC, Idempotency, PREVIOUS_RPC_ATTEMPTS, ResponseFuture};
 pub use status::{ERROR_DOMAIN, code_for, disposition, http_equivalent, status_for};
 
 /// The default key metadata.

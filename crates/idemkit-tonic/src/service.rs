@@ -182,6 +182,41 @@ fn refused_outcome(status: &tonic::Status) -> &'static str {
     }
 }
 
+/// Whether `raw` is a UUID in its canonical hyphenated form with version 4
+/// and the RFC 9562 variant (either case).
+fn is_uuid4(raw: &[u8]) -> bool {
+    raw.len() == 36
+        && raw.iter().enumerate().all(|(i, b)| match i {
+            8 | 13 | 18 | 23 => *b == b'-',
+            14 => *b == b'4',
+            19 => matches!(b, b'8' | b'9' | b'a' | b'b' | b'A' | b'B'),
+            _ => b.is_ascii_hexdigit(),
+        })
+}
+
+/// The gRFC A6 retry metadata: how many attempts of this call came before.
+pub const PREVIOUS_RPC_ATTEMPTS: &str = "grpc-previous-rpc-attempts";
+
+/// Counts keyed calls by the attempt they are (gRFC A6
+/// `grpc-previous-rpc-attempts`, bucketed `0`, `1`, `2`, `3+`; a malformed
+/// value counts as `0`), so an operator sees how often clients retry.
+pub const ATTEMPTS_METRIC: &str = "idemkit_grpc_call_attempts_total";
+
+fn count_attempt(headers: &http::HeaderMap) {
+    let previous = headers
+        .get(PREVIOUS_RPC_ATTEMPTS)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u32>().ok())
+        .unwrap_or(0);
+    let bucket = match previous {
+        0 => "0",
+        1 => "1",
+        2 => "2",
+        _ => "3+",
+    };
+    metrics::counter!(ATTEMPTS_METRIC, "previous_attempts" => bucket).increment(1);
+}
+
 fn problem(code: ErrorCode, detail: impl Into<String>) -> tonic::Status {
     status_for(&Problem::new(code, detail), None)
 }
@@ -205,6 +240,7 @@ async fn prepare(
         claim.resume = Some(token);
         return Ok((claim, bytes));
     }
+    count_attempt(&parts.headers);
     let account = shared.resolver.resolve(&parts.headers)?;
     // A metadata key is checked before the message is read: a bad key costs nothing.
     let mut values = parts.headers.get_all(&shared.key_metadata).iter().peekable();
@@ -222,14 +258,22 @@ async fn prepare(
     })?;
     let field_key = match key_field {
         KeyField::Metadata => None,
-        KeyField::Field(number) => frame::string_field(message, number)
+        KeyField::Field { number, uuid4 } => frame::string_field(message, number)
             .map_err(|_| {
                 problem(
                     ErrorCode::ValidationFailed,
                     "the request message is not well-formed protobuf",
                 )
             })?
-            .map(|raw| IdempotencyKey::parse(raw).map_err(|e| key_status(&e)))
+            .map(|raw| {
+                if uuid4 && !is_uuid4(raw) {
+                    return Err(problem(
+                        ErrorCode::KeyInvalid,
+                        "the request id must be a UUID4 such as `7c9e6679-7425-40de-944b-e07fc1f90ae7` (AIP-155): generate it once per logical call and reuse it on every retry",
+                    ));
+                }
+                IdempotencyKey::parse(raw).map_err(|e| key_status(&e))
+            })
             .transpose()?,
     };
     let key = match (field_key, metadata_key) {
@@ -462,4 +506,19 @@ fn replay_response(stored: StoredResponse) -> Response<Body> {
     *response.status_mut() = http::StatusCode::from_u16(stored.status).unwrap_or(http::StatusCode::OK);
     *response.headers_mut() = headers;
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uuid4_is_checked_strictly() {
+        assert!(is_uuid4(b"7c9e6679-7425-40de-944b-e07fc1f90ae7"));
+        assert!(is_uuid4(b"7C9E6679-7425-40DE-B44B-E07FC1F90AE7"));
+        assert!(!is_uuid4(b"7c9e6679-7425-10de-944b-e07fc1f90ae7"), "version 1");
+        assert!(!is_uuid4(b"7c9e6679-7425-40de-c44b-e07fc1f90ae7"), "variant");
+        assert!(!is_uuid4(b"7c9e66797425-40de-944b-e07fc1f90ae7-"));
+        assert!(!is_uuid4(b"label-order-4711"));
+    }
 }

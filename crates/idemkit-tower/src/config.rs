@@ -69,6 +69,21 @@ pub enum ServerErrors {
     Replay,
 }
 
+/// Which key convention a route speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum KeyConvention {
+    /// `Idempotency-Key` (or the configured `key_header`), or the JSON body
+    /// field `key_field`.
+    #[default]
+    IdempotencyKey,
+    /// OASIS Repeatable Requests 1.0: `Repeatability-Request-ID` is the key,
+    /// `Repeatability-First-Sent` is required and must be inside the replay
+    /// window (else `412`), answers carry `Repeatability-Result`.
+    Repeatability,
+}
+
 /// Policy settings a route inherits unless it overrides them.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -129,6 +144,15 @@ pub struct RouteConfig {
     /// Read the key from this JSON body field (a JSON pointer) instead of the header.
     #[serde(default)]
     pub key_field: Option<String>,
+    /// The key convention (`key = "repeatability"` for OASIS Repeatable Requests).
+    #[serde(default)]
+    pub key: KeyConvention,
+    /// Response headers stored and replayed besides the defaults
+    /// (`content-type`, `location`, `content-language`, `content-encoding`),
+    /// e.g. `["etag", "cache-control", "link"]`. `set-cookie`, hop-by-hop
+    /// headers, `date` and `content-length` are refused at load.
+    #[serde(default)]
+    pub replay_headers: Vec<String>,
     /// Replays of a stored 2xx answer with this status.
     #[serde(default)]
     pub replay_status: Option<u16>,
@@ -209,7 +233,25 @@ impl RouteConfig {
         if let Some(c) = self.longest_retry_chain {
             p = p.with_longest_retry_chain(c);
         }
+        for h in &self.replay_headers {
+            p = p.with_replayed_header(h.trim());
+        }
         p
+    }
+
+    /// Every response header the route stores and replays (when the answer has
+    /// it), lower-case: the defaults, then the configured ones.
+    pub fn replayed_headers(&self) -> Vec<String> {
+        let mut all: Vec<String> = idemkit_core::DEFAULT_REPLAYED_HEADERS
+            .iter()
+            .map(|h| (*h).to_owned())
+            .collect();
+        for h in self.policy().replayed_headers {
+            if !all.contains(&h) {
+                all.push(h);
+            }
+        }
+        all
     }
 
     /// The key header of the route (when it does not read a body field).
@@ -237,9 +279,26 @@ impl RouteConfig {
             return json!({ "version": X_IDEMPOTENCY_VERSION, "retrySafe": false });
         }
         let p = self.policy();
-        let key = match &self.key_field {
-            Some(pointer) => json!({ "in": "body", "name": pointer }),
-            None => json!({ "in": "header", "name": self.key_header() }),
+        let key = match (&self.key_field, self.key) {
+            (_, KeyConvention::Repeatability) => json!({
+                "in": "header",
+                "name": "Repeatability-Request-ID",
+                "convention": "oasis-repeatable-requests-1.0",
+                "firstSent": {
+                    "header": "Repeatability-First-Sent",
+                    "format": "HTTP-date (IMF-fixdate)",
+                    "required": true,
+                    "maxAgeSeconds": secs(p.replay_window),
+                    "maxAheadSeconds": crate::REPEATABILITY_CLOCK_SKEW.as_secs(),
+                },
+                "result": {
+                    "header": "Repeatability-Result",
+                    "accepted": "the request ran, or its first answer is replayed",
+                    "rejected": "refused because of its repeatability headers (missing, malformed, out of window, reused with another request, in progress)",
+                },
+            }),
+            (Some(pointer), _) => json!({ "in": "body", "name": pointer }),
+            (None, _) => json!({ "in": "header", "name": self.key_header() }),
         };
         let mut key = key;
         key["required"] = json!(true);
@@ -256,7 +315,7 @@ impl RouteConfig {
         if let Some(pointer) = &self.key_field {
             excludes.push(pointer.clone());
         }
-        json!({
+        let mut x = json!({
             "version": X_IDEMPOTENCY_VERSION,
             "retrySafe": true,
             "key": key,
@@ -285,6 +344,17 @@ impl RouteConfig {
                 "marker": { "header": "Idempotent-Replayed", "value": "true" },
                 "status": p.replay_status,
                 "identicalBody": true,
+                "headers": self.replayed_headers(),
+                "neverHeaders": idemkit_core::NEVER_REPLAYED_HEADERS,
+                "contentEncoding": {
+                    "stored": true,
+                    "notAccepted": conflict(ErrorCode::ReplayNotAcceptable, 406),
+                },
+            },
+            "streaming": {
+                "stored": false,
+                "contentTypes": ["text/event-stream"],
+                "answer": conflict(ErrorCode::StreamingUnsupported, 500),
             },
             "serverErrors": match p.on_server_error {
                 ServerErrorPolicy::Replay => "replay",
@@ -292,7 +362,11 @@ impl RouteConfig {
             },
             "validationErrors": "released",
             "maxStoredBodyBytes": p.max_stored_body,
-        })
+        });
+        if self.key == KeyConvention::Repeatability {
+            x["conflicts"]["firstSentOutOfWindow"] = conflict(ErrorCode::FirstSentOutOfWindow, 412);
+        }
+        x
     }
 
     /// Applies the route's policy and key source to a layer builder.
@@ -301,6 +375,9 @@ impl RouteConfig {
         builder: crate::IdempotencyLayerBuilder,
     ) -> Result<crate::IdempotencyLayerBuilder, ConfigFileError> {
         let builder = builder.policy(self.policy());
+        if self.key == KeyConvention::Repeatability {
+            return Ok(builder.repeatability());
+        }
         Ok(match &self.key_field {
             Some(field) => builder.key_json_field(field.clone()),
             None => builder.key_header(
@@ -336,6 +413,21 @@ impl IdemkitConfig {
                     path: r.path.clone(),
                     source,
                 })?;
+            }
+            for h in &mut r.replay_headers {
+                *h = h.trim().to_ascii_lowercase();
+                if http::HeaderName::from_bytes(h.as_bytes()).is_err() {
+                    return Err(ConfigFileError::Invalid(format!(
+                        "route {} {}: replay_headers: `{h}` is not a header name",
+                        r.method, r.path
+                    )));
+                }
+            }
+            if r.key == KeyConvention::Repeatability && r.key_field.is_some() {
+                return Err(ConfigFileError::Invalid(format!(
+                    "route {} {}: `key = \"repeatability\"` reads the key from `Repeatability-Request-ID`; remove `key_field`",
+                    r.method, r.path
+                )));
             }
             if let Some(f) = &r.key_field
                 && !f.starts_with('/')
@@ -419,6 +511,77 @@ mod tests {
         let doc = c.policy_document();
         assert_eq!(doc["operations"][1]["path"], "/legacy");
         assert_eq!(doc["operations"][0]["x-idempotency"], x);
+    }
+
+    #[test]
+    fn replay_headers_are_configured_published_and_never_forbidden_ones() {
+        let c = IdemkitConfig::from_toml(
+            "[[routes]]\nmethod = \"POST\"\npath = \"/x\"\nreplay_headers = [\"ETag\", \"cache-control\", \"link\"]\n",
+        )
+        .unwrap();
+        let r = c.route("POST", "/x").unwrap();
+        assert!(r.policy().replays_header("etag"));
+        assert!(r.policy().replays_header("Cache-Control"));
+        assert_eq!(
+            r.x_idempotency()["replay"]["headers"],
+            json!([
+                "content-type",
+                "location",
+                "content-language",
+                "content-encoding",
+                "etag",
+                "cache-control",
+                "link"
+            ])
+        );
+        for bad in [
+            "set-cookie",
+            "Set-Cookie",
+            "connection",
+            "transfer-encoding",
+            "date",
+            "keep-alive",
+            "upgrade",
+        ] {
+            let err = IdemkitConfig::from_toml(&format!(
+                "[[routes]]\nmethod = \"POST\"\npath = \"/x\"\nreplay_headers = [\"etag\", \"{bad}\"]\n"
+            ))
+            .unwrap_err()
+            .to_string();
+            assert!(
+                err.contains("POST /x") && err.contains("can never be replayed"),
+                "{bad}: {err}"
+            );
+        }
+        let err = IdemkitConfig::from_toml(
+            "[[routes]]\nmethod = \"POST\"\npath = \"/x\"\nreplay_headers = [\"bad header\"]\n",
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("not a header name"), "{err}");
+    }
+
+    #[test]
+    fn repeatability_is_a_route_convention() {
+        let c = IdemkitConfig::from_toml(
+            "[[routes]]\nmethod = \"POST\"\npath = \"/r\"\nkey = \"repeatability\"\nreplay_window = \"5m\"\n",
+        )
+        .unwrap();
+        let x = c.route("POST", "/r").unwrap().x_idempotency();
+        assert_eq!(x["key"]["in"], "header");
+        assert_eq!(x["key"]["name"], "Repeatability-Request-ID");
+        assert_eq!(x["key"]["convention"], "oasis-repeatable-requests-1.0");
+        assert_eq!(x["key"]["firstSent"]["header"], "Repeatability-First-Sent");
+        assert_eq!(x["key"]["firstSent"]["maxAgeSeconds"], 300);
+        assert_eq!(
+            x["conflicts"]["firstSentOutOfWindow"],
+            json!({"status": 412, "code": "repeatability_first_sent_out_of_window"})
+        );
+        assert!(
+            IdemkitConfig::from_toml(
+                "[[routes]]\nmethod = \"POST\"\npath = \"/r\"\nkey = \"repeatability\"\nkey_field = \"/k\"\n"
+            )
+            .is_err()
+        );
     }
 
     #[test]

@@ -156,6 +156,15 @@ impl IdempotencyLayerBuilder {
         self
     }
 
+    /// Speaks OASIS Repeatable Requests 1.0 instead of `Idempotency-Key`: the key
+    /// is the `Repeatability-Request-ID` header, `Repeatability-First-Sent` is
+    /// required and must be inside the replay window (else `412`), and answers
+    /// carry `Repeatability-Result` (see [`KeySource::Repeatability`]).
+    pub fn repeatability(mut self) -> Self {
+        self.key_source = KeySource::Repeatability;
+        self
+    }
+
     /// Excludes a JSON field (pointer) from the fingerprint.
     pub fn exclude_from_fingerprint(mut self, pointer: impl Into<String>) -> Self {
         self.excluded.push(pointer.into());

@@ -34,6 +34,7 @@
 //! stable `code` and a `retryable` flag; see [`idemkit_core::ErrorCode`].
 
 pub mod config;
+mod conventions;
 pub mod engine;
 mod extract;
 mod future;
@@ -49,6 +50,7 @@ mod service;
 mod shared;
 mod status;
 
+pub use conventions::accepts_encoding;
 pub use extract::{IdempotencyContext, Tx};
 pub use future::ResponseFuture;
 pub use jobs::{Completer, CompleterReport, ReapThresholdTooShort, Reaper, completer_resume};
@@ -57,6 +59,11 @@ pub use outcome::Outcome;
 pub use phases::{CallError, Downstream, PhaseError, Phases};
 pub use problem::{Json, ProblemResponse, method_not_allowed, not_found};
 pub use resolver::{AccountResolver, BearerTokenAccount, TrustedHeaderAccount, bearer_token};
-pub use response::{STORED_REQUEST_HEADERS, replay_response, stored_request_headers, stored_response};
+pub use response::{
+    STORED_REQUEST_HEADERS, replay_response, replay_response_to, stored_request_headers, stored_response,
+};
 pub use service::{Idempotency, read_body};
-pub use shared::{DEFAULT_STATUS_PATH, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, KeySource};
+pub use shared::{
+    DEFAULT_STATUS_PATH, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, KeySource, REPEATABILITY_CLOCK_SKEW,
+    REPEATABILITY_FIRST_SENT, REPEATABILITY_REQUEST_ID, REPEATABILITY_RESULT,
+};

@@ -22,9 +22,14 @@ const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC
     .remove(b'~');
 
 /// The HTTP answer for a request the engine refused to run.
-pub(crate) fn refusal_response(shared: &Shared, scope: &Scope, refusal: Refusal) -> Response {
+pub(crate) fn refusal_response(
+    shared: &Shared,
+    scope: &Scope,
+    refusal: Refusal,
+    request: &http::HeaderMap,
+) -> Response {
     match refusal {
-        Refusal::Replay(stored) => replay_response(stored, &shared.engine.policy),
+        Refusal::Replay(stored) => replay_response_to(stored, &shared.engine.policy, request),
         Refusal::Accepted { retry_after } => accepted(shared, scope, retry_after),
         Refusal::Problem { problem, retry_after } => ProblemResponse { problem, retry_after }.into_response(),
     }
@@ -76,6 +81,29 @@ pub fn replay_response(stored: StoredResponse, policy: &Policy) -> Response {
     let mut res = refused_response(Refusal::Replay(stored));
     *res.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     res
+}
+
+/// [`replay_response`] for a caller with these request headers: a stored
+/// answer whose `Content-Encoding` the caller's `Accept-Encoding` does not
+/// accept (see [`crate::accepts_encoding`]) is not replayed to it (its bytes
+/// would not decode) but answered `406 idempotency_replay_not_acceptable`,
+/// naming the coding to accept. The request is not run again.
+pub fn replay_response_to(stored: StoredResponse, policy: &Policy, request: &http::HeaderMap) -> Response {
+    if let Some(coding) = crate::conventions::stored_coding(&stored)
+        && !crate::conventions::accepts_encoding(request, &coding)
+    {
+        let mut res = ProblemResponse::new(
+            ErrorCode::ReplayNotAcceptable,
+            format!(
+                "the stored answer of this request is `{coding}`-encoded and this request does not accept `{coding}`; repeat it with `Accept-Encoding: {coding}` to get the stored answer (it is not run again)"
+            ),
+        )
+        .into_response();
+        res.headers_mut()
+            .insert(header::VARY, HeaderValue::from_static("accept-encoding"));
+        return res;
+    }
+    replay_response(stored, policy)
 }
 
 pub(crate) fn in_progress(location: Option<String>, retry_after: Duration) -> Response {

@@ -9,7 +9,7 @@ use axum::body::Body;
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http::request::Parts;
-use http::{HeaderValue, Request};
+use http::{HeaderName, HeaderValue, Request};
 use http_body_util::{BodyExt, Limited};
 use idemkit_core::{ClaimRequest, ErrorCode, FencingToken, IdempotencyKey, Scope};
 use tower::Service;
@@ -89,7 +89,19 @@ where
     B::Error: Into<BoxError>,
 {
     let span = tracing::info_span!("idemkit.request", key_hash = Empty, outcome = Empty);
-    let (outcome, result) = handle(shared, inner, req).instrument(span.clone()).await;
+    let repeatable = matches!(shared.key_source, KeySource::Repeatability);
+    let (outcome, mut result) = handle(shared, inner, req).instrument(span.clone()).await;
+    if repeatable && let Ok(response) = &mut result {
+        // OASIS Repeatable Requests: every answer says whether the request was
+        // accepted (ran, or its first answer is replayed) or rejected because of
+        // its repeatability headers.
+        if let Some(value) = crate::conventions::repeatability_result(outcome, response.status().as_u16()) {
+            response.headers_mut().insert(
+                HeaderName::from_static(crate::shared::REPEATABILITY_RESULT),
+                HeaderValue::from_static(value),
+            );
+        }
+    }
     span.record("outcome", outcome);
     metrics::request(outcome);
     result
@@ -174,7 +186,7 @@ where
         Err(refused) => {
             return (
                 refused.outcome,
-                Ok(refusal_response(&shared, &scope, refused.refusal)),
+                Ok(refusal_response(&shared, &scope, refused.refusal, &parts.headers)),
             );
         }
     };
@@ -245,14 +257,18 @@ async fn prepare(
     let account = shared.resolver.resolve(parts)?;
     // A header key is checked before the body is read: a bad key costs nothing.
     let header_key = match &shared.key_source {
-        KeySource::Header(name) => Some(IdempotencyKey::from_header_values(
-            parts.headers.get_all(name).iter().map(HeaderValue::as_bytes),
+        KeySource::Header(name) => Some(
+            IdempotencyKey::from_header_values(parts.headers.get_all(name).iter().map(HeaderValue::as_bytes))
+                .map_err(|e| ProblemResponse::from(key_problem(&e))),
+        ),
+        KeySource::Repeatability => Some(crate::conventions::read_repeatable(
+            &parts.headers,
+            shared.engine.policy.replay_window,
+            std::time::SystemTime::now(),
         )),
         KeySource::JsonField(_) => None,
     };
-    if let Some(Err(e)) = &header_key {
-        return Err(key_problem(e).into());
-    }
+    let header_key = header_key.transpose()?;
     let bytes = read_body(body, shared.max_request_body).await?;
     if let Some(validate) = &shared.validator {
         // The route's own validation comes before the key is looked up: an invalid
@@ -260,9 +276,9 @@ async fn prepare(
         validate(parts, &bytes)?;
     }
     let key = match (header_key, &shared.key_source) {
-        (Some(Ok(k)), _) => k,
-        (_, KeySource::JsonField(pointer)) => key_from_json(&bytes, pointer)?,
-        _ => unreachable!("header keys were checked above"),
+        (Some(k), _) => k,
+        (None, KeySource::JsonField(pointer)) => key_from_json(&bytes, pointer)?,
+        (None, _) => unreachable!("header keys were read above"),
     };
     Ok(claim_request(
         shared,
@@ -463,6 +479,21 @@ where
 {
     let (parts, body) = response.into_parts();
     let policy = attempt.policy().clone();
+    if crate::conventions::is_streaming(&parts.headers) {
+        // A stream has no end to wait for: recording it would hold the answer
+        // until the cap, and replaying part of it would be a truncated replay.
+        // It is refused like an oversized answer (nothing committed in
+        // single-step mode; in lease mode the handler ran, so this failure is
+        // what every retry gets, never a second run). The stream is dropped
+        // unread.
+        drop(body);
+        let problem = ProblemResponse::new(
+            ErrorCode::StreamingUnsupported,
+            "the route answered with a stream (`text/event-stream`), which is never stored for replay; streaming answers belong on routes without idempotency keys",
+        );
+        let refused = attempt.unstorable(tx, problem.problem, true).await;
+        return (refused.outcome, refused_response(refused.refusal));
+    }
     let cap = policy.max_stored_body;
     let body = match Limited::new(body, cap).collect().await {
         Ok(c) => c.to_bytes(),

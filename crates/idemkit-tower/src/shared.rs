@@ -17,7 +17,23 @@ pub enum KeySource {
     Header(HeaderName),
     /// A string field of the JSON body, by JSON pointer (e.g. `/idempotencyKey`).
     JsonField(String),
+    /// OASIS Repeatable Requests 1.0: the key is the `Repeatability-Request-ID`
+    /// header, and `Repeatability-First-Sent` (an HTTP-date) is required and must
+    /// fall inside the replay window, else `412
+    /// repeatability_first_sent_out_of_window`. Every answer the layer gives
+    /// carries `Repeatability-Result: accepted` or `rejected`.
+    Repeatability,
 }
+
+/// The OASIS Repeatable Requests key header.
+pub const REPEATABILITY_REQUEST_ID: &str = "repeatability-request-id";
+/// The OASIS Repeatable Requests first-sent header (an HTTP-date, IMF-fixdate).
+pub const REPEATABILITY_FIRST_SENT: &str = "repeatability-first-sent";
+/// The OASIS Repeatable Requests result header on answers.
+pub const REPEATABILITY_RESULT: &str = "repeatability-result";
+/// How far in the future a `Repeatability-First-Sent` may be (the caller's
+/// clock may run ahead of ours) before it is outside the window.
+pub const REPEATABILITY_CLOCK_SKEW: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// What every request of a route shares: the engine and the HTTP adapter's
 /// settings.

@@ -71,6 +71,11 @@ pub(super) fn published(
     let key = match &op.key {
         Some(KeyLocation::Header(h)) => KeyPlacement::Header(h.clone()),
         Some(KeyLocation::Body(p)) => KeyPlacement::Field(p.clone()),
+        // The gates send `Repeatability-First-Sent` with every keyed request
+        // whose key header is `Repeatability-Request-ID`.
+        Some(KeyLocation::Repeatability) => {
+            KeyPlacement::Header(http::HeaderName::from_static("repeatability-request-id"))
+        }
         None => bail!("{source} publishes no key location for {method} {}", op.path),
     };
     let expected =

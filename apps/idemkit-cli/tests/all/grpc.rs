@@ -442,3 +442,182 @@ async fn courier_refusal_is_stored_and_an_outage_resumes() {
     );
     assert_eq!(shipments(&labels).await, 1);
 }
+
+/// The AIP-155 form: `CreateLabelWithRequestId` keyed by its `request_id`
+/// field (a UUID4, resolved by name from the descriptor set), sharing the key
+/// space and label creation of `CreateLabel`; retries numbered by gRFC A6
+/// `grpc-previous-rpc-attempts` are counted in `/metrics`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aip_155_request_ids_key_create_label_with_request_id() {
+    let labels = Labels::start();
+    let mut c = client(&labels.base).await;
+    let with_id = |id: &str| {
+        let base = create("unused");
+        proto::CreateLabelWithRequestIdRequest {
+            request_id: id.to_owned(),
+            courier: base.courier,
+            ship_from: base.ship_from,
+            ship_to: base.ship_to,
+            parcel: base.parcel,
+        }
+    };
+    let id = "7c9e6679-7425-40de-944b-e07fc1f90ae7";
+    let first = c
+        .create_label_with_request_id(call(with_id(id), TOKEN))
+        .await
+        .unwrap();
+    assert!(first.metadata().get("idempotent-replayed").is_none());
+    let first = first.into_inner();
+    assert_eq!(first.status, "created");
+    let mut retry = call(with_id(id), TOKEN);
+    retry
+        .metadata_mut()
+        .insert("grpc-previous-rpc-attempts", "1".parse().unwrap());
+    let again = c.create_label_with_request_id(retry).await.unwrap();
+    assert_eq!(again.metadata().get("idempotent-replayed").unwrap(), "true");
+    assert_eq!(
+        again.into_inner(),
+        first,
+        "the first answer, not the label's current state"
+    );
+    assert_eq!(shipments(&labels).await, 1);
+
+    let not_uuid = c
+        .create_label_with_request_id(call(with_id("label-order-4711"), TOKEN))
+        .await
+        .unwrap_err();
+    assert_eq!(not_uuid.code(), Code::InvalidArgument);
+    assert_eq!(reason(&not_uuid), "idempotency_key_invalid");
+    assert!(not_uuid.message().contains("UUID4"), "{}", not_uuid.message());
+    let not_v4 = c
+        .create_label_with_request_id(call(with_id("7c9e6679-7425-10de-944b-e07fc1f90ae7"), TOKEN))
+        .await
+        .unwrap_err();
+    assert_eq!(reason(&not_v4), "idempotency_key_invalid");
+    let none = c
+        .create_label_with_request_id(call(with_id(""), TOKEN))
+        .await
+        .unwrap_err();
+    assert_eq!(reason(&none), "idempotency_key_missing");
+    assert_eq!(shipments(&labels).await, 1);
+
+    let metrics = reqwest::get(format!("{}/metrics", labels.base))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let line = |bucket: &str| {
+        metrics
+            .lines()
+            .find(|l| {
+                l.starts_with("idemkit_grpc_call_attempts_total")
+                    && l.contains(&format!("previous_attempts=\"{bucket}\""))
+            })
+            .map(str::to_owned)
+    };
+    assert!(line("1").is_some_and(|l| l.ends_with(" 1")), "{metrics}");
+    assert!(line("0").is_some(), "{metrics}");
+}
+
+/// Forwards every call; the first call's answer is lost on the way back (the
+/// server ran it) and replaced by `UNAVAILABLE`, so the client retries.
+#[derive(Clone)]
+struct LoseFirstAnswer<S> {
+    inner: S,
+    calls: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl<S> tower::Service<http::Request<tonic::body::Body>> for LoseFirstAnswer<S>
+where
+    S: tower::Service<http::Request<tonic::body::Body>, Response = http::Response<tonic::body::Body>>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send,
+    S::Error: Send,
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = S::Error;
+    type Future = futures::future::BoxFuture<'static, Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<tonic::body::Body>) -> Self::Future {
+        let n = self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let fut = self.inner.call(req);
+        Box::pin(async move {
+            let res = fut.await?;
+            if n > 0 {
+                return Ok(res);
+            }
+            // Read the answer to its end (the server finished), then lose it.
+            let _ = http_body_util::BodyExt::collect(res.into_body()).await;
+            Ok(Status::unavailable("connection lost").into_http())
+        })
+    }
+}
+
+/// AIP-4235 / gRFC A6 through `idemkit-client`'s tonic layer: an empty
+/// `request_id` is filled with one UUID4 for the logical call and reused by the
+/// retry (the server replays instead of booking twice), and the retry carries
+/// `grpc-previous-rpc-attempts: 1`, which the server counts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_client_fills_the_request_id_once_and_numbers_its_retries() {
+    use idemkit_client::{GrpcRetryLayer, RetryConfig, RetryPolicy};
+    let labels = Labels::start();
+    let channel = Channel::from_shared(labels.base.clone())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let calls = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let service = tower::ServiceBuilder::new()
+        .layer(
+            GrpcRetryLayer::new(RetryPolicy::new(RetryConfig::new()).with_seed(3))
+                .with_request_id_field(proto::CREATE_LABEL_WITH_REQUEST_ID, 1),
+        )
+        .service(LoseFirstAnswer {
+            inner: channel,
+            calls: calls.clone(),
+        });
+    let mut c = LabelsClient::new(service);
+    let base = create("unused");
+    let message = proto::CreateLabelWithRequestIdRequest {
+        request_id: String::new(),
+        courier: base.courier,
+        ship_from: base.ship_from,
+        ship_to: base.ship_to,
+        parcel: base.parcel,
+    };
+    let res = c
+        .create_label_with_request_id(call(message, TOKEN))
+        .await
+        .unwrap();
+    assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 2, "one retry");
+    assert_eq!(
+        res.metadata()
+            .get("idempotent-replayed")
+            .map(|v| v.to_str().unwrap().to_owned()),
+        Some("true".into()),
+        "the retry reused the request id: the first run's answer is replayed"
+    );
+    assert_eq!(res.into_inner().status, "created");
+    assert_eq!(shipments(&labels).await, 1, "booked once");
+    let metrics = reqwest::get(format!("{}/metrics", labels.base))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("idemkit_grpc_call_attempts_total")
+                && l.contains("previous_attempts=\"1\"")
+                && l.ends_with(" 1")),
+        "{metrics}"
+    );
+}

@@ -291,19 +291,28 @@ async fn a_3_mb_document_is_fast() {
     assert!(took < std::time::Duration::from_secs(10), "{took:?}");
 }
 
-/// The labels service's own OpenAPI (over HTTP) passes: nothing missing, its one
-/// write keyed in the body where `x-idempotency` says, with no notes.
+/// The labels service's own OpenAPI (over HTTP) passes: nothing missing, its two
+/// writes keyed where `x-idempotency` says (the body; OASIS Repeatable Requests
+/// headers), with no notes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_labels_openapi_passes_the_lint() {
     let labels = crate::labels::Labels::start();
     let run = lint(&format!("{}/openapi.json", labels.base), &[]).await;
     assert_eq!(run.code, 0, "{run:#?}");
-    assert_eq!(summary(&run), counts(1, 0, 0, 0, 0));
+    assert_eq!(summary(&run), counts(2, 0, 0, 0, 0));
     assert_eq!(
         verdicts(&run)["POST /labels"],
         ("keyed".into(), json!({"in": "body", "name": "/idempotencyKey"}))
     );
     assert!(notes(&run, "POST /labels").is_empty(), "{run:#?}");
+    assert_eq!(
+        verdicts(&run)["POST /repeatable/labels"],
+        (
+            "keyed".into(),
+            json!({"in": "header", "name": "Repeatability-Request-ID"})
+        )
+    );
+    assert!(notes(&run, "POST /repeatable/labels").is_empty(), "{run:#?}");
 
     // The policy document next to the contract holds the same x-idempotency.
     let openapi: Value = reqwest::get(format!("{}/openapi.json", labels.base))

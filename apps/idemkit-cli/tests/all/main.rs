@@ -22,6 +22,7 @@ mod proxy;
 mod proxy_docs;
 mod quickstart;
 mod readme;
+mod repeatable;
 
 /// The Redis Cluster harness of idemkit-redis's tests (std only).
 #[path = "../../../../crates/idemkit-redis/tests/all/harness.rs"]

@@ -123,6 +123,24 @@ fn to_message(label: &Label) -> proto::Label {
 
 #[tonic::async_trait]
 impl<S: LabelsDb> proto::labels_server::Labels for LabelsGrpc<S> {
+    async fn create_label_with_request_id(
+        &self,
+        request: Request<proto::CreateLabelWithRequestIdRequest>,
+    ) -> Result<Response<proto::Label>, Status> {
+        // The same label creation: the request id is the key (the layer read
+        // it, or the metadata key when the field is empty).
+        let (metadata, extensions, m) = request.into_parts();
+        let message = proto::CreateLabelRequest {
+            idempotency_key: m.request_id,
+            courier: m.courier,
+            ship_from: m.ship_from,
+            ship_to: m.ship_to,
+            parcel: m.parcel,
+        };
+        self.create_label(Request::from_parts(metadata, extensions, message))
+            .await
+    }
+
     async fn create_label(
         &self,
         request: Request<proto::CreateLabelRequest>,

@@ -181,6 +181,81 @@ fn idempotency(
         .build()?)
 }
 
+/// The layer of `POST /repeatable/labels`: the same store, resolver and limits
+/// as `POST /labels`, speaking OASIS Repeatable Requests (`key =
+/// "repeatability"` in `idemkit.toml`).
+fn repeatable_idempotency(
+    store: Arc<dyn idemkit_core::KeyStore>,
+    tokens: Tokens,
+    config: &idemkit_tower::config::IdemkitConfig,
+) -> anyhow::Result<Option<IdempotencyLayer>> {
+    let Some(route) = config.route("POST", REPEATABLE_PATH) else {
+        return Ok(None);
+    };
+    Ok(Some(
+        route
+            .configure(IdempotencyLayer::builder(store))?
+            .resolver(tokens)
+            .validate_body(|_, body| validate_repeatable(body))
+            .max_request_body(64 * 1024)
+            .build()?,
+    ))
+}
+
+/// The path of the OASIS Repeatable Requests form of label creation.
+pub const REPEATABLE_PATH: &str = "/repeatable/labels";
+
+/// `POST /repeatable/labels` bodies are labels without `idempotencyKey` (the key
+/// travels in `Repeatability-Request-ID`); one that carries it is refused, so
+/// no request is ever read with two keys.
+fn validate_repeatable(body: &[u8]) -> Result<(), ProblemResponse> {
+    let Ok(serde_json::Value::Object(mut fields)) = serde_json::from_slice::<serde_json::Value>(body) else {
+        return CreateLabel::parse(body).map(|_| ());
+    };
+    if fields.contains_key(KEY_FIELD) {
+        return Err(ProblemResponse::new(
+            ErrorCode::ValidationFailed,
+            format!(
+                "this route reads its key from `Repeatability-Request-ID`; remove `{KEY_FIELD}` from the body"
+            ),
+        ));
+    }
+    fields.insert(KEY_FIELD.into(), "validation".into());
+    CreateLabel::parse(&serde_json::to_vec(&fields).unwrap_or_default()).map(|_| ())
+}
+
+/// Between the repeatability layer and the create handler: the label body gets
+/// its key from the claim (`Repeatability-Request-ID`), so the handler is the
+/// one `POST /labels` runs. The fingerprint was taken from the body as sent.
+async fn key_from_claim(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let (parts, body) = req.into_parts();
+    let key = parts
+        .extensions
+        .get::<idemkit_tower::IdempotencyContext>()
+        .map(|ctx| ctx.scope.key.as_str().to_owned());
+    let bytes = match axum::body::to_bytes(body, 64 * 1024).await {
+        Ok(b) => b,
+        Err(_) => {
+            return ProblemResponse::new(ErrorCode::PayloadTooLarge, "the request body is too large")
+                .into_response();
+        }
+    };
+    let bytes = match (key, serde_json::from_slice::<serde_json::Value>(&bytes)) {
+        (Some(key), Ok(serde_json::Value::Object(fields))) => {
+            let mut with_key = serde_json::Map::new();
+            with_key.insert(KEY_FIELD.into(), key.into());
+            with_key.extend(fields);
+            serde_json::to_vec(&with_key).map_or(bytes, bytes::Bytes::from)
+        }
+        _ => bytes,
+    };
+    next.run(axum::extract::Request::from_parts(
+        parts,
+        axum::body::Body::from(bytes),
+    ))
+    .await
+}
+
 /// The route's validation, run by the layer before it looks the key up: the key
 /// field first (missing or `null` is `idempotency_key_missing`, anything but a
 /// valid key string `idempotency_key_invalid`), then the rest of the label. A body
@@ -337,7 +412,12 @@ fn grpc_routes<S: db::LabelsDb>(
     let layer = idemkit_tonic::IdempotencyLayer::builder(app.keys.clone())
         .policy(route.policy())
         .resolver(app.tokens.clone())
+        .file_descriptor_set(crate::proto::FILE_DESCRIPTOR_SET)
         .unary_with_key_field(crate::proto::CREATE_LABEL, crate::proto::KEY_FIELD_NUMBER)
+        .unary_with_request_id(
+            crate::proto::CREATE_LABEL_WITH_REQUEST_ID,
+            crate::proto::REQUEST_ID_FIELD,
+        )
         .max_request_message(64 * 1024)
         .build()?;
     let labels = layer
@@ -448,6 +528,7 @@ async fn mount<S: db::LabelsDb>(
     let in_rows = separate_keys.is_none();
     let keys = separate_keys.unwrap_or_else(|| store.clone() as Arc<dyn idemkit_core::KeyStore>);
     let layer = idempotency(keys.clone(), parts.tokens.clone(), &parts.idem)?;
+    let repeatable = repeatable_idempotency(keys.clone(), parts.tokens.clone(), &parts.idem)?;
     let app = App {
         store,
         keys: keys.clone(),
@@ -466,7 +547,17 @@ async fn mount<S: db::LabelsDb>(
     } else {
         None
     };
-    let mut router = Router::new()
+    let mut router = Router::new();
+    if let Some(repeatable) = repeatable {
+        router = router.route(
+            REPEATABLE_PATH,
+            create
+                .clone()
+                .layer(axum::middleware::from_fn(key_from_claim))
+                .route_layer(repeatable),
+        );
+    }
+    let mut router = router
         // `route_layer`: only POST runs under the layer; other methods get
         // their 405 without it (no key, deadline or account checks first).
         .route("/labels", create.route_layer(layer))

@@ -74,6 +74,43 @@ struct Problem {
 )]
 fn create_label() {}
 
+/// Create a label, speaking OASIS Repeatable Requests 1.0.
+///
+/// The same label creation as `POST /labels`, for clients that speak the OASIS
+/// Repeatable Requests headers (as Azure APIs do): the key is the
+/// `Repeatability-Request-ID` header and the body carries no `idempotencyKey`.
+/// `Repeatability-First-Sent` (the HTTP-date of the first attempt, the same on
+/// every retry) is required; one older than the replay window (24 h) or more
+/// than 60 s ahead is `412 repeatability_first_sent_out_of_window` and nothing
+/// runs. Answers carry `Repeatability-Result: accepted` (created, or replayed
+/// with `Idempotent-Replayed: true` and `200`) or `rejected` (refused because of
+/// the repeatability headers: missing or malformed `400`, reused with another
+/// body or still in progress `409`, out of window `412`).
+#[utoipa::path(
+    post,
+    path = "/repeatable/labels",
+    request_body(content = CreateLabel, description = "A label without `idempotencyKey`."),
+    params(
+        ("Repeatability-Request-ID" = String, Header, description = "The key: 1–255 visible ASCII characters (a UUID), the same on every retry."),
+        ("Repeatability-First-Sent" = String, Header, description = "HTTP-date (IMF-fixdate) of the first attempt, the same on every retry."),
+    ),
+    security(("bearer" = [])),
+    responses(
+        (status = 201, description = "Label created", body = Label,
+            headers(("Repeatability-Result" = String, description = "`accepted`"))),
+        (status = 200, description = "Replay of the label created earlier with this request id", body = Label,
+            headers(("Idempotent-Replayed" = String, description = "`true` on replays"), ("Repeatability-Result" = String, description = "`accepted`"))),
+        (status = 400, description = "Validation failed, or a repeatability header is missing or invalid", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "No or unknown bearer token", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Request id reused with a different body, or in progress", body = Problem, content_type = "application/problem+json"),
+        (status = 412, description = "`repeatability_first_sent_out_of_window`", body = Problem, content_type = "application/problem+json",
+            headers(("Repeatability-Result" = String, description = "`rejected`"))),
+        (status = 502, description = "The courier failed (`error.retryable` says whether to retry with the same request id)", body = Label),
+        (status = 503, description = "Key store unavailable; retry with the same request id", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+fn create_label_repeatable() {}
+
 /// Get a label of your account.
 #[utoipa::path(
     get,
@@ -118,7 +155,7 @@ impl Modify for Bearer {
 #[derive(OpenApi)]
 #[openapi(
     info(title = "idemkit labels", description = "Shipping labels: effectively once within the key scope and replay window (24 h)."),
-    paths(create_label, get_label, get_tracking),
+    paths(create_label, create_label_repeatable, get_label, get_tracking),
     components(schemas(CreateLabel, Label, LabelError, Address, Parcel, CourierName, Tracking, TrackingEvent, Problem)),
     modifiers(&Bearer)
 )]

@@ -16,6 +16,15 @@ impl RetryPolicy {
         let idempotent = is_idempotent(method);
         let auto_key = (!has_key && gets_auto_key(method) && config.auto_key == AutoKey::Generate)
             .then(IdempotencyKey::random);
+        // One first-sent time per logical call, the same on every attempt
+        // (OASIS Repeatable Requests): the server judges the whole chain by it.
+        let first_sent = (config.repeatability
+            && (has_key || auto_key.is_some())
+            && !headers.contains_key(REPEATABILITY_FIRST_SENT))
+        .then(|| {
+            HeaderValue::from_str(&httpdate::fmt_http_date(std::time::SystemTime::now()))
+                .expect("an HTTP-date is a valid header value")
+        });
         let rng = match &self.inner.seeder {
             Some(seeder) => StdRng::from_rng(&mut *seeder.lock().unwrap_or_else(|p| p.into_inner())),
             None => StdRng::from_rng(&mut rand::rng()),
@@ -26,6 +35,7 @@ impl RetryPolicy {
             protected: has_key || idempotent || auto_key.is_some(),
             replayable,
             auto_key,
+            first_sent,
             attempts: 0,
             attempt_started: None,
             last_attempt: Duration::ZERO,
@@ -78,6 +88,9 @@ pub struct Call {
     protected: bool,
     replayable: bool,
     auto_key: Option<IdempotencyKey>,
+    /// `Repeatability-First-Sent` of every attempt, when the client speaks OASIS
+    /// Repeatable Requests.
+    first_sent: Option<HeaderValue>,
     attempts: u32,
     attempt_started: Option<Duration>,
     last_attempt: Duration,
@@ -183,6 +196,7 @@ impl Call {
                 .auto_key
                 .as_ref()
                 .map(|k| (config.key_header(), k.header_value())),
+            first_sent: self.first_sent.clone(),
             attempt_header: config.attempt_header,
             timeout_header: config.timeout_header,
         }
@@ -423,6 +437,7 @@ pub struct AttemptPlan {
     timeout: Duration,
     remaining: Option<Duration>,
     key: Option<(HeaderName, HeaderValue)>,
+    first_sent: Option<HeaderValue>,
     attempt_header: bool,
     timeout_header: bool,
 }
@@ -470,6 +485,11 @@ impl AttemptPlan {
             && !headers.contains_key(name)
         {
             headers.insert(name.clone(), value.clone());
+        }
+        if let Some(first_sent) = &self.first_sent
+            && !headers.contains_key(REPEATABILITY_FIRST_SENT)
+        {
+            headers.insert(REPEATABILITY_FIRST_SENT, first_sent.clone());
         }
         if self.attempt_header {
             headers.insert(ATTEMPT_HEADER, HeaderValue::from(self.number));

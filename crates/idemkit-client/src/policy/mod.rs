@@ -21,6 +21,11 @@ use crate::backoff::{Backoff, Jitter};
 use crate::budget::{Budget, TokenBucket, Withdrawal};
 use crate::classify::{Classifier, FatalReason, Outcome, RetryKind, Verdict};
 use crate::key::{AutoKey, IDEMPOTENCY_KEY_STR, IdempotencyKey};
+
+/// The OASIS Repeatable Requests key header.
+pub const REPEATABILITY_REQUEST_ID: &str = "repeatability-request-id";
+/// The OASIS Repeatable Requests first-sent header (an HTTP-date).
+pub const REPEATABILITY_FIRST_SENT: &str = "repeatability-first-sent";
 use crate::timeout::AdaptiveTimeout;
 use crate::timeout::{AttemptTimeout, LatencyWindow};
 
@@ -149,6 +154,7 @@ pub struct RetryConfig {
     classifier: Classifier,
     auto_key: AutoKey,
     key_header: &'static str,
+    repeatability: bool,
     attempt_header: bool,
     timeout_header: bool,
     name: &'static str,
@@ -182,6 +188,7 @@ impl RetryConfig {
             classifier: Classifier::new(),
             auto_key: AutoKey::Generate,
             key_header: IDEMPOTENCY_KEY_STR,
+            repeatability: false,
             attempt_header: false,
             timeout_header: false,
             name: Self::DEFAULT_NAME,
@@ -281,6 +288,25 @@ impl RetryConfig {
     pub const fn with_auto_key(mut self, auto_key: AutoKey) -> Self {
         self.auto_key = auto_key;
         self
+    }
+
+    /// Speaks OASIS Repeatable Requests 1.0 (what a server publishes with
+    /// `key.convention = "oasis-repeatable-requests-1.0"`): the automatic key goes
+    /// in `Repeatability-Request-ID`, and every attempt of one logical call carries
+    /// the same `Repeatability-First-Sent`, the HTTP-date the call started (a
+    /// caller-set one is kept).
+    #[must_use]
+    pub const fn with_repeatability(mut self) -> Self {
+        self.key_header = REPEATABILITY_REQUEST_ID;
+        self.repeatability = true;
+        self
+    }
+
+    /// Whether the client speaks OASIS Repeatable Requests (see
+    /// [`with_repeatability`](Self::with_repeatability)).
+    #[must_use]
+    pub const fn repeatability(&self) -> bool {
+        self.repeatability
     }
 
     /// The header carrying the key (default `idempotency-key`), as a lowercase header

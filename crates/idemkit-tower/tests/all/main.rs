@@ -172,6 +172,7 @@ fn _tx_store_is_usable(s: Arc<SqliteStore>) -> Arc<dyn KeyStore> {
 }
 
 mod answers;
+mod conventions;
 mod crash;
 mod deadlines;
 mod hardening;
