@@ -79,7 +79,7 @@ async fn start_labels(keys: Keys, courier_url: String) -> Option<Labels> {
         lease: Duration::from_millis(400),
         tokens: LabelsConfig::demo_tokens(),
         courier_deadline: Duration::from_secs(2),
-        idempotency: idemkit_labels::docs::default_config(),
+        idempotency: idemkit_labels::contract::default_config(),
         pg_schema: None,
     };
     let service = build(config).await.expect("build the labels service");
