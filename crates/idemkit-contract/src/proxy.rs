@@ -199,7 +199,7 @@ fn proxy_routes_table(w: &mut String, proxy: &ProxyContract, routes: &[KeyedRout
         let replay = p.replay_status.map_or("the stored status".to_owned(), |s| {
             format!("{s} for a stored 2xx")
         });
-        let chain = p.longest_retry_chain.map_or("—".to_owned(), human);
+        let chain = p.longest_retry_chain.map_or("—".to_owned(), human_duration);
         let mut five = match (p.on_server_error, proxy.upstream_honours_keys) {
             (ServerErrorPolicy::Replay, _) => "stored and replayed".to_owned(),
             (_, true) => {
@@ -215,7 +215,7 @@ fn proxy_routes_table(w: &mut String, proxy: &ProxyContract, routes: &[KeyedRout
             ));
         }
         let in_flight = match p.in_flight {
-            InFlightBehavior::Wait(t) => format!("waits up to {}, then replays or 409", human(t)),
+            InFlightBehavior::Wait(t) => format!("waits up to {}, then replays or 409", human_duration(t)),
             _ => "409 `idempotency_request_in_progress` with `Retry-After`".to_owned(),
         };
         let _ = writeln!(
