@@ -169,7 +169,7 @@ pub fn human_duration(d: Duration) -> String {
 /// schedule (a [`Contract`] with nothing service-specific).
 pub fn render(config: &IdemkitConfig, client: &RetryConfig, format: Format) -> String {
     Contract::new(config.clone())
-        .with_client(client.clone())
+        .with_client(*client)
         .render(format)
 }
 
