@@ -35,8 +35,8 @@ use axum::extract::State;
 use axum::response::IntoResponse;
 use axum::routing::post;
 use http::StatusCode;
-use idemkit_cli::proxy::{ProxyArgs, SqliteSync, router};
 use idemkit_core::{ClaimOutcome, KeyStore, StoredResponse};
+use idemkit_proxy::{ProxyOptions, SqliteSync, router};
 use idemkit_sqlite::SqliteStore;
 
 const ROUNDS: usize = 3;
@@ -218,7 +218,7 @@ async fn proxy(
     sqlite_synchronous: SqliteSync,
     config: Option<std::path::PathBuf>,
 ) -> (String, Arc<dyn KeyStore>) {
-    let mut args = ProxyArgs::new(upstream, &database_url, &format!("bench-{}", std::process::id()));
+    let mut args = ProxyOptions::new(upstream, &database_url, &format!("bench-{}", std::process::id()));
     args.config = config;
     args.sqlite_synchronous = sqlite_synchronous;
     let store = idemkit::open_store(&args.database_url, &args.open_options())

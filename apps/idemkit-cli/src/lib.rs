@@ -158,7 +158,7 @@ fn run_docs(args: DocsCommand) -> anyhow::Result<ExitCode> {
     let lease = args.lease_ms.map(std::time::Duration::from_millis);
     let config = match &args.docs.config {
         Some(path) => {
-            let mut config = proxy::ProxyConfig::from_toml(
+            let mut config = idemkit_proxy::ProxyConfig::from_toml(
                 &std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?,
             )?;
             // As the proxy applies `--lease-ms`.

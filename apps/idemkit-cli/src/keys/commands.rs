@@ -169,7 +169,7 @@ pub(super) async fn show(
 /// record an intent and no result, and an `idemkit proxy` record's forward
 /// (its recovery point is the intent).
 pub(super) fn pending_intents(r: &Record) -> Vec<String> {
-    let forwarded = (r.recovery_point.as_deref() == Some(crate::proxy::FORWARDED))
+    let forwarded = (r.recovery_point.as_deref() == Some(idemkit_proxy::FORWARDED))
         .then(|| "the upstream (forwarded by idemkit proxy)".to_owned());
     r.step_outputs
         .iter()

@@ -11,7 +11,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
-use idemkit_cli::proxy::{ProxyArgs, SqliteSync, router};
+use idemkit_proxy::{ProxyOptions, SqliteSync, router};
 use serde_json::Value;
 
 mod processes;
@@ -190,7 +190,7 @@ async fn setup_timed(
         std::fs::write(&path, toml).unwrap();
         path
     });
-    let mut args = ProxyArgs::new(&upstream, &format!("sqlite://{}", db.display()), "test-secret");
+    let mut args = ProxyOptions::new(&upstream, &format!("sqlite://{}", db.display()), "test-secret");
     args.config = config;
     args.upstream_honours_keys = honours_keys;
     args.upstream_timeout_ms = upstream_timeout_ms;
@@ -601,7 +601,7 @@ async fn idemkit_check_passes_every_gate_through_the_proxy_and_fails_without_it(
     );
     let db = std::env::temp_dir().join(format!("idemkit-proxy-check-{}.db", std::process::id()));
     let _ = std::fs::remove_file(&db);
-    let mut args = ProxyArgs::new(&upstream, &format!("sqlite://{}", db.display()), "test-secret");
+    let mut args = ProxyOptions::new(&upstream, &format!("sqlite://{}", db.display()), "test-secret");
     args.upstream_timeout_ms = 10_000;
     let app = router(args).await.unwrap();
     let proxy = serve(app).await;

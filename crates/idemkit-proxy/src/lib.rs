@@ -1,5 +1,28 @@
-//! `idemkit proxy`: the idempotency contract in front of an existing HTTP API
-//! (issue 18), built on the protocol-neutral engine (`idemkit_tower::engine`).
+//! # idemkit-proxy
+//!
+//! The idempotency contract in front of an existing HTTP API, as a library: the
+//! request path of `idemkit proxy`, built on the protocol-neutral engine
+//! (`idemkit_tower::engine`). [`router`] gives an axum [`Router`] that keys the
+//! writes and forwards everything to the upstream; [`serve`] runs it on a
+//! listener with connection limits and a graceful stop.
+//!
+//! ```no_run
+//! use idemkit_proxy::{ProxyOptions, router};
+//!
+//! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+//! // Every POST, PUT, PATCH and DELETE to the upstream is keyed by its
+//! // `Idempotency-Key`, scoped to the caller's `Authorization` header.
+//! let options = ProxyOptions::new(
+//!     "http://127.0.0.1:3000",
+//!     "sqlite://idemkit-proxy.db",
+//!     "a secret shared by every proxy on this store",
+//! );
+//! let app = router(options).await?;
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await?;
+//! axum::serve(listener, app).await?;
+//! # Ok(())
+//! # }
+//! ```
 //!
 //! What it does and what it cannot do is written down in `docs/proxy.md`. In
 //! short:
@@ -23,14 +46,17 @@
 //!   timed out, after forwarding) is re-sent with the same key only when the
 //!   upstream is declared key-honouring (`--upstream-honours-keys`); otherwise it
 //!   is parked (`409 idempotency_request_parked`) and never forwarded twice.
+//!
+//! ## Features
+#![doc = document_features::document_features!()]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context;
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
@@ -53,19 +79,21 @@ use idemkit_tower::{
     ProblemResponse, STORED_REQUEST_HEADERS, replay_response, stored_request_headers, stored_response,
 };
 use sha2::Sha256;
+use tokio::net::TcpListener;
 
 mod answers;
-mod args;
 mod config;
 mod execute;
 mod listen;
+mod options;
 mod paths;
 
 use answers::{bad_gateway, key_outcome, problem, refusal_response};
 use tracing::Instrument;
 
-pub use args::{ProxyArgs, SqliteSync};
 pub use config::{ProxyConfig, route_name};
+pub use listen::shutdown_signal;
+pub use options::*;
 
 /// The recovery point recorded just before a request is forwarded: the upstream
 /// may have executed it. A record found here without an answer is re-sent only
@@ -161,63 +189,129 @@ struct Proxy {
     body_budget: Arc<tokio::sync::Semaphore>,
 }
 
-/// Runs the proxy until SIGTERM or SIGINT; then it stops accepting, lets the
-/// requests in flight finish and store (bounded by the upstream timeout and
-/// its grace), and exits.
-pub fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
-    crate::install_crash_point();
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    runtime.block_on(async move {
-        crate::install_metrics()?;
-        let listener = tokio::net::TcpListener::bind(args.listen)
-            .await
-            .with_context(|| format!("binding {}", args.listen))?;
-        let metrics = match args.metrics_listen {
-            Some(addr) => Some(
-                tokio::net::TcpListener::bind(addr)
-                    .await
-                    .with_context(|| format!("binding --metrics-listen {addr}"))?,
-            ),
-            None => None,
-        };
+/// Why the proxy could not be built ([`router`], [`ProxyServer::new`]).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ProxyError {
+    /// An option or the configuration is invalid (the message names which, and
+    /// why).
+    #[error("{0}")]
+    Invalid(String),
+    /// The key store did not open. Its URL's password, and every occurrence of
+    /// it in the store's message, is replaced by `***`.
+    #[error("opening the key store {url}: {message}")]
+    Store {
+        /// The store's URL, its password redacted ([`redact_url`]).
+        url: String,
+        /// What the store said, redacted.
+        message: String,
+    },
+}
+
+impl ProxyError {
+    /// An [`Invalid`](Self::Invalid) error: `context`, then `error` and its
+    /// sources, joined by `: `.
+    fn invalid(context: impl std::fmt::Display, error: &(dyn std::error::Error + 'static)) -> Self {
+        Self::Invalid(format!("{context}: {}", error_chain(error)))
+    }
+}
+
+/// An error and its sources, joined by `: ` (as `anyhow` prints `{:#}`).
+pub(crate) fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = error.to_string();
+    let mut source = error.source();
+    while let Some(e) = source {
+        out.push_str(": ");
+        out.push_str(&e.to_string());
+        source = e.source();
+    }
+    out
+}
+
+/// A proxy built from its [`ProxyOptions`]: its store open and its reaper
+/// running, ready to [`serve`](Self::serve) or to hand out its
+/// [`router`](Self::router).
+pub struct ProxyServer {
+    router: Router,
+    proxy: Arc<Proxy>,
+    limits: listen::Limits,
+}
+
+impl std::fmt::Debug for ProxyServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProxyServer")
+            .field("upstream", &self.proxy.upstream)
+            .field("limits", &self.limits)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ProxyServer {
+    /// Checks `options`, reads the configuration, opens the key store and
+    /// starts the reaper on the current runtime.
+    pub async fn new(options: ProxyOptions) -> Result<Self, ProxyError> {
         let limits = listen::Limits {
-            header_read_timeout: Duration::from_millis(args.header_read_timeout_ms),
-            max_connections: args.max_connections,
-            shutdown_grace: Duration::from_millis(args.upstream_timeout_ms)
-                + Duration::from_millis(if args.upstream_honours_keys {
-                    args.timeout_grace_ms
+            header_read_timeout: Duration::from_millis(options.header_read_timeout_ms),
+            max_connections: options.max_connections,
+            shutdown_grace: Duration::from_millis(options.upstream_timeout_ms)
+                + Duration::from_millis(if options.upstream_honours_keys {
+                    options.timeout_grace_ms
                 } else {
                     0
                 })
                 + STORE_MARGIN,
         };
-        let (app, proxy) = build(args).await?;
-        println!("idemkit proxy listening on http://{}", listener.local_addr()?);
-        if let Some(m) = metrics {
-            println!("idemkit proxy metrics on http://{}", m.local_addr()?);
-            let app = Router::new()
-                .route(METRICS_PATH, get(idemkit_labels::service::metrics_endpoint))
-                .route("/metrics", get(idemkit_labels::service::metrics_endpoint));
-            tokio::spawn(async move { axum::serve(m, app).await });
-        }
-        {
-            use std::io::Write;
-            let _ = std::io::stdout().flush();
-        }
-        listen::serve(listener, app, limits, proxy.tasks.clone(), listen::stop_signal()).await;
-        Ok::<_, anyhow::Error>(())
-    })?;
-    Ok(ExitCode::SUCCESS)
+        let (router, proxy) = build(options).await?;
+        Ok(Self {
+            router,
+            proxy,
+            limits,
+        })
+    }
+
+    /// The proxy's router (see [`router`]), to serve by other means than
+    /// [`serve`](Self::serve) (without its connection limits and graceful stop).
+    pub fn router(&self) -> Router {
+        self.router.clone()
+    }
+
+    /// Serves the proxy on `listener` until `shutdown` resolves; then it stops
+    /// accepting, lets the requests in flight finish and store (bounded by the
+    /// upstream timeout, its grace with a key-honouring upstream, and a margin
+    /// for the store), and returns. Each connection has the options'
+    /// header-read timeout; at most `max_connections` are served at once.
+    pub async fn serve(self, listener: TcpListener, shutdown: impl Future<Output = ()>) {
+        listen::serve(
+            listener,
+            self.router,
+            self.limits,
+            self.proxy.tasks.clone(),
+            shutdown,
+        )
+        .await;
+    }
+}
+
+/// Builds the proxy from `options` and serves it on `listener` until
+/// `shutdown` resolves ([`ProxyServer::serve`]; e.g. [`shutdown_signal`]).
+pub async fn serve(
+    listener: TcpListener,
+    options: ProxyOptions,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), ProxyError> {
+    ProxyServer::new(options).await?.serve(listener, shutdown).await;
+    Ok(())
 }
 
 /// What a stop allows on top of the upstream's time: the store writes after it.
 const STORE_MARGIN: Duration = Duration::from_secs(5);
 
-/// The proxy's router: `/_idemkit/live`, `/_idemkit/ready` and (without
-/// `--metrics-listen`) `/_idemkit/metrics` for the proxy itself, everything
-/// else to the upstream. Also starts the reaper on the current runtime.
-pub async fn router(args: ProxyArgs) -> anyhow::Result<Router> {
-    Ok(build(args).await?.0)
+/// The proxy's router: `/_idemkit/live`, `/_idemkit/ready` and (with
+/// [`ProxyOptions::metrics`]) `/_idemkit/metrics` for the proxy itself, every
+/// other `/_idemkit/` path `404`, everything else to the upstream. Also starts
+/// the reaper on the current runtime.
+pub async fn router(options: ProxyOptions) -> Result<Router, ProxyError> {
+    Ok(build(options).await?.0)
 }
 
 /// The password of a URL's user information replaced by `***`, for messages.
@@ -242,25 +336,31 @@ pub fn redact_url(url: &str) -> String {
     format!("{}{user}{}", &url[..scheme_end + 3], &rest[at..])
 }
 
-async fn build(args: ProxyArgs) -> anyhow::Result<(Router, Arc<Proxy>)> {
-    anyhow::ensure!(!args.scope_secret.is_empty(), "--scope-secret must not be empty");
+async fn build(args: ProxyOptions) -> Result<(Router, Arc<Proxy>), ProxyError> {
+    if args.scope_secret.is_empty() {
+        return Err(ProxyError::Invalid("--scope-secret must not be empty".to_owned()));
+    }
     let upstream = args.upstream.trim_end_matches('/').to_owned();
     let parsed: Uri = upstream
         .parse()
-        .with_context(|| format!("--upstream {upstream}"))?;
-    anyhow::ensure!(
-        parsed.scheme_str() == Some("http") && parsed.authority().is_some(),
-        "--upstream must be an http://host:port URL"
-    );
+        .map_err(|e| ProxyError::invalid(format!("--upstream {upstream}"), &e))?;
+    if !(parsed.scheme_str() == Some("http") && parsed.authority().is_some()) {
+        return Err(ProxyError::Invalid(
+            "--upstream must be an http://host:port URL".to_owned(),
+        ));
+    }
     // Read before the store is opened: a bad file is reported as itself.
     let config = match &args.config {
         Some(path) => {
-            let mut config = ProxyConfig::from_toml(
-                &std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?,
-            )
-            .with_context(|| format!("--config {}", path.display()))?;
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| ProxyError::invalid(format!("reading {}", path.display()), &e))?;
+            let mut config = ProxyConfig::from_toml(&text)
+                .map_err(|e| ProxyError::Invalid(format!("--config {}: {e}", path.display())))?;
             if let Some(ms) = args.lease_ms {
-                config.idemkit = config.idemkit.with_lease(Duration::from_millis(ms))?;
+                config.idemkit = config
+                    .idemkit
+                    .with_lease(Duration::from_millis(ms))
+                    .map_err(|e| ProxyError::Invalid(error_chain(&e)))?;
             }
             Some(config)
         }
@@ -270,11 +370,10 @@ async fn build(args: ProxyArgs) -> anyhow::Result<(Router, Arc<Proxy>)> {
     // store's own message (a driver may quote its connection string).
     let opened = idemkit::open_store(&args.database_url, &args.open_options())
         .await
-        .map_err(|e| {
-            let msg = redact_all(&e.to_string(), &args.database_url);
-            anyhow::anyhow!("{msg}")
-        })
-        .with_context(|| format!("opening the key store {}", redact_url(&args.database_url)))?;
+        .map_err(|e| ProxyError::Store {
+            url: redact_url(&args.database_url),
+            message: redact_all(&e.to_string(), &args.database_url),
+        })?;
     let store = opened.key_store();
     let mut reap = Policy::new();
     let routes = match &config {
@@ -285,7 +384,7 @@ async fn build(args: ProxyArgs) -> anyhow::Result<(Router, Arc<Proxy>)> {
                 .with_replay_window(config.idemkit.defaults.replay_window);
             for r in config.idemkit.routes.iter().filter(|r| r.retry_safe) {
                 let method = Method::from_bytes(r.method.to_ascii_uppercase().as_bytes())
-                    .with_context(|| format!("route method {}", r.method))?;
+                    .map_err(|e| ProxyError::invalid(format!("route method {}", r.method), &e))?;
                 // Safe methods (RFC 9110 §9.2.1) always pass through.
                 if method.is_safe() {
                     tracing::warn!(
@@ -300,7 +399,7 @@ async fn build(args: ProxyArgs) -> anyhow::Result<(Router, Arc<Proxy>)> {
                     Some(pointer) => KeySource::JsonField(pointer.clone()),
                     None => KeySource::Header(
                         HeaderName::from_bytes(r.key_header().as_bytes())
-                            .with_context(|| format!("key header {}", r.key_header()))?,
+                            .map_err(|e| ProxyError::invalid(format!("key header {}", r.key_header()), &e))?,
                     ),
                 };
                 let mut policy = r.policy();
@@ -314,7 +413,7 @@ async fn build(args: ProxyArgs) -> anyhow::Result<(Router, Arc<Proxy>)> {
                     method,
                     path: Some(template),
                     engine: Engine::lease(store.clone(), policy)
-                        .with_context(|| format!("route {} {}", r.method, r.path))?,
+                        .map_err(|e| ProxyError::invalid(format!("route {} {}", r.method, r.path), &e))?,
                     key,
                     not_executed: config.not_executed(&r.method, &r.path).to_vec(),
                 });
@@ -326,7 +425,8 @@ async fn build(args: ProxyArgs) -> anyhow::Result<(Router, Arc<Proxy>)> {
             if let Some(ms) = args.lease_ms {
                 policy = policy.with_lease(Duration::from_millis(ms));
             }
-            let engine = Engine::lease(store.clone(), policy)?;
+            let engine =
+                Engine::lease(store.clone(), policy).map_err(|e| ProxyError::Invalid(error_chain(&e)))?;
             [Method::POST, Method::PUT, Method::PATCH, Method::DELETE]
                 .into_iter()
                 .map(|method| Route {
@@ -345,7 +445,8 @@ async fn build(args: ProxyArgs) -> anyhow::Result<(Router, Arc<Proxy>)> {
         store.clone(),
         reap.reap_threshold.max(reap.replay_window),
         reap.replay_window,
-    )?
+    )
+    .map_err(|e| ProxyError::Invalid(error_chain(&e)))?
     .spawn(Duration::from_millis(args.reap_interval_ms.max(1)));
     let proxy = Arc::new(Proxy {
         routes,
@@ -374,7 +475,7 @@ async fn build(args: ProxyArgs) -> anyhow::Result<(Router, Arc<Proxy>)> {
         },
         upstream,
         account_header: HeaderName::from_bytes(args.account_header.as_bytes())
-            .with_context(|| format!("--account-header {}", args.account_header))?,
+            .map_err(|e| ProxyError::invalid(format!("--account-header {}", args.account_header), &e))?,
         secret: args.scope_secret.into_bytes(),
         honours_keys: args.upstream_honours_keys,
         timeout: Duration::from_millis(args.upstream_timeout_ms),
@@ -393,8 +494,8 @@ async fn build(args: ProxyArgs) -> anyhow::Result<(Router, Arc<Proxy>)> {
     let mut app = Router::new()
         .route(LIVE_PATH, get(live))
         .route(READY_PATH, get(ready));
-    if args.metrics_listen.is_none() {
-        app = app.route(METRICS_PATH, get(idemkit_labels::service::metrics_endpoint));
+    if let Some(render) = args.metrics.clone() {
+        app = app.route(METRICS_PATH, get(move || metrics_endpoint(render.clone())));
     }
     let app = app
         .route("/_idemkit", axum::routing::any(own_path))
@@ -420,6 +521,15 @@ fn password_of(url: &str) -> Option<&str> {
     let authority = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
     let userinfo = &authority[..authority.rfind('@')?];
     Some(userinfo.split_once(':').map_or(userinfo, |(_, p)| p))
+}
+
+/// The Prometheus text of `render`.
+async fn metrics_endpoint(render: RenderMetrics) -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        render(),
+    )
+        .into_response()
 }
 
 async fn live() -> impl IntoResponse {

@@ -31,19 +31,21 @@ enum Segment {
 }
 
 impl Template {
-    pub(super) fn parse(template: &str) -> anyhow::Result<Self> {
-        anyhow::ensure!(
-            template.starts_with('/'),
-            "route path {template} must start with /"
-        );
+    pub(super) fn parse(template: &str) -> Result<Self, crate::ProxyError> {
+        if !template.starts_with('/') {
+            return Err(crate::ProxyError::Invalid(format!(
+                "route path {template} must start with /"
+            )));
+        }
         let parts: Vec<&str> = template[1..].split('/').filter(|s| !s.is_empty()).collect();
         let mut segments = Vec::new();
         for (i, s) in parts.iter().enumerate() {
             segments.push(if s.starts_with("{*") && s.ends_with('}') {
-                anyhow::ensure!(
-                    i + 1 == parts.len(),
-                    "route path {template}: {{*…}} must come last"
-                );
+                if i + 1 != parts.len() {
+                    return Err(crate::ProxyError::Invalid(format!(
+                        "route path {template}: {{*…}} must come last"
+                    )));
+                }
                 Segment::Rest
             } else if s.starts_with('{') && s.ends_with('}') {
                 Segment::Param

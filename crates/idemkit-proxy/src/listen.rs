@@ -77,8 +77,9 @@ impl Tracker {
     }
 }
 
-/// Resolves on SIGTERM or SIGINT.
-pub(super) async fn stop_signal() {
+/// Resolves on SIGTERM or SIGINT (Ctrl-C only, off Unix): the shutdown
+/// future `idemkit proxy` hands to [`serve`](crate::serve).
+pub async fn shutdown_signal() {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};

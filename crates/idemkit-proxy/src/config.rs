@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use anyhow::Context;
+use crate::{ProxyError, error_chain};
 use idemkit_tower::config::IdemkitConfig;
 
 /// The proxy's `--config`: the idempotency configuration, and per keyed route
@@ -29,8 +29,9 @@ const REPLAYED_HEADERS: &str = "replayed_headers";
 
 impl ProxyConfig {
     /// Reads a `--config` file's text.
-    pub fn from_toml(text: &str) -> anyhow::Result<Self> {
-        let mut table: toml::Table = toml::from_str(text).context("invalid idemkit configuration")?;
+    pub fn from_toml(text: &str) -> Result<Self, ProxyError> {
+        let mut table: toml::Table =
+            toml::from_str(text).map_err(|e| ProxyError::invalid("invalid idemkit configuration", &e))?;
         let (defaults, default_headers) = match table.get_mut("defaults").and_then(|d| d.as_table_mut()) {
             Some(d) => (
                 d.remove(NOT_EXECUTED)
@@ -64,7 +65,8 @@ impl ProxyConfig {
                 );
             }
         }
-        let idemkit = IdemkitConfig::from_toml(&toml::to_string(&table)?)?;
+        let text = toml::to_string(&table).map_err(|e| ProxyError::Invalid(error_chain(&e)))?;
+        let idemkit = IdemkitConfig::from_toml(&text).map_err(|e| ProxyError::Invalid(error_chain(&e)))?;
         let mut not_executed = BTreeMap::new();
         let mut replayed_headers = BTreeMap::new();
         for ((r, own), own_headers) in idemkit.routes.iter().zip(per_route).zip(per_route_headers) {
@@ -106,31 +108,34 @@ pub fn route_name(method: &str, path: &str) -> String {
     format!("{} {path}", method.to_ascii_uppercase())
 }
 
-fn headers(v: &toml::Value, what: &str) -> anyhow::Result<Vec<String>> {
-    let list = v
-        .as_array()
-        .with_context(|| format!("{what}: {REPLAYED_HEADERS} must be a list of header names"))?;
+fn headers(v: &toml::Value, what: &str) -> Result<Vec<String>, ProxyError> {
+    let list = v.as_array().ok_or_else(|| {
+        ProxyError::Invalid(format!(
+            "{what}: {REPLAYED_HEADERS} must be a list of header names"
+        ))
+    })?;
     let mut out = Vec::new();
     for h in list {
         let name = h
             .as_str()
             .filter(|n| http::HeaderName::from_bytes(n.as_bytes()).is_ok())
-            .with_context(|| format!("{what}: {REPLAYED_HEADERS} lists {h}, not a header name"))?;
+            .ok_or_else(|| {
+                ProxyError::Invalid(format!("{what}: {REPLAYED_HEADERS} lists {h}, not a header name"))
+            })?;
         out.push(name.to_ascii_lowercase());
     }
     Ok(out)
 }
 
-fn statuses(v: &toml::Value, what: &str) -> anyhow::Result<Vec<u16>> {
-    let list = v
-        .as_array()
-        .with_context(|| format!("{what}: {NOT_EXECUTED} must be a list of 5xx statuses"))?;
+fn statuses(v: &toml::Value, what: &str) -> Result<Vec<u16>, ProxyError> {
+    let list = v.as_array().ok_or_else(|| {
+        ProxyError::Invalid(format!("{what}: {NOT_EXECUTED} must be a list of 5xx statuses"))
+    })?;
     let mut out = Vec::new();
     for s in list {
-        let n = s
-            .as_integer()
-            .filter(|n| (500..600).contains(n))
-            .with_context(|| format!("{what}: {NOT_EXECUTED} lists {s}, not a 5xx status"))?;
+        let n = s.as_integer().filter(|n| (500..600).contains(n)).ok_or_else(|| {
+            ProxyError::Invalid(format!("{what}: {NOT_EXECUTED} lists {s}, not a 5xx status"))
+        })?;
         out.push(n as u16);
     }
     out.sort_unstable();
