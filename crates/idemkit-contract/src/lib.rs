@@ -168,9 +168,7 @@ pub fn human_duration(d: Duration) -> String {
 /// Renders the contract of `config` with `client` as the published retry
 /// schedule (a [`Contract`] with nothing service-specific).
 pub fn render(config: &IdemkitConfig, client: &RetryConfig, format: Format) -> String {
-    Contract::new(config.clone())
-        .with_client(*client)
-        .render(format)
+    Contract::new(config.clone()).with_client(*client).render(format)
 }
 
 /// The Markdown as `format` asks. The HTML page is standalone: an embedded
