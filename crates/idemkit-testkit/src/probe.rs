@@ -1,9 +1,13 @@
 //! [`Probed`]: any store, seen from the test: its claims and transaction
-//! rollbacks counted, its reads failing on demand, every operation otherwise
-//! forwarded unchanged.
+//! rollbacks counted, its reads failing on demand, a claim held back until
+//! the test lets it land, a completion's reply lost after it applied, every
+//! operation otherwise forwarded unchanged.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use tokio::sync::Notify;
 
 use async_trait::async_trait;
 use idemkit_core::{
@@ -15,25 +19,50 @@ use idemkit_core::{
 /// the inner store's own answers stand) and, for a transactional `S`, every
 /// [`TransactionalStore`] one, and lets a test count the claims that reach
 /// the store ([`Probed::claims`]) and the transactions rolled back explicitly
-/// ([`Probed::rollbacks`]), and make `get` fail as an unreachable store does
-/// ([`Probed::fail_reads`]).
+/// ([`Probed::rollbacks`]), make `get` fail as an unreachable store does
+/// ([`Probed::fail_reads`]), hold the next claim back
+/// ([`Probed::delay_next_claim`]) and lose the next completion's reply
+/// ([`Probed::lose_next_completion_reply`]).
 #[derive(Debug, Default)]
 pub struct Probed<S> {
-    inner: S,
+    inner: Arc<S>,
     claims: AtomicUsize,
     rollbacks: AtomicUsize,
     failing_reads: AtomicBool,
+    held_claim: Mutex<Option<Arc<Notify>>>,
+    losing_completion_reply: AtomicBool,
 }
 
 impl<S> Probed<S> {
     /// Wraps `inner`; nothing counted yet, reads succeed.
     pub fn new(inner: S) -> Self {
         Self {
-            inner,
+            inner: Arc::new(inner),
             claims: AtomicUsize::new(0),
             rollbacks: AtomicUsize::new(0),
             failing_reads: AtomicBool::new(false),
+            held_claim: Mutex::new(None),
+            losing_completion_reply: AtomicBool::new(false),
         }
+    }
+
+    /// Holds the next lease-mode claim back until the returned gate is
+    /// notified (`notify_one`). The held claim runs on a task of its own, so
+    /// a caller that drops its future meanwhile does not stop it: it lands
+    /// when the gate opens, as a claim already sent to a store does.
+    pub fn delay_next_claim(&self) -> Arc<Notify> {
+        let gate = Arc::new(Notify::new());
+        *self
+            .held_claim
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(gate.clone());
+        gate
+    }
+
+    /// The next `complete` applies, then answers `Unavailable`: its reply was
+    /// lost on the way back.
+    pub fn lose_next_completion_reply(&self) {
+        self.losing_completion_reply.store(true, Ordering::SeqCst);
     }
 
     /// The wrapped store.
@@ -62,7 +91,21 @@ impl<S> Probed<S> {
 impl<S: KeyStore> KeyStore for Probed<S> {
     async fn claim(&self, req: &ClaimRequest) -> StoreResult<ClaimOutcome> {
         self.claims.fetch_add(1, Ordering::SeqCst);
-        self.inner.claim(req).await
+        let held = self
+            .held_claim
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        let Some(gate) = held else {
+            return self.inner.claim(req).await;
+        };
+        let (inner, req) = (self.inner.clone(), req.clone());
+        tokio::spawn(async move {
+            gate.notified().await;
+            inner.claim(&req).await
+        })
+        .await
+        .map_err(|e| StoreError::Unavailable(format!("the held claim's task failed: {e}").into()))?
     }
     async fn heartbeat(&self, scope: &Scope, token: FencingToken, lease: Duration) -> StoreResult<Millis> {
         self.inner.heartbeat(scope, token, lease).await
@@ -73,7 +116,11 @@ impl<S: KeyStore> KeyStore for Probed<S> {
         token: FencingToken,
         response: &StoredResponse,
     ) -> StoreResult<()> {
-        self.inner.complete(scope, token, response).await
+        self.inner.complete(scope, token, response).await?;
+        if self.losing_completion_reply.swap(false, Ordering::SeqCst) {
+            return Err(StoreError::Unavailable("the completion's reply was lost".into()));
+        }
+        Ok(())
     }
     async fn release(&self, scope: &Scope, token: FencingToken) -> StoreResult<()> {
         self.inner.release(scope, token).await

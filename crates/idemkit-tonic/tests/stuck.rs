@@ -6,19 +6,15 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
 use bytes::Bytes;
 use common::Raw;
 use http::uri::PathAndQuery;
-use idemkit_core::{
-    Account, ClaimOutcome, ClaimRequest, FencingToken, IdempotencyKey, KeyStore, Millis, PhaseUpdate, Record,
-    RecordState, Scope, StoreError, StoreResult, StoredResponse,
-};
-use idemkit_testkit::MemoryStore;
+use idemkit_core::{Account, IdempotencyKey, KeyStore, PhaseUpdate, RecordState, Scope};
+use idemkit_testkit::{MemoryStore, Probed};
 use idemkit_tonic::{BearerTokenAccount, IDEMPOTENT_REPLAYED, IdempotencyLayer};
 use idemkit_tower::IdempotencyContext;
 use prost::Message;
@@ -52,65 +48,7 @@ struct CreateReply {
 /// A memory store with two faults on demand (as in the HTTP tests): a claim
 /// that waits for a gate and lands whether or not its caller is still there,
 /// and a completion that is applied but whose reply is lost.
-#[derive(Debug, Default)]
-struct Faulty {
-    inner: Arc<MemoryStore>,
-    slow_claim: Mutex<Option<Arc<Notify>>>,
-    lose_complete_reply: AtomicBool,
-}
-
-#[async_trait]
-impl KeyStore for Faulty {
-    async fn claim(&self, req: &ClaimRequest) -> StoreResult<ClaimOutcome> {
-        let gate = self.slow_claim.lock().unwrap().take();
-        match gate {
-            Some(gate) => {
-                let (inner, req) = (self.inner.clone(), req.clone());
-                // On its own task: dropping this future does not stop the claim.
-                tokio::spawn(async move {
-                    gate.notified().await;
-                    inner.claim(&req).await
-                })
-                .await
-                .unwrap()
-            }
-            None => self.inner.claim(req).await,
-        }
-    }
-    async fn heartbeat(&self, scope: &Scope, token: FencingToken, lease: Duration) -> StoreResult<Millis> {
-        self.inner.heartbeat(scope, token, lease).await
-    }
-    async fn complete(
-        &self,
-        scope: &Scope,
-        token: FencingToken,
-        response: &StoredResponse,
-    ) -> StoreResult<()> {
-        self.inner.complete(scope, token, response).await?;
-        if self.lose_complete_reply.swap(false, Ordering::SeqCst) {
-            return Err(StoreError::Unavailable("the completion's reply was lost".into()));
-        }
-        Ok(())
-    }
-    async fn release(&self, scope: &Scope, token: FencingToken) -> StoreResult<()> {
-        self.inner.release(scope, token).await
-    }
-    async fn abandon(&self, scope: &Scope, token: FencingToken, error: &str) -> StoreResult<()> {
-        self.inner.abandon(scope, token, error).await
-    }
-    async fn get(&self, scope: &Scope) -> StoreResult<Option<Record>> {
-        self.inner.get(scope).await
-    }
-    fn now(&self) -> Millis {
-        self.inner.now()
-    }
-    async fn advance(&self, scope: &Scope, token: FencingToken, update: &PhaseUpdate) -> StoreResult<()> {
-        self.inner.advance(scope, token, update).await
-    }
-    async fn park(&self, scope: &Scope, token: FencingToken, reason: &str) -> StoreResult<()> {
-        self.inner.park(scope, token, reason).await
-    }
-}
+type Faulty = Probed<MemoryStore>;
 
 #[derive(Clone)]
 struct Counter {
@@ -298,8 +236,7 @@ async fn retry_until_settled(h: &Harness, key: &str, mode: &str) -> Answer {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_whose_deadline_ends_mid_claim_leaves_no_key_held_by_nobody() {
     let h = serve().await;
-    let gate = Arc::new(Notify::new());
-    *h.counter.store.slow_claim.lock().unwrap() = Some(gate.clone());
+    let gate = h.counter.store.delay_next_claim();
     let cut = call(&h, "mid-claim", "ok", |r| {
         r.set_timeout(Duration::from_millis(300))
     })
@@ -392,7 +329,7 @@ async fn a_handler_that_panics_on_every_resume_is_parked_after_a_bounded_number_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_completion_reply_answers_the_stored_response() {
     let h = serve().await;
-    h.counter.store.lose_complete_reply.store(true, Ordering::SeqCst);
+    h.counter.store.lose_next_completion_reply();
     let first = call(&h, "lost-reply", "ok", |_| {}).await.unwrap();
     assert_eq!(run_of(&first), 1);
     let again = call(&h, "lost-reply", "ok", |_| {}).await.unwrap();

@@ -4,125 +4,30 @@
 //! a lost completion reply, and replays past the caller's deadline. Each fails
 //! on the code before its fix.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
 use axum::Router;
 use axum::extract::State;
 use axum::response::IntoResponse;
 use axum::routing::post;
 use http::StatusCode;
-use idemkit_core::{
-    ClaimOutcome, ClaimRequest, DEADLINE_HEADER, FencingToken, KeyStore, ListFilter, Millis, PhaseUpdate,
-    Policy, ReapReport, Record, RecordState, ReviewEntry, Scope, StoreError, StoreResult, StoredResponse,
-};
+use idemkit_core::{DEADLINE_HEADER, KeyStore, PhaseUpdate, Policy, RecordState};
 use idemkit_sqlite::{SqliteStore, SqliteTx};
-use idemkit_testkit::MemoryStore;
 use idemkit_testkit::suite::scope;
+use idemkit_testkit::{MemoryStore, Probed};
 use idemkit_tower::{Completer, IdempotencyContext, IdempotencyLayer, Outcome, Phases, Tx};
 use serde_json::json;
 use tokio::sync::Notify;
 
 use super::{Answer, Runs, generic, rows, send, serve, sqlite};
 
-/// A memory store with two faults on demand: a claim that waits for a gate
-/// and then lands on the store whether or not its caller is still there (as a
+/// A store with two faults on demand ([`Probed::delay_next_claim`],
+/// [`Probed::lose_next_completion_reply`]): a claim that waits for a gate and
+/// then lands on the store whether or not its caller is still there (as a
 /// statement already sent to SQLite's worker or to PostgreSQL does), and a
 /// completion that is applied but whose reply is lost.
-#[derive(Debug, Default)]
-struct Faulty<S = MemoryStore> {
-    inner: Arc<S>,
-    /// The next claim waits for this gate.
-    slow_claim: Mutex<Option<Arc<Notify>>>,
-    /// The next completion is applied and answered `Unavailable`.
-    lose_complete_reply: AtomicBool,
-}
-
-impl<S> Faulty<S> {
-    fn over(inner: S) -> Self {
-        Self {
-            inner: Arc::new(inner),
-            slow_claim: Mutex::default(),
-            lose_complete_reply: AtomicBool::new(false),
-        }
-    }
-
-    fn delay_next_claim(&self) -> Arc<Notify> {
-        let gate = Arc::new(Notify::new());
-        *self.slow_claim.lock().unwrap() = Some(gate.clone());
-        gate
-    }
-}
-
-#[async_trait]
-impl<S: KeyStore> KeyStore for Faulty<S> {
-    async fn claim(&self, req: &ClaimRequest) -> StoreResult<ClaimOutcome> {
-        let gate = self.slow_claim.lock().unwrap().take();
-        match gate {
-            Some(gate) => {
-                let (inner, req) = (self.inner.clone(), req.clone());
-                // On its own task: dropping this future does not stop the claim.
-                tokio::spawn(async move {
-                    gate.notified().await;
-                    inner.claim(&req).await
-                })
-                .await
-                .unwrap()
-            }
-            None => self.inner.claim(req).await,
-        }
-    }
-    async fn heartbeat(&self, scope: &Scope, token: FencingToken, lease: Duration) -> StoreResult<Millis> {
-        self.inner.heartbeat(scope, token, lease).await
-    }
-    async fn complete(
-        &self,
-        scope: &Scope,
-        token: FencingToken,
-        response: &StoredResponse,
-    ) -> StoreResult<()> {
-        self.inner.complete(scope, token, response).await?;
-        if self.lose_complete_reply.swap(false, Ordering::SeqCst) {
-            return Err(StoreError::Unavailable("the completion's reply was lost".into()));
-        }
-        Ok(())
-    }
-    async fn release(&self, scope: &Scope, token: FencingToken) -> StoreResult<()> {
-        self.inner.release(scope, token).await
-    }
-    async fn release_discarding(&self, scope: &Scope, token: FencingToken) -> StoreResult<()> {
-        self.inner.release_discarding(scope, token).await
-    }
-    async fn abandon(&self, scope: &Scope, token: FencingToken, error: &str) -> StoreResult<()> {
-        self.inner.abandon(scope, token, error).await
-    }
-    async fn get(&self, scope: &Scope) -> StoreResult<Option<Record>> {
-        self.inner.get(scope).await
-    }
-    fn now(&self) -> Millis {
-        self.inner.now()
-    }
-    async fn advance(&self, scope: &Scope, token: FencingToken, update: &PhaseUpdate) -> StoreResult<()> {
-        self.inner.advance(scope, token, update).await
-    }
-    async fn park(&self, scope: &Scope, token: FencingToken, reason: &str) -> StoreResult<()> {
-        self.inner.park(scope, token, reason).await
-    }
-    async fn abandoned(&self, claimed_before: Millis, limit: usize) -> StoreResult<Vec<Record>> {
-        self.inner.abandoned(claimed_before, limit).await
-    }
-    async fn reap(&self, before: Millis) -> StoreResult<ReapReport> {
-        self.inner.reap(before).await
-    }
-    async fn review(&self, limit: usize) -> StoreResult<Vec<ReviewEntry>> {
-        self.inner.review(limit).await
-    }
-    async fn list(&self, filter: &ListFilter) -> StoreResult<Vec<Record>> {
-        self.inner.list(filter).await
-    }
-}
+type Faulty<S = MemoryStore> = Probed<S>;
 
 /// Notifies when dropped: the future holding it ended, finished or cancelled.
 struct NotifyOnDrop(Arc<Notify>);
@@ -212,7 +117,7 @@ async fn a_caller_that_hangs_up_mid_claim_leaves_no_key_held_by_nobody() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_caller_that_hangs_up_mid_claim_leaves_no_key_held_by_nobody_on_sqlite() {
     let sqlite = SqliteStore::open(super::tempfile("mid-claim")).await.unwrap();
-    hang_up_mid_claim(Arc::new(Faulty::over(sqlite))).await;
+    hang_up_mid_claim(Arc::new(Faulty::new(sqlite))).await;
 }
 
 /// A route whose handler panics on its first run, after waiting for `gate` (when set).
@@ -411,7 +316,7 @@ async fn phases_under_a_single_step_layer_are_refused_as_a_misconfiguration() {
 #[tokio::test]
 async fn a_lost_completion_reply_answers_the_stored_response() {
     let store = Arc::new(Faulty::<MemoryStore>::default());
-    store.lose_complete_reply.store(true, Ordering::SeqCst);
+    store.lose_next_completion_reply();
     let runs = Runs::default();
     let layer = generic(store.clone(), Policy::new()).build().unwrap();
     let base = serve(super::counting(layer, runs.clone(), |n| {
