@@ -345,11 +345,21 @@ pub async fn safety(
     // The store's history: completions and fenced writes.
     let mut completed: HashMap<_, u64> = HashMap::new();
     let mut highest: HashMap<_, i64> = HashMap::new();
+    // A lease runs for a lease from the moment the store made the claim (or
+    // took the heartbeat), which lies between the store call's start and its
+    // answer. A takeover is a definite violation only if even the latest
+    // moment it can have been made (its answer) falls before the earliest
+    // moment the previous lease can end (that call's start plus the lease):
+    // on a network store an answer may arrive long after the write.
     let mut holder: HashMap<_, (i64, tokio::time::Instant)> = HashMap::new();
     let tolerance = std::time::Duration::from_secs(1);
     for (at, e) in events {
         match e {
-            Event::Claimed { scope, token } => {
+            Event::Claimed {
+                scope,
+                token,
+                started,
+            } => {
                 let h = highest.entry(scope.clone()).or_insert(0);
                 *h = (*h).max(token.0);
                 if let Some((held, until)) = holder.get(scope)
@@ -366,7 +376,18 @@ pub async fn safety(
                         ),
                     ));
                 }
-                holder.insert(scope.clone(), (token.0, *at + crate::world::LEASE));
+                holder.insert(scope.clone(), (token.0, *started + crate::world::LEASE));
+            }
+            Event::Extended {
+                scope,
+                token,
+                started,
+            } => {
+                if let Some((held, until)) = holder.get_mut(scope)
+                    && *held == token.0
+                {
+                    *until = (*until).max(*started + crate::world::LEASE);
+                }
             }
             Event::Completed { scope, token, .. } | Event::FencedWrite { scope, token, .. } => {
                 if let Some(h) = highest.get(scope)
@@ -386,14 +407,13 @@ pub async fn safety(
                     Event::FencedWrite { op, .. } => *op,
                     _ => "complete",
                 };
-                if let Some((held, until)) = holder.get_mut(scope)
-                    && *held == token.0
+                // A final write ends the holder's lease; a heartbeat's
+                // extension is its own event.
+                if holder.get(scope).is_some_and(|(held, _)| *held == token.0)
+                    && op != "heartbeat"
+                    && op != "advance"
                 {
-                    if op == "heartbeat" {
-                        *until = *at + crate::world::LEASE;
-                    } else if op != "advance" {
-                        holder.remove(scope);
-                    }
+                    holder.remove(scope);
                 }
                 if let Event::Completed { .. } = e {
                     let n = completed.entry(scope.clone()).or_insert(0);

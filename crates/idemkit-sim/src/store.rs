@@ -25,6 +25,19 @@ pub enum Event {
         scope: Scope,
         /// Its new token.
         token: FencingToken,
+        /// When the store call began (the logged time is when it answered):
+        /// the store made the claim somewhere in between.
+        started: tokio::time::Instant,
+    },
+    /// A heartbeat was accepted (also logged as a [`Event::FencedWrite`]):
+    /// the lease runs for a lease from some time after `started`.
+    Extended {
+        /// The key.
+        scope: Scope,
+        /// The holder's token.
+        token: FencingToken,
+        /// When the heartbeat's store call began.
+        started: tokio::time::Instant,
     },
     /// A lease-holder write was accepted.
     FencedWrite {
@@ -55,6 +68,19 @@ pub enum Event {
 
 /// The shared event log, each event with the (virtual) time it happened.
 pub type Log = Arc<Mutex<Vec<(tokio::time::Instant, Event)>>>;
+
+thread_local! {
+    /// When the store call whose answer is being logged began (set around
+    /// `on_ok`, which runs without an await in between).
+    static CALL_STARTED: std::cell::Cell<Option<tokio::time::Instant>> = const { std::cell::Cell::new(None) };
+}
+
+/// When the store call being logged began (now, outside a call).
+fn call_started() -> tokio::time::Instant {
+    CALL_STARTED
+        .with(|c| c.get())
+        .unwrap_or_else(tokio::time::Instant::now)
+}
 
 fn push(log: &Log, e: Event) {
     let now = tokio::time::Instant::now();
@@ -125,12 +151,15 @@ impl<S: ?Sized> Instrumented<S> {
             }
             Permit::Go | Permit::LoseReply => {}
         }
+        let started = tokio::time::Instant::now();
         let result = {
             let _guard = self.sched.enter_store(op);
             fut.await
         };
         if let Ok(v) = &result {
+            CALL_STARTED.with(|c| c.set(Some(started)));
             on_ok(v, &self.log);
+            CALL_STARTED.with(|c| c.set(None));
         }
         self.sched.note(|| format!("    {op} -> {}", short(&result)));
         let permit = self.sched.point(self.instance, Phase::After, op).await;
@@ -166,6 +195,7 @@ impl<S: KeyStore + ?Sized> KeyStore for Instrumented<S> {
                     Event::Claimed {
                         scope,
                         token: lease.token,
+                        started: call_started(),
                     },
                 );
             }
@@ -181,11 +211,19 @@ impl<S: KeyStore + ?Sized> KeyStore for Instrumented<S> {
                 push(
                     log,
                     Event::FencedWrite {
-                        scope: s,
+                        scope: s.clone(),
                         token,
                         op: "heartbeat",
                     },
-                )
+                );
+                push(
+                    log,
+                    Event::Extended {
+                        scope: s,
+                        token,
+                        started: call_started(),
+                    },
+                );
             },
         )
         .await
