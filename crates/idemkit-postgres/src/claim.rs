@@ -126,6 +126,8 @@ pub(crate) fn outcome_unknown(e: &Retry) -> bool {
 /// drops between the commit and the answer. The argument names the key it
 /// applies to (none: every key), so tests running in parallel in one process
 /// do not trip it for each other.
+// Without the `failpoints` feature both branches expand to nothing.
+#[cfg_attr(not(feature = "failpoints"), allow(clippy::if_same_then_else))]
 fn reply_lost(moving: bool, scope: &Scope) -> Result<(), sqlx::Error> {
     let lost = |key: Option<String>| {
         if key.as_deref().is_none_or(|k| k == scope.key.as_str()) {
@@ -431,6 +433,8 @@ impl PgStore {
             .await;
         // Failpoint `idemkit_postgres::claim::after_session_lock`: the opening
         // fails between its two round trips (argument: the key it applies to).
+        // Without the `failpoints` feature the closure is only `Ok(())`.
+        #[cfg_attr(not(feature = "failpoints"), allow(clippy::bind_instead_of_map))]
         let taken = taken.and_then(|_| {
             fail::fail_point!("idemkit_postgres::claim::after_session_lock", |key: Option<
                 String,
