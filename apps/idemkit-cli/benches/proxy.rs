@@ -187,7 +187,7 @@ async fn serve(app: Router) -> String {
 }
 
 async fn upstream() -> String {
-    let db = SqliteStore::open(tempdir("upstream").join("orders.db"))
+    let db = SqliteStore::connect(tempdir("upstream").join("orders.db"))
         .await
         .unwrap();
     sqlx::query(

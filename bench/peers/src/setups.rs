@@ -124,7 +124,7 @@ extern "C" fn count_statement(
     0
 }
 
-/// A store on `path` as `SqliteStore::open` makes it (WAL, synchronous NORMAL,
+/// A store on `path` as `SqliteStore::connect` makes it (WAL, synchronous NORMAL,
 /// no ping on acquire), whose connections count the statements SQLite runs.
 pub(crate) async fn sqlite_store(server: &Handle, path: PathBuf) -> (Arc<SqliteStore>, &'static AtomicU64) {
     use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
@@ -177,7 +177,7 @@ pub(crate) async fn pg_store(server: &Handle, url: String, schema: String) -> Ar
                 max_connections: 8,
                 ..PgConfig::default()
             };
-            let store = PgStore::connect(&url, config).await.unwrap();
+            let store = PgStore::connect_with(&url, config).await.unwrap();
             // The pool's search_path puts this in the fresh schema.
             sqlx::query(PG_ORDERS).execute(store.pool()).await.unwrap();
             Arc::new(store)

@@ -31,7 +31,7 @@ async fn commits(admin_url: &str, db: &str) -> i64 {
 }
 
 async fn run(url: &str, phases: usize, requests: usize, tag: &str) {
-    let store = PgStore::connect(
+    let store = PgStore::connect_with(
         url,
         PgConfig {
             schema: "bench".into(),

@@ -257,7 +257,7 @@ async fn main() {
     let (rounds, secs) = if full { (ROUNDS, seconds()) } else { (1, 1) };
     let schema = format!("pgbench_{}", std::process::id());
     let store = Arc::new(
-        PgStore::connect(
+        PgStore::connect_with(
             &url,
             PgConfig {
                 schema: schema.clone(),

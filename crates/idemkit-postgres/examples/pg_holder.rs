@@ -21,7 +21,7 @@ async fn main() {
         eprintln!("usage: pg_holder URL SCHEMA KEY LEASE_MS");
         std::process::exit(2);
     };
-    let store = PgStore::connect(
+    let store = PgStore::connect_with(
         url,
         PgConfig {
             schema: schema.clone(),

@@ -16,8 +16,14 @@ use crate::listener::spawn_listener;
 use crate::{MIGRATOR, PgConfig, PgStore, sql};
 
 impl PgStore {
-    /// Connects, creates the schema if needed and runs the migrations.
-    pub async fn connect(url: &str, config: PgConfig) -> StoreResult<Self> {
+    /// Connects to the database at `url` (`postgres://…`) with the default
+    /// settings, creates the schema if needed and runs the migrations.
+    pub async fn connect(url: &str) -> StoreResult<Self> {
+        Self::connect_with(url, PgConfig::default()).await
+    }
+
+    /// [`PgStore::connect`] with these settings.
+    pub async fn connect_with(url: &str, config: PgConfig) -> StoreResult<Self> {
         let pool = Self::pool_for(url, &config).await?;
         Self::from_pool(pool, config).await
     }
@@ -45,7 +51,7 @@ impl PgStore {
         if let Some(missing) = MIGRATOR.iter().find(|m| !done.contains(&m.version)) {
             return Err(StoreError::Backend(
                 format!(
-                    "the key store in schema `{}` needs migration {} ({}); open it once with `PgStore::connect`",
+                    "the key store in schema `{}` needs migration {} ({}); open it once with `PgStore::connect_with`",
                     config.schema, missing.version, missing.description
                 )
                 .into(),
@@ -86,7 +92,10 @@ impl PgStore {
     }
 
     /// Uses an existing pool whose connections already have `search_path` set
-    /// to `<schema>, …` (as [`PgStore::connect`] does).
+    /// to `<schema>, …` (as [`PgStore::connect_with`] does). The
+    /// pool's own settings stand: of `config`, the schema and the store's
+    /// settings apply, not the pool's (`max_connections`, the timeouts,
+    /// `ping_if_idle_for`).
     pub async fn from_pool(pool: PgPool, config: PgConfig) -> StoreResult<Self> {
         check_schema(&config.schema)?;
         {

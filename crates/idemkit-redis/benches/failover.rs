@@ -136,13 +136,18 @@ async fn scenario(
 ) -> Result {
     let mut cluster = tokio::task::spawn_blocking(Cluster::start).await.unwrap();
     let urls = cluster.urls();
-    let mut config = RedisConfig::cluster(urls.clone())
+    let url = cluster_url(&urls);
+    let mut config = RedisConfig::default()
         .with_prefix("failover")
         .with_operation_timeout(Duration::from_secs(3));
     if let Some((n, t)) = wait {
         config = config.with_wait_replicas(n, t);
     }
-    let store = Arc::new(RedisStore::connect(config.clone()).await.expect("connect"));
+    let store = Arc::new(
+        RedisStore::connect_with(&url, config.clone())
+            .await
+            .expect("connect"),
+    );
     let stop = Arc::new(AtomicBool::new(false));
     let acked = Arc::new(Mutex::new(Acked::default()));
     let counters = Arc::new(Counters::default());
@@ -188,9 +193,12 @@ async fn scenario(
     .await
     .unwrap();
     // Read back with a fresh client (no WAIT needed for reads).
-    let reader = RedisStore::connect(RedisConfig::cluster(cluster.urls()).with_prefix("failover"))
-        .await
-        .expect("connect reader");
+    let reader = RedisStore::connect_with(
+        &cluster_url(&cluster.urls()),
+        RedisConfig::default().with_prefix("failover"),
+    )
+    .await
+    .expect("connect reader");
     let acked = std::mem::take(&mut *acked.lock().unwrap());
     let mut lost_claims = 0;
     for (s, token) in &acked.claims {
@@ -286,4 +294,13 @@ fn main() {
     }
     println!();
     println!("total time {:?}", started.elapsed());
+}
+
+/// The `redis+cluster://` URL of a cluster's seed nodes (`redis://host:port` each).
+fn cluster_url(urls: &[String]) -> String {
+    let nodes: Vec<&str> = urls
+        .iter()
+        .map(|u| u.trim_start_matches("redis://").trim_end_matches('/'))
+        .collect();
+    format!("redis+cluster://{}", nodes.join(","))
 }

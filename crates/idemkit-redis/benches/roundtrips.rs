@@ -87,7 +87,7 @@ struct Row {
 const CONCURRENCY: [usize; 2] = [1, 16];
 
 async fn measure_redis(name: &str, url: &str, config: RedisConfig, n: usize) -> Row {
-    let store: Arc<dyn KeyStore> = Arc::new(RedisStore::connect(config).await.expect("connect"));
+    let store: Arc<dyn KeyStore> = Arc::new(RedisStore::connect_with(url, config).await.expect("connect"));
     run(store.clone(), "warmup", 100, 4).await;
     let before = commandstats(url);
     run(store.clone(), "counted", n, 1).await;
@@ -133,7 +133,7 @@ fn main() {
         // SQLite first: the reference every ratio is against.
         let dir = std::env::temp_dir().join(format!("idemkit-redis-bench-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let sqlite: Arc<dyn KeyStore> = Arc::new(SqliteStore::open(dir.join("keys.db")).await.expect("sqlite"));
+        let sqlite: Arc<dyn KeyStore> = Arc::new(SqliteStore::connect(dir.join("keys.db")).await.expect("sqlite"));
         run(sqlite.clone(), "warmup", 100, 4).await;
         let mut rps = Vec::new();
         for workers in CONCURRENCY {
@@ -156,7 +156,7 @@ fn main() {
                 ("Redis, AOF appendfsync always", &["--appendonly", "yes", "--appendfsync", "always"][..]),
             ] {
                 let server = harness::Standalone::start(extra);
-                let config = RedisConfig::new(server.url()).with_prefix(prefix.clone());
+                let config = RedisConfig::default().with_prefix(prefix.clone());
                 rows.push(measure_redis(name, &server.url(), config, n).await);
             }
             let primary = harness::Standalone::start(&[]);
@@ -167,14 +167,14 @@ fn main() {
                 assert!(start.elapsed() < Duration::from_secs(20), "replica never synced");
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
-            let config = RedisConfig::new(primary.url())
+            let config = RedisConfig::default()
                 .with_prefix(prefix.clone())
                 .with_wait_replicas(1, Duration::from_secs(1));
             rows.push(measure_redis("Redis + 1 replica, WAIT 1", &primary.url(), config, n).await);
         } else {
             let url = std::env::var("IDEMKIT_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
             println!("note: redis-server not found; measuring {url} (other clients' commands count too)");
-            let config = RedisConfig::new(url.clone()).with_prefix(prefix.clone());
+            let config = RedisConfig::default().with_prefix(prefix.clone());
             rows.push(measure_redis("Redis (as configured)", &url, config, n).await);
         }
         let _ = std::fs::remove_dir_all(&dir);

@@ -10,24 +10,26 @@ pub const DEFAULT_PREFIX: &str = "idemkit";
 /// Default reap threshold (SPEC §6): how long a record is kept after its last write.
 pub const DEFAULT_REAP_AFTER: Duration = Duration::from_secs(72 * 3600);
 
-/// Settings for [`crate::RedisStore::connect`].
+/// Settings for [`crate::RedisStore::connect_with`]: how the store behaves.
+/// Where it connects is the URL given next to it.
 ///
 /// ```
 /// use std::time::Duration;
 /// use idemkit_redis::RedisConfig;
 ///
-/// let single = RedisConfig::new("redis://127.0.0.1:6379").with_prefix("shop-keys");
-/// let cluster = RedisConfig::cluster(["redis://10.0.0.1:7000", "redis://10.0.0.2:7000"])
+/// let config = RedisConfig::default()
+///     .with_prefix("shop-keys")
 ///     .with_wait_replicas(1, Duration::from_millis(500));
-/// # let _ = (single, cluster);
+/// # let _ = config;
 /// ```
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct RedisConfig {
-    /// Server URL(s): one for a single node; one or more seed nodes for a cluster.
-    pub urls: Vec<String>,
+    /// Server URL(s): one for a single node; one or more seed nodes for a
+    /// cluster. Set by [`crate::RedisStore::connect_with`] from its URL.
+    pub(crate) urls: Vec<String>,
     /// Whether `urls` are Redis Cluster seed nodes (the cluster client is used).
-    pub cluster: bool,
+    pub(crate) cluster: bool,
     /// Prefix of every key and channel this store touches (default `idemkit`).
     /// Several stores (or test runs) share one server safely under distinct prefixes.
     pub key_prefix: String,
@@ -53,11 +55,10 @@ pub struct RedisConfig {
     pub connections: Option<NonZeroUsize>,
 }
 
-impl RedisConfig {
-    /// A single node (or a primary behind a proxy) at `url`, e.g. `redis://127.0.0.1:6379`.
-    pub fn new(url: impl Into<String>) -> Self {
+impl Default for RedisConfig {
+    fn default() -> Self {
         Self {
-            urls: vec![url.into()],
+            urls: Vec::new(),
             cluster: false,
             key_prefix: DEFAULT_PREFIX.to_owned(),
             reap_after: DEFAULT_REAP_AFTER,
@@ -68,25 +69,20 @@ impl RedisConfig {
             connections: None,
         }
     }
+}
 
-    /// A Redis Cluster reached through these seed nodes.
-    pub fn cluster<I, S>(urls: I) -> Self
-    where
-        I: IntoIterator<Item = S>,
-        S: Into<String>,
-    {
-        let urls: Vec<String> = urls.into_iter().map(Into::into).collect();
-        Self {
-            urls,
-            cluster: true,
-            ..Self::new(String::new())
-        }
-    }
+/// Where a store connects: the servers a URL names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Endpoint {
+    pub(crate) urls: Vec<String>,
+    pub(crate) cluster: bool,
+}
 
-    /// Parses the form the quickstart's `IDEMKIT_KEYSTORE` uses:
-    /// `redis://host:port[/db]` (also `rediss://`) for one node, or
-    /// `redis+cluster://host1:port1,host2:port2` for a cluster.
-    pub fn from_url(url: &str) -> Result<Self, ConfigError> {
+impl Endpoint {
+    /// Parses the form `IDEMKIT_KEYSTORE` uses: `redis://host:port[/db]`
+    /// (also `rediss://`, `redis+unix://`) for one node, or
+    /// `redis+cluster://host1:port1,host2:port2` for a cluster's seed nodes.
+    pub(crate) fn parse(url: &str) -> Result<Self, ConfigError> {
         if let Some(rest) = url.strip_prefix("redis+cluster://") {
             let urls: Vec<String> = rest
                 .trim_end_matches('/')
@@ -97,17 +93,24 @@ impl RedisConfig {
             if urls.is_empty() {
                 return Err(ConfigError::NoUrl);
             }
-            Ok(Self::cluster(urls))
+            Ok(Self { urls, cluster: true })
+        } else if url.is_empty() {
+            Err(ConfigError::NoUrl)
         } else if url.starts_with("redis://")
             || url.starts_with("rediss://")
             || url.starts_with("redis+unix://")
         {
-            Ok(Self::new(url))
+            Ok(Self {
+                urls: vec![url.to_owned()],
+                cluster: false,
+            })
         } else {
             Err(ConfigError::BadUrl(url.to_owned()))
         }
     }
+}
 
+impl RedisConfig {
     /// Sets the key prefix.
     pub fn with_prefix(mut self, prefix: impl Into<String>) -> Self {
         self.key_prefix = prefix.into();
@@ -150,7 +153,7 @@ impl RedisConfig {
         self
     }
 
-    /// The number of connections [`crate::RedisStore::connect`] opens.
+    /// The number of connections [`crate::RedisStore::connect_with`] opens.
     pub fn connection_count(&self) -> usize {
         match (self.connections, self.wait_replicas) {
             (Some(n), _) => n.get(),
@@ -161,12 +164,6 @@ impl RedisConfig {
 
     /// Checks the settings without connecting.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        if self.urls.is_empty() || self.urls.iter().any(String::is_empty) {
-            return Err(ConfigError::NoUrl);
-        }
-        if !self.cluster && self.urls.len() > 1 {
-            return Err(ConfigError::SeveralUrls);
-        }
         if self.key_prefix.is_empty() || self.key_prefix.contains(['{', '}']) {
             return Err(ConfigError::BadPrefix(self.key_prefix.clone()));
         }
@@ -190,32 +187,32 @@ mod tests {
 
     #[test]
     fn parses_urls() {
-        let c = RedisConfig::from_url("redis://127.0.0.1:6379/0").unwrap();
+        let c = Endpoint::parse("redis://127.0.0.1:6379/0").unwrap();
         assert!(!c.cluster);
         assert_eq!(c.urls, ["redis://127.0.0.1:6379/0"]);
-        let c = RedisConfig::from_url("redis+cluster://a:1,b:2/").unwrap();
+        let c = Endpoint::parse("redis+cluster://a:1,b:2/").unwrap();
         assert!(c.cluster);
         assert_eq!(c.urls, ["redis://a:1", "redis://b:2"]);
-        assert!(RedisConfig::from_url("http://x").is_err());
-        assert!(RedisConfig::from_url("redis+cluster://").is_err());
+        assert_eq!(
+            Endpoint::parse("http://x"),
+            Err(ConfigError::BadUrl("http://x".into()))
+        );
+        assert_eq!(Endpoint::parse("redis+cluster://"), Err(ConfigError::NoUrl));
+        assert_eq!(Endpoint::parse(""), Err(ConfigError::NoUrl));
     }
 
     #[test]
     fn validates() {
-        assert!(RedisConfig::new("redis://x").validate().is_ok());
+        assert!(RedisConfig::default().validate().is_ok());
         assert_eq!(
-            RedisConfig::new("redis://x").with_prefix("a{b").validate(),
+            RedisConfig::default().with_prefix("a{b").validate(),
             Err(ConfigError::BadPrefix("a{b".into()))
         );
         assert_eq!(
-            RedisConfig::new("redis://x")
+            RedisConfig::default()
                 .with_wait_replicas(0, Duration::from_secs(1))
                 .validate(),
             Err(ConfigError::BadWait)
-        );
-        assert_eq!(
-            RedisConfig::cluster(Vec::<String>::new()).validate(),
-            Err(ConfigError::NoUrl)
         );
     }
 }

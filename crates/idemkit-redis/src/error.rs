@@ -53,9 +53,6 @@ pub enum ConfigError {
     /// No server URL was given.
     #[error("no redis URL given")]
     NoUrl,
-    /// A single-node store got several URLs.
-    #[error("several redis URLs given for a single-node store; use `RedisConfig::cluster`")]
-    SeveralUrls,
     /// The key prefix is empty or contains `{` or `}` (it would break the hash tag).
     #[error("invalid key prefix {0:?}: it must be non-empty and contain no braces")]
     BadPrefix(String),

@@ -20,7 +20,7 @@
 //! use idemkit_redis::{RedisConfig, RedisStore};
 //!
 //! # async fn demo() -> Result<(), idemkit_core::StoreError> {
-//! let store = RedisStore::connect(RedisConfig::new("redis://127.0.0.1:6379").with_prefix("shop")).await?;
+//! let store = RedisStore::connect_with("redis://127.0.0.1:6379", RedisConfig::default().with_prefix("shop")).await?;
 //! let keys: Arc<dyn KeyStore> = Arc::new(store);
 //! # let _ = keys; Ok(()) }
 //! ```
@@ -128,16 +128,24 @@ impl std::fmt::Debug for RedisStore {
 }
 
 impl RedisStore {
-    /// Connects with defaults to the single node at `url`
-    /// (or a cluster, given `redis+cluster://host:port,host:port`).
-    pub async fn open(url: &str) -> StoreResult<Self> {
-        Self::connect(RedisConfig::from_url(url)?).await
+    /// Connects with the default settings to the single node at `url`
+    /// (`redis://host:port[/db]`, also `rediss://` and `redis+unix://`), or to
+    /// a cluster through its seed nodes (`redis+cluster://host:port,host:port`),
+    /// and loads the scripts. Fails with [`StoreError::Unavailable`] when the
+    /// server cannot be reached.
+    pub async fn connect(url: &str) -> StoreResult<Self> {
+        Self::connect_with(url, RedisConfig::default()).await
     }
 
-    /// Connects (failing with [`StoreError::Unavailable`] when the server cannot be
-    /// reached) and loads the scripts.
-    pub async fn connect(config: RedisConfig) -> StoreResult<Self> {
+    /// [`RedisStore::connect`] with these settings.
+    pub async fn connect_with(url: &str, config: RedisConfig) -> StoreResult<Self> {
+        let endpoint = config::Endpoint::parse(url)?;
         config.validate()?;
+        let config = RedisConfig {
+            urls: endpoint.urls,
+            cluster: endpoint.cluster,
+            ..config
+        };
         let budget = config.op_budget();
         let mut conns = Vec::new();
         for _ in 0..config.connection_count() {
@@ -588,7 +596,7 @@ mod tests {
         };
         let prefix = format!("idemkit-unit:{}:{}", std::process::id(), WriteIds::new().next());
         Some(
-            RedisStore::connect(RedisConfig::new(url).with_prefix(prefix))
+            RedisStore::connect_with(&url, RedisConfig::default().with_prefix(prefix))
                 .await
                 .unwrap(),
         )

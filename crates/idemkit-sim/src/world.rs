@@ -691,7 +691,9 @@ async fn open_postgres(seed: u64) -> Result<(PgStore, String), String> {
         schema: schema.clone(),
         ..PgConfig::default()
     };
-    let store = PgStore::connect(&url, config).await.map_err(|e| e.to_string())?;
+    let store = PgStore::connect_with(&url, config)
+        .await
+        .map_err(|e| e.to_string())?;
     sqlx::query("CREATE TABLE IF NOT EXISTS sim_orders (id BIGSERIAL PRIMARY KEY, item TEXT NOT NULL)")
         .execute(store.pool())
         .await
@@ -704,9 +706,10 @@ async fn open_redis(seed: u64) -> Result<(RedisStore, String, String), String> {
     let url = std::env::var("IDEMKIT_TEST_REDIS_URL")
         .map_err(|_| "set IDEMKIT_TEST_REDIS_URL to simulate Redis".to_owned())?;
     let prefix = format!("idemkit-sim:{}:{seed:x}:", std::process::id());
-    let mut config = RedisConfig::from_url(&url).map_err(|e| e.to_string())?;
-    config.key_prefix = prefix.clone();
-    let store = RedisStore::connect(config).await.map_err(|e| e.to_string())?;
+    let config = RedisConfig::default().with_prefix(prefix.clone());
+    let store = RedisStore::connect_with(&url, config)
+        .await
+        .map_err(|e| e.to_string())?;
     Ok((store, prefix, url))
 }
 
@@ -747,7 +750,9 @@ async fn open_sqlite(seed: u64) -> (SqliteStore, std::path::PathBuf) {
         checkpoint_interval: Duration::ZERO,
         ..SqliteConfig::default()
     };
-    let store = SqliteStore::open_with(&path, &config).await.expect("open sqlite");
+    let store = SqliteStore::connect_with(&path, config)
+        .await
+        .expect("open sqlite");
     sqlx::query(
         "CREATE TABLE IF NOT EXISTS sim_orders (id INTEGER PRIMARY KEY AUTOINCREMENT, item TEXT NOT NULL)",
     )

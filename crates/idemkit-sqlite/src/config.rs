@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-/// Connection settings for [`crate::SqliteStore::open_with`].
+/// Connection settings for [`crate::SqliteStore::connect_with`].
 #[derive(Debug, Clone)]
 pub struct SqliteConfig {
     /// Largest number of pooled connections (default 8).

@@ -19,7 +19,7 @@
 //! ```no_run
 //! # async fn demo() -> Result<(), idemkit_core::StoreError> {
 //! use idemkit_sqlite::SqliteStore;
-//! let store = SqliteStore::open("idemkit.db").await?;
+//! let store = SqliteStore::connect("idemkit.db").await?;
 //! # let _ = store; Ok(()) }
 //! ```
 //!
@@ -62,7 +62,7 @@ use tokio::sync::Mutex;
 pub use config::{Durability, SqliteConfig};
 pub use tx::SqliteTx;
 
-/// Embedded migrations (run by [`SqliteStore::from_pool`]).
+/// Embedded migrations (run by [`SqliteStore::connect`] and [`SqliteStore::from_pool`]).
 ///
 /// Versions applied by a newer release are tolerated (sqlx's
 /// `ignore_missing`): migrations are additive, none changes or removes what an

@@ -15,14 +15,16 @@ use crate::known::KnownKeys;
 use crate::{Durability, MIGRATOR, SqliteConfig, SqliteStore};
 
 impl SqliteStore {
-    /// Opens (creating if missing) the database file at `path` with defaults.
-    pub async fn open(path: impl AsRef<Path>) -> StoreResult<Self> {
-        Self::open_with(path, &SqliteConfig::default()).await
+    /// Opens (creating if missing) the database at `location` with the
+    /// default settings: `location` is a file path or a `sqlite:` URL (the
+    /// forms `IDEMKIT_KEYSTORE` takes), and the embedded migrations run.
+    pub async fn connect(location: impl AsRef<Path>) -> StoreResult<Self> {
+        Self::connect_with(location, SqliteConfig::default()).await
     }
 
-    /// Opens the database at `path`, which may also be a `sqlite://` URL.
-    pub async fn open_with(path: impl AsRef<Path>, config: &SqliteConfig) -> StoreResult<Self> {
-        let path = path.as_ref();
+    /// [`SqliteStore::connect`] with these settings.
+    pub async fn connect_with(location: impl AsRef<Path>, config: SqliteConfig) -> StoreResult<Self> {
+        let path = location.as_ref();
         let options = match path.to_str() {
             Some(url) if url.starts_with("sqlite:") => {
                 SqliteConnectOptions::from_str(url).map_err(backend)?

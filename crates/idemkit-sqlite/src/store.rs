@@ -438,9 +438,9 @@ mod tests {
             .enable_all()
             .build()
             .unwrap();
-        // The load task is spawned as `open` returns and never polled: a
+        // The load task is spawned as `connect` returns and never polled: a
         // current-thread runtime runs spawned tasks only inside `block_on`.
-        let store = first.block_on(SqliteStore::open(dir.join("keys.db"))).unwrap();
+        let store = first.block_on(SqliteStore::connect(dir.join("keys.db"))).unwrap();
         drop(first);
         let second = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -465,7 +465,7 @@ mod tests {
     async fn the_known_keys_follow_writes_loads_and_the_reaper() {
         let dir = fresh_dir("known");
         let clock = Arc::new(ManualClock::new());
-        let store = SqliteStore::open(dir.join("keys.db"))
+        let store = SqliteStore::connect(dir.join("keys.db"))
             .await
             .unwrap()
             .with_clock(clock.clone());
@@ -486,7 +486,7 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(store.known.loaded_len().await, 2);
-        let reopened = SqliteStore::open(dir.join("keys.db")).await.unwrap();
+        let reopened = SqliteStore::connect(dir.join("keys.db")).await.unwrap();
         assert_eq!(reopened.known.loaded_len().await, 2, "loaded at open");
         assert!(reopened.known.may_exist(&single));
         assert!(!reopened.known.may_exist(&scope("a", "never-written")));

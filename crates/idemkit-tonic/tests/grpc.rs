@@ -245,7 +245,7 @@ async fn sqlite_store() {
     let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"));
     let path = dir.join(format!("idemkit-tonic-{}.db", std::process::id()));
     let _ = std::fs::remove_file(&path);
-    let store = idemkit_sqlite::SqliteStore::open(&path).await.unwrap();
+    let store = idemkit_sqlite::SqliteStore::connect(&path).await.unwrap();
     suite(Arc::new(store)).await;
     let _ = std::fs::remove_file(&path);
 }

@@ -179,7 +179,7 @@ fn tempdb(tag: &str) -> std::path::PathBuf {
 }
 
 async fn sqlite_store(tag: &str) -> Arc<SqliteStore> {
-    let store = SqliteStore::open(tempdb(tag)).await.unwrap();
+    let store = SqliteStore::connect(tempdb(tag)).await.unwrap();
     sqlx::query(
         "CREATE TABLE orders (id INTEGER PRIMARY KEY AUTOINCREMENT, account TEXT NOT NULL, sku TEXT NOT NULL, quantity INTEGER NOT NULL)",
     )
@@ -252,7 +252,7 @@ async fn pg_store(url: &str, schema: &str) -> Arc<PgStore> {
         max_connections: 8,
         ..PgConfig::default()
     };
-    let store = PgStore::connect(url, config).await.unwrap();
+    let store = PgStore::connect_with(url, config).await.unwrap();
     sqlx::query("DROP TABLE IF EXISTS orders")
         .execute(store.pool())
         .await

@@ -263,7 +263,7 @@ async fn main() {
         Ok(url) if url.starts_with("postgres") => {
             let schema = std::env::var("IDEMKIT_PG_SCHEMA").unwrap_or_else(|_| "crash".into());
             let store = Arc::new(
-                PgStore::connect(
+                PgStore::connect_with(
                     &url,
                     PgConfig {
                         schema,
@@ -294,7 +294,7 @@ async fn main() {
         }
         _ => {
             let path = std::env::var("IDEMKIT_DB").unwrap_or_else(|_| "crash.db".into());
-            let store = Arc::new(SqliteStore::open(&path).await.unwrap());
+            let store = Arc::new(SqliteStore::connect(&path).await.unwrap());
             sqlx::query(
                 "CREATE TABLE IF NOT EXISTS labels (id INTEGER PRIMARY KEY AUTOINCREMENT, account TEXT NOT NULL, idem_key TEXT NOT NULL, shipment INTEGER)",
             )

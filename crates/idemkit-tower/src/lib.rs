@@ -24,7 +24,7 @@
 //! }
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-//! let store = Arc::new(SqliteStore::open("app.db").await?);
+//! let store = Arc::new(SqliteStore::connect("app.db").await?);
 //! let layer = IdempotencyLayer::transactional(store).resolver(BearerTokenAccount).build()?;
 //! let app: Router = Router::new().route("/orders", post(create)).layer(layer);
 //! # let _ = app; Ok(()) }

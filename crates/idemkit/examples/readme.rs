@@ -30,7 +30,7 @@ async fn create(mut tx: Tx<SqliteTx>, Json(o): Json<NewOrder>) -> Result<StatusC
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let store = Arc::new(SqliteStore::open("app.db").await?);
+    let store = Arc::new(SqliteStore::connect("app.db").await?);
     // The application's own table, in the database that holds the keys.
     sqlx::query(
         "CREATE TABLE IF NOT EXISTS orders \

@@ -21,7 +21,7 @@
 //! }
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-//! let store = std::sync::Arc::new(SqliteStore::open("app.db").await?);
+//! let store = std::sync::Arc::new(SqliteStore::connect("app.db").await?);
 //! let keys = IdempotencyLayer::transactional(store).resolver(BearerTokenAccount).build()?;
 //! let app: Router = Router::new().route("/orders", post(create).layer(keys));
 //! # let _ = app; Ok(()) }

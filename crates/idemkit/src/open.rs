@@ -25,8 +25,6 @@ use std::sync::Arc;
 
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "redis"))]
 use idemkit_core::KeyStore;
-#[cfg(feature = "redis")]
-use idemkit_core::StoreError;
 
 /// The kind of store a URL names, decided by its scheme alone (no feature
 /// needed): `postgres:`/`postgresql:` and `redis:`/`rediss:`/`redis+unix:`/
@@ -276,7 +274,7 @@ pub async fn open_store(url: &str, options: &OpenOptions) -> Result<OpenedStore,
                 durability: options.sqlite_durability,
                 ..defaults
             };
-            let store = crate::sqlite::SqliteStore::open_with(url, &config)
+            let store = crate::sqlite::SqliteStore::connect_with(url, config)
                 .await
                 .map_err(store_err)?;
             Ok(OpenedStore::Sqlite(Arc::new(store)))
@@ -291,7 +289,7 @@ pub async fn open_store(url: &str, options: &OpenOptions) -> Result<OpenedStore,
                 ..defaults
             };
             let store = match options.mode {
-                OpenMode::Create | OpenMode::Existing => PgStore::connect(url, config).await,
+                OpenMode::Create | OpenMode::Existing => PgStore::connect_with(url, config).await,
                 OpenMode::NoMigrations => PgStore::connect_existing(url, config).await,
             }
             .map_err(store_err)?;
@@ -300,11 +298,11 @@ pub async fn open_store(url: &str, options: &OpenOptions) -> Result<OpenedStore,
         #[cfg(feature = "redis")]
         StoreKind::Redis => {
             use crate::redis::{RedisConfig, RedisStore};
-            let mut config = RedisConfig::from_url(url).map_err(|e| store_err(StoreError::from(e)))?;
+            let mut config = RedisConfig::default();
             if let Some(prefix) = &options.redis_prefix {
                 config = config.with_prefix(prefix.clone());
             }
-            let store = RedisStore::connect(config).await.map_err(store_err)?;
+            let store = RedisStore::connect_with(url, config).await.map_err(store_err)?;
             Ok(OpenedStore::Redis(Arc::new(store)))
         }
         #[allow(unreachable_patterns)] // only reachable with a store feature off

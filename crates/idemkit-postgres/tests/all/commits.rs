@@ -32,7 +32,7 @@ async fn commits(admin: &mut sqlx::PgConnection, db: &str) -> i64 {
 /// `requests` lease-mode requests of `phases` phases, each phase one fenced
 /// transaction with a business row; the last phase completes.
 async fn run(url: &str, phases: usize, requests: usize, tag: &str) {
-    let store = PgStore::connect(
+    let store = PgStore::connect_with(
         url,
         PgConfig {
             schema: "commits".into(),

@@ -33,7 +33,9 @@ async fn stopped_holder_cannot_complete_after_takeover() {
         schema: schema.clone(),
         ..Default::default()
     };
-    let store = idemkit_postgres::PgStore::connect(&url, config).await.unwrap();
+    let store = idemkit_postgres::PgStore::connect_with(&url, config)
+        .await
+        .unwrap();
     sqlx::query("CREATE TABLE biz (tag TEXT NOT NULL)")
         .execute(store.pool())
         .await

@@ -84,12 +84,15 @@ async fn a_skewed_instance_cannot_take_over_a_live_lease() {
         ..PgConfig::default()
     };
     let first = config();
-    let honest = PgStore::connect(&url, first.clone()).await.unwrap();
+    let honest = PgStore::connect_with(&url, first.clone()).await.unwrap();
     let ahead = Arc::new(SkewedClock {
         base: Arc::new(SystemClock),
         ahead: LEASE + Duration::from_secs(25),
     });
-    let skewed = PgStore::connect(&url, first).await.unwrap().with_clock(ahead);
+    let skewed = PgStore::connect_with(&url, first)
+        .await
+        .unwrap()
+        .with_clock(ahead);
     let s = scope("a", "skew");
     let req = claim_req(&s, "{}");
     let lease = must_claim(&honest, &req).await;

@@ -44,7 +44,7 @@ pub(crate) async fn store_in_fresh_schema(clock: Option<Arc<ManualClock>>) -> Op
         max_connections: 8,
         ..PgConfig::default()
     };
-    let mut store = PgStore::connect(&url, config)
+    let mut store = PgStore::connect_with(&url, config)
         .await
         .expect("connect to PostgreSQL");
     if let Some(clock) = clock {
@@ -107,7 +107,7 @@ async fn fresh_serializable(clock: Arc<ManualClock>) -> Option<Arc<PgStore>> {
         ..PgConfig::default()
     }
     .with_single_step_isolation(idemkit_postgres::Isolation::Serializable);
-    let store = PgStore::connect(&url, config)
+    let store = PgStore::connect_with(&url, config)
         .await
         .expect("connect to PostgreSQL")
         .with_test_clock(clock);
@@ -151,7 +151,7 @@ async fn a_schema_migrated_by_a_newer_release_still_opens() {
         max_connections: 2,
         ..PgConfig::default()
     };
-    let store = PgStore::connect(&url, config.clone()).await.unwrap();
+    let store = PgStore::connect_with(&url, config.clone()).await.unwrap();
     sqlx::query(
         "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) \
          VALUES (99991231000001, 'from a newer release', TRUE, '\\x00', 0)",
@@ -171,7 +171,7 @@ async fn a_schema_migrated_by_a_newer_release_still_opens() {
         "the control: a strict migrator refuses the unknown version"
     );
     drop(store);
-    let store = PgStore::connect(&url, config)
+    let store = PgStore::connect_with(&url, config)
         .await
         .expect("a newer release's migration does not stop this one");
     let s = scope("a", "after-newer");
@@ -277,7 +277,11 @@ async fn invalid_schema_names_are_refused() {
         &"a".repeat(64),
     ] {
         let started = std::time::Instant::now();
-        refused("connect", schema, PgStore::connect(CLOSED, config(schema)).await);
+        refused(
+            "connect",
+            schema,
+            PgStore::connect_with(CLOSED, config(schema)).await,
+        );
         refused(
             "from_pool",
             schema,
@@ -290,7 +294,7 @@ async fn invalid_schema_names_are_refused() {
     }
     // The control: a valid name gets as far as the network, and fails there.
     for r in [
-        PgStore::connect(CLOSED, config("valid_name")).await,
+        PgStore::connect_with(CLOSED, config("valid_name")).await,
         PgStore::from_pool(lazy(), config("valid_name")).await,
     ] {
         assert!(matches!(r, Err(StoreError::Unavailable(_))), "{r:?}");
@@ -305,7 +309,7 @@ async fn unreachable_database_is_unavailable() {
         acquire_timeout: Duration::from_millis(500),
         ..PgConfig::default()
     };
-    let err = PgStore::connect("postgres://nobody@127.0.0.1:1/none", config)
+    let err = PgStore::connect_with("postgres://nobody@127.0.0.1:1/none", config)
         .await
         .unwrap_err();
     assert!(matches!(err, idemkit_core::StoreError::Unavailable(_)), "{err:?}");
@@ -430,7 +434,7 @@ async fn a_configured_reject_wait_lets_a_duplicate_replay_the_winner() {
                 reject_lock_timeout,
                 ..PgConfig::default()
             };
-            Arc::new(PgStore::connect(&url, config).await.expect("connect"))
+            Arc::new(PgStore::connect_with(&url, config).await.expect("connect"))
         }
     };
     let (patient, impatient) = (

@@ -400,7 +400,7 @@ async fn a_failed_snapshot_level_opening_frees_the_keys_lock() {
     // Another instance (its own pool, so another backend: the session that
     // holds an advisory lock would be granted it again).
     let url = crate::database_url().unwrap();
-    let other = PgStore::connect(
+    let other = PgStore::connect_with(
         &url,
         PgConfig {
             schema: store.config().schema.clone(),
@@ -599,7 +599,7 @@ async fn a_claim_cut_off_while_its_move_waits_is_recognised() {
     };
     let schema = config.schema.clone();
     let store = Arc::new(
-        PgStore::connect(&proxied, config)
+        PgStore::connect_with(&proxied, config)
             .await
             .unwrap()
             .with_test_clock(clock.clone()),

@@ -35,7 +35,7 @@ async fn one_connection_instance(url: &str, schema: String) -> PgStore {
         max_connections: 2,
         ..PgConfig::default()
     };
-    PgStore::connect(url, config).await.expect("connect")
+    PgStore::connect_with(url, config).await.expect("connect")
 }
 
 /// A store in a fresh schema (with the `biz` table) whose pool holds each
@@ -80,7 +80,7 @@ async fn another_instance(url: &str, schema: String) -> PgStore {
         schema,
         ..PgConfig::default()
     };
-    PgStore::connect(url, config).await.expect("connect")
+    PgStore::connect_with(url, config).await.expect("connect")
 }
 
 /// The schema `e` works in (the store's: the head of its pool's `search_path`).
@@ -446,7 +446,9 @@ async fn instances_racing_one_key_write_once() {
             max_connections: 4,
             ..PgConfig::default()
         };
-        instances.push(Arc::new(PgStore::connect(&url, config).await.expect("connect")));
+        instances.push(Arc::new(
+            PgStore::connect_with(&url, config).await.expect("connect"),
+        ));
     }
     let s = scope("a", "instances-race");
     let barrier = Arc::new(tokio::sync::Barrier::new(32));

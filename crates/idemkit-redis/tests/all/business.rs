@@ -10,31 +10,48 @@ use idemkit_redis::{RedisStore, RedisWrite, WriteRefused};
 use idemkit_testkit::ManualClock;
 use idemkit_testkit::suite::{LEASE, claim_req, must_claim, scope};
 
-use crate::common::{redis_url, single_config};
+use crate::common::{connect_single, redis_url, single_config};
 
-/// Runs `cmd` on the store's server (a cluster client when the store is one).
-async fn query(store: &RedisStore, cmd: &redis::Cmd) -> redis::Value {
-    let config = store.config();
-    if config.cluster {
-        let client = redis::cluster::ClusterClient::new(config.urls.clone()).unwrap();
-        let mut conn = client.get_async_connection().await.unwrap();
-        cmd.query_async(&mut conn).await.unwrap()
-    } else {
-        let client = redis::Client::open(config.urls[0].as_str()).unwrap();
-        let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-        cmd.query_async(&mut conn).await.unwrap()
+/// The server(s) a test's store runs on, for commands the test sends itself.
+pub(crate) enum Server {
+    /// One node at this URL.
+    Single(String),
+    /// A cluster through these seed nodes.
+    Cluster(Vec<String>),
+}
+
+impl Server {
+    /// The shared single node of `IDEMKIT_TEST_REDIS_URL`.
+    fn single() -> Self {
+        Self::Single(redis_url().expect("redis url"))
     }
 }
 
-async fn get(store: &RedisStore, key: &str) -> Option<String> {
-    match query(store, redis::cmd("GET").arg(key)).await {
+/// Runs `cmd` on the store's server (a cluster client when the store is one).
+async fn query(server: &Server, cmd: &redis::Cmd) -> redis::Value {
+    match server {
+        Server::Cluster(urls) => {
+            let client = redis::cluster::ClusterClient::new(urls.clone()).unwrap();
+            let mut conn = client.get_async_connection().await.unwrap();
+            cmd.query_async(&mut conn).await.unwrap()
+        }
+        Server::Single(url) => {
+            let client = redis::Client::open(url.as_str()).unwrap();
+            let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+            cmd.query_async(&mut conn).await.unwrap()
+        }
+    }
+}
+
+async fn get(server: &Server, key: &str) -> Option<String> {
+    match query(server, redis::cmd("GET").arg(key)).await {
         redis::Value::Nil => None,
         v => Some(redis::from_redis_value(v).unwrap()),
     }
 }
 
-async fn hget(store: &RedisStore, key: &str, field: &str) -> Option<String> {
-    match query(store, redis::cmd("HGET").arg(key).arg(field)).await {
+async fn hget(server: &Server, key: &str, field: &str) -> Option<String> {
+    match query(server, redis::cmd("HGET").arg(key).arg(field)).await {
         redis::Value::Nil => None,
         v => Some(redis::from_redis_value(v).unwrap()),
     }
@@ -49,6 +66,7 @@ fn update(point: &str) -> PhaseUpdate {
 
 /// The whole case, on any Redis deployment.
 pub(crate) async fn business_writes_are_fenced_with_the_phase(
+    server: Server,
     store: Arc<RedisStore>,
     clock: Arc<ManualClock>,
 ) {
@@ -70,8 +88,8 @@ pub(crate) async fn business_writes_are_fenced_with_the_phase(
         .expect("the phase and its writes");
     let record = store.get(&s).await.unwrap().unwrap();
     assert_eq!(record.recovery_point.as_deref(), Some("reserved"));
-    assert_eq!(hget(&store, &order, "status").await.as_deref(), Some("reserved"));
-    assert_eq!(get(&store, &stock).await.as_deref(), Some("-1"));
+    assert_eq!(hget(&server, &order, "status").await.as_deref(), Some("reserved"));
+    assert_eq!(get(&server, &stock).await.as_deref(), Some("-1"));
 
     // A write that does not fit its key's type: nothing at all is written.
     let note = store.business_key(&s.account, "note");
@@ -87,7 +105,7 @@ pub(crate) async fn business_writes_are_fenced_with_the_phase(
         )
         .await;
     assert!(matches!(refused, Err(StoreError::Backend(_))), "{refused:?}");
-    assert_eq!(get(&store, &note).await, None, "no write of a refused advance");
+    assert_eq!(get(&server, &note).await, None, "no write of a refused advance");
     let record = store.get(&s).await.unwrap().unwrap();
     assert_eq!(record.recovery_point.as_deref(), Some("reserved"));
 
@@ -102,7 +120,7 @@ pub(crate) async fn business_writes_are_fenced_with_the_phase(
         )
         .await;
     assert!(matches!(refused, Err(StoreError::Backend(_))), "{refused:?}");
-    assert_eq!(get(&store, &foreign).await, None);
+    assert_eq!(get(&server, &foreign).await, None);
     let refused = store
         .advance_with(
             &s,
@@ -133,11 +151,11 @@ pub(crate) async fn business_writes_are_fenced_with_the_phase(
         .await;
     assert!(matches!(stale, Err(StoreError::Fenced)), "{stale:?}");
     assert_eq!(
-        get(&store, &stock).await.as_deref(),
+        get(&server, &stock).await.as_deref(),
         Some("-1"),
         "the stale decrement never applied"
     );
-    assert_eq!(hget(&store, &order, "status").await.as_deref(), Some("reserved"));
+    assert_eq!(hget(&server, &order, "status").await.as_deref(), Some("reserved"));
     // The new holder's own phase goes through.
     store
         .advance_with(
@@ -151,7 +169,7 @@ pub(crate) async fn business_writes_are_fenced_with_the_phase(
         )
         .await
         .unwrap();
-    assert_eq!(hget(&store, &order, "status").await.as_deref(), Some("charged"));
+    assert_eq!(hget(&server, &order, "status").await.as_deref(), Some("charged"));
     let record = store.get(&s).await.unwrap().unwrap();
     assert_eq!(record.recovery_point.as_deref(), Some("charged"));
     assert!(record.step_outputs.contains_key("charged"));
@@ -163,24 +181,24 @@ async fn business_writes_on_a_single_node() {
         return;
     }
     let clock = Arc::new(ManualClock::new());
-    let store = RedisStore::connect(single_config("business"))
+    let store = connect_single(single_config("business"))
         .await
         .unwrap()
         .with_test_clock(clock.clone());
-    business_writes_are_fenced_with_the_phase(Arc::new(store), clock).await;
+    business_writes_are_fenced_with_the_phase(Server::single(), Arc::new(store), clock).await;
 }
 
 /// Whether Redis runs `cmd` without an error (single node).
-async fn accepted(store: &RedisStore, cmd: &redis::Cmd) -> bool {
-    let client = redis::Client::open(store.config().urls[0].as_str()).unwrap();
+async fn accepted(cmd: &redis::Cmd) -> bool {
+    let client = redis::Client::open(redis_url().expect("redis url").as_str()).unwrap();
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
     cmd.query_async::<redis::Value>(&mut conn).await.is_ok()
 }
 
 /// `DUMP` of `key` (any type; `None` when absent): compares a key's whole
 /// value before and after a refused advance.
-async fn dump(store: &RedisStore, key: &str) -> Option<Vec<u8>> {
-    match query(store, redis::cmd("DUMP").arg(key)).await {
+async fn dump(server: &Server, key: &str) -> Option<Vec<u8>> {
+    match query(server, redis::cmd("DUMP").arg(key)).await {
         redis::Value::Nil => None,
         v => Some(redis::from_redis_value(v).unwrap()),
     }
@@ -199,6 +217,7 @@ fn raw_incr(key: &str, operand: &str) -> RedisWrite {
 
 /// A record claimed and advanced to `start`, and a business key `stock` at 10.
 struct Batch {
+    server: Server,
     store: RedisStore,
     scope: idemkit_core::Scope,
     token: idemkit_core::FencingToken,
@@ -207,7 +226,7 @@ struct Batch {
 
 impl Batch {
     async fn new(tag: &str) -> Self {
-        let store = RedisStore::connect(single_config(tag)).await.unwrap();
+        let store = connect_single(single_config(tag)).await.unwrap();
         let scope = scope("batch-account", tag);
         let token = must_claim(&store, &claim_req(&scope, "body")).await.token;
         let stock = store.business_key(&scope.account, "stock");
@@ -221,6 +240,7 @@ impl Batch {
             .await
             .unwrap();
         Self {
+            server: Server::single(),
             store,
             scope,
             token,
@@ -248,16 +268,16 @@ impl Batch {
     async fn refused(&self, failures: &mut Vec<String>, what: &str, rest: Vec<RedisWrite>) {
         let mut before = Vec::new();
         for w in &rest {
-            before.push(dump(&self.store, &w.key).await);
+            before.push(dump(&self.server, &w.key).await);
         }
         let result = self.advance(rest.clone()).await;
         let mut wrong = Vec::new();
-        let stock = get(&self.store, &self.stock).await;
+        let stock = get(&self.server, &self.stock).await;
         if stock.as_deref() != Some("10") {
             wrong.push(format!("the stock is {stock:?}, not \"10\""));
         }
         for (w, before) in rest.iter().zip(&before) {
-            if dump(&self.store, &w.key).await != *before {
+            if dump(&self.server, &w.key).await != *before {
                 wrong.push(format!("`{}` changed", w.key));
             }
         }
@@ -274,11 +294,11 @@ impl Batch {
         if !wrong.is_empty() {
             failures.push(format!("{what}: {}", wrong.join("; ")));
             // Put everything back for the next case.
-            query(&self.store, redis::cmd("SET").arg(&self.stock).arg("10")).await;
+            query(&self.server, redis::cmd("SET").arg(&self.stock).arg("10")).await;
             for (w, before) in rest.iter().zip(before) {
-                query(&self.store, redis::cmd("DEL").arg(&w.key)).await;
+                query(&self.server, redis::cmd("DEL").arg(&w.key)).await;
                 if let Some(d) = before {
-                    query(&self.store, redis::cmd("RESTORE").arg(&w.key).arg(0).arg(d)).await;
+                    query(&self.server, redis::cmd("RESTORE").arg(&w.key).arg(0).arg(d)).await;
                 }
             }
             self.store
@@ -286,7 +306,7 @@ impl Batch {
                 .await
                 .unwrap();
             query(
-                &self.store,
+                &self.server,
                 redis::cmd("HDEL")
                     .arg(self.store.record_key(&self.scope))
                     .arg("step:next"),
@@ -382,7 +402,7 @@ async fn a_phase_batch_is_refused_whole_or_applied_whole() {
         ],
     )
     .await;
-    query(&b.store, redis::cmd("SET").arg(&counter).arg("1.5")).await;
+    query(&b.server, redis::cmd("SET").arg(&counter).arg("1.5")).await;
     b.refused(
         &mut failures,
         "INCRBY of a stored 1.5",
@@ -402,7 +422,7 @@ async fn a_phase_batch_is_refused_whole_or_applied_whole() {
         ],
     )
     .await;
-    query(&b.store, redis::cmd("SET").arg(&big).arg(i64::MAX)).await;
+    query(&b.server, redis::cmd("SET").arg(&big).arg(i64::MAX)).await;
     b.refused(
         &mut failures,
         "INCRBY past a stored i64::MAX",
@@ -419,7 +439,7 @@ async fn a_phase_batch_is_refused_whole_or_applied_whole() {
         ],
     )
     .await;
-    query(&b.store, redis::cmd("SET").arg(&big).arg(i64::MIN)).await;
+    query(&b.server, redis::cmd("SET").arg(&big).arg(i64::MIN)).await;
     b.refused(
         &mut failures,
         "INCRBY below a stored i64::MIN",
@@ -453,7 +473,7 @@ async fn a_phase_batch_redis_would_run_is_applied() {
     }
     let b = Batch::new("batch-applied").await;
     let (x, c, big) = (b.key("x"), b.key("c"), b.key("big"));
-    query(&b.store, redis::cmd("SET").arg(&big).arg(i64::MAX - 2)).await;
+    query(&b.server, redis::cmd("SET").arg(&big).arg(i64::MAX - 2)).await;
     b.advance(vec![
         RedisWrite::set(x.clone(), "a"),
         RedisWrite::del(x.clone()),
@@ -466,10 +486,10 @@ async fn a_phase_batch_redis_would_run_is_applied() {
     ])
     .await
     .expect("a batch Redis runs");
-    assert_eq!(get(&b.store, &b.stock).await.as_deref(), Some("9"));
-    assert_eq!(hget(&b.store, &x, "f").await.as_deref(), Some("v"));
-    assert_eq!(get(&b.store, &c).await.as_deref(), Some("-9007199254740995"));
-    assert_eq!(get(&b.store, &big).await, Some(i64::MAX.to_string()));
+    assert_eq!(get(&b.server, &b.stock).await.as_deref(), Some("9"));
+    assert_eq!(hget(&b.server, &x, "f").await.as_deref(), Some("v"));
+    assert_eq!(get(&b.server, &c).await.as_deref(), Some("-9007199254740995"));
+    assert_eq!(get(&b.server, &big).await, Some(i64::MAX.to_string()));
     let record = b.store.get(&b.scope).await.unwrap().unwrap();
     assert_eq!(record.recovery_point.as_deref(), Some("next"));
 
@@ -483,7 +503,7 @@ async fn a_phase_batch_redis_would_run_is_applied() {
         )
         .await
         .expect("i64::MIN is in range");
-    assert_eq!(get(&b.store, &low).await, Some(i64::MIN.to_string()));
+    assert_eq!(get(&b.server, &low).await, Some(i64::MIN.to_string()));
 }
 
 /// The check parses integers as Redis does: for each operand, and for each
@@ -536,12 +556,12 @@ async fn the_phase_check_parses_integers_as_redis_does() {
     let mut failures = Vec::new();
     for (i, s) in candidates.iter().enumerate() {
         // As the operand (on an absent key), then as the stored value (incremented by 0).
-        query(&b.store, redis::cmd("DEL").arg(&probe)).await;
-        let as_operand = accepted(&b.store, redis::cmd("INCRBY").arg(&probe).arg(*s)).await;
-        query(&b.store, redis::cmd("SET").arg(&probe).arg(*s)).await;
-        let as_stored = accepted(&b.store, redis::cmd("INCRBY").arg(&probe).arg(0)).await;
+        query(&b.server, redis::cmd("DEL").arg(&probe)).await;
+        let as_operand = accepted(redis::cmd("INCRBY").arg(&probe).arg(*s)).await;
+        query(&b.server, redis::cmd("SET").arg(&probe).arg(*s)).await;
+        let as_stored = accepted(redis::cmd("INCRBY").arg(&probe).arg(0)).await;
         let stored = b.key(&format!("stored-{i}"));
-        query(&b.store, redis::cmd("SET").arg(&stored).arg(*s)).await;
+        query(&b.server, redis::cmd("SET").arg(&stored).arg(*s)).await;
         for (what, redis_takes, write) in [
             (
                 "operand",
@@ -551,7 +571,7 @@ async fn the_phase_check_parses_integers_as_redis_does() {
             ("stored value", as_stored, RedisWrite::incr_by(stored.clone(), 0)),
         ] {
             let ours = b.advance(vec![write]).await;
-            let stock = get(&b.store, &b.stock).await;
+            let stock = get(&b.server, &b.stock).await;
             let fine = match &ours {
                 Ok(()) => redis_takes && stock.as_deref() == Some("9"),
                 Err(StoreError::Backend(e)) => {
@@ -567,7 +587,7 @@ async fn the_phase_check_parses_integers_as_redis_does() {
                     if redis_takes { "takes it" } else { "refuses it" }
                 ));
             }
-            query(&b.store, redis::cmd("SET").arg(&b.stock).arg("10")).await;
+            query(&b.server, redis::cmd("SET").arg(&b.stock).arg("10")).await;
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));

@@ -18,13 +18,16 @@ use idemkit_redis::{RedisConfig, RedisStore};
 use idemkit_testkit::ManualClock;
 use idemkit_testkit::suite::{self, claim_req, response, scope};
 
-use crate::common::{have_redis_binaries, unique_prefix};
+use crate::common::{cluster_url, have_redis_binaries, unique_prefix};
 use crate::harness::{Cluster, info};
 
 async fn cluster_store(urls: &[String], tag: &str, clock: Arc<ManualClock>) -> Arc<RedisStore> {
-    let store = RedisStore::connect(RedisConfig::cluster(urls.to_vec()).with_prefix(unique_prefix(tag)))
-        .await
-        .expect("connect to the cluster");
+    let store = RedisStore::connect_with(
+        &cluster_url(urls),
+        RedisConfig::default().with_prefix(unique_prefix(tag)),
+    )
+    .await
+    .expect("connect to the cluster");
     Arc::new(store.with_test_clock(clock))
 }
 
@@ -74,9 +77,12 @@ async fn run_lifecycle_cases(urls: &[String]) -> Vec<&'static str> {
 /// runs ahead.
 async fn run_race_sample(urls: &[String], runs: usize) {
     use idemkit_testkit::race::{Explore, RaceTarget, SKEW, SkewedClock, TargetFactory, run_all};
-    let base = RedisStore::connect(RedisConfig::cluster(urls.to_vec()).with_prefix(unique_prefix("race")))
-        .await
-        .expect("connect to the cluster");
+    let base = RedisStore::connect_with(
+        &cluster_url(urls),
+        RedisConfig::default().with_prefix(unique_prefix("race")),
+    )
+    .await
+    .expect("connect to the cluster");
     let factory: TargetFactory = Arc::new(move |clock: Arc<ManualClock>| {
         // Each schedule under its own prefix: the reaper's and completer's
         // scans see only its records.
@@ -208,6 +214,7 @@ async fn cluster_conformance_and_concurrency_gate() {
     spread_over_primaries(&cluster, &urls).await;
     let clock = Arc::new(ManualClock::new());
     crate::business::business_writes_are_fenced_with_the_phase(
+        crate::business::Server::Cluster(urls.clone()),
         cluster_store(&urls, "business", clock.clone()).await,
         clock,
     )
@@ -236,9 +243,12 @@ async fn cluster_conformance_and_concurrency_gate() {
         let prefix = unique_prefix("gate");
         let mut v = Vec::new();
         for _ in 0..8 {
-            let s = RedisStore::connect(RedisConfig::cluster(urls.clone()).with_prefix(prefix.clone()))
-                .await
-                .unwrap();
+            let s = RedisStore::connect_with(
+                &cluster_url(&urls),
+                RedisConfig::default().with_prefix(prefix.clone()),
+            )
+            .await
+            .unwrap();
             v.push(Arc::new(s));
         }
         v
@@ -289,8 +299,9 @@ async fn cluster_conformance_and_concurrency_gate() {
     }
 
     // WAIT with live replicas: every write is acknowledged by one replica.
-    let durable = RedisStore::connect(
-        RedisConfig::cluster(urls.clone())
+    let durable = RedisStore::connect_with(
+        &cluster_url(&urls),
+        RedisConfig::default()
             .with_prefix(unique_prefix("wait"))
             .with_wait_replicas(1, Duration::from_secs(2)),
     )

@@ -37,16 +37,30 @@ pub(crate) fn unique_prefix(tag: &str) -> String {
     )
 }
 
-/// The single-node config for a fresh, isolated store.
+/// The settings of a fresh, isolated store (a unique prefix).
 pub(crate) fn single_config(tag: &str) -> RedisConfig {
-    RedisConfig::new(redis_url().expect("redis url")).with_prefix(unique_prefix(tag))
+    RedisConfig::default().with_prefix(unique_prefix(tag))
+}
+
+/// A store with `config` on the shared single node.
+pub(crate) async fn connect_single(config: RedisConfig) -> idemkit_core::StoreResult<RedisStore> {
+    RedisStore::connect_with(&redis_url().expect("redis url"), config).await
+}
+
+/// The `redis+cluster://` URL of a cluster's seed nodes (`redis://host:port` each).
+pub(crate) fn cluster_url(urls: &[String]) -> String {
+    let nodes: Vec<&str> = urls
+        .iter()
+        .map(|u| u.trim_start_matches("redis://").trim_end_matches('/'))
+        .collect();
+    format!("redis+cluster://{}", nodes.join(","))
 }
 
 /// Factory for the conformance suite: a fresh store on the shared server, or
 /// `None` when Redis tests are skipped (see [`redis_url`]).
 pub(crate) async fn fresh_single(clock: Arc<ManualClock>) -> Option<Arc<RedisStore>> {
     redis_url()?;
-    let store = RedisStore::connect(single_config("conformance"))
+    let store = connect_single(single_config("conformance"))
         .await
         .expect("connect to redis");
     Some(Arc::new(store.with_test_clock(clock)))

@@ -48,7 +48,7 @@ async fn holder_child_process() {
     };
     let url = std::env::var(URL_VAR).expect("url");
     let prefix = std::env::var(HOLDER_PREFIX).expect("prefix");
-    let store = RedisStore::connect(RedisConfig::new(url).with_prefix(prefix))
+    let store = RedisStore::connect_with(&url, RedisConfig::default().with_prefix(prefix))
         .await
         .expect("connect");
     let s = scope("acct-fence", "k-fence");
@@ -130,7 +130,7 @@ async fn sigstopped_holder_cannot_complete_after_takeover() {
     signal(pid, "STOP");
     tokio::time::sleep(CHILD_LEASE * 2).await;
 
-    let store = RedisStore::connect(RedisConfig::new(url).with_prefix(prefix))
+    let store = RedisStore::connect_with(&url, RedisConfig::default().with_prefix(prefix))
         .await
         .unwrap();
     let s = scope("acct-fence", "k-fence");

@@ -5,13 +5,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idemkit_core::{ClaimOutcome, KeyStore, SystemClock};
-use idemkit_redis::RedisStore;
+
 use idemkit_testkit::ManualClock;
 use idemkit_testkit::race::SkewedClock;
 use idemkit_testkit::suite::{LEASE, WINDOW, claim_req, must_claim, response, scope};
 use serde_json::json;
 
-use crate::common::{redis_url, single_config};
+use crate::common::{connect_single, redis_url, single_config};
 
 /// An instance whose own clock runs well ahead still sees a live lease as
 /// live: the scripts read the server's `TIME`.
@@ -25,8 +25,8 @@ async fn a_skewed_instance_cannot_take_over_a_live_lease() {
         ahead: LEASE + Duration::from_secs(25),
     });
     let config = single_config("skew");
-    let honest = RedisStore::connect(config.clone()).await.unwrap();
-    let skewed = RedisStore::connect(config).await.unwrap().with_clock(ahead);
+    let honest = connect_single(config.clone()).await.unwrap();
+    let skewed = connect_single(config).await.unwrap().with_clock(ahead);
     let s = scope("a", "skew");
     let req = claim_req(&s, "{}");
     let lease = must_claim(&honest, &req).await;
@@ -51,7 +51,7 @@ async fn unfinished_work_past_the_window_is_taken_over() {
         return;
     }
     let clock = Arc::new(ManualClock::new());
-    let store = RedisStore::connect(single_config("window"))
+    let store = connect_single(single_config("window"))
         .await
         .unwrap()
         .with_test_clock(clock.clone());

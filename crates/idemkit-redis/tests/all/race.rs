@@ -26,7 +26,7 @@ async fn race_suite() {
         .await
         .unwrap();
     let url = server.url();
-    let base = RedisStore::connect(RedisConfig::new(url.clone()).with_prefix(unique_prefix("race")))
+    let base = RedisStore::connect_with(&url, RedisConfig::default().with_prefix(unique_prefix("race")))
         .await
         .expect("connect to the private redis-server");
     let admin = redis::Client::open(url.as_str())

@@ -83,9 +83,7 @@ async fn a_claim_whose_reply_is_lost_is_delivered_again_under_its_attempt() {
     let config = single_config("reply-lost-claim")
         .with_notifications(false)
         .with_connections(NonZeroUsize::new(2).unwrap());
-    let mut config = config;
-    config.urls = vec![target.with_addr(proxy.addr)];
-    let store = RedisStore::connect(config)
+    let store = RedisStore::connect_with(&target.with_addr(proxy.addr), config)
         .await
         .expect("connect through the proxy");
     let s = scope("a", "reply-lost");
@@ -147,11 +145,10 @@ mod url_host {
 /// A store whose connections go through `proxy`.
 async fn through(proxy: &ReplyEater, url: &str, tag: &str) -> RedisStore {
     let target = url_host::parse(url);
-    let mut config = single_config(tag)
+    let config = single_config(tag)
         .with_notifications(false)
         .with_connections(NonZeroUsize::new(2).unwrap());
-    config.urls = vec![target.with_addr(proxy.addr)];
-    RedisStore::connect(config)
+    RedisStore::connect_with(&target.with_addr(proxy.addr), config)
         .await
         .expect("connect through the proxy")
 }

@@ -115,9 +115,12 @@ async fn two_round_trips_per_request() {
     }
     const N: u64 = 200;
     let server = Standalone::start(&["--appendonly", "no"]);
-    let store = RedisStore::connect(RedisConfig::new(server.url()).with_prefix(unique_prefix("rt")))
-        .await
-        .expect("connect");
+    let store = RedisStore::connect_with(
+        &server.url(),
+        RedisConfig::default().with_prefix(unique_prefix("rt")),
+    )
+    .await
+    .expect("connect");
     let counts = client_commands(&store, server.node.port, "plain", N).await;
     assert_eq!(scripts(&counts), 2 * N, "{counts:?}");
     assert_eq!(
@@ -147,8 +150,9 @@ async fn two_round_trips_per_request() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let durable = RedisStore::connect(
-        RedisConfig::new(primary.url())
+    let durable = RedisStore::connect_with(
+        &primary.url(),
+        RedisConfig::default()
             .with_prefix(unique_prefix("rt-wait"))
             .with_wait_replicas(1, Duration::from_secs(2)),
     )

@@ -8,18 +8,18 @@ use idemkit_redis::{RedisConfig, RedisStore, ReplicaShortfall};
 use idemkit_testkit::ManualClock;
 use idemkit_testkit::suite::{LEASE, WINDOW, claim_req, must_claim, response, scope};
 
-use crate::common::{have_redis_binaries, redis_url, single_config};
+use crate::common::{connect_single, have_redis_binaries, redis_url, single_config};
 use crate::harness::{Standalone, cli};
 
 async fn store(tag: &str) -> Option<(RedisStore, Arc<ManualClock>)> {
     redis_url()?;
     let clock = Arc::new(ManualClock::new());
-    let store = RedisStore::connect(single_config(tag)).await.expect("connect");
+    let store = connect_single(single_config(tag)).await.expect("connect");
     Some((store.with_test_clock(clock.clone()), clock))
 }
 
-async fn pttl(store: &RedisStore, key: &str) -> i64 {
-    let client = redis::Client::open(store.config().urls[0].as_str()).unwrap();
+async fn pttl(_store: &RedisStore, key: &str) -> i64 {
+    let client = redis::Client::open(redis_url().expect("redis url").as_str()).unwrap();
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
     redis::cmd("PTTL").arg(key).query_async(&mut conn).await.unwrap()
 }
@@ -44,9 +44,7 @@ async fn ttl_keeps_unfinished_work_and_expires_finished_records_after_the_reap_t
     let Some(url) = redis_url() else { return };
     let base = single_config("ttl");
     let reap = Duration::from_secs(3600);
-    let store = RedisStore::connect(base.clone().with_reap_after(reap))
-        .await
-        .unwrap();
+    let store = connect_single(base.clone().with_reap_after(reap)).await.unwrap();
     let s = scope("acct-a", "k-ttl");
     let mut req = claim_req(&s, "{}");
     req.replay_window = Duration::from_secs(600);
@@ -84,8 +82,9 @@ async fn ttl_keeps_unfinished_work_and_expires_finished_records_after_the_reap_t
     assert_eq!(pttl(&store, &store.record_key(&p)).await, -1, "parked: no TTL");
 
     // A reap threshold shorter than the window would drop records that must replay.
-    let short = RedisStore::connect(
-        RedisConfig::new(url)
+    let short = RedisStore::connect_with(
+        &url,
+        RedisConfig::default()
             .with_prefix(format!("{}-short", base.key_prefix))
             .with_reap_after(Duration::from_secs(1)),
     )
@@ -116,7 +115,7 @@ async fn a_record_gone_by_ttl_never_restarts_its_tokens() {
         .await
         .unwrap();
     // What a TTL expiry does.
-    let client = redis::Client::open(store.config().urls[0].as_str()).unwrap();
+    let client = redis::Client::open(redis_url().expect("redis url").as_str()).unwrap();
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
     let _: i64 = redis::cmd("DEL")
         .arg(store.record_key(&s))
@@ -278,10 +277,9 @@ async fn wait_without_enough_replicas_is_unavailable_and_hands_the_key_back() {
         .and_then(|n| n.parse().ok())
         .expect("INFO replication names connected_slaves");
     let required = replicas + 1;
-    let store =
-        RedisStore::connect(single_config("wait").with_wait_replicas(required, Duration::from_millis(50)))
-            .await
-            .unwrap();
+    let store = connect_single(single_config("wait").with_wait_replicas(required, Duration::from_millis(50)))
+        .await
+        .unwrap();
     let s = scope("acct-a", "k-wait");
     let req = claim_req(&s, "{}");
     match store.claim(&req).await {
@@ -301,11 +299,11 @@ async fn wait_without_enough_replicas_is_unavailable_and_hands_the_key_back() {
 #[tokio::test]
 async fn unreachable_server_is_unavailable() {
     let port = crate::harness::free_ports(1)[0];
-    let config = RedisConfig::new(format!("redis://127.0.0.1:{port}"))
+    let config = RedisConfig::default()
         .with_operation_timeout(Duration::from_secs(2))
         .with_connect_timeout(Duration::from_millis(200));
     let started = Instant::now();
-    match RedisStore::connect(config).await {
+    match RedisStore::connect_with(&format!("redis://127.0.0.1:{port}"), config).await {
         Err(StoreError::Unavailable(_)) => {}
         other => panic!("expected Unavailable, got {other:?}"),
     }
@@ -318,8 +316,9 @@ async fn lost_connection_is_a_retryable_unavailable() {
         return;
     }
     let mut server = Standalone::start(&[]);
-    let store = RedisStore::connect(
-        RedisConfig::new(server.url())
+    let store = RedisStore::connect_with(
+        &server.url(),
+        RedisConfig::default()
             .with_operation_timeout(Duration::from_secs(2))
             .with_connect_timeout(Duration::from_millis(200)),
     )
@@ -392,10 +391,10 @@ async fn completion_wakes_waiters_without_polling() {
 async fn notifications_can_be_turned_off() {
     let Some(_) = redis_url() else { return };
     let config = single_config("quiet");
-    let quiet = RedisStore::connect(config.clone().with_notifications(false))
+    let quiet = connect_single(config.clone().with_notifications(false))
         .await
         .unwrap();
-    let notifying = RedisStore::connect(config).await.unwrap();
+    let notifying = connect_single(config).await.unwrap();
     assert!(!quiet.notifies_changes());
     assert!(notifying.notifies_changes());
     let s = scope("acct-a", "k-quiet");
@@ -433,12 +432,12 @@ fn bad_configs_are_refused() {
         .build()
         .unwrap();
     for config in [
-        RedisConfig::new("redis://127.0.0.1:1").with_prefix("has{brace"),
-        RedisConfig::new("redis://127.0.0.1:1").with_prefix(""),
-        RedisConfig::new("redis://127.0.0.1:1").with_wait_replicas(1, Duration::ZERO),
+        RedisConfig::default().with_prefix("has{brace"),
+        RedisConfig::default().with_prefix(""),
+        RedisConfig::default().with_wait_replicas(1, Duration::ZERO),
     ] {
         assert!(matches!(
-            rt.block_on(RedisStore::connect(config)),
+            rt.block_on(RedisStore::connect_with("redis://127.0.0.1:1", config)),
             Err(StoreError::Backend(_))
         ));
     }

@@ -10,7 +10,9 @@ use idemkit_testkit::tx_suite::BusinessProbe;
 /// A fresh database in its own temporary directory (kept alive for the test).
 async fn fresh(clock: Arc<ManualClock>) -> Arc<SqliteStore> {
     let dir = test_dir("test");
-    let store = SqliteStore::open(dir.join("keys.db")).await.expect("open sqlite");
+    let store = SqliteStore::connect(dir.join("keys.db"))
+        .await
+        .expect("open sqlite");
     Arc::new(store.with_clock(clock))
 }
 
@@ -158,7 +160,7 @@ async fn lifecycle_migration_keeps_existing_records() {
         .unwrap();
         pool.close().await;
     }
-    let store = SqliteStore::open(&url).await.unwrap().with_clock(clock);
+    let store = SqliteStore::connect(&url).await.unwrap().with_clock(clock);
     let rec = store.get(&s).await.unwrap().expect("kept");
     assert_eq!(rec.fencing_token.0, 3);
     assert_eq!(rec.step_outputs["s"], 1);
@@ -180,10 +182,10 @@ async fn opens_sqlite_urls_and_reopens_existing_files() {
     let dir = test_dir("url");
     let path = dir.join("u.db");
     let url = format!("sqlite://{}", path.display());
-    let a = SqliteStore::open(&url).await.expect("url form");
+    let a = SqliteStore::connect(&url).await.expect("url form");
     drop(a);
     // Migrations are idempotent on reopen.
-    let b = SqliteStore::open(&path).await.expect("path form");
+    let b = SqliteStore::connect(&path).await.expect("path form");
     let mode: String = sqlx::query_scalar("PRAGMA journal_mode")
         .fetch_one(b.pool())
         .await
@@ -200,7 +202,7 @@ async fn a_file_migrated_by_a_newer_release_still_opens() {
     use idemkit_core::{ClaimOutcome, KeyStore};
     use idemkit_testkit::suite::{claim_req, scope};
     let path = test_dir("newer").join("n.db");
-    let store = SqliteStore::open(&path).await.unwrap();
+    let store = SqliteStore::connect(&path).await.unwrap();
     sqlx::query(
         "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) \
          VALUES (99991231000001, 'from a newer release', TRUE, X'00', 0)",
@@ -220,7 +222,7 @@ async fn a_file_migrated_by_a_newer_release_still_opens() {
         "the control: a strict migrator refuses the unknown version"
     );
     drop(store);
-    let store = SqliteStore::open(&path)
+    let store = SqliteStore::connect(&path)
         .await
         .expect("a newer release's migration does not stop this one");
     let s = scope("a", "after-newer");
@@ -265,8 +267,8 @@ async fn two_processes_racing_one_key_commit_once() {
     use idemkit_testkit::suite::{claim_req, response, scope};
     let dir = test_dir("two");
     let path = dir.join("shared.db");
-    let a = Arc::new(SqliteStore::open(&path).await.unwrap());
-    let b = Arc::new(SqliteStore::open(&path).await.unwrap());
+    let a = Arc::new(SqliteStore::connect(&path).await.unwrap());
+    let b = Arc::new(SqliteStore::connect(&path).await.unwrap());
     let orders = probe(a.clone()).await;
     let s = scope("acct", "race");
     let req = claim_req(&s, "{}");
@@ -315,8 +317,8 @@ async fn a_key_unknown_to_this_process_is_arbitrated_by_the_primary_key() {
     use idemkit_testkit::suite::{claim_req, must_claim, response, scope};
     let dir = test_dir("unknown");
     let path = dir.join("shared.db");
-    let a = Arc::new(SqliteStore::open(&path).await.unwrap());
-    let b = Arc::new(SqliteStore::open(&path).await.unwrap());
+    let a = Arc::new(SqliteStore::connect(&path).await.unwrap());
+    let b = Arc::new(SqliteStore::connect(&path).await.unwrap());
     assert!(a.keys_loaded().await && b.keys_loaded().await);
     let orders = probe(a.clone()).await;
     let s = scope("acct", "written-by-a");
@@ -369,7 +371,7 @@ async fn a_store_opened_on_existing_keys_reads_them_before_claiming() {
     let s = scope("acct", "before-restart");
     let req = claim_req(&s, "{}");
     {
-        let first = SqliteStore::open(&path).await.unwrap();
+        let first = SqliteStore::connect(&path).await.unwrap();
         let TxClaim::Claimed { tx, lease } = first.claim_in_tx(&req).await.unwrap() else {
             panic!("claims")
         };
@@ -379,7 +381,7 @@ async fn a_store_opened_on_existing_keys_reads_them_before_claiming() {
             .unwrap();
         first.pool().close().await;
     }
-    let restarted = SqliteStore::open(&path).await.unwrap();
+    let restarted = SqliteStore::connect(&path).await.unwrap();
     // Before the table is loaded every key is read first; after, this one is known.
     match restarted.claim_in_tx(&req).await.unwrap() {
         TxClaim::Other(ClaimOutcome::Replay(r)) => assert_eq!(r, response(201, "before")),
@@ -408,7 +410,9 @@ mod race {
         let base = BASE
             .get_or_init(|| async {
                 let dir = super::test_dir("race");
-                SqliteStore::open(dir.join("keys.db")).await.expect("open sqlite")
+                SqliteStore::connect(dir.join("keys.db"))
+                    .await
+                    .expect("open sqlite")
             })
             .await;
         let store: Arc<dyn KeyStore> = Arc::new(base.clone().with_clock(clock));
@@ -509,7 +513,7 @@ async fn cancelled_transactions_never_leave_the_connection_in_one() {
         busy_timeout: Duration::from_secs(2),
         ..SqliteConfig::default()
     };
-    let store = SqliteStore::open_with(&path, &config).await.unwrap();
+    let store = SqliteStore::connect_with(&path, config).await.unwrap();
     sqlx::query("CREATE TABLE biz (tag TEXT NOT NULL)")
         .execute(store.pool())
         .await
@@ -563,7 +567,7 @@ async fn the_log_is_checkpointed_in_the_background() {
             checkpoint_interval,
             ..SqliteConfig::default()
         };
-        let store = SqliteStore::open_with(&path, &config).await.unwrap();
+        let store = SqliteStore::connect_with(&path, config).await.unwrap();
         // Whatever opening wrote, checkpointed: the file's size before the writes.
         sqlx::query("PRAGMA wal_checkpoint(TRUNCATE)")
             .execute(store.pool())
@@ -637,7 +641,7 @@ async fn claims_commit_on_the_syncing_connection_and_nothing_else_does() {
         durability: Durability::Claims,
         ..SqliteConfig::default()
     };
-    let store = SqliteStore::open_with(dir.join("keys.db"), &config)
+    let store = SqliteStore::connect_with(dir.join("keys.db"), config)
         .await
         .unwrap();
     let claims = store.claims_pool().expect("a syncing connection").clone();
@@ -654,6 +658,6 @@ async fn claims_commit_on_the_syncing_connection_and_nothing_else_does() {
     assert_eq!(pragma(&claims).await, (2, 2), "the move of the released record");
     assert_eq!(pragma(store.pool()).await.0, 1, "the pool does not wait");
     // The control: the default has no syncing connection.
-    let plain = SqliteStore::open(dir.join("plain.db")).await.unwrap();
+    let plain = SqliteStore::connect(dir.join("plain.db")).await.unwrap();
     assert!(plain.claims_pool().is_none());
 }

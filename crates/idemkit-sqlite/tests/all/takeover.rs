@@ -39,7 +39,7 @@ async fn a_single_step_takeover_resumes_from_what_the_record_holds_under_the_loc
     });
     let dir = super::test_dir("takeover");
     let store = Arc::new(
-        idemkit_sqlite::SqliteStore::open(dir.join("keys.db"))
+        idemkit_sqlite::SqliteStore::connect(dir.join("keys.db"))
             .await
             .unwrap()
             .with_clock(clock.clone()),

@@ -8,7 +8,7 @@ use super::*;
 #[tokio::test]
 async fn heartbeat_keeps_a_slow_handler_from_being_taken_over() {
     let runs = Runs::default();
-    let store: Arc<dyn KeyStore> = Arc::new(SqliteStore::open(tempfile("hb")).await.unwrap());
+    let store: Arc<dyn KeyStore> = Arc::new(SqliteStore::connect(tempfile("hb")).await.unwrap());
     let layer = generic(store, Policy::new().with_lease(Duration::from_millis(300)))
         .build()
         .unwrap();

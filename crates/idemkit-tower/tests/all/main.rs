@@ -113,7 +113,7 @@ async fn sqlite(clock: Option<Arc<ManualClock>>) -> Arc<SqliteStore> {
         .as_nanos();
     let dir = std::env::temp_dir().join(format!("idemkit-tower-{}-{nanos}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let mut store = SqliteStore::open(dir.join("t.db")).await.unwrap();
+    let mut store = SqliteStore::connect(dir.join("t.db")).await.unwrap();
     if let Some(clock) = clock {
         store = store.with_clock(clock);
     }

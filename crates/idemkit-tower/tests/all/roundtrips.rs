@@ -175,7 +175,7 @@ async fn postgres_round_trips_per_first_request() {
         max_connections: 4,
         ..PgConfig::default()
     };
-    let store = Arc::new(PgStore::connect(relayed.as_str(), config).await.unwrap());
+    let store = Arc::new(PgStore::connect_with(relayed.as_str(), config).await.unwrap());
     sqlx::query("CREATE TABLE orders (id BIGSERIAL PRIMARY KEY, account TEXT, sku TEXT, quantity BIGINT)")
         .execute(store.pool())
         .await

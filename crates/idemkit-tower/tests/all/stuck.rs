@@ -116,7 +116,7 @@ async fn a_caller_that_hangs_up_mid_claim_leaves_no_key_held_by_nobody() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_caller_that_hangs_up_mid_claim_leaves_no_key_held_by_nobody_on_sqlite() {
-    let sqlite = SqliteStore::open(super::tempfile("mid-claim")).await.unwrap();
+    let sqlite = SqliteStore::connect(super::tempfile("mid-claim")).await.unwrap();
     hang_up_mid_claim(Arc::new(Faulty::new(sqlite))).await;
 }
 
@@ -380,7 +380,7 @@ async fn an_expired_deadline_still_gets_the_replay() {
 /// answer, and the key is free.
 #[tokio::test]
 async fn a_single_step_panic_rolls_back_and_answers() {
-    let sqlite = SqliteStore::open(super::tempfile("panic")).await.unwrap();
+    let sqlite = SqliteStore::connect(super::tempfile("panic")).await.unwrap();
     sqlx::query("CREATE TABLE rows (account TEXT NOT NULL, n INTEGER NOT NULL)")
         .execute(sqlite.pool())
         .await

@@ -191,7 +191,7 @@ async fn keys_complete_on_sqlite() {
     // The labels service creates its own tables; start from an empty file.
     let dir = Db::temp_dir();
     let path = dir.join("labels.db");
-    let store = SqliteStore::open(&path).await.unwrap();
+    let store = SqliteStore::connect(&path).await.unwrap();
     let db = Db {
         store: Arc::new(store),
         url: path.to_str().unwrap().to_owned(),

@@ -75,7 +75,7 @@ impl Db {
     async fn sqlite() -> Self {
         let dir = Self::temp_dir();
         let path = dir.join("keys.db");
-        let store = SqliteStore::open(&path).await.expect("open SQLite");
+        let store = SqliteStore::connect(&path).await.expect("open SQLite");
         Self {
             store: Arc::new(store),
             url: path.to_str().unwrap().to_owned(),
@@ -87,7 +87,7 @@ impl Db {
     async fn postgres() -> Option<Self> {
         let url = postgres_url()?;
         let schema = unique("t_keys");
-        let store = PgStore::connect(
+        let store = PgStore::connect_with(
             &url,
             PgConfig {
                 schema: schema.clone(),

@@ -138,7 +138,7 @@ async fn keys_reads_the_library_default_schema_on_postgres() {
     );
     pool.close().await;
 
-    let store = PgStore::connect(&db_url, PgConfig::default()).await.unwrap();
+    let store = PgStore::connect(&db_url).await.unwrap();
     let done = scope("acct-a", "k-default");
     let l = must_claim(&store, &claim_req(&done, r#"{"sku":"x"}"#)).await;
     store

@@ -22,8 +22,9 @@ impl Db {
     /// the binary gets `redis+cluster://node,node,…?prefix=…`.
     pub(crate) async fn redis_cluster(urls: &[String]) -> Self {
         let prefix = unique("idemkit-keys-cluster");
-        let store = idemkit_redis::RedisStore::connect(
-            idemkit_redis::RedisConfig::cluster(urls.to_vec()).with_prefix(prefix.clone()),
+        let store = idemkit_redis::RedisStore::connect_with(
+            &cluster_url(urls),
+            idemkit_redis::RedisConfig::default().with_prefix(prefix.clone()),
         )
         .await
         .expect("connect to the cluster");
@@ -40,8 +41,9 @@ impl Db {
     async fn redis() -> Option<Self> {
         let url = redis_url()?;
         let prefix = unique("idemkit-keys");
-        let store = idemkit_redis::RedisStore::connect(
-            idemkit_redis::RedisConfig::new(url.clone()).with_prefix(prefix.clone()),
+        let store = idemkit_redis::RedisStore::connect_with(
+            &url,
+            idemkit_redis::RedisConfig::default().with_prefix(prefix.clone()),
         )
         .await
         .expect("connect to Redis");
@@ -79,8 +81,9 @@ async fn keys_on_redis_reads_the_prefix_from_the_environment() {
         return;
     };
     let prefix = unique("idemkit-keys-env");
-    let store = idemkit_redis::RedisStore::connect(
-        idemkit_redis::RedisConfig::new(url.clone()).with_prefix(prefix.clone()),
+    let store = idemkit_redis::RedisStore::connect_with(
+        &url,
+        idemkit_redis::RedisConfig::default().with_prefix(prefix.clone()),
     )
     .await
     .unwrap();
