@@ -115,6 +115,13 @@ pub enum StoreError {
     /// Any other backend failure.
     #[error("key store failure: {0}")]
     Backend(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// The store's configuration cannot work (a malformed URL, a bad schema
+    /// name or key prefix, a zero pool size): found before or while
+    /// connecting, not a failure of the database. Not retryable: the same
+    /// configuration fails the same way. The source is the store crate's own
+    /// error (e.g. `idemkit_postgres::PgConfigError`), for matching.
+    #[error("key store configuration is invalid")]
+    Config(#[source] Box<dyn std::error::Error + Send + Sync>),
 }
 
 impl StoreError {

@@ -31,15 +31,9 @@ async fn commits(admin_url: &str, db: &str) -> i64 {
 }
 
 async fn run(url: &str, phases: usize, requests: usize, tag: &str) {
-    let store = PgStore::connect_with(
-        url,
-        PgConfig {
-            schema: "bench".into(),
-            ..PgConfig::default()
-        },
-    )
-    .await
-    .unwrap();
+    let store = PgStore::connect_with(url, PgConfig::default().with_schema("bench"))
+        .await
+        .unwrap();
     sqlx::query("CREATE TABLE IF NOT EXISTS biz (tag TEXT NOT NULL)")
         .execute(store.pool())
         .await

@@ -259,11 +259,9 @@ async fn main() {
     let store = Arc::new(
         PgStore::connect_with(
             &url,
-            PgConfig {
-                schema: schema.clone(),
-                max_connections: 20,
-                ..PgConfig::default()
-            },
+            PgConfig::default()
+                .with_schema(schema.clone())
+                .with_max_connections(20),
         )
         .await
         .unwrap(),

@@ -21,15 +21,9 @@ async fn main() {
         eprintln!("usage: pg_holder URL SCHEMA KEY LEASE_MS");
         std::process::exit(2);
     };
-    let store = PgStore::connect_with(
-        url,
-        PgConfig {
-            schema: schema.clone(),
-            ..PgConfig::default()
-        },
-    )
-    .await
-    .unwrap();
+    let store = PgStore::connect_with(url, PgConfig::default().with_schema(schema.clone()))
+        .await
+        .unwrap();
     let scope = Scope::new(Account::new("holder"), IdempotencyKey::parse(key).unwrap());
     let req = ClaimRequest {
         scope: scope.clone(),

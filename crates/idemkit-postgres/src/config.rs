@@ -2,49 +2,64 @@
 
 use std::time::Duration;
 
-use idemkit_core::{StoreError, StoreResult};
+use idemkit_core::StoreError;
 
-/// Settings of a [`crate::PgStore`].
+/// Settings of a [`crate::PgStore`]: its schema, the pool
+/// [`crate::PgStore::connect_with`] opens, and how single-step claims behave.
+/// Built from [`PgConfig::default`] with the `with_*` methods; fields are
+/// private so settings can be added without breaking callers.
+///
+/// ```
+/// use std::time::Duration;
+/// use idemkit_postgres::{Isolation, PgConfig};
+///
+/// let config = PgConfig::default()
+///     .with_schema("shop_keys")
+///     .with_max_connections(10)
+///     .with_single_step_isolation(Isolation::RepeatableRead);
+/// assert!(config.validate().is_ok());
+/// assert!(PgConfig::default().with_schema("shop-keys").validate().is_err());
+/// ```
 #[derive(Debug, Clone)]
 pub struct PgConfig {
-    /// Schema holding the store's table (created if missing; default `idemkit`).
-    /// The pool's `search_path` is `<schema>, public`.
-    pub schema: String,
-    /// Pool size (default 5: three instances use 15 of PostgreSQL's default 100).
-    pub max_connections: u32,
-    /// How long a request waits for a pooled connection before a retryable 503
-    /// (default 5 s).
-    pub acquire_timeout: Duration,
-    /// `statement_timeout` of every connection (default 10 s).
-    pub statement_timeout: Duration,
-    /// With in-flight = reject, how long a single-step claim waits on a
-    /// concurrent holder's uncommitted claim before answering 409. Default
-    /// zero: no wait (one more try after 20 ms, for a transaction that ended
-    /// but whose rollback has not reached the server yet), and the opening is
-    /// one function call (a try-lock and the absence check). A wait lets a duplicate that arrives
-    /// just before the holder commits replay instead, for two more statements
-    /// per first request (`SET LOCAL lock_timeout` before the lock and after).
-    pub reject_lock_timeout: Duration,
-    /// Attempts for an operation that hits a deadlock or serialization failure
-    /// (default 3).
-    pub max_attempts: u32,
-    /// A pooled connection idle at least this long is pinged before it is
-    /// handed out (default 1 s; zero pings every time). A ping is a round trip:
-    /// paid on every operation it would double a busy store's round trips, so
-    /// connections in steady use skip it, and one that sat idle long enough for
-    /// the server to have gone away (a restart, a network cut) is checked and
-    /// replaced. A connection dropped within the interval fails the one
-    /// operation that picks it up with a retryable `Unavailable` (503).
-    pub ping_if_idle_for: Duration,
-    /// The isolation level of a single-step claim's transaction, the one the
-    /// handler's writes run in (default [`Isolation::ReadCommitted`], as
-    /// before this setting existed). See [`Isolation`] for what each level
-    /// costs and what a request that loses a race is answered.
-    pub single_step_isolation: Isolation,
+    pub(crate) schema: String,
+    pub(crate) max_connections: u32,
+    pub(crate) acquire_timeout: Duration,
+    pub(crate) statement_timeout: Duration,
+    pub(crate) reject_lock_timeout: Duration,
+    pub(crate) max_attempts: u32,
+    pub(crate) ping_if_idle_for: Duration,
+    pub(crate) single_step_isolation: Isolation,
+}
+
+/// A [`PgConfig`] that cannot work ([`PgConfig::validate`]).
+/// [`crate::PgStore::connect_with`] and [`crate::PgStore::from_pool`] answer it
+/// as [`idemkit_core::StoreError::Config`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PgConfigError {
+    /// The schema is not a plain identifier (it is formatted into SQL).
+    #[error("schema `{0}` must match [a-z_][a-z0-9_]{{0,62}}")]
+    BadSchema(String),
+    /// `max_connections` is zero: the pool could never hand out a connection.
+    #[error("max_connections must be at least 1")]
+    NoConnections,
+    /// `max_attempts` is zero: no operation would ever be tried.
+    #[error("max_attempts must be at least 1")]
+    NoAttempts,
+    /// The URL is not one sqlx understands (`postgres://…`).
+    #[error("invalid PostgreSQL URL: {0}")]
+    BadUrl(String),
+}
+
+impl From<PgConfigError> for StoreError {
+    fn from(e: PgConfigError) -> Self {
+        Self::Config(Box::new(e))
+    }
 }
 
 /// The isolation level of single-step transactions
-/// ([`PgConfig::single_step_isolation`]).
+/// ([`PgConfig::with_single_step_isolation`]).
 ///
 /// Whatever the level, the key's advisory lock keeps two single-step claims of
 /// one key from running at once, and a claim never runs its handler on a read
@@ -106,11 +121,135 @@ impl Isolation {
 }
 
 impl PgConfig {
-    /// Sets [`PgConfig::single_step_isolation`].
+    /// Sets the schema holding the store's table (created if missing; default
+    /// `idemkit`; a plain identifier, `[a-z_][a-z0-9_]{0,62}`). The pool's
+    /// `search_path` is `<schema>, public`.
+    #[must_use]
+    pub fn with_schema(mut self, schema: impl Into<String>) -> Self {
+        self.schema = schema.into();
+        self
+    }
+
+    /// Sets the pool size (default 5: three instances use 15 of PostgreSQL's
+    /// default 100).
+    #[must_use]
+    pub fn with_max_connections(mut self, n: u32) -> Self {
+        self.max_connections = n;
+        self
+    }
+
+    /// Sets how long a request waits for a pooled connection before a
+    /// retryable 503 (default 5 s).
+    #[must_use]
+    pub fn with_acquire_timeout(mut self, timeout: Duration) -> Self {
+        self.acquire_timeout = timeout;
+        self
+    }
+
+    /// Sets the `statement_timeout` of every connection (default 10 s).
+    #[must_use]
+    pub fn with_statement_timeout(mut self, timeout: Duration) -> Self {
+        self.statement_timeout = timeout;
+        self
+    }
+
+    /// With in-flight = reject, how long a single-step claim waits on a
+    /// concurrent holder's uncommitted claim before answering 409. Default
+    /// zero: no wait (one more try after 20 ms, for a transaction that ended
+    /// but whose rollback has not reached the server yet), and the opening is
+    /// one function call (a try-lock and the absence check). A wait lets a
+    /// duplicate that arrives just before the holder commits replay instead,
+    /// for two more statements per first request (`SET LOCAL lock_timeout`
+    /// before the lock and after).
+    #[must_use]
+    pub fn with_reject_lock_timeout(mut self, timeout: Duration) -> Self {
+        self.reject_lock_timeout = timeout;
+        self
+    }
+
+    /// Sets the attempts for an operation that hits a deadlock or
+    /// serialization failure (default 3; at least 1).
+    #[must_use]
+    pub fn with_max_attempts(mut self, attempts: u32) -> Self {
+        self.max_attempts = attempts;
+        self
+    }
+
+    /// A pooled connection idle at least this long is pinged before it is
+    /// handed out (default 1 s; zero pings every time). A ping is a round
+    /// trip: paid on every operation it would double a busy store's round
+    /// trips, so connections in steady use skip it, and one that sat idle long
+    /// enough for the server to have gone away (a restart, a network cut) is
+    /// checked and replaced. A connection dropped within the interval fails
+    /// the one operation that picks it up with a retryable `Unavailable` (503).
+    #[must_use]
+    pub fn with_ping_if_idle_for(mut self, idle: Duration) -> Self {
+        self.ping_if_idle_for = idle;
+        self
+    }
+
+    /// Sets the isolation level of a single-step claim's transaction, the one
+    /// the handler's writes run in (default [`Isolation::ReadCommitted`]). See
+    /// [`Isolation`] for what each level costs and what a request that loses a
+    /// race is answered.
     #[must_use]
     pub fn with_single_step_isolation(mut self, isolation: Isolation) -> Self {
         self.single_step_isolation = isolation;
         self
+    }
+
+    /// The schema holding the store's table.
+    pub fn schema(&self) -> &str {
+        &self.schema
+    }
+
+    /// The pool size.
+    pub fn max_connections(&self) -> u32 {
+        self.max_connections
+    }
+
+    /// How long a request waits for a pooled connection.
+    pub fn acquire_timeout(&self) -> Duration {
+        self.acquire_timeout
+    }
+
+    /// The `statement_timeout` of every connection.
+    pub fn statement_timeout(&self) -> Duration {
+        self.statement_timeout
+    }
+
+    /// How long a rejecting single-step claim waits on a concurrent holder.
+    pub fn reject_lock_timeout(&self) -> Duration {
+        self.reject_lock_timeout
+    }
+
+    /// Attempts for an operation that hits a deadlock or serialization failure.
+    pub fn max_attempts(&self) -> u32 {
+        self.max_attempts
+    }
+
+    /// How long a pooled connection may sit idle before it is pinged.
+    pub fn ping_if_idle_for(&self) -> Duration {
+        self.ping_if_idle_for
+    }
+
+    /// The isolation level of single-step transactions.
+    pub fn single_step_isolation(&self) -> Isolation {
+        self.single_step_isolation
+    }
+
+    /// Checks the settings without connecting.
+    pub fn validate(&self) -> Result<(), PgConfigError> {
+        if !valid_schema(&self.schema) {
+            return Err(PgConfigError::BadSchema(self.schema.clone()));
+        }
+        if self.max_connections == 0 {
+            return Err(PgConfigError::NoConnections);
+        }
+        if self.max_attempts == 0 {
+            return Err(PgConfigError::NoAttempts);
+        }
+        Ok(())
     }
 }
 
@@ -126,17 +265,6 @@ impl Default for PgConfig {
             ping_if_idle_for: Duration::from_secs(1),
             single_step_isolation: Isolation::ReadCommitted,
         }
-    }
-}
-
-/// Refuses a schema name that is not a plain identifier: it is formatted into SQL.
-pub(crate) fn check_schema(schema: &str) -> StoreResult<()> {
-    if valid_schema(schema) {
-        Ok(())
-    } else {
-        Err(StoreError::Backend(
-            format!("schema `{schema}` must match [a-z_][a-z0-9_]{{0,62}}").into(),
-        ))
     }
 }
 
@@ -160,5 +288,22 @@ mod tests {
         assert!(!valid_schema("a; drop table x"));
         assert!(!valid_schema(""));
         assert!(!valid_schema(&"a".repeat(64)));
+    }
+
+    #[test]
+    fn validates() {
+        assert_eq!(PgConfig::default().validate(), Ok(()));
+        assert_eq!(
+            PgConfig::default().with_schema("a-b").validate(),
+            Err(PgConfigError::BadSchema("a-b".into()))
+        );
+        assert_eq!(
+            PgConfig::default().with_max_connections(0).validate(),
+            Err(PgConfigError::NoConnections)
+        );
+        assert_eq!(
+            PgConfig::default().with_max_attempts(0).validate(),
+            Err(PgConfigError::NoAttempts)
+        );
     }
 }

@@ -89,7 +89,7 @@ pub fn single_step_sql(
     sql::begin_locked_absent(Isolation::ReadCommitted, lock_timeout_ms, lock, schema, scope)
 }
 
-pub use config::{Isolation, PgConfig};
+pub use config::{Isolation, PgConfig, PgConfigError};
 pub use listener::CHANNEL;
 pub use tx::{PROVISIONAL_TOKEN, PgTx};
 

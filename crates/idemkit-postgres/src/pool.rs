@@ -10,7 +10,6 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{AssertSqlSafe, PgPool};
 use tokio::sync::broadcast;
 
-use crate::config::check_schema;
 use crate::error::map_err;
 use crate::listener::spawn_listener;
 use crate::{MIGRATOR, PgConfig, PgStore, sql};
@@ -61,7 +60,7 @@ impl PgStore {
     }
 
     async fn pool_for(url: &str, config: &PgConfig) -> StoreResult<PgPool> {
-        check_schema(&config.schema)?;
+        config.validate()?;
         let options = PgConnectOptions::from_str(url)
             .map_err(|e| StoreError::Backend(Box::new(e)))?
             .options([
@@ -97,7 +96,7 @@ impl PgStore {
     /// settings apply, not the pool's (`max_connections`, the timeouts,
     /// `ping_if_idle_for`).
     pub async fn from_pool(pool: PgPool, config: PgConfig) -> StoreResult<Self> {
-        check_schema(&config.schema)?;
+        config.validate()?;
         {
             // Concurrent `CREATE SCHEMA IF NOT EXISTS` can race in PostgreSQL;
             // serialise it across instances with an advisory lock.

@@ -3,7 +3,7 @@
 use std::num::NonZeroUsize;
 use std::time::Duration;
 
-use crate::error::ConfigError;
+use crate::error::RedisConfigError;
 
 /// Default key prefix.
 pub const DEFAULT_PREFIX: &str = "idemkit";
@@ -32,27 +32,27 @@ pub struct RedisConfig {
     pub(crate) cluster: bool,
     /// Prefix of every key and channel this store touches (default `idemkit`).
     /// Several stores (or test runs) share one server safely under distinct prefixes.
-    pub key_prefix: String,
+    pub(crate) key_prefix: String,
     /// Reap threshold: the TTL of a record after its last write (default 72 h).
     /// A record is always kept at least as long as the route's replay window.
-    pub reap_after: Duration,
+    pub(crate) reap_after: Duration,
     /// Opt-in durability: after each write, `WAIT` until this many replicas have
     /// acknowledged it, or the timeout passes; fewer acknowledgements make the
     /// operation fail with a retryable `503`. `None` (the default) does not wait.
-    pub wait_replicas: Option<(u32, Duration)>,
+    pub(crate) wait_replicas: Option<(u32, Duration)>,
     /// Upper bound on one store operation, reconnects and redirects included
     /// (default 5 s; the `WAIT` timeout is added on top). Past it: a retryable `503`.
-    pub operation_timeout: Duration,
+    pub(crate) operation_timeout: Duration,
     /// Timeout of one connection attempt (default 1 s).
-    pub connect_timeout: Duration,
+    pub(crate) connect_timeout: Duration,
     /// Publish completion, release and abandon on a per-record channel so
     /// waiters wake at once instead of polling (default `true`).
-    pub notifications: bool,
+    pub(crate) notifications: bool,
     /// Independent multiplexed connections used round-robin. `None` (the
     /// default): one, or eight with `wait_replicas` — `WAIT` blocks the
     /// connection it runs on, so one connection would queue every request
     /// behind the slowest acknowledgement.
-    pub connections: Option<NonZeroUsize>,
+    pub(crate) connections: Option<NonZeroUsize>,
 }
 
 impl Default for RedisConfig {
@@ -82,7 +82,7 @@ impl Endpoint {
     /// Parses the form `IDEMKIT_KEYSTORE` uses: `redis://host:port[/db]`
     /// (also `rediss://`, `redis+unix://`) for one node, or
     /// `redis+cluster://host1:port1,host2:port2` for a cluster's seed nodes.
-    pub(crate) fn parse(url: &str) -> Result<Self, ConfigError> {
+    pub(crate) fn parse(url: &str) -> Result<Self, RedisConfigError> {
         if let Some(rest) = url.strip_prefix("redis+cluster://") {
             let urls: Vec<String> = rest
                 .trim_end_matches('/')
@@ -91,11 +91,11 @@ impl Endpoint {
                 .map(|node| format!("redis://{node}"))
                 .collect();
             if urls.is_empty() {
-                return Err(ConfigError::NoUrl);
+                return Err(RedisConfigError::NoUrl);
             }
             Ok(Self { urls, cluster: true })
         } else if url.is_empty() {
-            Err(ConfigError::NoUrl)
+            Err(RedisConfigError::NoUrl)
         } else if url.starts_with("redis://")
             || url.starts_with("rediss://")
             || url.starts_with("redis+unix://")
@@ -105,52 +105,94 @@ impl Endpoint {
                 cluster: false,
             })
         } else {
-            Err(ConfigError::BadUrl(url.to_owned()))
+            Err(RedisConfigError::BadUrl(url.to_owned()))
         }
     }
 }
 
 impl RedisConfig {
     /// Sets the key prefix.
+    #[must_use]
     pub fn with_prefix(mut self, prefix: impl Into<String>) -> Self {
         self.key_prefix = prefix.into();
         self
     }
 
     /// Sets the reap threshold (the TTL after a record's last write).
+    #[must_use]
     pub fn with_reap_after(mut self, reap_after: Duration) -> Self {
         self.reap_after = reap_after;
         self
     }
 
     /// Requires `replicas` acknowledgements within `timeout` for every write.
+    #[must_use]
     pub fn with_wait_replicas(mut self, replicas: u32, timeout: Duration) -> Self {
         self.wait_replicas = Some((replicas, timeout));
         self
     }
 
     /// Sets the bound on one store operation.
+    #[must_use]
     pub fn with_operation_timeout(mut self, timeout: Duration) -> Self {
         self.operation_timeout = timeout;
         self
     }
 
     /// Sets the timeout of one connection attempt.
+    #[must_use]
     pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
         self
     }
 
     /// Turns change notifications on or off.
+    #[must_use]
     pub fn with_notifications(mut self, on: bool) -> Self {
         self.notifications = on;
         self
     }
 
-    /// Sets the number of independent connections (see [`RedisConfig::connections`]).
+    /// Sets the number of independent connections (default: one, or eight with `WAIT`, which blocks the connection it runs on).
+    #[must_use]
     pub fn with_connections(mut self, n: NonZeroUsize) -> Self {
         self.connections = Some(n);
         self
+    }
+
+    /// The key prefix.
+    pub fn key_prefix(&self) -> &str {
+        &self.key_prefix
+    }
+
+    /// The reap threshold (the TTL after a record's last write).
+    pub fn reap_after(&self) -> Duration {
+        self.reap_after
+    }
+
+    /// The replicas every write waits for, and for how long (`None`: no `WAIT`).
+    pub fn wait_replicas(&self) -> Option<(u32, Duration)> {
+        self.wait_replicas
+    }
+
+    /// The bound on one store operation (the `WAIT` timeout comes on top).
+    pub fn operation_timeout(&self) -> Duration {
+        self.operation_timeout
+    }
+
+    /// The timeout of one connection attempt.
+    pub fn connect_timeout(&self) -> Duration {
+        self.connect_timeout
+    }
+
+    /// Whether changes are published to waiters.
+    pub fn notifications(&self) -> bool {
+        self.notifications
+    }
+
+    /// The number of connections, if set (see [`RedisConfig::with_connections`]).
+    pub fn connections(&self) -> Option<NonZeroUsize> {
+        self.connections
     }
 
     /// The number of connections [`crate::RedisStore::connect_with`] opens.
@@ -163,14 +205,14 @@ impl RedisConfig {
     }
 
     /// Checks the settings without connecting.
-    pub fn validate(&self) -> Result<(), ConfigError> {
+    pub fn validate(&self) -> Result<(), RedisConfigError> {
         if self.key_prefix.is_empty() || self.key_prefix.contains(['{', '}']) {
-            return Err(ConfigError::BadPrefix(self.key_prefix.clone()));
+            return Err(RedisConfigError::BadPrefix(self.key_prefix.clone()));
         }
         if let Some((n, t)) = self.wait_replicas
             && (n == 0 || t.is_zero())
         {
-            return Err(ConfigError::BadWait);
+            return Err(RedisConfigError::BadWait);
         }
         Ok(())
     }
@@ -195,10 +237,10 @@ mod tests {
         assert_eq!(c.urls, ["redis://a:1", "redis://b:2"]);
         assert_eq!(
             Endpoint::parse("http://x"),
-            Err(ConfigError::BadUrl("http://x".into()))
+            Err(RedisConfigError::BadUrl("http://x".into()))
         );
-        assert_eq!(Endpoint::parse("redis+cluster://"), Err(ConfigError::NoUrl));
-        assert_eq!(Endpoint::parse(""), Err(ConfigError::NoUrl));
+        assert_eq!(Endpoint::parse("redis+cluster://"), Err(RedisConfigError::NoUrl));
+        assert_eq!(Endpoint::parse(""), Err(RedisConfigError::NoUrl));
     }
 
     #[test]
@@ -206,13 +248,13 @@ mod tests {
         assert!(RedisConfig::default().validate().is_ok());
         assert_eq!(
             RedisConfig::default().with_prefix("a{b").validate(),
-            Err(ConfigError::BadPrefix("a{b".into()))
+            Err(RedisConfigError::BadPrefix("a{b".into()))
         );
         assert_eq!(
             RedisConfig::default()
                 .with_wait_replicas(0, Duration::from_secs(1))
                 .validate(),
-            Err(ConfigError::BadWait)
+            Err(RedisConfigError::BadWait)
         );
     }
 }

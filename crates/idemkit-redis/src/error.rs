@@ -13,14 +13,14 @@ use redis::{ErrorKind, RedisError, ServerErrorKind};
 pub struct ReplicaShortfall {
     /// Replicas that acknowledged.
     pub acknowledged: u32,
-    /// Replicas required by [`crate::RedisConfig::wait_replicas`].
+    /// Replicas required by [`crate::RedisConfig::with_wait_replicas`].
     pub required: u32,
     /// The `WAIT` timeout.
     pub timeout: Duration,
 }
 
 /// The whole operation (connect, reconnect, redirects, `WAIT`) took longer than
-/// [`crate::RedisConfig::operation_timeout`].
+/// [`crate::RedisConfig::with_operation_timeout`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("redis operation timed out after {0:?}")]
 pub struct OperationTimedOut(pub Duration);
@@ -49,7 +49,7 @@ pub struct WriteRefused {
 /// A configuration that cannot work.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
-pub enum ConfigError {
+pub enum RedisConfigError {
     /// No server URL was given.
     #[error("no redis URL given")]
     NoUrl,
@@ -64,9 +64,9 @@ pub enum ConfigError {
     BadUrl(String),
 }
 
-impl From<ConfigError> for StoreError {
-    fn from(e: ConfigError) -> Self {
-        StoreError::Backend(Box::new(e))
+impl From<RedisConfigError> for StoreError {
+    fn from(e: RedisConfigError) -> Self {
+        StoreError::Config(Box::new(e))
     }
 }
 

@@ -56,7 +56,7 @@ use idemkit_core::{
 use redis::{Cmd, Value};
 
 pub use config::{DEFAULT_PREFIX, DEFAULT_REAP_AFTER, RedisConfig};
-pub use error::{ConfigError, OperationTimedOut, ReplicaShortfall, WriteRefused};
+pub use error::{OperationTimedOut, RedisConfigError, ReplicaShortfall, WriteRefused};
 pub use write::{RedisWrite, WriteOp};
 
 use conn::Conn;
@@ -197,7 +197,7 @@ impl RedisStore {
     /// The same connections under another key prefix: a separate store in
     /// effect (records, review list, token marks), without new connections.
     /// Refused like [`RedisConfig::validate`] refuses a bad prefix.
-    pub fn with_prefix(mut self, prefix: impl Into<String>) -> Result<Self, ConfigError> {
+    pub fn with_prefix(mut self, prefix: impl Into<String>) -> Result<Self, RedisConfigError> {
         let config = RedisConfig {
             key_prefix: prefix.into(),
             ..(*self.config).clone()

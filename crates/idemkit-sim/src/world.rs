@@ -687,10 +687,7 @@ async fn open_postgres(seed: u64) -> Result<(PgStore, String), String> {
     let url = std::env::var("IDEMKIT_TEST_POSTGRES_URL")
         .map_err(|_| "set IDEMKIT_TEST_POSTGRES_URL to simulate PostgreSQL".to_owned())?;
     let schema = format!("idemkit_sim_{}_{seed:x}", std::process::id());
-    let config = PgConfig {
-        schema: schema.clone(),
-        ..PgConfig::default()
-    };
+    let config = PgConfig::default().with_schema(schema.clone());
     let store = PgStore::connect_with(&url, config)
         .await
         .map_err(|e| e.to_string())?;
@@ -746,10 +743,7 @@ async fn open_sqlite(seed: u64) -> (SqliteStore, std::path::PathBuf) {
             .map(|d| d.as_nanos())
             .unwrap_or(0)
     ));
-    let config = SqliteConfig {
-        checkpoint_interval: Duration::ZERO,
-        ..SqliteConfig::default()
-    };
+    let config = SqliteConfig::default().with_checkpoint_interval(Duration::ZERO);
     let store = SqliteStore::connect_with(&path, config)
         .await
         .expect("open sqlite");

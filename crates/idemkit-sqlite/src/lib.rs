@@ -59,7 +59,7 @@ use idemkit_core::Clock;
 use sqlx::SqlitePool;
 use tokio::sync::Mutex;
 
-pub use config::{Durability, SqliteConfig};
+pub use config::{Durability, SqliteConfig, SqliteConfigError};
 pub use tx::SqliteTx;
 
 /// Embedded migrations (run by [`SqliteStore::connect`] and [`SqliteStore::from_pool`]).

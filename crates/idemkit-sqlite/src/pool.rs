@@ -24,6 +24,7 @@ impl SqliteStore {
 
     /// [`SqliteStore::connect`] with these settings.
     pub async fn connect_with(location: impl AsRef<Path>, config: SqliteConfig) -> StoreResult<Self> {
+        config.validate()?;
         let path = location.as_ref();
         let options = match path.to_str() {
             Some(url) if url.starts_with("sqlite:") => {

@@ -247,11 +247,9 @@ fn sqlite_idempotent(store: Arc<SqliteStore>) -> Router {
 }
 
 async fn pg_store(url: &str, schema: &str) -> Arc<PgStore> {
-    let config = PgConfig {
-        schema: schema.to_owned(),
-        max_connections: 8,
-        ..PgConfig::default()
-    };
+    let config = PgConfig::default()
+        .with_schema(schema.to_owned())
+        .with_max_connections(8);
     let store = PgStore::connect_with(url, config).await.unwrap();
     sqlx::query("DROP TABLE IF EXISTS orders")
         .execute(store.pool())

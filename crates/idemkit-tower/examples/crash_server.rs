@@ -263,15 +263,9 @@ async fn main() {
         Ok(url) if url.starts_with("postgres") => {
             let schema = std::env::var("IDEMKIT_PG_SCHEMA").unwrap_or_else(|_| "crash".into());
             let store = Arc::new(
-                PgStore::connect_with(
-                    &url,
-                    PgConfig {
-                        schema,
-                        ..PgConfig::default()
-                    },
-                )
-                .await
-                .unwrap(),
+                PgStore::connect_with(&url, PgConfig::default().with_schema(schema))
+                    .await
+                    .unwrap(),
             );
             sqlx::query("CREATE TABLE IF NOT EXISTS labels (id BIGSERIAL PRIMARY KEY, account TEXT NOT NULL, idem_key TEXT NOT NULL, shipment BIGINT)")
                 .execute(store.pool())

@@ -268,12 +268,11 @@ pub async fn open_store(url: &str, options: &OpenOptions) -> Result<OpenedStore,
             {
                 return Err(OpenError::NoSqliteFile(url.to_owned()));
             }
-            let defaults = crate::sqlite::SqliteConfig::default();
-            let config = crate::sqlite::SqliteConfig {
-                max_connections: options.max_connections.unwrap_or(defaults.max_connections),
-                durability: options.sqlite_durability,
-                ..defaults
-            };
+            let mut config =
+                crate::sqlite::SqliteConfig::default().with_durability(options.sqlite_durability);
+            if let Some(n) = options.max_connections {
+                config = config.with_max_connections(n);
+            }
             let store = crate::sqlite::SqliteStore::connect_with(url, config)
                 .await
                 .map_err(store_err)?;
@@ -282,12 +281,10 @@ pub async fn open_store(url: &str, options: &OpenOptions) -> Result<OpenedStore,
         #[cfg(feature = "postgres")]
         StoreKind::Postgres => {
             use crate::postgres::{PgConfig, PgStore};
-            let defaults = PgConfig::default();
-            let config = PgConfig {
-                schema: options.pg_schema.clone(),
-                max_connections: options.max_connections.unwrap_or(defaults.max_connections),
-                ..defaults
-            };
+            let mut config = PgConfig::default().with_schema(options.pg_schema.clone());
+            if let Some(n) = options.max_connections {
+                config = config.with_max_connections(n);
+            }
             let store = match options.mode {
                 OpenMode::Create | OpenMode::Existing => PgStore::connect_with(url, config).await,
                 OpenMode::NoMigrations => PgStore::connect_existing(url, config).await,

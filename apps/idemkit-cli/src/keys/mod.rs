@@ -36,9 +36,9 @@ use idemkit_tower::{Completer, Reaper};
 use serde_json::{Value, json};
 
 /// The PostgreSQL schema `idemkit keys` reads unless told otherwise: the
-/// library's default (`PgConfig::default().schema`).
+/// library's default (`PgConfig::default().schema()`).
 fn default_schema() -> String {
-    PgConfig::default().schema
+    PgConfig::default().schema().to_owned()
 }
 
 /// How much of a body the human output shows.

@@ -34,11 +34,7 @@ async fn commits(admin: &mut sqlx::PgConnection, db: &str) -> i64 {
 async fn run(url: &str, phases: usize, requests: usize, tag: &str) {
     let store = PgStore::connect_with(
         url,
-        PgConfig {
-            schema: "commits".into(),
-            max_connections: 2,
-            ..PgConfig::default()
-        },
+        PgConfig::default().with_schema("commits").with_max_connections(2),
     )
     .await
     .unwrap();

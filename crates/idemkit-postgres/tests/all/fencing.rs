@@ -29,10 +29,7 @@ fn signal(pid: u32, sig: &str) {
 async fn stopped_holder_cannot_complete_after_takeover() {
     let Some(url) = database_url() else { return };
     let schema = fresh_schema();
-    let config = idemkit_postgres::PgConfig {
-        schema: schema.clone(),
-        ..Default::default()
-    };
+    let config = idemkit_postgres::PgConfig::default().with_schema(schema.clone());
     let store = idemkit_postgres::PgStore::connect_with(&url, config)
         .await
         .unwrap();

@@ -79,10 +79,7 @@ async fn a_completion_between_the_takeover_read_and_write_is_never_reopened() {
 #[tokio::test]
 async fn a_skewed_instance_cannot_take_over_a_live_lease() {
     let Some(url) = database_url() else { return };
-    let config = || PgConfig {
-        schema: "skew_".to_owned() + &fresh_schema()[2..],
-        ..PgConfig::default()
-    };
+    let config = || PgConfig::default().with_schema("skew_".to_owned() + &fresh_schema()[2..]);
     let first = config();
     let honest = PgStore::connect_with(&url, first.clone()).await.unwrap();
     let ahead = Arc::new(SkewedClock {
@@ -137,10 +134,7 @@ async fn single_step_reuse_lifts_the_claims_lock_timeout() {
 async fn from_pool_refuses_a_schema_name_that_is_not_an_identifier() {
     let Some(url) = database_url() else { return };
     let pool = sqlx::postgres::PgPoolOptions::new().connect_lazy(&url).unwrap();
-    let config = PgConfig {
-        schema: "x; DROP TABLE y".into(),
-        ..PgConfig::default()
-    };
+    let config = PgConfig::default().with_schema("x; DROP TABLE y");
     let err = PgStore::from_pool(pool, config).await.unwrap_err();
     assert!(err.to_string().contains("must match"), "{err}");
 }

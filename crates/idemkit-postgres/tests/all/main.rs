@@ -39,11 +39,9 @@ pub(crate) fn fresh_schema() -> String {
 /// A fresh store in its own schema, or `None` when no database is configured.
 pub(crate) async fn store_in_fresh_schema(clock: Option<Arc<ManualClock>>) -> Option<Arc<PgStore>> {
     let url = database_url()?;
-    let config = PgConfig {
-        schema: fresh_schema(),
-        max_connections: 8,
-        ..PgConfig::default()
-    };
+    let config = PgConfig::default()
+        .with_schema(fresh_schema())
+        .with_max_connections(8);
     let mut store = PgStore::connect_with(&url, config)
         .await
         .expect("connect to PostgreSQL");
@@ -101,12 +99,10 @@ mod transactional {
 /// strictest level, whose openings take the key's lock first).
 async fn fresh_serializable(clock: Arc<ManualClock>) -> Option<Arc<PgStore>> {
     let url = database_url()?;
-    let config = PgConfig {
-        schema: fresh_schema(),
-        max_connections: 8,
-        ..PgConfig::default()
-    }
-    .with_single_step_isolation(idemkit_postgres::Isolation::Serializable);
+    let config = PgConfig::default()
+        .with_schema(fresh_schema())
+        .with_max_connections(8)
+        .with_single_step_isolation(idemkit_postgres::Isolation::Serializable);
     let store = PgStore::connect_with(&url, config)
         .await
         .expect("connect to PostgreSQL")
@@ -146,11 +142,9 @@ async fn a_schema_migrated_by_a_newer_release_still_opens() {
     let Some(url) = database_url() else {
         return;
     };
-    let config = PgConfig {
-        schema: fresh_schema(),
-        max_connections: 2,
-        ..PgConfig::default()
-    };
+    let config = PgConfig::default()
+        .with_schema(fresh_schema())
+        .with_max_connections(2);
     let store = PgStore::connect_with(&url, config.clone()).await.unwrap();
     sqlx::query(
         "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) \
@@ -247,10 +241,10 @@ async fn invalid_schema_names_are_refused() {
     use idemkit_core::StoreError;
     // Nothing listens here: an attempt to connect is `Unavailable`.
     const CLOSED: &str = "postgres://nobody@127.0.0.1:1/none";
-    let config = |schema: &str| PgConfig {
-        schema: schema.into(),
-        acquire_timeout: Duration::from_millis(300),
-        ..PgConfig::default()
+    let config = |schema: &str| {
+        PgConfig::default()
+            .with_schema(schema)
+            .with_acquire_timeout(Duration::from_millis(300))
     };
     let refused = |what: &str, schema: &str, r: Result<PgStore, StoreError>| match r {
         Err(StoreError::Backend(e)) => assert!(
@@ -305,10 +299,7 @@ async fn invalid_schema_names_are_refused() {
 /// generic failure.
 #[tokio::test]
 async fn unreachable_database_is_unavailable() {
-    let config = PgConfig {
-        acquire_timeout: Duration::from_millis(500),
-        ..PgConfig::default()
-    };
+    let config = PgConfig::default().with_acquire_timeout(Duration::from_millis(500));
     let err = PgStore::connect_with("postgres://nobody@127.0.0.1:1/none", config)
         .await
         .unwrap_err();
@@ -427,13 +418,11 @@ async fn a_configured_reject_wait_lets_a_duplicate_replay_the_winner() {
     let url = database_url().expect("the store above connected");
     let instance = |reject_lock_timeout| {
         let url = url.clone();
-        let schema = store.config().schema.clone();
+        let schema = store.config().schema().to_owned();
         async move {
-            let config = PgConfig {
-                schema,
-                reject_lock_timeout,
-                ..PgConfig::default()
-            };
+            let config = PgConfig::default()
+                .with_schema(schema)
+                .with_reject_lock_timeout(reject_lock_timeout);
             Arc::new(PgStore::connect_with(&url, config).await.expect("connect"))
         }
     };

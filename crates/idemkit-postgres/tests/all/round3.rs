@@ -121,11 +121,9 @@ async fn store_at(isolation: Isolation, default_isolation: &str) -> Option<Arc<P
         .connect_with(options)
         .await
         .unwrap();
-    let config = PgConfig {
-        schema,
-        ..PgConfig::default()
-    }
-    .with_single_step_isolation(isolation);
+    let config = PgConfig::default()
+        .with_schema(schema)
+        .with_single_step_isolation(isolation);
     let store = PgStore::from_pool(pool, config).await.unwrap();
     sqlx::query("CREATE TABLE biz (tag TEXT NOT NULL)")
         .execute(store.pool())
@@ -402,12 +400,10 @@ async fn a_failed_snapshot_level_opening_frees_the_keys_lock() {
     let url = crate::database_url().unwrap();
     let other = PgStore::connect_with(
         &url,
-        PgConfig {
-            schema: store.config().schema.clone(),
-            max_connections: 2,
-            ..PgConfig::default()
-        }
-        .with_single_step_isolation(Isolation::RepeatableRead),
+        PgConfig::default()
+            .with_schema(store.config().schema())
+            .with_max_connections(2)
+            .with_single_step_isolation(Isolation::RepeatableRead),
     )
     .await
     .unwrap();
@@ -590,14 +586,12 @@ async fn a_claim_cut_off_while_its_move_waits_is_recognised() {
         .unwrap();
     let proxy = CuttableProxy::start(upstream);
     let proxied = url.replacen(&hostport, &format!("127.0.0.1:{}", proxy.port), 1);
-    let config = PgConfig {
-        schema: crate::fresh_schema(),
-        max_connections: 8,
+    let config = PgConfig::default()
+        .with_schema(crate::fresh_schema())
+        .with_max_connections(8)
         // Every acquire checks its connection: the cut ones are replaced.
-        ping_if_idle_for: Duration::ZERO,
-        ..PgConfig::default()
-    };
-    let schema = config.schema.clone();
+        .with_ping_if_idle_for(Duration::ZERO);
+    let schema = config.schema().to_owned();
     let store = Arc::new(
         PgStore::connect_with(&proxied, config)
             .await

@@ -30,11 +30,7 @@ async fn one_connection_store() -> Option<(String, Arc<PgStore>)> {
 
 /// An instance whose pool has one connection besides the notification listener's.
 async fn one_connection_instance(url: &str, schema: String) -> PgStore {
-    let config = PgConfig {
-        schema,
-        max_connections: 2,
-        ..PgConfig::default()
-    };
+    let config = PgConfig::default().with_schema(schema).with_max_connections(2);
     PgStore::connect_with(url, config).await.expect("connect")
 }
 
@@ -61,11 +57,7 @@ async fn slow_release_store() -> Option<(String, PgStore)> {
         .connect_with(options)
         .await
         .unwrap();
-    let config = PgConfig {
-        schema,
-        max_connections: 2,
-        ..PgConfig::default()
-    };
+    let config = PgConfig::default().with_schema(schema).with_max_connections(2);
     let store = PgStore::from_pool(pool, config).await.unwrap();
     sqlx::query("CREATE TABLE biz (tag TEXT NOT NULL)")
         .execute(store.pool())
@@ -76,10 +68,7 @@ async fn slow_release_store() -> Option<(String, PgStore)> {
 
 /// Another instance on the same store (its own pool), as a second process would be.
 async fn another_instance(url: &str, schema: String) -> PgStore {
-    let config = PgConfig {
-        schema,
-        ..PgConfig::default()
-    };
+    let config = PgConfig::default().with_schema(schema);
     PgStore::connect_with(url, config).await.expect("connect")
 }
 
@@ -411,7 +400,7 @@ async fn a_connection_dropped_while_idle_is_replaced_before_use() {
         .await
         .unwrap();
     assert!(terminated);
-    tokio::time::sleep(store.config().ping_if_idle_for + Duration::from_millis(200)).await;
+    tokio::time::sleep(store.config().ping_if_idle_for() + Duration::from_millis(200)).await;
     let idemkit_core::ClaimOutcome::Claimed(_) = store
         .claim(&claim_req(&s, "{}"))
         .await
@@ -441,11 +430,9 @@ async fn instances_racing_one_key_write_once() {
     let schema = schema_of(store.pool()).await;
     let mut instances = Vec::new();
     for _ in 0..4 {
-        let config = PgConfig {
-            schema: schema.clone(),
-            max_connections: 4,
-            ..PgConfig::default()
-        };
+        let config = PgConfig::default()
+            .with_schema(schema.clone())
+            .with_max_connections(4);
         instances.push(Arc::new(
             PgStore::connect_with(&url, config).await.expect("connect"),
         ));

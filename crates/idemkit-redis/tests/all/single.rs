@@ -29,7 +29,7 @@ async fn key_layout_is_hash_tagged_by_account() {
     let Some((store, _)) = store("layout").await else {
         return;
     };
-    let prefix = store.config().key_prefix.clone();
+    let prefix = store.config().key_prefix().to_owned();
     let key = store.record_key(&scope("acct-{7}", "order-1"));
     assert_eq!(key, format!("{prefix}:{{acct-%7B7%7D}}:k:order-1"));
 }
@@ -59,7 +59,7 @@ async fn ttl_keeps_unfinished_work_and_expires_finished_records_after_the_reap_t
         .unwrap();
     let done = pttl(&store, &key).await;
     assert!(done > 3_590_000 && done <= 3_600_000, "{done}");
-    let mark = format!("{}:{{acct-a}}:t", base.key_prefix);
+    let mark = format!("{}:{{acct-a}}:t", base.key_prefix());
     assert_eq!(pttl(&store, &mark).await, -1, "the high-water mark never expires");
 
     // Released without progress: a tombstone with the reap threshold's TTL.
@@ -85,7 +85,7 @@ async fn ttl_keeps_unfinished_work_and_expires_finished_records_after_the_reap_t
     let short = RedisStore::connect_with(
         &url,
         RedisConfig::default()
-            .with_prefix(format!("{}-short", base.key_prefix))
+            .with_prefix(format!("{}-short", base.key_prefix()))
             .with_reap_after(Duration::from_secs(1)),
     )
     .await

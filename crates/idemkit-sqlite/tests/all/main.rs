@@ -508,11 +508,9 @@ async fn cancelled_transactions_never_leave_the_connection_in_one() {
 
     let dir = test_dir("cancel");
     let path = dir.join("keys.db");
-    let config = SqliteConfig {
-        max_connections: 1,
-        busy_timeout: Duration::from_secs(2),
-        ..SqliteConfig::default()
-    };
+    let config = SqliteConfig::default()
+        .with_max_connections(1)
+        .with_busy_timeout(Duration::from_secs(2));
     let store = SqliteStore::connect_with(&path, config).await.unwrap();
     sqlx::query("CREATE TABLE biz (tag TEXT NOT NULL)")
         .execute(store.pool())
@@ -563,10 +561,7 @@ async fn the_log_is_checkpointed_in_the_background() {
 
     async fn file_len_after_writes(tag: &str, checkpoint_interval: Duration) -> (u64, u64) {
         let path = test_dir(tag).join("keys.db");
-        let config = SqliteConfig {
-            checkpoint_interval,
-            ..SqliteConfig::default()
-        };
+        let config = SqliteConfig::default().with_checkpoint_interval(checkpoint_interval);
         let store = SqliteStore::connect_with(&path, config).await.unwrap();
         // Whatever opening wrote, checkpointed: the file's size before the writes.
         sqlx::query("PRAGMA wal_checkpoint(TRUNCATE)")
@@ -637,10 +632,7 @@ async fn claims_commit_on_the_syncing_connection_and_nothing_else_does() {
         (sync, changes)
     }
     let dir = test_dir("durable-claims");
-    let config = SqliteConfig {
-        durability: Durability::Claims,
-        ..SqliteConfig::default()
-    };
+    let config = SqliteConfig::default().with_durability(Durability::Claims);
     let store = SqliteStore::connect_with(dir.join("keys.db"), config)
         .await
         .unwrap();

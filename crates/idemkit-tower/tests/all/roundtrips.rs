@@ -170,11 +170,9 @@ async fn postgres_round_trips_per_first_request() {
     // The relay parses plain protocol messages.
     relayed.query_pairs_mut().append_pair("sslmode", "disable");
 
-    let config = PgConfig {
-        schema: format!("rt_{}", uuid::Uuid::new_v4().simple()),
-        max_connections: 4,
-        ..PgConfig::default()
-    };
+    let config = PgConfig::default()
+        .with_schema(format!("rt_{}", uuid::Uuid::new_v4().simple()))
+        .with_max_connections(4);
     let store = Arc::new(PgStore::connect_with(relayed.as_str(), config).await.unwrap());
     sqlx::query("CREATE TABLE orders (id BIGSERIAL PRIMARY KEY, account TEXT, sku TEXT, quantity BIGINT)")
         .execute(store.pool())

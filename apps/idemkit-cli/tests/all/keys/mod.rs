@@ -89,11 +89,9 @@ impl Db {
         let schema = unique("t_keys");
         let store = PgStore::connect_with(
             &url,
-            PgConfig {
-                schema: schema.clone(),
-                max_connections: 2,
-                ..PgConfig::default()
-            },
+            PgConfig::default()
+                .with_schema(schema.clone())
+                .with_max_connections(2),
         )
         .await
         .expect("connect to PostgreSQL");
