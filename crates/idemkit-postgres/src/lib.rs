@@ -91,6 +91,11 @@ pub fn single_step_sql(
 
 pub use config::{Isolation, PgConfig, PgConfigError};
 pub use listener::CHANNEL;
+/// The sqlx this crate is built with: its pool ([`PgStore::pool`]),
+/// connection (a [`PgTx`] derefs to [`sqlx::PgConnection`]) and error
+/// ([`PgTx::commit`]) types are this crate's API, so handlers use them from
+/// here and need no version of their own to keep in step.
+pub use sqlx;
 pub use tx::{PROVISIONAL_TOKEN, PgTx};
 
 use listener::AbortOnDrop;

@@ -70,8 +70,12 @@ impl PgTx {
     /// returns (dropping it rolls back on the connection's next round trip).
     /// Savepoints a handler left open are rolled back with it. A rollback that
     /// fails, or takes longer than a second (a database gone away
-    /// mid-request), closes the connection, which rolls back.
-    pub async fn rollback(mut self) {
+    /// mid-request), closes the connection, which rolls back, and returns
+    /// the error: the transaction is rolled back either way; an `Err` says
+    /// the database did not confirm it (as [`SqliteTx::rollback`]'s does).
+    ///
+    /// [`SqliteTx::rollback`]: https://docs.rs/idemkit-sqlite/latest/idemkit_sqlite/struct.SqliteTx.html#method.rollback
+    pub async fn rollback(mut self) -> Result<(), sqlx::Error> {
         let conn = &mut self.conn;
         let rollback = async {
             if PgTransactionManager::get_transaction_depth(conn) == 0 {
@@ -85,9 +89,17 @@ impl PgTx {
             }
             Ok(())
         };
-        if !matches!(tokio::time::timeout(ROLLBACK_WAIT, rollback).await, Ok(Ok(()))) {
+        let outcome = match tokio::time::timeout(ROLLBACK_WAIT, rollback).await {
+            Ok(outcome) => outcome,
+            Err(_) => Err(sqlx::Error::Io(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("no answer to the rollback within {ROLLBACK_WAIT:?}"),
+            ))),
+        };
+        if outcome.is_err() {
             self.conn.close_on_drop();
         }
+        outcome
     }
 }
 
@@ -241,7 +253,8 @@ impl TransactionalStore for PgStore {
     /// `ROLLBACK` now: the key's advisory lock is free when this returns
     /// (see [`PgTx::rollback`]).
     async fn rollback_tx(&self, tx: PgTx) {
-        tx.rollback().await;
+        // A failed rollback closed the connection, which rolls back.
+        let _ = tx.rollback().await;
     }
 
     async fn complete_in_tx(

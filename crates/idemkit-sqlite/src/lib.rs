@@ -60,6 +60,11 @@ use sqlx::SqlitePool;
 use tokio::sync::Mutex;
 
 pub use config::{Durability, SqliteConfig, SqliteConfigError};
+/// The sqlx this crate is built with: its pool ([`SqliteStore::pool`]),
+/// connection (a [`SqliteTx`] derefs to [`sqlx::SqliteConnection`]) and error
+/// ([`SqliteTx::commit`]) types are this crate's API, so handlers use them
+/// from here and need no version of their own to keep in step.
+pub use sqlx;
 pub use tx::SqliteTx;
 
 /// Embedded migrations (run by [`SqliteStore::connect`] and [`SqliteStore::from_pool`]).

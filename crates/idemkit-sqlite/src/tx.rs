@@ -96,7 +96,9 @@ impl SqliteTx {
         self.finish("COMMIT").await
     }
 
-    /// Rolls the transaction back (dropping it does the same).
+    /// Rolls the transaction back now (dropping it does the same). An `Err`
+    /// says SQLite did not confirm it; the connection then goes back to the
+    /// pool with its transaction still open, and the pool rolls it back.
     pub async fn rollback(mut self) -> Result<(), sqlx::Error> {
         self.finish("ROLLBACK").await
     }

@@ -645,3 +645,26 @@ async fn a_completion_refused_before_sending_frees_the_keys_lock() {
     );
     assert!(tags(&store).await.is_empty(), "nothing committed");
 }
+
+/// `PgTx::rollback` answers like `SqliteTx::rollback` (`Result<(), sqlx::Error>`,
+/// with the sqlx this crate re-exports): a confirmed rollback is `Ok`, and the
+/// key is free again at once (its lock released before the call returned).
+#[tokio::test]
+async fn an_explicit_rollback_is_confirmed_and_frees_the_key() {
+    let Some((_url, store)) = one_connection_store().await else {
+        return;
+    };
+    let s = scope("acct-rollback", "explicit-rollback");
+    let TxClaim::Claimed { tx, .. } = store.claim_in_tx(&claim_req(&s, "{}")).await.unwrap() else {
+        panic!("a fresh key is claimed")
+    };
+    let rolled_back: Result<(), idemkit_postgres::sqlx::Error> = tx.rollback().await;
+    rolled_back.expect("the database confirmed the rollback");
+    assert!(
+        matches!(
+            store.claim_in_tx(&claim_req(&s, "{}")).await.unwrap(),
+            TxClaim::Claimed { .. }
+        ),
+        "the rolled-back claim left the key held"
+    );
+}

@@ -546,7 +546,8 @@ async fn cancelled_transactions_never_leave_the_connection_in_one() {
         "the autocommitted write is visible: the connection was not inside a transaction"
     );
     let tx = store.begin().await.expect("a new transaction opens");
-    tx.rollback().await.unwrap();
+    let rolled_back: Result<(), idemkit_sqlite::sqlx::Error> = tx.rollback().await;
+    rolled_back.unwrap();
 }
 
 /// The write-ahead log reaches the database file through the background
