@@ -91,6 +91,13 @@ pub enum ClaimOutcome {
 
 /// Backend failures, normalised to kinds so the layer answers the same way
 /// whatever the backend (a stale token in SQLite, PostgreSQL or Redis is `Fenced`).
+///
+/// The kinds that wrap the backend's error ([`StoreError::Unavailable`],
+/// [`StoreError::Backend`], [`StoreError::Config`]) print only the kind and
+/// return the backend's error from [`std::error::Error::source`], so an
+/// error-chain printer (anyhow's `{:#}`, a `tracing` field given the error
+/// as `&dyn Error`) shows each cause once; `{}` alone shows the kind, which
+/// is what a client may be told.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum StoreError {
@@ -104,7 +111,7 @@ pub enum StoreError {
     #[error("the claim lost a race at commit; nothing was committed")]
     Conflict,
     /// The store cannot be reached, timed out, or is overloaded; retrying later may work.
-    #[error("key store unavailable: {0}")]
+    #[error("key store unavailable")]
     Unavailable(#[source] Box<dyn std::error::Error + Send + Sync>),
     /// Stored data could not be decoded.
     #[error("key store data is corrupt: {0}")]
@@ -112,8 +119,9 @@ pub enum StoreError {
     /// The store does not offer this operation (e.g. phases on a store without them).
     #[error("this key store does not support {0}")]
     Unsupported(&'static str),
-    /// Any other backend failure.
-    #[error("key store failure: {0}")]
+    /// Any other backend failure (the database refused or failed an
+    /// operation; not retried).
+    #[error("key store failure")]
     Backend(#[source] Box<dyn std::error::Error + Send + Sync>),
     /// The store's configuration cannot work (a malformed URL, a bad schema
     /// name or key prefix, a zero pool size): found before or while
@@ -472,3 +480,48 @@ pub trait TransactionalStore: KeyStore {
 
 #[allow(dead_code)]
 fn _assert_object_safe(_: &dyn KeyStore) {}
+
+#[cfg(test)]
+mod store_error_tests {
+    use super::StoreError;
+    use std::error::Error as _;
+
+    /// Every cause, outermost first, joined as anyhow's `{:#}` prints a chain.
+    fn chain(e: &StoreError) -> String {
+        let mut out = e.to_string();
+        let mut next = e.source();
+        while let Some(cause) = next {
+            out.push_str(": ");
+            out.push_str(&cause.to_string());
+            next = cause.source();
+        }
+        out
+    }
+
+    #[test]
+    fn wrapped_errors_print_their_source_once_in_a_chain() {
+        for (e, kind) in [
+            (
+                StoreError::Unavailable("connection refused".into()),
+                "key store unavailable",
+            ),
+            (
+                StoreError::Backend("connection refused".into()),
+                "key store failure",
+            ),
+            (
+                StoreError::Config("connection refused".into()),
+                "key store configuration is invalid",
+            ),
+        ] {
+            assert_eq!(e.to_string(), kind);
+            assert_eq!(chain(&e), format!("{kind}: connection refused"));
+        }
+    }
+
+    #[test]
+    fn a_configuration_error_is_not_retryable() {
+        assert!(!StoreError::Config("bad".into()).is_retryable());
+        assert!(StoreError::Unavailable("down".into()).is_retryable());
+    }
+}

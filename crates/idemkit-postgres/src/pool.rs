@@ -12,7 +12,7 @@ use tokio::sync::broadcast;
 
 use crate::error::map_err;
 use crate::listener::spawn_listener;
-use crate::{MIGRATOR, PgConfig, PgStore, sql};
+use crate::{MIGRATOR, PgConfig, PgConfigError, PgStore, sql};
 
 impl PgStore {
     /// Connects to the database at `url` (`postgres://…`) with the default
@@ -62,7 +62,7 @@ impl PgStore {
     async fn pool_for(url: &str, config: &PgConfig) -> StoreResult<PgPool> {
         config.validate()?;
         let options = PgConnectOptions::from_str(url)
-            .map_err(|e| StoreError::Backend(Box::new(e)))?
+            .map_err(|e| PgConfigError::BadUrl(e.to_string()))?
             .options([
                 ("search_path", format!("{}, public", config.schema)),
                 (

@@ -73,8 +73,12 @@ impl From<RedisConfigError> for StoreError {
 /// Normalises a Redis error: anything that says "the store cannot answer right
 /// now" (I/O, dropped or refused connections, timeouts, a failover in progress,
 /// a server still loading) is [`StoreError::Unavailable`], a retryable `503`;
-/// the rest is [`StoreError::Backend`].
+/// a URL the client refuses is [`StoreError::Config`]; the rest is
+/// [`StoreError::Backend`].
 pub(crate) fn map_err(e: RedisError) -> StoreError {
+    if e.kind() == ErrorKind::InvalidClientConfig {
+        return StoreError::Config(Box::new(e));
+    }
     let unavailable = e.is_io_error()
         || e.is_timeout()
         || e.is_connection_dropped()
@@ -95,12 +99,42 @@ pub(crate) fn map_err(e: RedisError) -> StoreError {
         )
         // OOM (maxmemory reached) and BUSY (a slow script) clear by themselves.
         || matches!(e.code(), Some("OOM" | "BUSY" | "LOADING" | "NOREPLICAS"));
+    let cause = cause(e);
     if unavailable {
-        StoreError::Unavailable(Box::new(e))
+        StoreError::Unavailable(cause)
     } else {
-        StoreError::Backend(Box::new(e))
+        StoreError::Backend(cause)
     }
 }
+
+/// A Redis error as a store error's source. The redis crate prints an I/O
+/// error's text in its own message and also returns that I/O error as its
+/// source, so a chain printer would show it twice; such an error is wrapped in
+/// [`Deduplicated`], which keeps the message and ends the chain there. Any
+/// other is the [`RedisError`] itself.
+fn cause(e: RedisError) -> Box<dyn std::error::Error + Send + Sync> {
+    use std::error::Error as _;
+    let repeats = e
+        .source()
+        .is_some_and(|source| e.to_string().contains(&source.to_string()));
+    if repeats {
+        Box::new(Deduplicated(e))
+    } else {
+        Box::new(e)
+    }
+}
+
+/// A [`RedisError`] whose message already holds its source's text.
+#[derive(Debug)]
+struct Deduplicated(RedisError);
+
+impl std::fmt::Display for Deduplicated {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for Deduplicated {}
 
 pub(crate) fn corrupt(what: impl Into<String>) -> StoreError {
     StoreError::Corrupt(what.into())
@@ -118,5 +152,25 @@ mod tests {
         assert!(matches!(map_err(e), StoreError::Unavailable(_)));
         let e = RedisError::from((ErrorKind::Server(ServerErrorKind::ResponseError), "ERR bad"));
         assert!(matches!(map_err(e), StoreError::Backend(_)));
+    }
+
+    /// Every cause in a printed chain appears once, although the redis
+    /// crate's I/O errors print their source in their own message.
+    #[test]
+    fn a_chain_prints_each_cause_once() {
+        use std::error::Error as _;
+        let e = RedisError::from(std::io::Error::new(
+            std::io::ErrorKind::ConnectionRefused,
+            "refused-here",
+        ));
+        let mut chain = Vec::new();
+        let err = map_err(e);
+        let mut next: Option<&dyn std::error::Error> = Some(&err);
+        while let Some(cause) = next {
+            chain.push(cause.to_string());
+            next = cause.source();
+        }
+        let joined = chain.join(": ");
+        assert_eq!(joined.matches("refused-here").count(), 1, "{joined}");
     }
 }

@@ -10,9 +10,9 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, S
 use tokio::sync::Mutex;
 
 use crate::checkpoint::{Checkpointer, LOG_BOUND_PAGES};
-use crate::error::{backend, map_err};
+use crate::error::map_err;
 use crate::known::KnownKeys;
-use crate::{Durability, MIGRATOR, SqliteConfig, SqliteStore};
+use crate::{Durability, MIGRATOR, SqliteConfig, SqliteConfigError, SqliteStore};
 
 impl SqliteStore {
     /// Opens (creating if missing) the database at `location` with the
@@ -28,7 +28,10 @@ impl SqliteStore {
         let path = location.as_ref();
         let options = match path.to_str() {
             Some(url) if url.starts_with("sqlite:") => {
-                SqliteConnectOptions::from_str(url).map_err(backend)?
+                SqliteConnectOptions::from_str(url).map_err(|e| SqliteConfigError::BadLocation {
+                    location: url.to_owned(),
+                    reason: e.to_string(),
+                })?
             }
             _ => SqliteConnectOptions::new().filename(path),
         }

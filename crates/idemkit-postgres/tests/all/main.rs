@@ -247,9 +247,9 @@ async fn invalid_schema_names_are_refused() {
             .with_acquire_timeout(Duration::from_millis(300))
     };
     let refused = |what: &str, schema: &str, r: Result<PgStore, StoreError>| match r {
-        Err(StoreError::Backend(e)) => assert!(
-            e.to_string()
-                .contains(&format!("schema `{schema}` must match [a-z_][a-z0-9_]")),
+        Err(StoreError::Config(e)) => assert_eq!(
+            e.downcast_ref::<idemkit_postgres::PgConfigError>(),
+            Some(&idemkit_postgres::PgConfigError::BadSchema(schema.to_owned())),
             "{what}({schema:?}): {e}"
         ),
         Err(e) => panic!("{what}({schema:?}): not the schema error: {e:?}"),
@@ -304,6 +304,54 @@ async fn unreachable_database_is_unavailable() {
         .await
         .unwrap_err();
     assert!(matches!(err, idemkit_core::StoreError::Unavailable(_)), "{err:?}");
+    // Printed as a chain, the cause appears once (the kind does not repeat it).
+    let source = std::error::Error::source(&err).expect("the cause").to_string();
+    let chain = format!("{:#}", anyhow::Error::new(err));
+    assert!(chain.starts_with("key store unavailable: "), "{chain}");
+    assert_eq!(chain.matches(source.as_str()).count(), 1, "{chain}");
+}
+
+/// A URL sqlx cannot parse is a configuration error (not retryable), found
+/// before anything is sent; a zero pool or attempt count too.
+#[tokio::test]
+async fn a_malformed_url_or_setting_is_a_configuration_error() {
+    use idemkit_core::StoreError;
+    use idemkit_postgres::PgConfigError;
+    for url in ["not a url", "postgres://app@127.0.0.1:notaport/app"] {
+        match PgStore::connect(url).await {
+            Err(e @ StoreError::Config(_)) => {
+                assert!(!e.is_retryable());
+                let StoreError::Config(source) = &e else {
+                    unreachable!()
+                };
+                assert!(
+                    matches!(
+                        source.downcast_ref::<PgConfigError>(),
+                        Some(PgConfigError::BadUrl(_))
+                    ),
+                    "{url}: {source:?}"
+                );
+            }
+            other => panic!("{url}: {other:?}"),
+        }
+    }
+    for (config, expected) in [
+        (
+            PgConfig::default().with_max_connections(0),
+            PgConfigError::NoConnections,
+        ),
+        (
+            PgConfig::default().with_max_attempts(0),
+            PgConfigError::NoAttempts,
+        ),
+    ] {
+        match PgStore::connect_with("postgres://nobody@127.0.0.1:1/none", config).await {
+            Err(StoreError::Config(source)) => {
+                assert_eq!(source.downcast_ref::<PgConfigError>(), Some(&expected));
+            }
+            other => panic!("{expected:?}: {other:?}"),
+        }
+    }
 }
 
 /// Waiters are woken by LISTEN/NOTIFY when the holder completes, not by a poll

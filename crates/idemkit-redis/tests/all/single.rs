@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use idemkit_core::{ClaimOutcome, FencingToken, KeyStore, RecordState, StoreError};
-use idemkit_redis::{RedisConfig, RedisStore, ReplicaShortfall};
+use idemkit_redis::{RedisConfig, RedisConfigError, RedisStore, ReplicaShortfall};
 use idemkit_testkit::ManualClock;
 use idemkit_testkit::suite::{LEASE, WINDOW, claim_req, must_claim, response, scope};
 
@@ -304,7 +304,13 @@ async fn unreachable_server_is_unavailable() {
         .with_connect_timeout(Duration::from_millis(200));
     let started = Instant::now();
     match RedisStore::connect_with(&format!("redis://127.0.0.1:{port}"), config).await {
-        Err(StoreError::Unavailable(_)) => {}
+        Err(err @ StoreError::Unavailable(_)) => {
+            // Printed as a chain, the cause appears once (the kind does not repeat it).
+            let source = std::error::Error::source(&err).expect("the cause").to_string();
+            let chain = format!("{:#}", anyhow::Error::new(err));
+            assert!(chain.starts_with("key store unavailable: "), "{chain}");
+            assert_eq!(chain.matches(source.as_str()).count(), 1, "{chain}");
+        }
         other => panic!("expected Unavailable, got {other:?}"),
     }
     assert!(started.elapsed() < Duration::from_secs(5));
@@ -436,9 +442,36 @@ fn bad_configs_are_refused() {
         RedisConfig::default().with_prefix(""),
         RedisConfig::default().with_wait_replicas(1, Duration::ZERO),
     ] {
-        assert!(matches!(
-            rt.block_on(RedisStore::connect_with("redis://127.0.0.1:1", config)),
-            Err(StoreError::Backend(_))
-        ));
+        match rt.block_on(RedisStore::connect_with("redis://127.0.0.1:1", config)) {
+            Err(e @ StoreError::Config(_)) => assert!(!e.is_retryable()),
+            other => panic!("{other:?}"),
+        }
+    }
+    // A URL that names no Redis server, by its scheme or its form.
+    for (url, expected) in [
+        (
+            "http://127.0.0.1:6379",
+            Some(RedisConfigError::BadUrl("http://127.0.0.1:6379".into())),
+        ),
+        ("", Some(RedisConfigError::NoUrl)),
+        ("redis+cluster://", Some(RedisConfigError::NoUrl)),
+        ("redis://127.0.0.1:notaport", None),
+    ] {
+        match rt.block_on(RedisStore::connect(url)) {
+            Err(e @ StoreError::Config(_)) => {
+                assert!(!e.is_retryable());
+                let StoreError::Config(source) = &e else {
+                    unreachable!()
+                };
+                if let Some(expected) = expected {
+                    assert_eq!(
+                        source.downcast_ref::<RedisConfigError>(),
+                        Some(&expected),
+                        "{url}"
+                    );
+                }
+            }
+            other => panic!("{url:?}: {other:?}"),
+        }
     }
 }

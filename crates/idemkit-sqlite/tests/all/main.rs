@@ -654,3 +654,66 @@ async fn claims_commit_on_the_syncing_connection_and_nothing_else_does() {
     let plain = SqliteStore::connect(dir.join("plain.db")).await.unwrap();
     assert!(plain.claims_pool().is_none());
 }
+
+/// The error chain as anyhow's `{:#}` prints it, and how often the
+/// outermost source's own text appears in it (once: the kind does not repeat it).
+fn chain_and_source_count(e: idemkit_core::StoreError) -> (String, usize) {
+    let source = std::error::Error::source(&e)
+        .expect("a wrapped error")
+        .to_string();
+    let chain = format!("{:#}", anyhow::Error::new(e));
+    let n = chain.matches(source.as_str()).count();
+    (chain, n)
+}
+
+/// A location sqlx cannot parse and a pool of no connections are
+/// configuration errors (not retryable), not database failures.
+#[tokio::test]
+async fn a_bad_location_or_setting_is_a_configuration_error() {
+    use idemkit_core::StoreError;
+    use idemkit_sqlite::{SqliteConfig, SqliteConfigError};
+    let err = SqliteStore::connect("sqlite://keys.db?mode=bogus")
+        .await
+        .unwrap_err();
+    assert!(!err.is_retryable(), "{err:?}");
+    match &err {
+        StoreError::Config(e) => assert!(
+            matches!(
+                e.downcast_ref::<SqliteConfigError>(),
+                Some(SqliteConfigError::BadLocation { location, .. }) if location == "sqlite://keys.db?mode=bogus"
+            ),
+            "{e:?}"
+        ),
+        other => panic!("a malformed URL answered {other:?}"),
+    }
+    let dir = test_dir("config-error");
+    let err = SqliteStore::connect_with(
+        dir.join("keys.db"),
+        SqliteConfig::default().with_max_connections(0),
+    )
+    .await
+    .unwrap_err();
+    match &err {
+        StoreError::Config(e) => assert_eq!(
+            e.downcast_ref::<SqliteConfigError>(),
+            Some(&SqliteConfigError::NoConnections)
+        ),
+        other => panic!("zero connections answered {other:?}"),
+    }
+    assert!(!dir.join("keys.db").exists(), "refused before opening anything");
+}
+
+/// A database failure (a file in a directory that does not exist) is
+/// `Backend`, and its cause appears once in the printed chain.
+#[tokio::test]
+async fn a_backend_error_prints_its_cause_once() {
+    use idemkit_core::StoreError;
+    let dir = test_dir("backend-chain");
+    let err = SqliteStore::connect(dir.join("missing-dir").join("keys.db"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Backend(_)), "{err:?}");
+    let (chain, n) = chain_and_source_count(err);
+    assert!(chain.starts_with("key store failure: "), "{chain}");
+    assert_eq!(n, 1, "the cause is printed {n} times: {chain}");
+}
