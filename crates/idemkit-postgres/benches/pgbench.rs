@@ -32,7 +32,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use idemkit_core::{ClaimOutcome, KeyStore, StoredResponse};
-use idemkit_postgres::{PgConfig, PgStore, claim_and_complete_sql, single_step_sql};
+use idemkit_postgres::testing::{claim_and_complete_sql, single_step_sql};
+use idemkit_postgres::{PgConfig, PgStore};
 use idemkit_testkit::suite::{claim_req, scope};
 
 const ROUNDS: usize = 3;

@@ -63,31 +63,8 @@ use idemkit_core::Clock;
 use sqlx::PgPool;
 use tokio::sync::broadcast;
 
-/// The text of the lease-mode claim and of the completion (waking waiters), as
-/// `KeyStore::claim` and `KeyStore::complete` send them, for `benches/pgbench.rs`
-/// to hand the same SQL to `pgbench`. Parameters: the claim binds account `$1`,
-/// key `$2`, fingerprint `$3`, test clock `$4`, lease ms `$5`, method `$6`, path
-/// `$7`, headers `$8`, body `$9`, resume `$10`, recovery point `$11`, attempt id `$12`; the
-/// completion binds account, key, token, test clock, status, headers, body
-/// (`$1`–`$7`).
-#[doc(hidden)]
-pub fn claim_and_complete_sql() -> (String, String) {
-    (sql::CLAIM.clone(), sql::COMPLETE_NOTIFYING.clone())
-}
-
-/// The single-step claim's opening as `TransactionalStore::claim_in_tx` sends
-/// it for a first attempt: advisory lock `lock` (waiting at most
-/// `lock_timeout_ms`, or a try-lock when `None`) and the check that `scope`
-/// has no record; for `benches/pgbench.rs`.
-#[doc(hidden)]
-pub fn single_step_sql(
-    lock_timeout_ms: Option<u128>,
-    lock: i64,
-    schema: &str,
-    scope: &idemkit_core::Scope,
-) -> String {
-    sql::begin_locked_absent(Isolation::ReadCommitted, lock_timeout_ms, lock, schema, scope)
-}
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub use config::{Isolation, PgConfig, PgConfigError};
 pub use listener::CHANNEL;
@@ -150,7 +127,9 @@ impl PgStore {
 
     /// Replaces the database's clock, for every decision of this handle, with
     /// `clock` (and the application clock too). For tests that move time by
-    /// hand; never in production, where instances must share one clock.
+    /// hand; never in production, where instances must share one clock. A
+    /// test hook behind the `testing` feature, outside the semver promise.
+    #[cfg(feature = "testing")]
     pub fn with_test_clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = clock.clone();
         self.test_clock = Some(clock);

@@ -281,7 +281,8 @@ impl TransactionalStore for PgStore {
             self.complete_single_step(&mut tx, scope, token, response).await
         };
         if done.is_err() {
-            tx.rollback().await;
+            // A failed rollback closed the connection, which rolls back.
+            let _ = tx.rollback().await;
         }
         done
     }

@@ -158,7 +158,6 @@ mod tests {
     /// crate's I/O errors print their source in their own message.
     #[test]
     fn a_chain_prints_each_cause_once() {
-        use std::error::Error as _;
         let e = RedisError::from(std::io::Error::new(
             std::io::ErrorKind::ConnectionRefused,
             "refused-here",
