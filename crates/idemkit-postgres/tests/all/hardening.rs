@@ -136,7 +136,12 @@ async fn from_pool_refuses_a_schema_name_that_is_not_an_identifier() {
     let pool = sqlx::postgres::PgPoolOptions::new().connect_lazy(&url).unwrap();
     let config = PgConfig::default().with_schema("x; DROP TABLE y");
     let err = PgStore::from_pool(pool, config).await.unwrap_err();
-    assert!(err.to_string().contains("must match"), "{err}");
+    match &err {
+        idemkit_core::StoreError::Config(source) => {
+            assert!(source.to_string().contains("must match"), "{source}")
+        }
+        other => panic!("not a configuration error: {other:?}"),
+    }
 }
 
 /// A waiter whose record completed between the caller's claim and its waiter
