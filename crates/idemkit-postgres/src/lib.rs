@@ -27,7 +27,7 @@
 //! ```no_run
 //! # async fn demo() -> Result<(), idemkit_core::StoreError> {
 //! use idemkit_postgres::PgStore;
-//! let store = PgStore::connect_with("postgres://app@127.0.0.1/app").await?;
+//! let store = PgStore::connect("postgres://app@127.0.0.1/app").await?;
 //! # let _ = store; Ok(()) }
 //! ```
 //!
