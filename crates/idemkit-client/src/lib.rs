@@ -106,8 +106,8 @@ mod tower;
 pub use backoff::{Backoff, BackoffIter, Jitter};
 pub use budget::{Budget, TokenBucket, Unlimited, Withdrawal};
 pub use classify::{
-    Answer, CODE_IN_PROGRESS, CODE_KEY_REUSED, Classifier, FatalReason, Outcome, PROBLEM_CONTENT_TYPE,
-    RetryKind, Verdict, classify_error, needs_problem_code, problem_code, retry_after,
+    Answer, AttemptInfo, CODE_IN_PROGRESS, CODE_KEY_REUSED, Classifier, ClassifyHook, FatalReason, Outcome,
+    PROBLEM_CONTENT_TYPE, RetryKind, Verdict, classify_error, needs_problem_code, problem_code, retry_after,
 };
 pub use error::{Last, RetryError};
 pub use key::{AutoKey, IDEMPOTENCY_KEY, IdempotencyKey, InvalidKey};
