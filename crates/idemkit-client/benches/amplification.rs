@@ -29,7 +29,7 @@ fn run(budget: Arc<dyn Budget>, failure_rate: f64, seed: u64) -> Run {
     let mut server = StdRng::seed_from_u64(seed ^ 0x5eed);
     let (mut attempts, mut successes) = (0u64, 0u64);
     for _ in 0..CALLS {
-        let mut call = policy.start(&Method::GET, &HeaderMap::new(), true);
+        let mut call = policy.start(&Method::GET, "/", &HeaderMap::new(), true);
         let mut now = Duration::ZERO;
         loop {
             let _plan = call.before_attempt(now);

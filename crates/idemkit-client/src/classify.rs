@@ -341,6 +341,13 @@ pub enum FatalReason {
     MaybeExecutedUnprotected,
     /// The transport (a tower service) failed before it could take the request.
     ServiceNotReady,
+    /// The request may have been executed, its method is not idempotent and its only
+    /// protection is the key the client generated ([`AutoKey::Generate`](crate::AutoKey::Generate)),
+    /// which this route is not known to honour: no published `x-idempotency` policy
+    /// ([`RetryPolicy::with_published_policy`](crate::RetryPolicy::with_published_policy))
+    /// names the key for it, and the server has not recognised the key during this
+    /// call. A server that ignores keys would perform the write again.
+    AutoKeyUnconfirmed,
 }
 
 impl fmt::Display for FatalReason {
@@ -351,6 +358,11 @@ impl fmt::Display for FatalReason {
                 "the request may have been executed and has neither an idempotency key nor an idempotent method"
             }
             Self::ServiceNotReady => "the transport failed before taking the request",
+            Self::AutoKeyUnconfirmed => {
+                "the request may have been executed and its only protection is an automatic idempotency key \
+                 this route is not known to honour (no published x-idempotency policy names it): \
+                 a server that ignores keys would perform it again"
+            }
         })
     }
 }
@@ -462,6 +474,135 @@ impl Classifier {
 impl Default for Classifier {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+/// One attempt as a [`ClassifyHook`] sees it: the classified [`Outcome`], the
+/// response's headers when the server answered, the transport error when it did
+/// not, and whether the request counts as protected (see [`Classifier`]).
+#[derive(Debug, Clone, Copy)]
+pub struct AttemptInfo<'a> {
+    outcome: &'a Outcome,
+    headers: Option<&'a HeaderMap>,
+    error: Option<&'a (dyn StdError + 'static)>,
+    protected: bool,
+}
+
+impl<'a> AttemptInfo<'a> {
+    /// An attempt known only by its outcome (what [`Call::after_attempt`](crate::Call::after_attempt)
+    /// shows a hook).
+    #[must_use]
+    pub const fn new(outcome: &'a Outcome) -> Self {
+        Self {
+            outcome,
+            headers: None,
+            error: None,
+            protected: false,
+        }
+    }
+
+    /// Adds the response's headers.
+    #[must_use]
+    pub const fn with_headers(mut self, headers: &'a HeaderMap) -> Self {
+        self.headers = Some(headers);
+        self
+    }
+
+    /// Adds the transport error.
+    #[must_use]
+    pub const fn with_error(mut self, error: &'a (dyn StdError + 'static)) -> Self {
+        self.error = Some(error);
+        self
+    }
+
+    pub(crate) const fn with_protected(mut self, protected: bool) -> Self {
+        self.protected = protected;
+        self
+    }
+
+    /// What happened.
+    #[must_use]
+    pub const fn outcome(&self) -> &'a Outcome {
+        self.outcome
+    }
+
+    /// The response's status, when the server answered.
+    #[must_use]
+    pub fn status(&self) -> Option<StatusCode> {
+        match self.outcome {
+            Outcome::Answered(answer) => Some(answer.status),
+            _ => None,
+        }
+    }
+
+    /// The response's headers, when the server answered (and the integration passed
+    /// them: every integration of this crate does).
+    #[must_use]
+    pub const fn headers(&self) -> Option<&'a HeaderMap> {
+        self.headers
+    }
+
+    /// The transport error, when the attempt failed without an answer (`None` for a
+    /// timeout: the attempt was cut by the client).
+    #[must_use]
+    pub const fn error(&self) -> Option<&'a (dyn StdError + 'static)> {
+        self.error
+    }
+
+    /// Whether the request carries an idempotency key the route honours, or has an
+    /// idempotent method: a *maybe executed* failure of a protected request is safe
+    /// to retry.
+    #[must_use]
+    pub const fn protected(&self) -> bool {
+        self.protected
+    }
+}
+
+/// Extends classification: called after the built-in [`Classifier`] on every attempt,
+/// with the attempt and the classifier's verdict, it returns the verdict the policy
+/// applies. Return `default` to keep the built-in judgement; any closure
+/// `Fn(&AttemptInfo<'_>, Verdict) -> Verdict + Send + Sync + 'static` is a hook.
+/// Install one with [`RetryPolicy::with_classifier_hook`](crate::RetryPolicy::with_classifier_hook).
+///
+/// The policy still applies its own limits to a retry the hook asks for (attempt
+/// cap, deadline, budget, a body that cannot be cloned). A hook that turns a *maybe
+/// executed* failure of an unprotected request into a retry takes the duplicate risk
+/// on itself. A `Success` or `Fatal(NotAllowlisted)` verdict on an attempt that got
+/// no answer ends the call with [`Stop::NotRetryable`](crate::Stop::NotRetryable):
+/// there is no response to hand back.
+///
+/// ```
+/// use http::StatusCode;
+/// use idemkit_client::{AttemptInfo, RetryConfig, RetryKind, RetryPolicy, Verdict};
+///
+/// // A server that marks transient 500s with `x-transient: true`; everything else as
+/// // the default says.
+/// let policy = RetryPolicy::new(RetryConfig::new()).with_classifier_hook(
+///     |attempt: &AttemptInfo<'_>, default: Verdict| {
+///         let marked = attempt
+///             .headers()
+///             .and_then(|h| h.get("x-transient"))
+///             .is_some_and(|v| v == "true");
+///         if attempt.status() == Some(StatusCode::INTERNAL_SERVER_ERROR) && marked {
+///             Verdict::Transient(RetryKind::Transient)
+///         } else {
+///             default
+///         }
+///     },
+/// );
+/// # let _ = policy;
+/// ```
+pub trait ClassifyHook: Send + Sync + 'static {
+    /// The verdict for `attempt`; `default` is the built-in classifier's.
+    fn classify(&self, attempt: &AttemptInfo<'_>, default: Verdict) -> Verdict;
+}
+
+impl<F> ClassifyHook for F
+where
+    F: Fn(&AttemptInfo<'_>, Verdict) -> Verdict + Send + Sync + 'static,
+{
+    fn classify(&self, attempt: &AttemptInfo<'_>, default: Verdict) -> Verdict {
+        self(attempt, default)
     }
 }
 

@@ -21,7 +21,7 @@ use tonic::{Code, Status};
 use tonic_types::StatusExt;
 use tower::{Layer, Service, ServiceExt};
 
-use crate::classify::{Answer, CODE_IN_PROGRESS, FatalReason, Outcome, classify_error};
+use crate::classify::{Answer, AttemptInfo, CODE_IN_PROGRESS, FatalReason, Outcome, classify_error};
 use crate::policy::{Decision, RetryPolicy, Stop};
 use crate::replay::Replayed;
 
@@ -306,7 +306,12 @@ where
         }
     };
     let mut parts = parts;
-    let mut call = policy.start(&Method::POST, &parts.headers, true);
+    if let Some(number) = key_field {
+        // A key the caller put in the message is the caller's key: sent as the key
+        // metadata, and counted as such by the policy.
+        adopt_field_key(&message, number, &mut parts.headers, policy.config().key_header());
+    }
+    let mut call = policy.start(&Method::POST, parts.uri.path(), &parts.headers, true);
     let message = match key_field {
         Some(number) => fill_key_field(
             message,
@@ -406,7 +411,12 @@ where
                 (Outcome::Answered(answer), Some(response), status)
             }
         };
-        match call.after_attempt(start.elapsed(), &outcome) {
+        let info = AttemptInfo::new(&outcome);
+        let info = match &response {
+            Some(response) => info.with_headers(response.headers()),
+            None => info.with_error(&status),
+        };
+        match call.after_attempt_with(start.elapsed(), info) {
             Decision::Retry(delay) => {
                 tokio::time::sleep(delay).await;
                 previous = Some((outcome, status));
@@ -474,6 +484,20 @@ enum Taken {
 /// A field the caller set is kept and copied to the key metadata; an empty one
 /// gets the call's automatic key (so every attempt sends the same message). A
 /// compressed or malformed message is sent as it is.
+/// Sends a key the caller set in the message's key field as the key metadata too
+/// (unless that is set already).
+fn adopt_field_key(frame: &Bytes, number: u32, headers: &mut HeaderMap, key_header: http::HeaderName) {
+    if frame.len() < 5 || frame[0] != 0 || headers.contains_key(&key_header) {
+        return;
+    }
+    if let Some(Some(value)) = wire::last_string_field(&frame[5..], number)
+        && !value.is_empty()
+        && let Ok(v) = HeaderValue::from_bytes(value)
+    {
+        headers.insert(key_header, v);
+    }
+}
+
 fn fill_key_field(
     frame: Bytes,
     number: u32,
@@ -874,7 +898,7 @@ mod tests {
     #[test]
     fn an_empty_request_id_is_filled_once_and_a_set_one_kept() {
         let policy = RetryPolicy::default().with_seed(1);
-        let call = policy.start(&Method::POST, &HeaderMap::new(), true);
+        let call = policy.start(&Method::POST, "/", &HeaderMap::new(), true);
         let key = call.idempotency_key().unwrap().as_str().to_owned();
         let header = http::HeaderName::from_static("idempotency-key");
         // `request_id = 1` absent, `n = 2` (varint 5) present.
@@ -919,6 +943,28 @@ mod tests {
             fill_key_field(compressed.clone(), 1, &mut HeaderMap::new(), &call, header),
             compressed
         );
+    }
+
+    #[test]
+    fn a_key_the_caller_put_in_the_message_is_the_callers_key() {
+        let policy = RetryPolicy::default();
+        let header = http::HeaderName::from_static("idempotency-key");
+        let mut headers = HeaderMap::new();
+        adopt_field_key(
+            &frame(&[0x0a, 3, b'a', b'b', b'c']),
+            1,
+            &mut headers,
+            header.clone(),
+        );
+        assert_eq!(headers[&header], "abc");
+        let call = policy.start(&Method::POST, "/p.S/M", &headers, true);
+        assert!(call.idempotency_key().is_none() && call.is_protected());
+        // An empty field is no key: the call generates one (not trusted by default).
+        let mut headers = HeaderMap::new();
+        adopt_field_key(&frame(&[0x0a, 0]), 1, &mut headers, header);
+        assert!(headers.is_empty());
+        let call = policy.start(&Method::POST, "/p.S/M", &headers, true);
+        assert!(call.idempotency_key().is_some() && !call.is_protected());
     }
 
     #[test]

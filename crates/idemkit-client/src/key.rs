@@ -135,22 +135,47 @@ pub struct InvalidKey {
     pub len: usize,
 }
 
-/// Whether the retry layer attaches a key to requests that have none.
+/// Whether the retry layer attaches a key to requests that have none, and whether
+/// that key makes a *maybe executed* write safe to retry.
+///
+/// A key the client makes up protects a write only if the server de-duplicates by
+/// it, and nothing in a request proves that: a server that ignores `Idempotency-Key`
+/// performs every retry again. So by default the generated key is sent (an idemkit
+/// server requires one, and de-duplicates by it) but is *not* counted as protection,
+/// unless the route is known to honour it. A key the caller sets is always counted:
+/// setting one is the caller's statement that the server honours it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum AutoKey {
     /// Default: a POST, PATCH, PUT or DELETE (any method but GET, HEAD, OPTIONS and
     /// TRACE; see [`gets_auto_key`](crate::gets_auto_key)) without a key gets a UUID v4
-    /// generated once per logical call and sent on every attempt. Those are the methods
-    /// an idemkit server guards by default, so a keyless PUT or DELETE is not refused
-    /// for lack of a key. This assumes the server honours `Idempotency-Key` (idemkit
-    /// servers do); against a server that ignores it the key protects nothing, so use
-    /// [`AutoKey::CallerOnly`] there.
+    /// generated once per logical call and sent on every attempt. A non-idempotent
+    /// request (POST, PATCH) whose outcome is unknown — a timeout or reset after
+    /// sending, or a `502`/`504` from a gateway — is retried only when the route is
+    /// known to honour the key:
+    ///
+    /// - the server's published `x-idempotency` policy, given to
+    ///   [`RetryPolicy::with_published_policy`](crate::RetryPolicy::with_published_policy),
+    ///   names a key for this method and path in the header the client sends it in
+    ///   (and does not mark the operation `retrySafe: false`), or
+    /// - during this very call the server answered `409 idempotency_request_in_progress`
+    ///   to this key: it recognised the key on this route.
+    ///
+    /// Otherwise the call ends with
+    /// [`FatalReason::AutoKeyUnconfirmed`](crate::FatalReason::AutoKeyUnconfirmed).
+    /// Evidence from another call or another route (a replay marker, an idempotency
+    /// problem) is not used: one origin can route paths to servers that differ.
     #[default]
     Generate,
-    /// Only keys the caller set protect a request. A non-idempotent request (POST,
-    /// PATCH) without a key whose outcome is unknown — a timeout or reset after sending,
-    /// or a `502`/`504` from a gateway — is not retried.
+    /// Like [`Generate`](Self::Generate), and the generated key counts as protection on
+    /// every route the published policy (if any) does not describe otherwise: the
+    /// caller states that this server honours keys everywhere (an idemkit server with
+    /// the layer on every write route). Against a server that ignores keys a
+    /// maybe-executed write is performed twice.
+    GenerateTrusted,
+    /// No key is generated: only keys the caller set protect a request. A
+    /// non-idempotent request (POST, PATCH) without a key whose outcome is unknown is
+    /// not retried.
     CallerOnly,
 }
 

@@ -52,16 +52,22 @@
 //!   ([`Outcome`]). Retried: not-sent failures, 429, 502, 503, 504 and
 //!   `409 idempotency_request_in_progress`; 500 only when opted in. Never: other 4xx,
 //!   auth, `409 idempotency_key_reused`. A *maybe executed* failure — a timeout or reset
-//!   after sending, or a gateway's 502/504 — is retried only when the request carries
-//!   an idempotency key or its method is idempotent.
+//!   after sending, or a gateway's 502/504 — is retried only when the request is
+//!   *protected*: its method is idempotent, it carries the caller's key, or it carries
+//!   the automatic key and the route is known to honour it. Extend the allowlist with
+//!   a hook that can delegate to it ([`RetryPolicy::with_classifier_hook`]).
 //! - **Keys**: a POST, PATCH, PUT or DELETE without a key gets a UUID v4 once per
-//!   logical call, reused on every attempt ([`AutoKey`]); [`IdempotencyKey::derived`]
-//!   builds event-derived keys.
+//!   logical call, reused on every attempt ([`AutoKey`]). Against a server that ignores
+//!   keys that key protects nothing, so by default it makes a lost answer retryable only
+//!   on routes the server's published `x-idempotency` policy names
+//!   ([`RetryPolicy::with_published_policy`]); [`IdempotencyKey::derived`] builds
+//!   event-derived keys.
 //! - **Backoff**: full jitter (default) or decorrelated jitter ([`Backoff`]).
 //!   `Retry-After` is a floor with the jittered backoff added above it, honoured up to
 //!   60 s ([`RetryConfig::with_retry_after_cap`]); a longer one, or one ending past the
 //!   deadline, stops at once with a [`RetryError`] carrying the server's answer and hint.
-//! - **Caps**: 3 attempts in total and one 30 s deadline per call
+//! - **Caps**: 3 attempts in total (attempts, not retries:
+//!   [`RetryConfig::with_max_retries`] counts retries) and one 30 s deadline per call
 //!   ([`RetryConfig::with_deadline`]); each attempt's timeout is
 //!   `min(attempt timeout, remaining)` ([`RetryConfig::with_attempt_timeout`], or
 //!   [`RetryConfig::with_adaptive_attempt_timeout`]).
@@ -106,8 +112,8 @@ mod tower;
 pub use backoff::{Backoff, BackoffIter, Jitter};
 pub use budget::{Budget, TokenBucket, Unlimited, Withdrawal};
 pub use classify::{
-    Answer, CODE_IN_PROGRESS, CODE_KEY_REUSED, Classifier, FatalReason, Outcome, PROBLEM_CONTENT_TYPE,
-    RetryKind, Verdict, classify_error, needs_problem_code, problem_code, retry_after,
+    Answer, AttemptInfo, CODE_IN_PROGRESS, CODE_KEY_REUSED, Classifier, ClassifyHook, FatalReason, Outcome,
+    PROBLEM_CONTENT_TYPE, RetryKind, Verdict, classify_error, needs_problem_code, problem_code, retry_after,
 };
 pub use error::{Last, RetryError};
 pub use key::{AutoKey, IDEMPOTENCY_KEY, IdempotencyKey, InvalidKey};

@@ -355,7 +355,7 @@ mod tests {
         assert!(config.repeatability());
         assert_eq!(config.key_header(), "repeatability-request-id");
         let policy = crate::RetryPolicy::new(config).with_seed(1);
-        let mut call = policy.start(&Method::POST, &http::HeaderMap::new(), true);
+        let mut call = policy.start(&Method::POST, "/r", &http::HeaderMap::new(), true);
         let mut first = http::HeaderMap::new();
         call.before_attempt(std::time::Duration::ZERO).apply(&mut first);
         let key = first["repeatability-request-id"].clone();

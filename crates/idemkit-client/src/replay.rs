@@ -79,6 +79,7 @@ impl<B: Body> Replayed<B> {
 
     /// Takes the failure out of a body whose read failed (the caller hands it on
     /// itself, e.g. as a transport error).
+    #[cfg(feature = "reqwest")]
     pub(crate) fn take_error(&mut self) -> Option<B::Error> {
         match &mut self.tail {
             Tail::Failed(err) => err.take().map(|e| *e),

@@ -7,7 +7,7 @@ use reqwest::{Request, Response, ResponseBuilderExt};
 use reqwest_middleware::{Middleware, Next};
 use tokio::time::Instant;
 
-use crate::classify::{Answer, Outcome, classify_error, needs_problem_code, problem_code};
+use crate::classify::{Answer, AttemptInfo, Outcome, classify_error, needs_problem_code, problem_code};
 use crate::error::{Last, RetryError};
 use crate::policy::{Decision, RetryPolicy, Stop, callers_deadline};
 use crate::replay::{Peek, read_start};
@@ -62,6 +62,34 @@ pub trait RetryErrorExt: Sized + sealed::Sealed {
     ///
     /// `Err(self)` when the error did not come from [`RetryMiddleware`].
     fn into_retry_error(self) -> Result<ReqwestRetryError, Self>;
+
+    /// reqwest-retry's convention in one call: the last response when the retries
+    /// ended on an answer (the third 503, a 429 whose `Retry-After` was too long),
+    /// as `Ok`; the error itself otherwise (a transport failure, a timeout, an
+    /// error that did not come from [`RetryMiddleware`]).
+    ///
+    /// ```no_run
+    /// use idemkit_client::{RetryErrorExt, RetryMiddleware};
+    ///
+    /// # async fn run() -> Result<(), reqwest_middleware::Error> {
+    /// let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+    ///     .with(RetryMiddleware::default())
+    ///     .build();
+    /// // `Ok(503)` after the last retry, as with reqwest-retry.
+    /// let response = client
+    ///     .get("http://inventory.internal/items/7")
+    ///     .send()
+    ///     .await
+    ///     .or_else(RetryErrorExt::into_last_response)?;
+    /// println!("{}", response.status());
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// `Err(self)` when there is no last response.
+    fn into_last_response(self) -> Result<Response, Self>;
 }
 
 mod sealed {
@@ -82,6 +110,14 @@ impl RetryErrorExt for reqwest_middleware::Error {
             Self::Middleware(e) => e.downcast::<ReqwestRetryError>().map_err(Self::Middleware),
             other @ Self::Reqwest(_) => Err(other),
         }
+    }
+
+    fn into_last_response(self) -> Result<Response, Self> {
+        if self.retry_error().is_none_or(|e| e.last_response().is_none()) {
+            return Err(self);
+        }
+        let retry = self.into_retry_error()?;
+        Ok(retry.into_response().expect("checked above"))
     }
 }
 
@@ -146,7 +182,9 @@ impl Middleware for RetryMiddleware {
     ) -> reqwest_middleware::Result<Response> {
         let start = Instant::now();
         let replayable = req.try_clone().is_some();
-        let mut call = self.policy.start(req.method(), req.headers(), replayable);
+        let mut call = self
+            .policy
+            .start(req.method(), req.url().as_str(), req.headers(), replayable);
         // The caller's own deadline (its `Request-Timeout`, or a `CallDeadline`)
         // bounds the call when it is the sooner one; it is never sent on raised.
         if let Some(deadline) = callers_deadline(req.headers(), extensions) {
@@ -192,18 +230,28 @@ impl Middleware for RetryMiddleware {
                 ),
                 Ok(done) => done,
             };
-            match call.after_attempt(start.elapsed(), &outcome) {
+            let info = AttemptInfo::new(&outcome);
+            let info = match &last {
+                Last::Response(response) => info.with_headers(response.headers()),
+                Last::Error(err) => info.with_error(err),
+                Last::TimedOut(_) => info,
+            };
+            let decision = call.after_attempt_with(start.elapsed(), info);
+            if !matches!(decision, Decision::Retry(_)) {
+                // The extensions of the attempt whose result the caller gets.
+                *extensions = attempt_extensions;
+            }
+            match decision {
                 Decision::Retry(delay) => tokio::time::sleep(delay).await,
                 Decision::Stop(stop) => {
                     let err = RetryError::new(stop, call.attempts(), outcome, last);
                     return Err(reqwest_middleware::Error::middleware(err));
                 }
                 Decision::Return => {
-                    *extensions = attempt_extensions;
                     return match last {
                         Last::Response(response) => Ok(response),
                         Last::Error(err) => Err(err),
-                        Last::TimedOut(_) => unreachable!("a timeout is never returned as-is"),
+                        Last::TimedOut(_) => unreachable!("the policy returns answers only"),
                     };
                 }
             }
@@ -249,13 +297,16 @@ async fn inspect(response: Response) -> (Outcome, Last<Response, reqwest_middlew
     };
     let mut builder = http::Response::builder()
         .status(parts.status)
-        .version(parts.version)
-        .url(url);
+        .version(parts.version);
     if let Some(headers) = builder.headers_mut() {
         *headers = parts.headers;
     }
+    // Every extension of the original response (its connection info, what inner
+    // middleware attached), then its URL, which reqwest keeps outside the extensions:
+    // set before them, it would be overwritten and read back as a placeholder.
     *builder.extensions_mut().expect("a fresh builder") = parts.extensions;
     let rebuilt = builder
+        .url(url)
         .body(reqwest::Body::wrap(body))
         .expect("parts of a valid response");
     (Outcome::Answered(answer), Last::Response(Response::from(rebuilt)))

@@ -6,16 +6,21 @@ use super::*;
 impl RetryPolicy {
     /// Starts one logical call.
     ///
-    /// `headers` are the request's headers (to find a caller-set key); `replayable`
-    /// says whether the request can be sent again (its body can be cloned). A POST,
-    /// PATCH, PUT or DELETE without a key gets its automatic key here, once.
+    /// `url` is the request's target (absolute, or its path): with a
+    /// [published policy](Self::with_published_policy) it decides whether a generated
+    /// key protects the request. `headers` are the request's headers (to find a
+    /// caller-set key); `replayable` says whether the request can be sent again (its
+    /// body can be cloned). A POST, PATCH, PUT or DELETE without a key gets its
+    /// automatic key here, once.
     #[must_use]
-    pub fn start(&self, method: &Method, headers: &HeaderMap, replayable: bool) -> Call {
+    pub fn start(&self, method: &Method, url: &str, headers: &HeaderMap, replayable: bool) -> Call {
         let config = &self.inner.config;
         let has_key = headers.contains_key(config.key_header);
         let idempotent = is_idempotent(method);
-        let auto_key = (!has_key && gets_auto_key(method) && config.auto_key == AutoKey::Generate)
+        let auto_key = (!has_key && gets_auto_key(method) && config.auto_key != AutoKey::CallerOnly)
             .then(IdempotencyKey::random);
+        // A generated key protects only where the server is known to honour it.
+        let key_honoured = auto_key.is_some() && self.auto_key_honoured(method, url);
         // One first-sent time per logical call, the same on every attempt
         // (OASIS Repeatable Requests): the server judges the whole chain by it.
         let first_sent = (config.repeatability
@@ -32,7 +37,7 @@ impl RetryPolicy {
         Call {
             policy: self.clone(),
             rng,
-            protected: has_key || idempotent || auto_key.is_some(),
+            protected: has_key || idempotent || key_honoured,
             replayable,
             auto_key,
             first_sent,
@@ -64,7 +69,7 @@ impl RetryPolicy {
 /// use idemkit_client::{Decision, Outcome, RetryPolicy, Stop};
 ///
 /// let policy = RetryPolicy::default().with_seed(1);
-/// let mut call = policy.start(&Method::POST, &HeaderMap::new(), true);
+/// let mut call = policy.start(&Method::POST, "/orders", &HeaderMap::new(), true);
 /// assert!(call.idempotency_key().is_some(), "POST without a key gets one");
 /// let mut now = Duration::ZERO;
 /// loop {
@@ -125,7 +130,9 @@ impl Call {
         self.auto_key.as_ref()
     }
 
-    /// Whether a *maybe executed* failure may be retried (key or idempotent method).
+    /// Whether a *maybe executed* failure may be retried: the request has an
+    /// idempotent method, a caller-set key, or a generated key the route is known to
+    /// honour (see [`AutoKey`]).
     #[must_use]
     pub fn is_protected(&self) -> bool {
         self.protected
@@ -148,7 +155,7 @@ impl Call {
     /// use idemkit_client::RetryPolicy;
     ///
     /// let policy = RetryPolicy::default();
-    /// let mut call = policy.start(&Method::POST, &HeaderMap::new(), true);
+    /// let mut call = policy.start(&Method::POST, "/orders", &HeaderMap::new(), true);
     /// call.limit_deadline(Duration::from_millis(1500));
     /// assert_eq!(call.before_attempt(Duration::ZERO).remaining(), Some(Duration::from_millis(1500)));
     /// ```
@@ -204,11 +211,31 @@ impl Call {
 
     /// Records the attempt's outcome at `elapsed` and decides what comes next.
     pub fn after_attempt(&mut self, elapsed: Duration, outcome: &Outcome) -> Decision {
+        self.after_attempt_with(elapsed, AttemptInfo::new(outcome))
+    }
+
+    /// [`after_attempt`](Self::after_attempt) with what else the attempt left (the
+    /// response's headers, the transport error) for a
+    /// [classifier hook](RetryPolicy::with_classifier_hook) to judge by.
+    pub fn after_attempt_with(&mut self, elapsed: Duration, attempt: AttemptInfo<'_>) -> Decision {
+        let outcome = attempt.outcome();
         let started = self.attempt_started.take().unwrap_or(elapsed);
         self.last_attempt = elapsed.saturating_sub(started);
         let inner = Arc::clone(&self.policy.inner);
         let config = &inner.config;
-        let verdict = config.classifier.classify(outcome, self.protected);
+        if let Outcome::Answered(answer) = outcome
+            && self.auto_key.is_some()
+            && answer.problem_code.as_deref() == Some(crate::classify::CODE_IN_PROGRESS)
+        {
+            // The server answered this very key "a request with this key is in
+            // progress": it de-duplicates by the key on this route.
+            self.protected = true;
+        }
+        let default = config.classifier.classify(outcome, self.protected);
+        let verdict = match &inner.extras.hook {
+            Some(hook) => hook.classify(&attempt.with_protected(self.protected), default),
+            None => default,
+        };
         metrics::counter!(
             "idemkit_client_attempts_total",
             "outcome" => outcome.label(),
@@ -226,6 +253,13 @@ impl Call {
                 .record_timeout(self.last_attempt, &config.attempt_timeout);
         }
         match verdict {
+            // A hook's `Success` or never-retried verdict on an attempt without an
+            // answer: there is no response to hand back.
+            Verdict::Success | Verdict::Fatal(FatalReason::NotAllowlisted)
+                if !matches!(outcome, Outcome::Answered(_)) =>
+            {
+                self.give_up(Stop::NotRetryable(FatalReason::NotAllowlisted), outcome)
+            }
             Verdict::Success => {
                 inner.budget.deposit(self.withdrawal.take());
                 self.policy.report_budget();
@@ -233,6 +267,10 @@ impl Call {
                 Decision::Return
             }
             Verdict::Fatal(FatalReason::NotAllowlisted) => Decision::Return,
+            // Unprotected only because the generated key is not known to be honoured.
+            Verdict::Fatal(FatalReason::MaybeExecutedUnprotected) if self.auto_key.is_some() => {
+                self.give_up(Stop::NotRetryable(FatalReason::AutoKeyUnconfirmed), outcome)
+            }
             Verdict::Fatal(reason) => self.give_up(Stop::NotRetryable(reason), outcome),
             Verdict::Transient(kind) => self.plan_retry(kind, elapsed, outcome),
         }

@@ -19,8 +19,9 @@ use rand::rngs::StdRng;
 
 use crate::backoff::{Backoff, Jitter};
 use crate::budget::{Budget, TokenBucket, Withdrawal};
-use crate::classify::{Classifier, FatalReason, Outcome, RetryKind, Verdict};
+use crate::classify::{AttemptInfo, Classifier, ClassifyHook, FatalReason, Outcome, RetryKind, Verdict};
 use crate::key::{AutoKey, IDEMPOTENCY_KEY_STR, IdempotencyKey};
+use crate::policy_doc::{KeyLocation, PublishedPolicy};
 
 /// The OASIS Repeatable Requests key header.
 pub const REPEATABILITY_REQUEST_ID: &str = "repeatability-request-id";
@@ -161,7 +162,9 @@ pub struct RetryConfig {
 }
 
 impl RetryConfig {
-    /// Default attempt cap (attempts in total, not retries).
+    /// Default attempt cap: **3 attempts in total**, the first one included, so at
+    /// most 2 retries (reqwest-retry and tokio-retry count retries; gRPC's
+    /// `maxAttempts` and the AWS SDKs count attempts, as this crate does).
     pub const DEFAULT_MAX_ATTEMPTS: u32 = 3;
     /// Default overall deadline of one logical call.
     pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(30);
@@ -195,11 +198,30 @@ impl RetryConfig {
         }
     }
 
-    /// Attempts in total, first one included (minimum 1). `1` disables retries.
+    /// **Attempts in total, the first one included** (minimum 1), not retries:
+    /// `with_max_attempts(3)` sends a request at most 3 times, i.e. 2 retries. `1`
+    /// disables retries. To count retries as reqwest-retry's
+    /// `build_with_max_retries(n)` does, use [`with_max_retries`](Self::with_max_retries).
     #[must_use]
     pub const fn with_max_attempts(mut self, attempts: u32) -> Self {
         self.max_attempts = if attempts == 0 { 1 } else { attempts };
         self
+    }
+
+    /// **Retries after the first attempt**: `with_max_retries(n)` is
+    /// `with_max_attempts(n + 1)` (reqwest-retry's `build_with_max_retries(n)`
+    /// means the same). `0` disables retries.
+    ///
+    /// ```
+    /// use idemkit_client::RetryConfig;
+    ///
+    /// const CONFIG: RetryConfig = RetryConfig::new().with_max_retries(3);
+    /// assert_eq!(CONFIG.max_attempts(), 4);
+    /// assert_eq!(CONFIG.max_retries(), 3);
+    /// ```
+    #[must_use]
+    pub const fn with_max_retries(self, retries: u32) -> Self {
+        self.with_max_attempts(retries.saturating_add(1))
     }
 
     /// The overall deadline of one logical call (default 30 s), set once when it
@@ -282,8 +304,10 @@ impl RetryConfig {
         self
     }
 
-    /// Whether requests without a key get one automatically (default
-    /// [`AutoKey::Generate`]: POST, PATCH, PUT, DELETE and other unsafe methods).
+    /// Whether requests without a key get one automatically, and whether it counts as
+    /// protection (default [`AutoKey::Generate`]: POST, PATCH, PUT, DELETE and other
+    /// unsafe methods get one; it makes a *maybe executed* write retryable only on
+    /// routes a published policy says honour it).
     #[must_use]
     pub const fn with_auto_key(mut self, auto_key: AutoKey) -> Self {
         self.auto_key = auto_key;
@@ -347,10 +371,16 @@ impl RetryConfig {
         self
     }
 
-    /// Attempt cap.
+    /// Attempt cap: attempts in total, the first one included.
     #[must_use]
     pub const fn max_attempts(&self) -> u32 {
         self.max_attempts
+    }
+
+    /// Retries after the first attempt (`max_attempts() - 1`).
+    #[must_use]
+    pub const fn max_retries(&self) -> u32 {
+        self.max_attempts - 1
     }
 
     /// Overall deadline, `None` when there is none.
@@ -425,6 +455,14 @@ struct Inner {
     budget: Arc<dyn Budget>,
     latency: LatencyWindow,
     seeder: Option<Mutex<StdRng>>,
+    extras: Extras,
+}
+
+/// The settings that are not `Copy` (so not in [`RetryConfig`]).
+#[derive(Clone, Default)]
+struct Extras {
+    published: Option<Arc<PublishedPolicy>>,
+    hook: Option<Arc<dyn ClassifyHook>>,
 }
 
 /// A retry policy and the state shared by every call made with it: the retry budget
@@ -449,6 +487,8 @@ impl fmt::Debug for RetryPolicy {
         f.debug_struct("RetryPolicy")
             .field("config", &self.inner.config)
             .field("budget", &self.inner.budget)
+            .field("published_policy", &self.inner.extras.published.is_some())
+            .field("classifier_hook", &self.inner.extras.hook.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -469,16 +509,17 @@ impl RetryPolicy {
     /// A policy with the default budget ([`TokenBucket::new`]).
     #[must_use]
     pub fn new(config: RetryConfig) -> Self {
-        Self::build(config, Arc::new(TokenBucket::new()), None)
+        Self::build(config, Arc::new(TokenBucket::new()), None, Extras::default())
     }
 
-    fn build(config: RetryConfig, budget: Arc<dyn Budget>, seed: Option<u64>) -> Self {
+    fn build(config: RetryConfig, budget: Arc<dyn Budget>, seed: Option<u64>, extras: Extras) -> Self {
         let policy = Self {
             inner: Arc::new(Inner {
                 config,
                 budget,
                 latency: LatencyWindow::default(),
                 seeder: seed.map(|s| Mutex::new(StdRng::seed_from_u64(s))),
+                extras,
             }),
         };
         policy.report_budget();
@@ -499,14 +540,93 @@ impl RetryPolicy {
     #[must_use]
     pub fn with_budget(self, budget: Arc<dyn Budget>) -> Self {
         let seed = self.seed_hint();
-        Self::build(self.inner.config, budget, seed)
+        Self::build(self.inner.config, budget, seed, self.inner.extras.clone())
     }
 
     /// A new policy whose jitter comes from a generator seeded with `seed`
     /// (deterministic runs, tests). The result does not share state with `self`.
     #[must_use]
     pub fn with_seed(self, seed: u64) -> Self {
-        Self::build(self.inner.config, Arc::clone(&self.inner.budget), Some(seed))
+        Self::build(
+            self.inner.config,
+            Arc::clone(&self.inner.budget),
+            Some(seed),
+            self.inner.extras.clone(),
+        )
+    }
+
+    /// A new policy that follows the server's published `x-idempotency` policy
+    /// ([`PublishedPolicy`]): a generated key ([`AutoKey::Generate`]) makes a *maybe
+    /// executed* write retryable on the routes whose published operation takes a key
+    /// in the header the client sends it in ([`RetryConfig::key_header`], or OASIS
+    /// Repeatable Requests with [`RetryConfig::with_repeatability`]) and is not
+    /// `retrySafe: false`. A route the policy describes as taking no key (or a key in
+    /// the body) is not protected by a generated key even under
+    /// [`AutoKey::GenerateTrusted`]. The result shares the budget, not the latency
+    /// window.
+    ///
+    /// ```
+    /// use http::{HeaderMap, Method};
+    /// use idemkit_client::{PublishedPolicy, RetryPolicy};
+    ///
+    /// let doc = serde_json::json!({"operations": [{"method": "POST", "path": "/orders",
+    ///     "x-idempotency": {"key": {"in": "header", "name": "Idempotency-Key"}}}]});
+    /// let published = PublishedPolicy::from_document("https://api.example.com", &doc).unwrap();
+    /// let policy = RetryPolicy::default().with_published_policy(published);
+    /// let orders = policy.start(&Method::POST, "https://api.example.com/orders", &HeaderMap::new(), true);
+    /// assert!(orders.is_protected(), "the published policy says /orders honours the key");
+    /// let refunds = policy.start(&Method::POST, "https://api.example.com/refunds", &HeaderMap::new(), true);
+    /// assert!(refunds.idempotency_key().is_some(), "a key is still sent");
+    /// assert!(!refunds.is_protected(), "but it does not make a lost answer retryable");
+    /// ```
+    #[must_use]
+    pub fn with_published_policy(self, published: impl Into<Arc<PublishedPolicy>>) -> Self {
+        let extras = Extras {
+            published: Some(published.into()),
+            ..self.inner.extras.clone()
+        };
+        let seed = self.seed_hint();
+        Self::build(self.inner.config, Arc::clone(&self.inner.budget), seed, extras)
+    }
+
+    /// The published policy this policy follows, if any.
+    #[must_use]
+    pub fn published_policy(&self) -> Option<&PublishedPolicy> {
+        self.inner.extras.published.as_deref()
+    }
+
+    /// A new policy whose verdicts go through `hook` after the built-in
+    /// [`Classifier`] (see [`ClassifyHook`]). The result shares the budget, not the
+    /// latency window.
+    #[must_use]
+    pub fn with_classifier_hook(self, hook: impl ClassifyHook) -> Self {
+        let extras = Extras {
+            hook: Some(Arc::new(hook)),
+            ..self.inner.extras.clone()
+        };
+        let seed = self.seed_hint();
+        Self::build(self.inner.config, Arc::clone(&self.inner.budget), seed, extras)
+    }
+
+    /// Whether a generated key protects a request with `method` to `url` (see
+    /// [`AutoKey`]).
+    fn auto_key_honoured(&self, method: &Method, url: &str) -> bool {
+        let config = &self.inner.config;
+        let described = self
+            .inner
+            .extras
+            .published
+            .as_ref()
+            .and_then(|p| p.operation(method, url).map(|_| p.key_for(method, url)));
+        match described {
+            // The published policy describes this route: it decides.
+            Some(key) => match key {
+                Some(KeyLocation::Header(name)) => *name == config.key_header(),
+                Some(KeyLocation::Repeatability) => config.repeatability,
+                Some(KeyLocation::Body(_)) | None => false,
+            },
+            None => config.auto_key == AutoKey::GenerateTrusted,
+        }
     }
 
     fn seed_hint(&self) -> Option<u64> {

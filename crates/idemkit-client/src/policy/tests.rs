@@ -16,18 +16,18 @@ fn status(s: u16) -> Outcome {
 fn auto_key_only_for_unprotected_methods() {
     let p = RetryPolicy::default();
     assert!(
-        p.start(&Method::POST, &HeaderMap::new(), true)
+        p.start(&Method::POST, "/", &HeaderMap::new(), true)
             .idempotency_key()
             .is_some()
     );
     assert!(
-        p.start(&Method::PATCH, &HeaderMap::new(), true)
+        p.start(&Method::PATCH, "/", &HeaderMap::new(), true)
             .idempotency_key()
             .is_some()
     );
     for method in [Method::PUT, Method::DELETE] {
         assert!(
-            p.start(&method, &HeaderMap::new(), true)
+            p.start(&method, "/", &HeaderMap::new(), true)
                 .idempotency_key()
                 .is_some(),
             "{method} is guarded by the server: it gets a key"
@@ -35,7 +35,7 @@ fn auto_key_only_for_unprotected_methods() {
     }
     for method in [Method::GET, Method::HEAD, Method::OPTIONS, Method::TRACE] {
         assert!(
-            p.start(&method, &HeaderMap::new(), true)
+            p.start(&method, "/", &HeaderMap::new(), true)
                 .idempotency_key()
                 .is_none(),
             "{method}"
@@ -43,10 +43,10 @@ fn auto_key_only_for_unprotected_methods() {
     }
     let mut h = HeaderMap::new();
     h.insert(IDEMPOTENCY_KEY, HeaderValue::from_static("mine"));
-    let call = p.start(&Method::POST, &h, true);
+    let call = p.start(&Method::POST, "/", &h, true);
     assert!(call.idempotency_key().is_none() && call.is_protected());
     let caller_only = RetryPolicy::new(RetryConfig::new().with_auto_key(AutoKey::CallerOnly));
-    let call = caller_only.start(&Method::POST, &HeaderMap::new(), true);
+    let call = caller_only.start(&Method::POST, "/", &HeaderMap::new(), true);
     assert!(call.idempotency_key().is_none() && !call.is_protected());
 }
 
@@ -58,7 +58,7 @@ fn plan_applies_same_key_every_attempt() {
             .with_timeout_header(true)
             .with_deadline(Duration::from_secs(2)),
     );
-    let mut call = p.start(&Method::POST, &HeaderMap::new(), true);
+    let mut call = p.start(&Method::POST, "/", &HeaderMap::new(), true);
     let mut keys = Vec::new();
     let mut now = Duration::ZERO;
     for n in 1..=3 {
@@ -78,7 +78,7 @@ fn plan_applies_same_key_every_attempt() {
 #[test]
 fn retry_after_is_a_floor_and_never_crosses_the_deadline() {
     let p = RetryPolicy::new(RetryConfig::new().with_deadline(Duration::from_secs(10))).with_seed(3);
-    let mut call = p.start(&Method::GET, &HeaderMap::new(), true);
+    let mut call = p.start(&Method::GET, "/", &HeaderMap::new(), true);
     call.before_attempt(Duration::ZERO);
     let answer = Answer::new(StatusCode::TOO_MANY_REQUESTS).with_retry_after(Some(Duration::from_secs(4)));
     let d = call.after_attempt(MS, &Outcome::Answered(answer.clone()));
@@ -97,16 +97,16 @@ fn retry_after_is_a_floor_and_never_crosses_the_deadline() {
 fn maybe_executed_needs_protection_and_bodies_must_be_replayable() {
     let p = RetryPolicy::new(RetryConfig::new().with_auto_key(AutoKey::CallerOnly));
     let timeout = Outcome::MaybeExecuted { timed_out: true };
-    let mut call = p.start(&Method::POST, &HeaderMap::new(), true);
+    let mut call = p.start(&Method::POST, "/", &HeaderMap::new(), true);
     call.before_attempt(Duration::ZERO);
     assert_eq!(
         call.after_attempt(MS, &timeout),
         Decision::Stop(Stop::NotRetryable(FatalReason::MaybeExecutedUnprotected))
     );
-    let mut call = p.start(&Method::GET, &HeaderMap::new(), true);
+    let mut call = p.start(&Method::GET, "/", &HeaderMap::new(), true);
     call.before_attempt(Duration::ZERO);
     assert!(matches!(call.after_attempt(MS, &timeout), Decision::Retry(_)));
-    let mut call = p.start(&Method::GET, &HeaderMap::new(), false);
+    let mut call = p.start(&Method::GET, "/", &HeaderMap::new(), false);
     call.before_attempt(Duration::ZERO);
     assert_eq!(
         call.after_attempt(MS, &timeout),
@@ -119,7 +119,7 @@ fn budget_refunds_and_empties() {
     let bucket = Arc::new(TokenBucket::new().with_capacity(30));
     let p = RetryPolicy::default().with_budget(bucket.clone());
     // A failed call that retried spends 14 per retry.
-    let mut call = p.start(&Method::GET, &HeaderMap::new(), true);
+    let mut call = p.start(&Method::GET, "/", &HeaderMap::new(), true);
     call.before_attempt(Duration::ZERO);
     assert!(matches!(call.after_attempt(MS, &status(503)), Decision::Retry(_)));
     assert_eq!(bucket.available(), 16);
@@ -131,7 +131,7 @@ fn budget_refunds_and_empties() {
     );
     assert_eq!(bucket.available(), 30);
     // Drain it.
-    let mut call = p.start(&Method::GET, &HeaderMap::new(), true);
+    let mut call = p.start(&Method::GET, "/", &HeaderMap::new(), true);
     call.before_attempt(Duration::ZERO);
     assert!(matches!(call.after_attempt(MS, &status(503)), Decision::Retry(_)));
     call.before_attempt(Duration::from_secs(1));
@@ -139,7 +139,7 @@ fn budget_refunds_and_empties() {
         call.after_attempt(Duration::from_secs(1), &status(503)),
         Decision::Retry(_)
     ));
-    let mut call = p.start(&Method::GET, &HeaderMap::new(), true);
+    let mut call = p.start(&Method::GET, "/", &HeaderMap::new(), true);
     call.before_attempt(Duration::ZERO);
     assert_eq!(
         call.after_attempt(MS, &status(503)),
@@ -150,7 +150,7 @@ fn budget_refunds_and_empties() {
 #[test]
 fn unlimited_budget_stops_at_the_cap() {
     let p = RetryPolicy::default().with_budget(Arc::new(Unlimited));
-    let mut call = p.start(&Method::GET, &HeaderMap::new(), true);
+    let mut call = p.start(&Method::GET, "/", &HeaderMap::new(), true);
     let mut now = Duration::ZERO;
     let mut decisions = Vec::new();
     loop {
@@ -174,7 +174,7 @@ fn first_delays(config: RetryConfig, ra: Duration, elapsed: Duration, n: usize) 
     let answer = Answer::new(StatusCode::TOO_MANY_REQUESTS).with_retry_after(Some(ra));
     (0..n)
         .map(|_| {
-            let mut call = p.start(&Method::GET, &HeaderMap::new(), true);
+            let mut call = p.start(&Method::GET, "/", &HeaderMap::new(), true);
             // A 1 ms attempt ending at `elapsed`.
             call.before_attempt(elapsed.saturating_sub(MS));
             match call.after_attempt(elapsed, &Outcome::Answered(answer.clone())) {
@@ -242,7 +242,7 @@ fn retry_after_above_the_cap_stops_even_without_a_deadline() {
             .with_retry_after_cap(Duration::from_secs(5)),
     );
     for (ra, retried) in [(5, true), (6, false), (999_999_999, false)] {
-        let mut call = p.start(&Method::GET, &HeaderMap::new(), true);
+        let mut call = p.start(&Method::GET, "/", &HeaderMap::new(), true);
         call.before_attempt(Duration::ZERO);
         let answer =
             Answer::new(StatusCode::SERVICE_UNAVAILABLE).with_retry_after(Some(Duration::from_secs(ra)));
@@ -292,7 +292,7 @@ fn budget_remaining_is_readable_and_published_as_a_gauge() {
             .with_budget(Arc::new(TokenBucket::new().with_capacity(30)));
         assert_eq!(p.budget_remaining(), Some(30));
         assert_eq!(gauge(), Some(30.0), "published when the policy is built");
-        let mut call = p.start(&Method::GET, &HeaderMap::new(), true);
+        let mut call = p.start(&Method::GET, "/", &HeaderMap::new(), true);
         call.before_attempt(Duration::ZERO);
         assert!(matches!(call.after_attempt(MS, &status(503)), Decision::Retry(_)));
         assert_eq!(p.budget_remaining(), Some(16));
@@ -330,7 +330,7 @@ fn config_is_copy_and_const() {
             .attempt_timeout(),
         AttemptTimeout::Adaptive(_)
     ));
-    let mut call = a.start(&Method::POST, &HeaderMap::new(), true);
+    let mut call = a.start(&Method::POST, "/", &HeaderMap::new(), true);
     let mut h = HeaderMap::new();
     call.before_attempt(Duration::ZERO).apply(&mut h);
     assert!(h.contains_key("x-request-key") && !h.contains_key(IDEMPOTENCY_KEY));
@@ -342,7 +342,7 @@ fn a_retry_never_sent_gives_its_tokens_back() {
     let policy = RetryPolicy::default().with_budget(bucket.clone()).with_seed(1);
     // Decided, paid for, then dropped before it is sent (the caller cancelled in the
     // backoff, or the deadline came first): refunded.
-    let mut call = policy.start(&Method::POST, &HeaderMap::new(), true);
+    let mut call = policy.start(&Method::POST, "/", &HeaderMap::new(), true);
     call.before_attempt(Duration::ZERO);
     assert!(matches!(
         call.after_attempt(10 * MS, &status(503)),
@@ -352,7 +352,7 @@ fn a_retry_never_sent_gives_its_tokens_back() {
     drop(call);
     assert_eq!(bucket.available(), 500);
     // Sent: spent for good, even if the call then ends without an answer.
-    let mut call = policy.start(&Method::POST, &HeaderMap::new(), true);
+    let mut call = policy.start(&Method::POST, "/", &HeaderMap::new(), true);
     call.before_attempt(Duration::ZERO);
     assert!(matches!(
         call.after_attempt(10 * MS, &status(503)),
@@ -373,7 +373,7 @@ fn an_attempt_cut_by_the_deadline_does_not_raise_the_adaptive_timeout() {
         RetryConfig::new().with_adaptive_attempt_timeout(AdaptiveTimeout::new().with_min_samples(20));
     let policy = RetryPolicy::new(config);
     for _ in 0..50 {
-        let mut call = policy.start(&Method::POST, &HeaderMap::new(), true);
+        let mut call = policy.start(&Method::POST, "/", &HeaderMap::new(), true);
         call.before_attempt(Duration::ZERO);
         call.after_attempt(30 * MS, &status(201));
     }
@@ -381,7 +381,7 @@ fn an_attempt_cut_by_the_deadline_does_not_raise_the_adaptive_timeout() {
     assert_eq!(learned, 100 * MS, "the floor, from 30 ms successes");
 
     // A caller with 70 ms left: the attempt's budget is 70 ms, and it times out.
-    let mut call = policy.start(&Method::POST, &HeaderMap::new(), true);
+    let mut call = policy.start(&Method::POST, "/", &HeaderMap::new(), true);
     call.limit_deadline(70 * MS);
     let plan = call.before_attempt(Duration::ZERO);
     assert_eq!(plan.timeout(), 70 * MS);
@@ -393,8 +393,71 @@ fn an_attempt_cut_by_the_deadline_does_not_raise_the_adaptive_timeout() {
     );
 
     // An attempt the adaptive timeout itself cut short still raises it.
-    let mut call = policy.start(&Method::POST, &HeaderMap::new(), true);
+    let mut call = policy.start(&Method::POST, "/", &HeaderMap::new(), true);
     call.before_attempt(Duration::ZERO);
     call.after_attempt(100 * MS, &Outcome::MaybeExecuted { timed_out: true });
     assert_eq!(policy.current_attempt_timeout(), 200 * MS);
+}
+
+#[test]
+fn a_generated_key_protects_only_where_it_is_known_to_be_honoured() {
+    let post = |p: &RetryPolicy, url: &str| p.start(&Method::POST, url, &HeaderMap::new(), true);
+    // Default: sent, not trusted.
+    let p = RetryPolicy::default();
+    let call = post(&p, "/orders");
+    assert!(call.idempotency_key().is_some() && !call.is_protected());
+    // The caller's word for every route.
+    let trusted = RetryPolicy::new(RetryConfig::new().with_auto_key(AutoKey::GenerateTrusted));
+    assert!(post(&trusted, "/orders").is_protected());
+
+    let doc = serde_json::json!({"operations": [
+        {"method": "POST", "path": "/h", "x-idempotency": {"key": {"in": "header", "name": "Idempotency-Key"}}},
+        {"method": "POST", "path": "/other", "x-idempotency": {"key": {"in": "header", "name": "X-Request-Key"}}},
+        {"method": "POST", "path": "/body", "x-idempotency": {"key": {"in": "body", "name": "/key"}}},
+        {"method": "POST", "path": "/none", "x-idempotency": {"version": 1}},
+        {"method": "POST", "path": "/r", "x-idempotency": {"key": {"in": "header",
+            "name": "Repeatability-Request-ID", "convention": "oasis-repeatable-requests-1.0"}}},
+    ]});
+    let published = crate::PublishedPolicy::from_document("https://api.example.com", &doc).unwrap();
+    let p = RetryPolicy::default().with_published_policy(published.clone());
+    assert!(post(&p, "https://api.example.com/h").is_protected());
+    assert!(post(&p, "/h?x=1").is_protected(), "a path, with a query");
+    assert!(p.published_policy().is_some());
+    for url in ["/other", "/body", "/r", "/unpublished"] {
+        assert!(!post(&p, url).is_protected(), "{url}");
+    }
+    // `/none` takes no key by the published word: not even the caller's trust helps.
+    let trusted = RetryPolicy::new(RetryConfig::new().with_auto_key(AutoKey::GenerateTrusted))
+        .with_published_policy(published.clone());
+    assert!(!post(&trusted, "/none").is_protected());
+    assert!(post(&trusted, "/unpublished").is_protected());
+    // OASIS Repeatable Requests, when the client speaks it.
+    let oasis = RetryPolicy::new(RetryConfig::new().with_repeatability()).with_published_policy(published);
+    assert!(post(&oasis, "/r").is_protected());
+    assert!(
+        !post(&oasis, "/h").is_protected(),
+        "the key goes in another header"
+    );
+    // The published policy survives the other builders.
+    let rebuilt = p.with_seed(3).with_budget(Arc::new(Unlimited));
+    assert!(post(&rebuilt, "/h").is_protected());
+}
+
+#[test]
+fn a_generated_key_not_known_to_be_honoured_says_so_when_it_stops() {
+    let p = RetryPolicy::default().with_seed(1);
+    let mut call = p.start(&Method::POST, "/orders", &HeaderMap::new(), true);
+    call.before_attempt(Duration::ZERO);
+    assert_eq!(
+        call.after_attempt(10 * MS, &Outcome::MaybeExecuted { timed_out: true }),
+        Decision::Stop(Stop::NotRetryable(FatalReason::AutoKeyUnconfirmed))
+    );
+    // Without any key: the plain reason.
+    let p = RetryPolicy::new(RetryConfig::new().with_auto_key(AutoKey::CallerOnly));
+    let mut call = p.start(&Method::POST, "/orders", &HeaderMap::new(), true);
+    call.before_attempt(Duration::ZERO);
+    assert_eq!(
+        call.after_attempt(10 * MS, &status(502)),
+        Decision::Stop(Stop::NotRetryable(FatalReason::MaybeExecutedUnprotected))
+    );
 }

@@ -19,7 +19,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tower::{Service, ServiceExt};
 
-use crate::classify::{Answer, FatalReason, Outcome, classify_error, needs_problem_code, problem_code};
+use crate::classify::{
+    Answer, AttemptInfo, FatalReason, Outcome, classify_error, needs_problem_code, problem_code,
+};
 use crate::error::{Last, RetryError};
 use crate::policy::callers_deadline;
 use crate::policy::{Decision, RetryPolicy, Stop};
@@ -122,7 +124,8 @@ where
 {
     let start = Instant::now();
     let replayable = try_clone_request(&req).is_some();
-    let mut call = policy.start(req.method(), req.headers(), replayable);
+    let url = req.uri().to_string();
+    let mut call = policy.start(req.method(), &url, req.headers(), replayable);
     // The caller's own deadline (its `Request-Timeout`, or a `CallDeadline`) bounds
     // the call when it is the sooner one; it is never sent on raised.
     if let Some(deadline) = callers_deadline(req.headers(), req.extensions()) {
@@ -196,7 +199,13 @@ where
             ),
             Ok(done) => done,
         };
-        match call.after_attempt(start.elapsed(), &outcome) {
+        let info = AttemptInfo::new(&outcome);
+        let info = match &last {
+            Last::Response(response) => info.with_headers(response.headers()),
+            Last::Error(err) => info.with_error(err),
+            Last::TimedOut(_) => info,
+        };
+        match call.after_attempt_with(start.elapsed(), info) {
             Decision::Retry(delay) => {
                 tokio::time::sleep(delay).await;
                 previous = Some((outcome, last));

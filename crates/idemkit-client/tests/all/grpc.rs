@@ -429,7 +429,7 @@ async fn deadline_exceeded_is_retried_only_with_a_key() {
         (Code::DeadlineExceeded, "too slow")
     );
 
-    // With a key (the caller's, or the automatic one) it is retried.
+    // With a key (the caller's, or an automatic one the caller trusts) it is retried.
     h.script(
         "Slow3",
         [Script::Fail(Status::deadline_exceeded("too slow")), Script::Ok],
@@ -439,8 +439,24 @@ async fn deadline_exceeded_is_retried_only_with_a_key() {
         "Slow4",
         [Script::Fail(Status::deadline_exceeded("too slow")), Script::Ok],
     );
-    call(h.client(fast()), "Slow4", None).await.unwrap();
+    call(
+        h.client(fast().with_auto_key(AutoKey::GenerateTrusted)),
+        "Slow4",
+        None,
+    )
+    .await
+    .unwrap();
     assert_eq!((h.seen("Slow3").len(), h.seen("Slow4").len()), (2, 2));
+
+    // The default automatic key is sent but not trusted: no published policy names
+    // the method, so the call may have run and is not sent again.
+    h.script(
+        "Slow5",
+        [Script::Fail(Status::deadline_exceeded("too slow")), Script::Ok],
+    );
+    let status = call(h.client(fast()), "Slow5", None).await.unwrap_err();
+    assert_eq!(status.code(), Code::DeadlineExceeded);
+    assert_eq!(h.seen("Slow5").len(), 1);
 }
 
 /// A unary request for `method` as the tonic client would send it (one frame).
@@ -529,4 +545,26 @@ async fn pushback_is_a_floor_and_a_negative_one_stops() {
         assert_eq!(err.status().code(), Code::Unavailable);
         assert_eq!(h.seen(&method).len(), 1, "{refusal}");
     }
+}
+
+/// gRFC A6: every retry carries `grpc-previous-rpc-attempts` (how many attempts came
+/// before it); the first attempt carries none.
+#[tokio::test]
+async fn retries_tell_the_server_how_many_attempts_came_before() {
+    let h = Harness::start().await;
+    h.script(
+        "Prev",
+        [
+            Script::Fail(Status::unavailable("down")),
+            Script::Fail(Status::unavailable("down")),
+            Script::Ok,
+        ],
+    );
+    call(h.client(fast()), "Prev", None).await.unwrap();
+    let previous = h.values("Prev", idemkit_client::GRPC_PREVIOUS_RPC_ATTEMPTS);
+    assert_eq!(
+        previous,
+        [None, Some("1".to_owned()), Some("2".to_owned())],
+        "grpc-previous-rpc-attempts on attempts 1, 2, 3"
+    );
 }

@@ -50,7 +50,11 @@ fn answer(status: StatusCode) -> Response<Full<Bytes>> {
 async fn a_stalled_409_body_is_bounded_by_the_deadline_reqwest() {
     let server = FaultServer::start().await;
     server.always("/slow409", Fault::Stalled409);
-    let http = client(fast().with_deadline(500 * MS));
+    let http = client(
+        fast()
+            .with_auto_key(AutoKey::GenerateTrusted)
+            .with_deadline(500 * MS),
+    );
     let t0 = std::time::Instant::now();
     let result = within(
         Duration::from_secs(3),
@@ -70,7 +74,11 @@ async fn a_stalled_409_body_is_bounded_by_the_deadline_tower() {
     let server = FaultServer::start().await;
     server.always("/slow409", Fault::Stalled409);
     let svc = ServiceBuilder::new()
-        .layer(RetryLayer::new(fast().with_deadline(500 * MS)))
+        .layer(RetryLayer::new(
+            fast()
+                .with_auto_key(AutoKey::GenerateTrusted)
+                .with_deadline(500 * MS),
+        ))
         .service(transport());
     let t0 = std::time::Instant::now();
     let result = within(
@@ -141,9 +149,10 @@ async fn a_broken_409_body_is_a_transport_failure_reqwest() {
     assert_eq!(err.outcome(), &Outcome::MaybeExecuted { timed_out: false });
     assert!(matches!(err.last(), idemkit_client::Last::Error(_)));
 
-    // Protected (the automatic key): retried like any failure after sending.
+    // Protected (an automatic key the caller trusts): retried like any failure after
+    // sending.
     server.script("/broken2", [Fault::Broken409, Fault::Status(201)]);
-    let response = client(fast())
+    let response = client(fast().with_auto_key(AutoKey::GenerateTrusted))
         .post(server.url("/broken2"))
         .body("{}")
         .send()

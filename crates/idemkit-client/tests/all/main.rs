@@ -2,12 +2,14 @@
 //! fault-injecting axum server on loopback, deadline behaviour under paused time, and
 //! properties of the retry arithmetic.
 
+mod conventions;
 mod deadline;
 #[cfg(feature = "tonic")]
 mod grpc;
 #[cfg(feature = "tonic")]
 mod grpc_hardening;
 mod hardening;
+mod key_trust;
 mod properties;
 mod reqwest_faults;
 mod safety;

@@ -57,7 +57,7 @@ proptest! {
             .with_backoff(backoff)
             .with_throttling_backoff(throttling);
         let policy = RetryPolicy::new(config).with_budget(Arc::new(Unlimited)).with_seed(seed);
-        let mut call = policy.start(&Method::POST, &HeaderMap::new(), true);
+        let mut call = policy.start(&Method::POST, "/", &HeaderMap::new(), true);
         let mut now = Duration::ZERO;
         let mut previous = [backoff.base(), throttling.base()];
         for step in steps.iter().cycle() {
@@ -205,7 +205,7 @@ fn retry_sleeps_are_spread_across_clients() {
         let policy = RetryPolicy::new(config)
             .with_budget(Arc::new(Unlimited))
             .with_seed(seed);
-        let mut call = policy.start(&Method::POST, &HeaderMap::new(), true);
+        let mut call = policy.start(&Method::POST, "/", &HeaderMap::new(), true);
         let mut now = Duration::ZERO;
         for retry in 0..3 {
             call.before_attempt(now);

@@ -14,10 +14,10 @@ use crate::{client, client_with, fast, retry_error, same_key};
 const KEY: &str = "idempotency-key";
 
 #[tokio::test]
-async fn reset_before_response_is_retried_with_the_same_auto_key() {
+async fn reset_before_response_is_retried_with_the_same_trusted_auto_key() {
     let server = FaultServer::start().await;
     server.script("/orders", [Fault::Reset, Fault::Status(201)]);
-    let response = client(fast())
+    let response = client(fast().with_auto_key(AutoKey::GenerateTrusted))
         .post(server.url("/orders"))
         .body("{}")
         .send()
@@ -78,14 +78,18 @@ async fn slow_response_past_the_attempt_timeout_is_retried_for_get() {
 async fn post_after_a_read_timeout_is_retried_only_with_its_auto_key() {
     let server = FaultServer::start().await;
     let timeout = Duration::from_millis(200);
-    // Auto key attached: retried, and the server saw one key on every attempt.
+    // A trusted auto key attached: retried, and the server saw one key on every attempt.
     server.script("/pay", [Fault::Delay(Duration::from_secs(2)), Fault::Status(201)]);
-    let response = client(fast().with_attempt_timeout(timeout))
-        .post(server.url("/pay"))
-        .body("{}")
-        .send()
-        .await
-        .unwrap();
+    let response = client(
+        fast()
+            .with_auto_key(AutoKey::GenerateTrusted)
+            .with_attempt_timeout(timeout),
+    )
+    .post(server.url("/pay"))
+    .body("{}")
+    .send()
+    .await
+    .unwrap();
     assert_eq!(response.status(), StatusCode::CREATED);
     let keys = server.header_values("/pay", KEY);
     assert_eq!(keys.len(), 2);

@@ -58,7 +58,12 @@ async fn gateway_502_and_504_are_retried_when_the_request_is_protected() {
             fast().with_auto_key(AutoKey::CallerOnly),
             true,
         ),
-        ("/auto", Method::POST, fast(), false),
+        (
+            "/auto",
+            Method::POST,
+            fast().with_auto_key(AutoKey::GenerateTrusted),
+            false,
+        ),
         (
             "/get",
             Method::GET,

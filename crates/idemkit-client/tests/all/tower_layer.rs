@@ -6,7 +6,7 @@ use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
-use idemkit_client::{CODE_IN_PROGRESS, CODE_KEY_REUSED, ReplayBody, RetryLayer, RetryPolicy, Stop};
+use idemkit_client::{AutoKey, CODE_IN_PROGRESS, CODE_KEY_REUSED, ReplayBody, RetryLayer, RetryPolicy, Stop};
 use tower::{BoxError, Service, ServiceBuilder, ServiceExt};
 
 use crate::server::{Fault, FaultServer};
@@ -88,7 +88,7 @@ async fn reset_is_retried_and_key_reused_is_returned_with_its_body() {
     let server = FaultServer::start().await;
     server.script("/orders", [Fault::Reset, Fault::Problem409(CODE_KEY_REUSED)]);
     let svc = ServiceBuilder::new()
-        .layer(RetryLayer::new(fast()))
+        .layer(RetryLayer::new(fast().with_auto_key(AutoKey::GenerateTrusted)))
         .service(transport());
     let response = svc.oneshot(post(server.url("/orders"))).await.unwrap();
     assert_eq!(response.status(), StatusCode::CONFLICT);
