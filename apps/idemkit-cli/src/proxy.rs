@@ -20,10 +20,15 @@ pub struct ProxyArgs {
     /// Address to listen on, e.g. `127.0.0.1:8080`.
     #[arg(long)]
     pub listen: SocketAddr,
-    /// The upstream's base URL (`http://host:port`); the request's path and query
-    /// are appended.
+    /// The upstream's base URL (`http://host:port` or `https://host:port`);
+    /// the request's path and query are appended.
     #[arg(long)]
     pub upstream: String,
+    /// A PEM file of the CA certificates an `https://` upstream's certificate
+    /// is verified against, instead of Mozilla's roots (a private CA, a
+    /// self-signed upstream).
+    #[arg(long, value_name = "FILE")]
+    pub upstream_ca: Option<PathBuf>,
     /// The key store: `sqlite://FILE` (or a file path), `postgres://…`,
     /// `redis://…`, `redis+cluster://…`.
     #[arg(long, default_value = idemkit_proxy::DEFAULT_DATABASE_URL)]
@@ -113,8 +118,9 @@ pub struct ProxyArgs {
     /// body then streams without a limit).
     #[arg(long, default_value_t = idemkit_proxy::DEFAULT_PASSTHROUGH_TIMEOUT_MS)]
     pub passthrough_timeout_ms: u64,
-    /// Speak HTTP/2 to the upstream (cleartext, prior knowledge: `h2c`)
-    /// instead of HTTP/1.1. WebSocket upgrades then do not pass.
+    /// Speak HTTP/2 to the upstream instead of HTTP/1.1: cleartext with prior
+    /// knowledge (`h2c`) to an `http://` upstream, ALPN `h2` to an `https://`
+    /// one. WebSocket upgrades then do not pass.
     #[arg(long)]
     pub upstream_http2: bool,
     /// How often the reaper runs, in milliseconds (as in `idemkit serve`:
@@ -164,6 +170,7 @@ impl From<ProxyArgs> for ProxyOptions {
     fn from(args: ProxyArgs) -> Self {
         let mut options = ProxyOptions::new(&args.upstream, &args.database_url, &args.scope_secret);
         options.config = args.config;
+        options.upstream_ca = args.upstream_ca;
         options.account_header = args.account_header;
         options.upstream_honours_keys = args.upstream_honours_keys;
         options.upstream_timeout_ms = args.upstream_timeout_ms;
