@@ -25,8 +25,8 @@ pub struct ProxyArgs {
     #[arg(long)]
     pub upstream: String,
     /// A PEM file of the CA certificates an `https://` upstream's certificate
-    /// is verified against, instead of Mozilla's roots (a private CA, a
-    /// self-signed upstream).
+    /// is verified against, instead of the host's trust store (a private CA,
+    /// a self-signed upstream).
     #[arg(long, value_name = "FILE")]
     pub upstream_ca: Option<PathBuf>,
     /// The key store: `sqlite://FILE` (or a file path), `postgres://…`,
@@ -108,9 +108,10 @@ pub struct ProxyArgs {
     /// (each counted at its `Content-Length`, or at `--max-request-body` when
     /// it has none). A request beyond it is answered `503` with `Retry-After`
     /// before its body is read.
-    /// A body is held about three times at its peak (as read, in the claim,
-    /// and while the store writes it), so the proxy's memory grows by up to
-    /// about three times this budget.
+    /// A body is held once while it is forwarded (the claim's bytes, handed
+    /// back by the engine), and about twice at its peak (those bytes and the
+    /// key store's own bound copy while its claim is written or waits for the
+    /// store), so the proxy's memory grows by up to about twice this budget.
     #[arg(long, default_value_t = idemkit_proxy::DEFAULT_MAX_INFLIGHT_BODY_BYTES)]
     pub max_inflight_body_bytes: usize,
     /// How long the upstream may take to send the head of its answer to a

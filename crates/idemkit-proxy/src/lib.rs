@@ -492,8 +492,9 @@ async fn build(args: ProxyOptions) -> Result<(Router, Arc<Proxy>), ProxyError> {
 }
 
 /// The client to the upstream: plain HTTP, or TLS (rustls, `ring`) to an
-/// `https://` upstream, verified against Mozilla's roots (`webpki-roots`) or,
-/// with [`ProxyOptions::upstream_ca`], only against the CAs of that PEM file.
+/// `https://` upstream, verified against the host's trust store
+/// (`rustls-native-certs`) or, with [`ProxyOptions::upstream_ca`], only
+/// against the CAs of that PEM file.
 /// HTTP/1.1, or HTTP/2 with [`ProxyOptions::upstream_http2`] (prior knowledge
 /// over `http://`, ALPN `h2` over `https://`).
 fn upstream_client(
@@ -525,14 +526,27 @@ fn upstream_client(
                 .with_root_certificates(roots)
                 .with_no_client_auth()
         }
-        None => {
+        // The host's trust store, read only for an `https://` upstream (a
+        // host without one can still run in front of an `http://` upstream).
+        None if args.upstream.starts_with("https://") => {
             use hyper_rustls::ConfigBuilderExt;
             rustls::ClientConfig::builder_with_provider(provider)
                 .with_safe_default_protocol_versions()
                 .map_err(|e| ProxyError::invalid("TLS", &e))?
-                .with_webpki_roots()
+                .with_native_roots()
+                .map_err(|e| {
+                    ProxyError::invalid(
+                        "--upstream https://…: the host's CA certificates could not be read (pass --upstream-ca FILE)",
+                        &e,
+                    )
+                })?
                 .with_no_client_auth()
         }
+        None => rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| ProxyError::invalid("TLS", &e))?
+            .with_root_certificates(rustls::RootCertStore::empty())
+            .with_no_client_auth(),
     };
     let mut connector = HttpConnector::new();
     connector.enforce_http(false);
@@ -1020,6 +1034,9 @@ impl Proxy {
             body: &bytes,
             resume: None,
         });
+        // One copy per body: the claim's, which the store writes and the
+        // attempt then hands back for the forward (`Attempt::take_request_body`).
+        drop(bytes);
         // The intent, written by the claim itself, before anything leaves the
         // proxy: what is forwarded is the request the claim stores, to the
         // upstream the proxy runs with.
@@ -1035,7 +1052,7 @@ impl Proxy {
         let work = async move {
             let _tracked = tracked;
             let _reserved = reserved;
-            let attempt = match engine.begin(claim).await {
+            let mut attempt = match engine.begin(claim).await {
                 Ok(attempt) => attempt,
                 Err(refused) => {
                     return (
@@ -1044,6 +1061,11 @@ impl Proxy {
                     );
                 }
             };
+            let bytes = Bytes::from(
+                attempt
+                    .take_request_body()
+                    .expect("a lease-mode attempt, just begun, gives its request body up"),
+            );
             this.execute(route_index, attempt, parts, bytes).await
         };
         match Detached::new(work).await {

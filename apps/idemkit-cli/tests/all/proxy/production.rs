@@ -1139,7 +1139,10 @@ async fn the_proxy_on_redis_uses_the_urls_prefix_as_idemkit_keys_does() {
     );
     let proxy = ProxyProcess::start_with(&upstream, &url, "test-secret", false, None, &[]);
     let http = reqwest::Client::new();
-    let res = send(&http, format!("{}/orders", proxy.base), "prefixed-key-1", "{}").await;
+    // A key of this run only (a run of the code before the fix left its own
+    // under the default prefix).
+    let key = format!("prefixed-{nanos}");
+    let res = send(&http, format!("{}/orders", proxy.base), &key, "{}").await;
     assert_eq!(res.status(), 201);
     let listed = crate::idemkit(vec![
         "keys".into(),
@@ -1151,7 +1154,7 @@ async fn the_proxy_on_redis_uses_the_urls_prefix_as_idemkit_keys_does() {
     .await;
     assert_eq!(listed.code, 0, "{listed:#?}");
     assert!(
-        listed.stdout.contains("prefixed-key-1"),
+        listed.stdout.contains(&key),
         "idemkit keys list with the proxy's URL does not list its record: {listed:#?}"
     );
     // Not under the default prefix.
@@ -1163,7 +1166,7 @@ async fn the_proxy_on_redis_uses_the_urls_prefix_as_idemkit_keys_does() {
         "--json".into(),
     ])
     .await;
-    assert!(!default.stdout.contains("prefixed-key-1"), "{default:#?}");
+    assert!(!default.stdout.contains(&key), "{default:#?}");
 }
 
 // Item 5: compression on the way out ------------------------------------------
