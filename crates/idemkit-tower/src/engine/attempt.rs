@@ -162,7 +162,7 @@ impl Attempt {
     /// then one copy per body in flight). Only a committed lease-mode claim
     /// gives its body up (nothing of the attempt reads it again); a
     /// single-step claim, whose commit may begin it again, or one already
-    /// shared with a [`recovery_handle`](Self::recovery_handle), gives `None`.
+    /// shared with a recovery handle, gives `None`.
     pub fn take_request_body(&mut self) -> Option<Vec<u8>> {
         if self.engine.tx_store.is_some() {
             return None;
