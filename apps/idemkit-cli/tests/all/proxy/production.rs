@@ -1376,3 +1376,43 @@ async fn an_https_upstream_is_verified_against_the_given_ca() {
         "{refused:#?}"
     );
 }
+
+/// Gzips whatever the request asked for (an upstream that ignores
+/// `Accept-Encoding: identity`).
+async fn always_gzip() -> impl IntoResponse {
+    use std::io::Write;
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    gz.write_all(document().as_bytes()).unwrap();
+    (
+        StatusCode::CREATED,
+        [("content-type", "application/json"), ("content-encoding", "gzip")],
+        gz.finish().unwrap(),
+    )
+}
+
+/// An answer the upstream compressed anyway is stored with its coding and
+/// negotiated by the engine's replay rule, first answer and replays alike: a
+/// caller accepting gzip decodes it, an identity-only caller gets `406
+/// idempotency_replay_not_acceptable` and nothing runs again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_compressed_anyway_is_negotiated_like_a_replay() {
+    let upstream = serve(Router::new().route("/doc", post(always_gzip))).await;
+    let proxy = ProxyProcess::start(&upstream, &temp_db("gzip-anyway"), false, None);
+    let (status, coding, replayed, text) = post_accepting(&proxy.base, "ga-1", Some("gzip")).await;
+    assert_eq!((status, coding.as_deref(), replayed), (201, Some("gzip"), false));
+    assert_eq!(text, document());
+    let (status, coding, replayed, text) = post_accepting(&proxy.base, "ga-1", Some("gzip")).await;
+    assert_eq!((status, coding.as_deref(), replayed), (201, Some("gzip"), true));
+    assert_eq!(text, document());
+    let (status, coding, _, text) = post_accepting(&proxy.base, "ga-1", None).await;
+    assert_eq!((status, coding), (406, None), "{text}");
+    assert!(text.contains("idempotency_replay_not_acceptable"), "{text}");
+    let (status, _, _, text) = post_accepting(&proxy.base, "ga-2", None).await;
+    assert_eq!(
+        status, 406,
+        "the first answer is negotiated as a replay is: {text}"
+    );
+    let (status, coding, replayed, text) = post_accepting(&proxy.base, "ga-2", Some("gzip")).await;
+    assert_eq!((status, coding.as_deref(), replayed), (201, Some("gzip"), true));
+    assert_eq!(text, document());
+}
