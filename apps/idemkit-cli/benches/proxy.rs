@@ -36,7 +36,7 @@ use axum::response::IntoResponse;
 use axum::routing::post;
 use http::StatusCode;
 use idemkit_core::{ClaimOutcome, KeyStore, StoredResponse};
-use idemkit_proxy::{ProxyOptions, SqliteSync, router};
+use idemkit_proxy::{ProxyOptions, SqliteSync};
 use idemkit_sqlite::SqliteStore;
 
 const ROUNDS: usize = 3;
@@ -100,6 +100,35 @@ async fn create(
         .into_response())
 }
 
+/// The same order write committed durably to PostgreSQL (its own
+/// transaction, `synchronous_commit` as the server has it, on by default).
+async fn create_pg(
+    State(pg): State<Arc<(sqlx::PgPool, String)>>,
+    axum::Json(o): axum::Json<NewOrder>,
+) -> Result<axum::response::Response, StatusCode> {
+    if o.sku.trim().is_empty() || o.sku.len() > 100 || o.quantity < 1 {
+        return Err(StatusCode::UNPROCESSABLE_ENTITY);
+    }
+    let (pool, table) = &*pg;
+    let mut tx = pool.begin().await.map_err(|_| StatusCode::SERVICE_UNAVAILABLE)?;
+    let id: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO {table} (account, sku, quantity) VALUES ($1, $2, $3) RETURNING id"
+    )))
+    .bind("bench")
+    .bind(&o.sku)
+    .bind(o.quantity)
+    .fetch_one(&mut *tx)
+    .await
+    .map_err(|_| StatusCode::INTERNAL_SERVER_ERROR)?;
+    tx.commit().await.map_err(|_| StatusCode::INTERNAL_SERVER_ERROR)?;
+    let order = Order {
+        id,
+        sku: o.sku,
+        quantity: o.quantity,
+    };
+    Ok((StatusCode::CREATED, axum::Json(order)).into_response())
+}
+
 async fn sink(body: axum::body::Bytes) -> (StatusCode, String) {
     (StatusCode::CREATED, body.len().to_string())
 }
@@ -156,15 +185,22 @@ async fn peak_memory(upstream: &str, concurrent: usize, size: usize) {
     let after = hwm(child.id());
     let _ = child.kill();
     let _ = child.wait();
+    // The cap: the idle process plus about twice the in-flight body budget
+    // (a body is held once while forwarded, twice at most while its claim is
+    // written), plus a margin for the connections' own buffers.
+    let cap = before + 2 * (idemkit_proxy::DEFAULT_MAX_INFLIGHT_BODY_BYTES as u64 >> 10) + 32 * 1024;
     let ok = answers.iter().filter(|s| **s == 201).count();
     let refused = answers.iter().filter(|s| **s == 503).count();
     let other = answers.len() - ok - refused;
     println!(
-        "memory: {concurrent} concurrent {} KiB keyed requests: peak RSS {} MB (idle {} MB); {ok} stored, {refused} answered 503 \
-         by the in-flight body budget (--max-inflight-body-bytes, default 64 MiB), {other} cut off while still sending",
+        "memory: {concurrent} concurrent {} KiB keyed requests: peak RSS {} MB (idle {} MB), cap {} MB (idle + 2 × the \
+         64 MiB default --max-inflight-body-bytes + 32 MB) {}; {ok} stored, {refused} answered 503 by the budget, {other} \
+         cut off while still sending",
         size >> 10,
         after >> 10,
-        before >> 10
+        before >> 10,
+        cap >> 10,
+        if after <= cap { "met" } else { "EXCEEDED" },
     );
 }
 
@@ -186,7 +222,7 @@ async fn serve(app: Router) -> String {
     base
 }
 
-async fn upstream() -> String {
+async fn upstream(pg: Option<Arc<(sqlx::PgPool, String)>>) -> String {
     let db = SqliteStore::connect(tempdir("upstream").join("orders.db"))
         .await
         .unwrap();
@@ -197,9 +233,12 @@ async fn upstream() -> String {
     .execute(db.pool())
     .await
     .unwrap();
+    let mut app = Router::new();
+    if let Some(pg) = pg {
+        app = app.route("/pg-orders", post(create_pg).with_state(pg));
+    }
     serve(
-        Router::new()
-            .route("/orders", post(create))
+        app.route("/orders", post(create))
             // The same write on a route the `pass` row's proxy does not key.
             .route("/plain", post(create))
             // Takes any body, for the memory row.
@@ -209,23 +248,58 @@ async fn upstream() -> String {
     .await
 }
 
-/// The proxy's router served on loopback: its base URL, and the key store
+/// A real `idemkit proxy` process (out of this process, so the load
+/// generator and the upstream here do not share its runtime), killed on drop.
+struct ProxyProcess {
+    child: std::process::Child,
+    base: String,
+}
+
+impl Drop for ProxyProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `idemkit proxy` in front of `upstream` on `database_url`, and the key store
 /// opened as the proxy opens it (a second handle on the same store), to time
 /// the store's own claim and completion.
 async fn proxy(
     upstream: &str,
     database_url: String,
-    sqlite_synchronous: SqliteSync,
+    sqlite_synchronous: &str,
     config: Option<std::path::PathBuf>,
-) -> (String, Arc<dyn KeyStore>) {
-    let mut args = ProxyOptions::new(upstream, &database_url, &format!("bench-{}", std::process::id()));
-    args.config = config;
-    args.sqlite_synchronous = sqlite_synchronous;
-    let store = idemkit::open_store(&args.database_url, &args.open_options())
-        .await
-        .unwrap()
-        .key_store();
-    (serve(router(args).await.unwrap()).await, store)
+) -> (ProxyProcess, Arc<dyn KeyStore>) {
+    use std::io::BufRead;
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_idemkit"));
+    cmd.args(["proxy", "--listen", "127.0.0.1:0", "--upstream", upstream])
+        .args(["--database-url", &database_url])
+        .args(["--sqlite-synchronous", sqlite_synchronous])
+        .env("IDEMKIT_PROXY_SECRET", format!("bench-{}", std::process::id()))
+        .env_remove("RUST_LOG")
+        .stdout(std::process::Stdio::piped());
+    if let Some(config) = &config {
+        cmd.arg("--config").arg(config);
+    }
+    let mut child = cmd.spawn().expect("spawn idemkit proxy");
+    let mut first = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    let base = first
+        .trim()
+        .trim_start_matches("idemkit proxy listening on ")
+        .to_owned();
+    let mut options = ProxyOptions::new(upstream, &database_url, "bench");
+    options.sqlite_synchronous = match sqlite_synchronous {
+        "full" => SqliteSync::Full,
+        "normal" => SqliteSync::Normal,
+        _ => SqliteSync::Claims,
+    };
+    let (url, open) = options.store_target().unwrap();
+    let store = idemkit::open_store(&url, &open).await.unwrap().key_store();
+    (ProxyProcess { child, base }, store)
 }
 
 #[derive(Clone)]
@@ -341,7 +415,22 @@ async fn store_pairs(store: &dyn KeyStore, n: usize, tag: &str) -> Vec<Duration>
     out
 }
 
-async fn measure(name: &str, direct: &Target, proxied: &Target, store: Option<&dyn KeyStore>, n: usize) {
+/// The bound of the issue's target on a keyed row: 1.25 × (the `pass`
+/// row's added p50 + the store's own claim-and-complete pair p50).
+fn bound(pass_added: f64, pair: f64) -> f64 {
+    1.25 * (pass_added + pair)
+}
+
+/// Measures one row and prints it: its added p50 (µs), its throughput ratio,
+/// and the store pair's p50 when a store is given.
+async fn measure(
+    name: &str,
+    direct: &Target,
+    proxied: &Target,
+    store: Option<&dyn KeyStore>,
+    n: usize,
+    pass_added: Option<f64>,
+) -> (f64, f64, Option<f64>) {
     let run = format!("{name}-{}", std::process::id());
     drive(direct, n / 4, &format!("{run}-warm-a")).await;
     drive(proxied, n / 4, &format!("{run}-warm-b")).await;
@@ -370,22 +459,25 @@ async fn measure(name: &str, direct: &Target, proxied: &Target, store: Option<&d
         }
     }
     let (d50, d99, p50, p99) = (median(d50), median(d99), median(p50), median(p99));
-    let store = if s50.is_empty() {
-        format!("{:>9} {:>10}", "-", "-")
-    } else {
-        let s50 = median(s50);
-        format!("{s50:>9.0} {:>10.2}", s50 / d50)
+    let pair = (!s50.is_empty()).then(|| median(s50));
+    let added = p50 - d50;
+    let store = match pair {
+        None => format!("{:>9} {:>10}", "-", "-"),
+        Some(s50) => format!("{s50:>9.0} {:>10.2}", s50 / d50),
     };
+    let target = match (pass_added, pair) {
+        (Some(pass), Some(pair)) => {
+            let b = bound(pass, pair);
+            format!("{b:>9.0} {:>5}", if added <= b { "met" } else { "OVER" })
+        }
+        _ => format!("{:>9} {:>5}", "-", "-"),
+    };
+    let thr = median(ratios);
     println!(
-        "{name:<11} {:>9.2} {:>9.0} {:>9.0} {:>9.0} {:>9.0} {:>12.2} {:>12.2} {store}",
-        median(ratios),
-        d50,
-        p50,
-        d99,
-        p99,
-        (p50 - d50) / d50,
+        "{name:<11} {thr:>9.2} {d50:>9.0} {p50:>9.0} {d99:>9.0} {p99:>9.0} {added:>9.0} {:>12.2} {store} {target}",
         (p99 - d99) / d99,
     );
+    (added, thr, pair)
 }
 
 fn env(name: &str) -> Option<String> {
@@ -398,58 +490,119 @@ async fn main() {
         return;
     }
     let n = requests();
-    let upstream = upstream().await;
+    // The durable upstream: the order write committed to PostgreSQL.
+    let pg = match env("IDEMKIT_TEST_POSTGRES_URL") {
+        Some(url) => {
+            let pool = sqlx::postgres::PgPoolOptions::new()
+                .max_connections(CONCURRENCY as u32)
+                .connect(&url)
+                .await
+                .unwrap();
+            let table = format!("idemkit_bench_proxy_orders_{}", std::process::id());
+            // The table's name is made of this process's id only.
+            sqlx::query(sqlx::AssertSqlSafe(format!(
+                "CREATE TABLE {table} (id BIGSERIAL PRIMARY KEY, account TEXT NOT NULL, sku TEXT NOT NULL, \
+                 quantity BIGINT NOT NULL)"
+            )))
+            .execute(&pool)
+            .await
+            .unwrap();
+            Some(Arc::new((pool, table)))
+        }
+        None => None,
+    };
+    let upstream = upstream(pg.clone()).await;
     let direct = Target::new(&upstream);
     println!(
-        "idemkit proxy in front of the quickstart's order write (SQLite transaction), loopback HTTP, {n} requests per round, \
-         {CONCURRENCY} concurrent callers, median of {ROUNDS} rounds of {SLICES} alternating slices"
+        "idemkit proxy (its own process) in front of the quickstart's order write (SQLite transaction), loopback HTTP, \
+         {n} requests per round, {CONCURRENCY} concurrent callers, median of {ROUNDS} rounds of {SLICES} alternating slices"
     );
     println!(
-        "{:<11} {:>9} {:>9} {:>9} {:>9} {:>9} {:>12} {:>12} {:>9} {:>10}",
+        "{:<11} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>12} {:>9} {:>10} {:>9} {:>5}",
         "store",
         "thr ratio",
         "p50 dir",
         "p50 prx",
         "p99 dir",
         "p99 prx",
-        "added/own50",
+        "added50",
         "added/own99",
         "store p50",
-        "store/own50"
+        "store/own50",
+        "bound50",
+        "target"
     );
     // The proxy's forwarding alone: a route it does not key, so no store is
     // touched. What the keyed rows add beyond it is their store's two writes.
-    {
+    let pass_added = {
         let dir = tempdir("pass");
         let config = dir.join("idemkit.toml");
         std::fs::write(&config, "[[routes]]\nmethod = \"POST\"\npath = \"/orders\"\n").unwrap();
         let sqlite = format!("sqlite://{}", dir.join("keys.db").display());
-        let (base, _) = proxy(&upstream, sqlite, SqliteSync::Claims, Some(config)).await;
-        let (direct, proxied) = (Target::at(&upstream, "/plain"), Target::at(&base, "/plain"));
-        measure("pass", &direct, &proxied, None, n).await;
-    }
+        let (proxy, _) = proxy(&upstream, sqlite, "claims", Some(config)).await;
+        let (direct, proxied) = (Target::at(&upstream, "/plain"), Target::at(&proxy.base, "/plain"));
+        measure("pass", &direct, &proxied, None, n, None).await.0
+    };
     for (name, sync) in [
-        ("sqlite", SqliteSync::Claims),
-        ("sqlite-full", SqliteSync::Full),
-        ("sqlite-nrm", SqliteSync::Normal),
+        ("sqlite", "claims"),
+        ("sqlite-full", "full"),
+        ("sqlite-nrm", "normal"),
     ] {
         let sqlite = format!("sqlite://{}", tempdir(name).join("keys.db").display());
-        let (base, store) = proxy(&upstream, sqlite, sync, None).await;
-        measure(name, &direct, &Target::new(&base), Some(&*store), n).await;
+        let (proxy, store) = proxy(&upstream, sqlite, sync, None).await;
+        measure(
+            name,
+            &direct,
+            &Target::new(&proxy.base),
+            Some(&*store),
+            n,
+            Some(pass_added),
+        )
+        .await;
     }
     for (name, var) in [
         ("postgres", "IDEMKIT_TEST_POSTGRES_URL"),
         ("redis", "IDEMKIT_TEST_REDIS_URL"),
     ] {
         if let Some(url) = env(var) {
-            let (base, store) = proxy(&upstream, url, SqliteSync::Claims, None).await;
-            measure(name, &direct, &Target::new(&base), Some(&*store), n).await;
+            let (proxy, store) = proxy(&upstream, url, "claims", None).await;
+            measure(
+                name,
+                &direct,
+                &Target::new(&proxy.base),
+                Some(&*store),
+                n,
+                Some(pass_added),
+            )
+            .await;
         }
+    }
+    // The issue's throughput target: an upstream whose write commits durably
+    // to PostgreSQL, through the proxy on Redis keys, ≥ 0.8 of direct.
+    if let (Some(pg), Some(url)) = (&pg, env("IDEMKIT_TEST_REDIS_URL")) {
+        let (proxy, store) = proxy(&upstream, url, "claims", None).await;
+        let (_, thr, _) = measure(
+            "redis/pg-up",
+            &Target::at(&upstream, "/pg-orders"),
+            &Target::at(&proxy.base, "/pg-orders"),
+            Some(&*store),
+            n,
+            Some(pass_added),
+        )
+        .await;
+        println!(
+            "redis keys in front of the PostgreSQL upstream: throughput through the proxy {thr:.2} of direct (target ≥ 0.8: {})",
+            if thr >= 0.8 { "met" } else { "NOT met" }
+        );
+        let _ = sqlx::query(sqlx::AssertSqlSafe(format!("DROP TABLE {}", pg.1)))
+            .execute(&pg.0)
+            .await;
     }
     peak_memory(&upstream, 300, 1 << 20).await;
     println!(
-        "thr ratio = throughput through the proxy ÷ direct; p50/p99 in µs of sequential requests; \
-         added/own = (proxy − direct) ÷ direct: below 1, the proxy adds less than the upstream's own request costs; \
-         store p50 = a claim and its completion on the proxy's store, sequential, in process (store/own: ÷ p50 dir)"
+        "thr ratio = throughput through the proxy ÷ direct; p50/p99 in µs of sequential requests; added50 = p50 prx − p50 dir; \
+         added/own99 = (p99 prx − p99 dir) ÷ p99 dir; store p50 = a claim and its completion on the proxy's store, sequential, \
+         in this process (store/own50: ÷ p50 dir); bound50 = 1.25 × (pass's added50 + store p50), the issue's target for \
+         added50 on each keyed row"
     );
 }

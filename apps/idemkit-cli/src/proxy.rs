@@ -20,10 +20,15 @@ pub struct ProxyArgs {
     /// Address to listen on, e.g. `127.0.0.1:8080`.
     #[arg(long)]
     pub listen: SocketAddr,
-    /// The upstream's base URL (`http://host:port`); the request's path and query
-    /// are appended.
+    /// The upstream's base URL (`http://host:port` or `https://host:port`);
+    /// the request's path and query are appended.
     #[arg(long)]
     pub upstream: String,
+    /// A PEM file of the CA certificates an `https://` upstream's certificate
+    /// is verified against, instead of the host's trust store (a private CA,
+    /// a self-signed upstream).
+    #[arg(long, value_name = "FILE")]
+    pub upstream_ca: Option<PathBuf>,
     /// The key store: `sqlite://FILE` (or a file path), `postgres://…`,
     /// `redis://…`, `redis+cluster://…`.
     #[arg(long, default_value = idemkit_proxy::DEFAULT_DATABASE_URL)]
@@ -103,9 +108,10 @@ pub struct ProxyArgs {
     /// (each counted at its `Content-Length`, or at `--max-request-body` when
     /// it has none). A request beyond it is answered `503` with `Retry-After`
     /// before its body is read.
-    /// A body is held about three times at its peak (as read, in the claim,
-    /// and while the store writes it), so the proxy's memory grows by up to
-    /// about three times this budget.
+    /// A body is held once while it is forwarded (the claim's bytes, handed
+    /// back by the engine), and about twice at its peak (those bytes and the
+    /// key store's own bound copy while its claim is written or waits for the
+    /// store), so the proxy's memory grows by up to about twice this budget.
     #[arg(long, default_value_t = idemkit_proxy::DEFAULT_MAX_INFLIGHT_BODY_BYTES)]
     pub max_inflight_body_bytes: usize,
     /// How long the upstream may take to send the head of its answer to a
@@ -113,8 +119,9 @@ pub struct ProxyArgs {
     /// body then streams without a limit).
     #[arg(long, default_value_t = idemkit_proxy::DEFAULT_PASSTHROUGH_TIMEOUT_MS)]
     pub passthrough_timeout_ms: u64,
-    /// Speak HTTP/2 to the upstream (cleartext, prior knowledge: `h2c`)
-    /// instead of HTTP/1.1. WebSocket upgrades then do not pass.
+    /// Speak HTTP/2 to the upstream instead of HTTP/1.1: cleartext with prior
+    /// knowledge (`h2c`) to an `http://` upstream, ALPN `h2` to an `https://`
+    /// one. WebSocket upgrades then do not pass.
     #[arg(long)]
     pub upstream_http2: bool,
     /// How often the reaper runs, in milliseconds (as in `idemkit serve`:
@@ -164,6 +171,7 @@ impl From<ProxyArgs> for ProxyOptions {
     fn from(args: ProxyArgs) -> Self {
         let mut options = ProxyOptions::new(&args.upstream, &args.database_url, &args.scope_secret);
         options.config = args.config;
+        options.upstream_ca = args.upstream_ca;
         options.account_header = args.account_header;
         options.upstream_honours_keys = args.upstream_honours_keys;
         options.upstream_timeout_ms = args.upstream_timeout_ms;

@@ -40,7 +40,7 @@ pub struct ProxyContract {
 }
 
 /// The codes the proxy answers with, in the order its contract lists them.
-const PROXY_CODES: [ErrorCode; 12] = [
+const PROXY_CODES: [ErrorCode; 13] = [
     ErrorCode::KeyMissing,
     ErrorCode::KeyInvalid,
     ErrorCode::Unauthorized,
@@ -52,6 +52,7 @@ const PROXY_CODES: [ErrorCode; 12] = [
     ErrorCode::LeaseLost,
     ErrorCode::StoreUnavailable,
     ErrorCode::ResponseTooLarge,
+    ErrorCode::ReplayNotAcceptable,
     ErrorCode::Internal,
 ];
 
@@ -346,9 +347,15 @@ fn behind_the_proxy(w: &mut String, proxy: &ProxyContract, keyed: &[KeyedRoute],
          have). {five} Every other answer is stored and replayed byte for byte, with `Idempotent-Replayed: true`; a \
          replay carries the stored status, body and the headers {}{extra_headers}. `Set-Cookie` and hop-by-hop \
          headers are never stored.\n\
-         - **Keyed answers are not compressed.** The proxy asks the upstream for `Accept-Encoding: identity` on \
-         keyed routes, so the first answer and every replay are the same uncompressed bytes, which every caller \
-         can decode (an upstream that compresses anyway has its `Content-Encoding` replayed with its bytes).\n\
+         - **Compression is per caller.** The proxy asks the upstream for `Accept-Encoding: identity` on keyed \
+         routes and stores the uncompressed bytes; each answer, the first and every replay alike, is compressed for \
+         you as your own `Accept-Encoding` asks (`gzip` or `deflate`, with `Vary: accept-encoding`), and sent \
+         uncompressed when you send none or only `identity`. An upstream that compresses anyway has its \
+         `Content-Encoding` stored with its bytes: you get them if your `Accept-Encoding` accepts that coding, \
+         otherwise `406` `idempotency_replay_not_acceptable` naming it (the request is not run again; repeat it \
+         accepting the coding).\n\
+         - **Stored request bodies** are dropped once the answer is stored; the request's fingerprint is kept, so \
+         a retry is still matched to it.\n\
          - **Streams.** An answer of server-sent events (`text/event-stream`) on a keyed route reaches you as \
          the upstream sends it; a retry with the same key gets the whole stream again at once, in order (a \
          stream over the storage cap is answered `idempotency_response_too_large` on retries instead).\n\
@@ -474,6 +481,11 @@ fn proxy_codes(w: &mut String, proxy: &ProxyContract, mismatch_status: u16) {
             }
             ErrorCode::ResponseTooLarge => {
                 "the upstream's answer was too large to store; the key answers this from now on".to_owned()
+            }
+            ErrorCode::ReplayNotAcceptable => {
+                "the stored answer is in a `Content-Encoding` (the upstream compressed it anyway) your \
+                 `Accept-Encoding` does not accept: repeat the request accepting that coding; it is not run again"
+                    .to_owned()
             }
             _ => {
                 let keyed = if proxy.upstream_honours_keys {

@@ -270,10 +270,12 @@ pub(crate) static CLAIMED_BY_ATTEMPT: LazyLock<String> = LazyLock::new(|| {
 
 // The holder's fenced writes.
 
+/// The holder's completion; the request body is dropped (a completed record
+/// replays its answer, nothing reads the request again).
 pub(crate) static COMPLETE: LazyLock<String> = LazyLock::new(|| {
     format!(
         "UPDATE idemkit_keys SET state = 'completed', completed_at = {}, resp_status = $5, \
-         resp_headers = $6, resp_body = $7, last_error = NULL \
+         resp_headers = $6, resp_body = $7, last_error = NULL, req_body = ''::bytea \
          WHERE account = $1 AND idem_key = $2 AND fencing_token = $3 AND state = 'in_flight'",
         now_sql(4)
     )

@@ -12,6 +12,16 @@ pub(super) fn key_outcome(e: &idemkit_core::KeyError) -> &'static str {
     }
 }
 
+/// The caller's `Accept-Encoding` headers: what its answer, first or
+/// replayed, is negotiated and compressed by.
+pub(super) fn accept_encoding(headers: &HeaderMap) -> HeaderMap {
+    let mut out = HeaderMap::new();
+    for v in headers.get_all(header::ACCEPT_ENCODING) {
+        out.append(header::ACCEPT_ENCODING, v.clone());
+    }
+    out
+}
+
 pub(super) fn problem(code: ErrorCode, detail: impl Into<String>) -> Response {
     ProblemResponse::new(code, detail).into_response()
 }
@@ -26,10 +36,13 @@ pub(super) fn bad_gateway(e: &hyper_util::client::legacy::Error) -> Response {
     .into_response()
 }
 
-/// The answer for a request the engine did not let through.
-pub(super) fn refusal_response(refusal: Refusal, policy: &Policy) -> Response {
+/// The answer for a request the engine did not let through. A replay is
+/// negotiated for the caller (`caller`: its `Accept-Encoding`) by the engine's
+/// rule (`replay_response_to`): a stored answer in a coding the caller does
+/// not accept is answered `406 idempotency_replay_not_acceptable`.
+pub(super) fn refusal_response(refusal: Refusal, policy: &Policy, caller: &HeaderMap) -> Response {
     match refusal {
-        Refusal::Replay(stored) => replay_response(stored, policy),
+        Refusal::Replay(stored) => replay_response_to(stored, policy, caller),
         Refusal::Problem { problem, retry_after } => ProblemResponse { problem, retry_after }.into_response(),
         // `accepted` has no status URL behind a proxy: answered as in progress.
         Refusal::Accepted { retry_after } => ProblemResponse::new(

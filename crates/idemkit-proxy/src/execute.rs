@@ -34,7 +34,9 @@ impl Proxy {
         }
         // The answer is stored as identity bytes: a stored compressed body
         // would replay undecodable to a caller that did not ask for it (or
-        // without its encoding). Callers get it uncompressed.
+        // without its encoding). Each caller's answer is compressed on the
+        // way out, as its own `Accept-Encoding` asks (`keyed_encoded`).
+        let caller = accept_encoding(&parts.headers);
         let mut parts = parts;
         parts
             .headers
@@ -53,7 +55,7 @@ impl Proxy {
         #[cfg(feature = "failpoints")]
         fail::fail_point!("idemkit::proxy::after_forward");
         match sent {
-            Ok(sent) => self.finish(attempt, sent).await,
+            Ok(sent) => self.finish(attempt, sent, &caller).await,
             // A key-honouring upstream may still be running the request: its
             // re-send now would only meet its own "in progress". The lease is
             // kept (heartbeaten) while the answer is awaited a while longer in
@@ -65,7 +67,7 @@ impl Proxy {
                     let late = attempt.run(tokio::time::timeout(this.grace, answer)).await;
                     match late {
                         Ok(sent) => {
-                            this.finish(attempt, sent).await;
+                            this.finish(attempt, sent, &caller).await;
                         }
                         Err(_) => {
                             attempt.settle(None, Disposition::Abandon).await;
@@ -99,7 +101,12 @@ impl Proxy {
     }
 
     /// Finishes the record of an upstream exchange that ended within its time.
-    async fn finish(self: &Arc<Self>, attempt: Attempt, sent: Sent) -> (&'static str, Response) {
+    async fn finish(
+        self: &Arc<Self>,
+        attempt: Attempt,
+        sent: Sent,
+        caller: &HeaderMap,
+    ) -> (&'static str, Response) {
         let policy = attempt.policy().clone();
         match sent {
             // The upstream's own "in progress" (it honours keys and still runs
@@ -110,8 +117,8 @@ impl Proxy {
                 let counted = attempt.settle(None, Disposition::Discard).await;
                 (counted, Response::from_parts(parts, Body::from(body)))
             }
-            Ok(Answer::Store(parts, Ok(body))) => self.store_answer(attempt, parts, body).await,
-            Ok(Answer::Stream(parts, body)) => self.stream_and_store(attempt, parts, body),
+            Ok(Answer::Store(parts, Ok(body))) => self.store_answer(attempt, parts, body, caller).await,
+            Ok(Answer::Stream(parts, body)) => self.stream_and_store(attempt, parts, body, caller.clone()),
             Ok(Answer::Store(_, Err(e))) if e.is::<http_body_util::LengthLimitError>() => {
                 let cap = policy.max_stored_body;
                 let p = Problem::new(
@@ -121,7 +128,10 @@ impl Proxy {
                     ),
                 );
                 let refused = attempt.unstorable(None, p, true).await;
-                (refused.outcome, refusal_response(refused.refusal, &policy))
+                (
+                    refused.outcome,
+                    refusal_response(refused.refusal, &policy, caller),
+                )
             }
             Ok(Answer::Store(parts, Err(e))) => {
                 let why = format!(
@@ -175,6 +185,7 @@ impl Proxy {
         attempt: Attempt,
         parts: http::response::Parts,
         mut body: Body,
+        caller: HeaderMap,
     ) -> (&'static str, Response) {
         let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(16);
         let head = parts.clone();
@@ -212,7 +223,7 @@ impl Proxy {
                 .await;
             match recorded {
                 Ok(bytes) if bytes.len() <= cap => {
-                    this.store_answer(attempt, parts, Bytes::from(bytes)).await;
+                    this.store_answer(attempt, parts, Bytes::from(bytes), &caller).await;
                 }
                 Ok(_) => {
                     let p = Problem::new(
@@ -244,6 +255,7 @@ impl Proxy {
         attempt: Attempt,
         parts: http::response::Parts,
         body: Bytes,
+        caller: &HeaderMap,
     ) -> (&'static str, Response) {
         let policy = attempt.policy().clone();
         // An upstream that compressed anyway: its encoding is stored with the
@@ -261,14 +273,34 @@ impl Proxy {
         } else {
             stored_response(&parts, &body, &policy)
         };
+        // The first answer is negotiated as its replays are: one the upstream
+        // encoded anyway, in a coding this caller does not accept, is answered
+        // `406` as a replay would be (the answer is stored; a retry that
+        // accepts the coding gets it).
+        let refused_coding = encoded
+            && parts
+                .headers
+                .get(header::CONTENT_ENCODING)
+                .and_then(|v| v.to_str().ok())
+                .is_some_and(|c| !idemkit_tower::accepts_encoding(caller, c));
+        let first = |parts, body: Bytes, stored: &idemkit_core::StoredResponse| {
+            if refused_coding {
+                let mut res = replay_response_to(stored.clone(), &policy, caller);
+                res.headers_mut().remove(idemkit_tower::IDEMPOTENT_REPLAYED);
+                res
+            } else {
+                Response::from_parts(parts, Body::from(body))
+            }
+        };
         let (scope, token) = (attempt.scope().clone(), attempt.lease().token);
         match attempt.store(None, &stored).await {
-            Finished::Stored => (outcome::EXECUTED, Response::from_parts(parts, Body::from(body))),
+            Finished::Stored => (outcome::EXECUTED, first(parts, body, &stored)),
             Finished::Refused(refused) if store_unavailable(&refused) => {
                 tracing::warn!(
                     "proxy: the upstream answered but the key store is unavailable; answering, and storing in the background"
                 );
                 let store = self.store.clone();
+                let res = first(parts, body, &stored);
                 self.tasks.spawn(async move {
                     let until = tokio::time::Instant::now() + STORE_RETRY_FOR;
                     let mut pause = Duration::from_millis(100);
@@ -294,9 +326,12 @@ impl Proxy {
                         }
                     }
                 });
-                (outcome::EXECUTED, Response::from_parts(parts, Body::from(body)))
+                (outcome::EXECUTED, res)
             }
-            Finished::Refused(refused) => (refused.outcome, refusal_response(refused.refusal, &policy)),
+            Finished::Refused(refused) => (
+                refused.outcome,
+                refusal_response(refused.refusal, &policy, caller),
+            ),
         }
     }
 
@@ -389,7 +424,7 @@ impl Proxy {
             let refused = Refused::store(&e);
             return (
                 refused.outcome,
-                refusal_response(refused.refusal, attempt.policy()),
+                refusal_response(refused.refusal, attempt.policy(), &HeaderMap::new()),
             );
         }
         (

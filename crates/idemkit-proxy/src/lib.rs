@@ -76,7 +76,7 @@ use idemkit_tower::engine::{
 };
 use idemkit_tower::metrics::outcome;
 use idemkit_tower::{
-    ProblemResponse, STORED_REQUEST_HEADERS, replay_response, stored_request_headers, stored_response,
+    ProblemResponse, STORED_REQUEST_HEADERS, replay_response_to, stored_request_headers, stored_response,
 };
 use sha2::Sha256;
 use tokio::net::TcpListener;
@@ -88,7 +88,7 @@ mod listen;
 mod options;
 mod paths;
 
-use answers::{bad_gateway, key_outcome, problem, refusal_response};
+use answers::{accept_encoding, bad_gateway, key_outcome, problem, refusal_response};
 use tracing::Instrument;
 
 pub use config::{ProxyConfig, route_name};
@@ -167,7 +167,7 @@ impl Route {
 struct Proxy {
     routes: Vec<Route>,
     store: Arc<dyn KeyStore>,
-    client: Client<HttpConnector, Body>,
+    client: Client<hyper_rustls::HttpsConnector<HttpConnector>, Body>,
     upstream: String,
     account_header: HeaderName,
     secret: Vec<u8>,
@@ -344,11 +344,17 @@ async fn build(args: ProxyOptions) -> Result<(Router, Arc<Proxy>), ProxyError> {
     let parsed: Uri = upstream
         .parse()
         .map_err(|e| ProxyError::invalid(format!("--upstream {upstream}"), &e))?;
-    if !(parsed.scheme_str() == Some("http") && parsed.authority().is_some()) {
+    if !(matches!(parsed.scheme_str(), Some("http" | "https")) && parsed.authority().is_some()) {
         return Err(ProxyError::Invalid(
-            "--upstream must be an http://host:port URL".to_owned(),
+            "--upstream must be an http://host:port or https://host:port URL".to_owned(),
         ));
     }
+    if args.upstream_ca.is_some() && parsed.scheme_str() != Some("https") {
+        return Err(ProxyError::Invalid(
+            "--upstream-ca is for an https:// upstream".to_owned(),
+        ));
+    }
+    let client = upstream_client(&args)?;
     // Read before the store is opened: a bad file is reported as itself.
     let config = match &args.config {
         Some(path) => {
@@ -368,7 +374,8 @@ async fn build(args: ProxyOptions) -> Result<(Router, Arc<Proxy>), ProxyError> {
     };
     // The URL's password never reaches a log or a terminal, nor does the
     // store's own message (a driver may quote its connection string).
-    let opened = idemkit::open_store(&args.database_url, &args.open_options())
+    let (store_url, open_options) = args.store_target()?;
+    let opened = idemkit::open_store(&store_url, &open_options)
         .await
         .map_err(|e| ProxyError::Store {
             url: redact_url(&args.database_url),
@@ -451,28 +458,7 @@ async fn build(args: ProxyOptions) -> Result<(Router, Arc<Proxy>), ProxyError> {
     let proxy = Arc::new(Proxy {
         routes,
         store,
-        client: {
-            let mut connector = HttpConnector::new();
-            connector.set_nodelay(true);
-            // A connect that fails is "not sent" (the key is freed), but only
-            // if it fails before the upstream timeout, which would make it
-            // "maybe executed": an unreachable host that never resets would
-            // park every request.
-            connector.set_connect_timeout(Some(
-                (Duration::from_millis(args.upstream_timeout_ms) / 2).min(Duration::from_secs(10)),
-            ));
-            Client::builder(TokioExecutor::new())
-                // Idle connections are dropped before the upstream's keep-alive
-                // closes them under a request being written (a "maybe
-                // executed" for a request the upstream never read).
-                .pool_idle_timeout(Duration::from_millis(args.upstream_idle_timeout_ms))
-                .pool_timer(TokioTimer::new())
-                // A request that never left on a reused connection (it closed
-                // first) is sent again on a new one: hyper knows it was not sent.
-                .retry_canceled_requests(true)
-                .http2_only(args.upstream_http2)
-                .build(connector)
-        },
+        client,
         upstream,
         account_header: HeaderName::from_bytes(args.account_header.as_bytes())
             .map_err(|e| ProxyError::invalid(format!("--account-header {}", args.account_header), &e))?,
@@ -503,6 +489,95 @@ async fn build(args: ProxyOptions) -> Result<(Router, Arc<Proxy>), ProxyError> {
         .fallback(handle)
         .with_state(proxy.clone());
     Ok((app, proxy))
+}
+
+/// The client to the upstream: plain HTTP, or TLS (rustls, `ring`) to an
+/// `https://` upstream, verified against the host's trust store
+/// (`rustls-native-certs`) or, with [`ProxyOptions::upstream_ca`], only
+/// against the CAs of that PEM file.
+/// HTTP/1.1, or HTTP/2 with [`ProxyOptions::upstream_http2`] (prior knowledge
+/// over `http://`, ALPN `h2` over `https://`).
+fn upstream_client(
+    args: &ProxyOptions,
+) -> Result<Client<hyper_rustls::HttpsConnector<HttpConnector>, Body>, ProxyError> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let tls = match &args.upstream_ca {
+        Some(path) => {
+            let mut roots = rustls::RootCertStore::empty();
+            let certs = CertificateDer::pem_file_iter(path)
+                .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+                .map_err(|e| ProxyError::invalid(format!("--upstream-ca {}", path.display()), &e))?;
+            if certs.is_empty() {
+                return Err(ProxyError::Invalid(format!(
+                    "--upstream-ca {}: no PEM certificate in it",
+                    path.display()
+                )));
+            }
+            for cert in certs {
+                roots
+                    .add(cert)
+                    .map_err(|e| ProxyError::invalid(format!("--upstream-ca {}", path.display()), &e))?;
+            }
+            rustls::ClientConfig::builder_with_provider(provider)
+                .with_safe_default_protocol_versions()
+                .map_err(|e| ProxyError::invalid("TLS", &e))?
+                .with_root_certificates(roots)
+                .with_no_client_auth()
+        }
+        // The host's trust store, read only for an `https://` upstream (a
+        // host without one can still run in front of an `http://` upstream).
+        None if args.upstream.starts_with("https://") => {
+            use hyper_rustls::ConfigBuilderExt;
+            rustls::ClientConfig::builder_with_provider(provider)
+                .with_safe_default_protocol_versions()
+                .map_err(|e| ProxyError::invalid("TLS", &e))?
+                .with_native_roots()
+                .map_err(|e| {
+                    ProxyError::invalid(
+                        "--upstream https://…: the host's CA certificates could not be read (pass --upstream-ca FILE)",
+                        &e,
+                    )
+                })?
+                .with_no_client_auth()
+        }
+        None => rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| ProxyError::invalid("TLS", &e))?
+            .with_root_certificates(rustls::RootCertStore::empty())
+            .with_no_client_auth(),
+    };
+    let mut connector = HttpConnector::new();
+    connector.enforce_http(false);
+    connector.set_nodelay(true);
+    // A connect that fails is "not sent" (the key is freed), but only
+    // if it fails before the upstream timeout, which would make it
+    // "maybe executed": an unreachable host that never resets would
+    // park every request.
+    connector.set_connect_timeout(Some(
+        (Duration::from_millis(args.upstream_timeout_ms) / 2).min(Duration::from_secs(10)),
+    ));
+    let tls = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http();
+    // Upgrades (WebSocket) need HTTP/1.1: `h2` is offered only when asked for.
+    let connector = if args.upstream_http2 {
+        tls.enable_http2().wrap_connector(connector)
+    } else {
+        tls.enable_http1().wrap_connector(connector)
+    };
+    Ok(Client::builder(TokioExecutor::new())
+        // Idle connections are dropped before the upstream's keep-alive
+        // closes them under a request being written (a "maybe
+        // executed" for a request the upstream never read).
+        .pool_idle_timeout(Duration::from_millis(args.upstream_idle_timeout_ms))
+        .pool_timer(TokioTimer::new())
+        // A request that never left on a reused connection (it closed
+        // first) is sent again on a new one: hyper knows it was not sent.
+        .retry_canceled_requests(true)
+        .http2_only(args.upstream_http2)
+        .build(connector))
 }
 
 /// Every occurrence of `url` in `text`, redacted (and its password alone).
@@ -583,7 +658,7 @@ async fn handle(State(proxy): State<Arc<Proxy>>, req: Request) -> Response {
         }
     }
     match keyed {
-        Some(i) => proxy.keyed(i, req).await,
+        Some(i) => proxy.keyed_encoded(i, req).await,
         // Another spelling of a keyed path: the upstream may route it to the
         // keyed handler, where it would run unkeyed.
         None if ambiguous => {
@@ -782,6 +857,29 @@ impl Proxy {
         Account::new(hex::encode(hmac_sha256(&self.secret, credential)))
     }
 
+    /// A keyed request's answer, first or replayed, compressed for its caller
+    /// (`tower-http`'s compression: gzip or deflate as its `Accept-Encoding`
+    /// asks, none without one; streams of server-sent events and answers
+    /// already encoded are left as they are). The upstream is asked for
+    /// identity and the store keeps identity bytes, so a first answer and every
+    /// replay reach each caller encoded the same way.
+    async fn keyed_encoded(self: &Arc<Self>, route: usize, req: Request) -> Response {
+        use tower::{Layer, ServiceExt};
+        let this = self.clone();
+        let keyed = tower::service_fn(move |req: Request| {
+            let this = this.clone();
+            async move { Ok::<_, std::convert::Infallible>(this.keyed(route, req).await) }
+        });
+        match tower_http::compression::CompressionLayer::new()
+            .layer(keyed)
+            .oneshot(req)
+            .await
+        {
+            Ok(res) => res.map(Body::new),
+            Err(never) => match never {},
+        }
+    }
+
     /// One keyed request: counted once in `idemkit_requests_total` by outcome
     /// and traced as an `idemkit.request` span (method, path, outcome), as
     /// the layer does.
@@ -936,6 +1034,9 @@ impl Proxy {
             body: &bytes,
             resume: None,
         });
+        // One copy per body: the claim's, which the store writes and the
+        // attempt then hands back for the forward (`Attempt::take_request_body`).
+        drop(bytes);
         // The intent, written by the claim itself, before anything leaves the
         // proxy: what is forwarded is the request the claim stores, to the
         // upstream the proxy runs with.
@@ -946,19 +1047,25 @@ impl Proxy {
         // forward cut off would leave a stuck key instead of a replay. A stop
         // (SIGTERM) waits for them too.
         let (this, engine) = (self.clone(), route.engine.clone());
+        let caller = accept_encoding(&parts.headers);
         let tracked = self.tasks.track();
         let work = async move {
             let _tracked = tracked;
             let _reserved = reserved;
-            let attempt = match engine.begin(claim).await {
+            let mut attempt = match engine.begin(claim).await {
                 Ok(attempt) => attempt,
                 Err(refused) => {
                     return (
                         refused.outcome,
-                        refusal_response(refused.refusal, engine.policy()),
+                        refusal_response(refused.refusal, engine.policy(), &caller),
                     );
                 }
             };
+            let bytes = Bytes::from(
+                attempt
+                    .take_request_body()
+                    .expect("a lease-mode attempt, just begun, gives its request body up"),
+            );
             this.execute(route_index, attempt, parts, bytes).await
         };
         match Detached::new(work).await {

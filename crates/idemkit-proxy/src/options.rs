@@ -45,9 +45,13 @@ pub type RenderMetrics = Arc<dyn Fn() -> String + Send + Sync>;
 #[derive(Clone)]
 #[non_exhaustive]
 pub struct ProxyOptions {
-    /// The upstream's base URL (`http://host:port`); the request's path and query
-    /// are appended.
+    /// The upstream's base URL (`http://host:port` or `https://host:port`);
+    /// the request's path and query are appended.
     pub upstream: String,
+    /// A PEM file of the CA certificates an `https://` upstream's certificate
+    /// is verified against, instead of the host's trust store (a private CA,
+    /// a self-signed upstream).
+    pub upstream_ca: Option<PathBuf>,
     /// The key store: `sqlite://FILE` (or a file path), `postgres://…`,
     /// `redis://…`, `redis+cluster://…`.
     pub database_url: String,
@@ -102,16 +106,18 @@ pub struct ProxyOptions {
     /// (each counted at its `Content-Length`, or at `max_request_body` when
     /// it has none). A request beyond it is answered `503` with `Retry-After`
     /// before its body is read.
-    /// A body is held about three times at its peak (as read, in the claim,
-    /// and while the store writes it), so the proxy's memory grows by up to
-    /// about three times this budget.
+    /// A body is held once while it is forwarded (the claim's bytes, handed
+    /// back by the engine), and about twice at its peak (those bytes and the
+    /// key store's own bound copy while its claim is written or waits for the
+    /// store), so the proxy's memory grows by up to about twice this budget.
     pub max_inflight_body_bytes: usize,
     /// How long the upstream may take to send the head of its answer to a
     /// request the proxy does not key, in milliseconds (`504` after it; the
     /// body then streams without a limit).
     pub passthrough_timeout_ms: u64,
-    /// Speak HTTP/2 to the upstream (cleartext, prior knowledge: `h2c`)
-    /// instead of HTTP/1.1. WebSocket upgrades then do not pass.
+    /// Speak HTTP/2 to the upstream instead of HTTP/1.1: cleartext with prior
+    /// knowledge (`h2c`) to an `http://` upstream, ALPN `h2` to an `https://`
+    /// one. WebSocket upgrades then do not pass.
     pub upstream_http2: bool,
     /// How often the reaper runs, in milliseconds (as in `idemkit serve`:
     /// records past the reap threshold are deleted, unfinished ones listed for
@@ -128,6 +134,7 @@ impl std::fmt::Debug for ProxyOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ProxyOptions")
             .field("upstream", &self.upstream)
+            .field("upstream_ca", &self.upstream_ca)
             .field("database_url", &redact_url(&self.database_url))
             .field("config", &self.config)
             .field("account_header", &self.account_header)
@@ -179,6 +186,7 @@ impl ProxyOptions {
     pub fn new(upstream: &str, database_url: &str, scope_secret: &str) -> Self {
         Self {
             upstream: upstream.to_owned(),
+            upstream_ca: None,
             database_url: database_url.to_owned(),
             config: None,
             account_header: DEFAULT_ACCOUNT_HEADER.to_owned(),
@@ -210,8 +218,53 @@ impl ProxyOptions {
         self
     }
 
+    /// Where and how the key store is opened, as `idemkit keys` and `idemkit
+    /// serve` read the same URL: a Redis URL's `prefix` query parameter
+    /// (percent-decoded, taken out of the URL), else `IDEMKIT_REDIS_PREFIX`,
+    /// else the store's default (`idemkit`), is the key prefix; a PostgreSQL
+    /// store is in the `idemkit` schema. The proxy's records are then listed
+    /// by `idemkit keys list --database-url` with the proxy's own URL.
+    pub fn store_target(&self) -> Result<(String, idemkit::OpenOptions), ProxyError> {
+        let mut options = self.open_options();
+        let url = &self.database_url;
+        if idemkit::StoreKind::of(url) != idemkit::StoreKind::Redis {
+            return Ok((url.clone(), options));
+        }
+        let (base, query) = url.split_once('?').unwrap_or((url, ""));
+        let mut prefix = std::env::var("IDEMKIT_REDIS_PREFIX")
+            .ok()
+            .filter(|p| !p.is_empty());
+        let mut rest = Vec::new();
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            match pair.strip_prefix("prefix=") {
+                Some(p) => {
+                    let decoded = percent_encoding::percent_decode_str(p)
+                        .decode_utf8()
+                        .map_err(|_| {
+                            ProxyError::Invalid(format!(
+                                "--database-url {}: its `prefix` is not UTF-8 once percent-decoded",
+                                redact_url(url)
+                            ))
+                        })?;
+                    prefix = Some(decoded.into_owned());
+                }
+                None => rest.push(pair),
+            }
+        }
+        if let Some(prefix) = prefix {
+            options = options.with_redis_prefix(prefix);
+        }
+        let base = if rest.is_empty() {
+            base.to_owned()
+        } else {
+            format!("{base}?{}", rest.join("&"))
+        };
+        Ok((base, options))
+    }
+
     /// How the key store is opened (`sqlite_synchronous` mapped to its
-    /// [`idemkit::sqlite::Durability`]).
+    /// [`idemkit::sqlite::Durability`]; the Redis prefix is
+    /// [`store_target`](Self::store_target)'s).
     pub fn open_options(&self) -> idemkit::OpenOptions {
         use idemkit::sqlite::Durability;
         idemkit::OpenOptions::new().with_sqlite_durability(match self.sqlite_synchronous {

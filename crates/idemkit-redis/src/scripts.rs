@@ -234,12 +234,13 @@ return 1
 "#
 );
 
-/// Complete. ARGV: token, now ('' for the server's clock), status, headers
-/// (JSON), body, publish command, write id.
+/// Complete (and drop the request body: a completed record replays its
+/// answer, nothing reads the request again). ARGV: token, now ('' for the
+/// server's clock), status, headers (JSON), body, publish command, write id.
 const COMPLETE: &str = fenced!(
     r#"
 redis.call('HSET', k, 'state', 'completed', 'completed_at', now_ms(ARGV[2]), 'response_status', ARGV[3],
-  'response_headers', ARGV[4], 'response_body', ARGV[5], 'writes', writes)
+  'response_headers', ARGV[4], 'response_body', ARGV[5], 'writes', writes, 'request_body', '')
 redis.call('HDEL', k, 'last_error')
 if keep > 0 then redis.call('PEXPIRE', k, keep) end
 if ARGV[6] ~= '' then redis.call(ARGV[6], KEYS[2], ARGV[1]) end

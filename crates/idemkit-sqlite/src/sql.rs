@@ -92,9 +92,10 @@ pub(crate) const HELD: &str = "SELECT 1 FROM idemkit_keys WHERE account = ?1 AND
 
 // The fenced writes below bind account `?1`, key `?2` and the holder's token `?3` first.
 
-/// The holder's completion.
+/// The holder's completion; the request body is dropped (a completed record
+/// replays its answer, nothing reads the request again).
 pub(crate) const COMPLETE: &str = "UPDATE idemkit_keys SET state = 'completed', completed_at = ?4, resp_status = ?5, \
-     resp_headers = ?6, resp_body = ?7, last_error = NULL \
+     resp_headers = ?6, resp_body = ?7, last_error = NULL, req_body = x'' \
      WHERE account = ?1 AND idem_key = ?2 AND fencing_token = ?3 AND state = 'in_flight'";
 
 /// The step outputs a phase merges into (read under the write lock).

@@ -69,6 +69,7 @@ macro_rules! __store_cases {
             accounts_are_isolated,
             completion_is_fenced_once_completed,
             record_keeps_the_request,
+            completion_drops_the_request_body,
             concurrent_claims_have_one_winner
         }
     };

@@ -231,6 +231,9 @@ impl KeyStore for MemoryStore {
             r.completed_at = Some(now);
             r.response = Some(response.clone());
             r.last_error = None;
+            // A completed record replays its answer: its request body is
+            // never read again.
+            r.request.body.clear();
         })
     }
 

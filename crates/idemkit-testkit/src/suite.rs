@@ -342,6 +342,30 @@ pub async fn record_keeps_the_request<S: KeyStore>(store: Arc<S>, _clock: Arc<Ma
     assert!(store.get(&scope("acct-a", "nope")).await.unwrap().is_none());
 }
 
+/// The completion drops the request body (the record replays its answer,
+/// nothing reads the request again: a store of completed records does not
+/// keep every request body for the replay window), and the replay is intact.
+pub async fn completion_drops_the_request_body<S: KeyStore>(store: Arc<S>, _clock: Arc<ManualClock>) {
+    let s = scope("acct-a", "k-drop");
+    let req = claim_req(&s, &format!(r#"{{"pad":"{}"}}"#, "x".repeat(4096)));
+    let a = must_claim(&*store, &req).await;
+    store.complete(&s, a.token, &response(201, "done")).await.unwrap();
+    let rec = store.get(&s).await.unwrap().unwrap();
+    assert_eq!(rec.state, RecordState::Completed);
+    assert!(
+        rec.request.body.is_empty(),
+        "the completed record still holds its {}-byte request body",
+        rec.request.body.len()
+    );
+    assert_eq!(rec.request.method, req.request.method, "the rest of the request is kept");
+    assert_eq!(rec.fingerprint, req.fingerprint);
+    assert_eq!(
+        store.claim(&req).await.unwrap(),
+        ClaimOutcome::Replay(response(201, "done")),
+        "the same request still replays"
+    );
+}
+
 /// 64 concurrent claims of one key: exactly one wins, every other sees it in
 /// progress; after completion, 64 concurrent claims all replay.
 pub async fn concurrent_claims_have_one_winner<S: KeyStore>(store: Arc<S>, _clock: Arc<ManualClock>) {

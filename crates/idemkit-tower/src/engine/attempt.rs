@@ -156,6 +156,20 @@ impl Attempt {
         &self.lease
     }
 
+    /// Takes the claimed request's body out of the attempt, so an adapter
+    /// sends on the very bytes the claim stored instead of holding a second
+    /// copy of them while its handler or upstream runs (a proxy's memory is
+    /// then one copy per body in flight). Only a committed lease-mode claim
+    /// gives its body up (nothing of the attempt reads it again); a
+    /// single-step claim, whose commit may begin it again, or one already
+    /// shared with a recovery handle, gives `None`.
+    pub fn take_request_body(&mut self) -> Option<Vec<u8>> {
+        if self.engine.tx_store.is_some() {
+            return None;
+        }
+        Arc::get_mut(&mut self.claim).map(|claim| std::mem::take(&mut claim.request.body))
+    }
+
     /// The route policy.
     pub fn policy(&self) -> &Arc<Policy> {
         &self.engine.policy

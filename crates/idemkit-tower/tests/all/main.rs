@@ -180,6 +180,7 @@ mod leases;
 mod metrics;
 mod released;
 mod replay_cache;
+mod request_body;
 mod roundtrips;
 mod single_step;
 mod stuck;

@@ -1111,3 +1111,308 @@ async fn a_keyed_event_stream_streams_and_replays_whole() {
         b"data: 1\n\ndata: 2\n\ndata: 3\n\n"
     );
 }
+
+// Issue 32 item 17 -----------------------------------------------------------
+
+/// The proxy on Redis keeps its records under the URL's `?prefix=`, so
+/// `idemkit keys list` with the proxy's own URL lists them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_proxy_on_redis_uses_the_urls_prefix_as_idemkit_keys_does() {
+    let Some(redis) = crate::labels::redis_url() else {
+        return;
+    };
+    let naive = Arc::new(Naive::default());
+    let upstream = serve(
+        Router::new()
+            .route("/orders", post(create))
+            .with_state(naive.clone()),
+    )
+    .await;
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let url = format!(
+        "{}?prefix=proxy-prefix-{}-{nanos}",
+        redis.trim_end_matches('/'),
+        std::process::id()
+    );
+    let proxy = ProxyProcess::start_with(&upstream, &url, "test-secret", false, None, &[]);
+    let http = reqwest::Client::new();
+    // A key of this run only (a run of the code before the fix left its own
+    // under the default prefix).
+    let key = format!("prefixed-{nanos}");
+    let res = send(&http, format!("{}/orders", proxy.base), &key, "{}").await;
+    assert_eq!(res.status(), 201);
+    let listed = crate::idemkit(vec![
+        "keys".into(),
+        "list".into(),
+        "--database-url".into(),
+        url.clone(),
+        "--json".into(),
+    ])
+    .await;
+    assert_eq!(listed.code, 0, "{listed:#?}");
+    assert!(
+        listed.stdout.contains(&key),
+        "idemkit keys list with the proxy's URL does not list its record: {listed:#?}"
+    );
+    // Not under the default prefix.
+    let default = crate::idemkit(vec![
+        "keys".into(),
+        "list".into(),
+        "--database-url".into(),
+        redis.clone(),
+        "--json".into(),
+    ])
+    .await;
+    assert!(!default.stdout.contains(&key), "{default:#?}");
+}
+
+// Item 5: compression on the way out ------------------------------------------
+
+/// A JSON document long enough to be worth compressing.
+fn document() -> String {
+    format!(
+        r#"{{"items":[{}]}}"#,
+        vec![r#"{"sku":"A-1","quantity":2}"#; 64].join(",")
+    )
+}
+
+async fn counted_document(State(n): State<Arc<Naive>>) -> impl IntoResponse {
+    n.posts.fetch_add(1, Ordering::SeqCst);
+    (
+        StatusCode::CREATED,
+        [("content-type", "application/json")],
+        document(),
+    )
+}
+
+/// One keyed POST with `accept` as its `Accept-Encoding` (none: `identity`
+/// only): the status, the `Content-Encoding`, whether it is a replay, and the
+/// body decoded by that coding.
+async fn post_accepting(base: &str, key: &str, accept: Option<&str>) -> (u16, Option<String>, bool, String) {
+    use std::io::Read;
+    let http = reqwest::Client::new();
+    let mut req = http
+        .post(format!("{base}/doc"))
+        .header("authorization", "Bearer a")
+        .header("idempotency-key", key)
+        .body("{}");
+    req = req.header("accept-encoding", accept.unwrap_or("identity"));
+    let res = req.send().await.unwrap();
+    let status = res.status().as_u16();
+    let coding = res
+        .headers()
+        .get("content-encoding")
+        .map(|v| v.to_str().unwrap().to_owned());
+    let replayed = res.headers().contains_key("idempotent-replayed");
+    let raw = res.bytes().await.unwrap();
+    let text = match coding.as_deref() {
+        Some("gzip") => {
+            let mut out = String::new();
+            flate2::read::GzDecoder::new(&raw[..])
+                .read_to_string(&mut out)
+                .expect("a gzip body that decodes");
+            out
+        }
+        None => String::from_utf8(raw.to_vec()).unwrap(),
+        Some(other) => panic!("an unexpected coding {other}"),
+    };
+    (status, coding, replayed, text)
+}
+
+/// The upstream gzips when asked (tower-http's compression, as real services
+/// do). The proxy asks it for identity, stores identity bytes and compresses
+/// each answer, first or replayed, as its own caller asks: a gzip-accepting
+/// caller gets gzip that decodes, an identity-only caller plain bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_are_compressed_per_caller_first_and_replayed_alike() {
+    let naive = Arc::new(Naive::default());
+    let upstream = serve(
+        Router::new()
+            .route("/doc", post(counted_document))
+            .layer(tower_http::compression::CompressionLayer::new())
+            .with_state(naive.clone()),
+    )
+    .await;
+    let proxy = ProxyProcess::start(&upstream, &temp_db("compress-out"), false, None);
+    let doc = document();
+    // First answer to a gzip caller, then a replay to it and to an identity-only caller.
+    let (status, coding, replayed, text) = post_accepting(&proxy.base, "cz-1", Some("gzip")).await;
+    assert_eq!((status, coding.as_deref(), replayed), (201, Some("gzip"), false));
+    assert_eq!(text, doc);
+    let (status, coding, replayed, text) = post_accepting(&proxy.base, "cz-1", Some("gzip, br;q=0.5")).await;
+    assert_eq!((status, coding.as_deref(), replayed), (201, Some("gzip"), true));
+    assert_eq!(text, doc);
+    let (status, coding, replayed, text) = post_accepting(&proxy.base, "cz-1", None).await;
+    assert_eq!((status, coding.as_deref(), replayed), (201, None, true));
+    assert_eq!(text, doc);
+    // First answer to an identity-only caller, replayed to a gzip caller.
+    let (status, coding, replayed, text) = post_accepting(&proxy.base, "cz-2", None).await;
+    assert_eq!((status, coding.as_deref(), replayed), (201, None, false));
+    assert_eq!(text, doc);
+    let (status, coding, replayed, text) = post_accepting(&proxy.base, "cz-2", Some("gzip")).await;
+    assert_eq!((status, coding.as_deref(), replayed), (201, Some("gzip"), true));
+    assert_eq!(text, doc);
+    assert_eq!(naive.posts.load(Ordering::SeqCst), 2, "each key ran once");
+}
+
+// Item 16: https:// upstreams ----------------------------------------------
+
+/// An upstream over TLS with a self-signed certificate made here (`rcgen`),
+/// offering HTTP/2 and HTTP/1.1 by ALPN: its base URL and the PEM of its
+/// certificate (the CA to trust).
+async fn tls_upstream(app: Router) -> (String, String) {
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    use hyper_util::service::TowerToHyperService;
+    let certified = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+    let pem = certified.cert.pem();
+    let key = rustls::pki_types::PrivateKeyDer::Pkcs8(certified.signing_key.serialize_der().into());
+    let mut config =
+        rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(vec![certified.cert.der().clone()], key)
+            .unwrap();
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let (acceptor, app) = (acceptor.clone(), app.clone());
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(tls), TowerToHyperService::new(app))
+                    .await;
+            });
+        }
+    });
+    (format!("https://localhost:{port}"), pem)
+}
+
+/// An `https://` upstream: verified against `--upstream-ca` (a self-signed
+/// one is refused without it, and nothing is forwarded), over HTTP/1.1, or
+/// HTTP/2 by ALPN with `--upstream-http2`; keyed and replayed as over HTTP.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_https_upstream_is_verified_against_the_given_ca() {
+    let naive = Arc::new(Naive::default());
+    let app = Router::new()
+        .route("/version", get(version))
+        .route("/orders", post(create))
+        .with_state(naive.clone());
+    let (upstream, pem) = tls_upstream(app).await;
+    let ca = std::env::temp_dir().join(format!("idemkit-proxy-prod-ca-{}.pem", std::process::id()));
+    std::fs::write(&ca, pem).unwrap();
+    let ca = ca.display().to_string();
+    let http = reqwest::Client::new();
+
+    let untrusting = ProxyProcess::start(&upstream, &temp_db("tls-untrusted"), false, None);
+    let res = http
+        .get(format!("{}/version", untrusting.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 502, "a certificate no trusted CA signed is refused");
+    let res = send(&http, format!("{}/orders", untrusting.base), "tls-0", "{}").await;
+    assert_eq!(res.status(), 502);
+    assert_eq!(naive.posts.load(Ordering::SeqCst), 0);
+
+    for (h2, tag, expected) in [(false, "tls-h1", "HTTP/1.1"), (true, "tls-h2", "HTTP/2.0")] {
+        let mut extra = vec!["--upstream-ca", ca.as_str()];
+        if h2 {
+            extra.push("--upstream-http2");
+        }
+        let proxy = ProxyProcess::start_with(
+            &upstream,
+            &sqlite(&temp_db(tag)),
+            "test-secret",
+            false,
+            None,
+            &extra,
+        );
+        let version = http
+            .get(format!("{}/version", proxy.base))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert_eq!(version, expected);
+        let first = send(&http, format!("{}/orders", proxy.base), tag, "{}").await;
+        assert_eq!(first.status(), 201);
+        let replay = send(&http, format!("{}/orders", proxy.base), tag, "{}").await;
+        assert_eq!(replay.status(), 201);
+        assert!(replay.headers().contains_key("idempotent-replayed"));
+    }
+    assert_eq!(
+        naive.posts.load(Ordering::SeqCst),
+        2,
+        "one upstream write per key"
+    );
+    let refused = crate::idemkit(vec![
+        "proxy".into(),
+        "--listen".into(),
+        "127.0.0.1:0".into(),
+        "--upstream".into(),
+        "http://127.0.0.1:1".into(),
+        "--upstream-ca".into(),
+        ca,
+        "--scope-secret".into(),
+        "s".into(),
+    ])
+    .await;
+    assert_ne!(refused.code, 0);
+    assert!(
+        refused
+            .stderr
+            .contains("--upstream-ca is for an https:// upstream"),
+        "{refused:#?}"
+    );
+}
+
+/// Gzips whatever the request asked for (an upstream that ignores
+/// `Accept-Encoding: identity`).
+async fn always_gzip() -> impl IntoResponse {
+    use std::io::Write;
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    gz.write_all(document().as_bytes()).unwrap();
+    (
+        StatusCode::CREATED,
+        [("content-type", "application/json"), ("content-encoding", "gzip")],
+        gz.finish().unwrap(),
+    )
+}
+
+/// An answer the upstream compressed anyway is stored with its coding and
+/// negotiated by the engine's replay rule, first answer and replays alike: a
+/// caller accepting gzip decodes it, an identity-only caller gets `406
+/// idempotency_replay_not_acceptable` and nothing runs again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_compressed_anyway_is_negotiated_like_a_replay() {
+    let upstream = serve(Router::new().route("/doc", post(always_gzip))).await;
+    let proxy = ProxyProcess::start(&upstream, &temp_db("gzip-anyway"), false, None);
+    let (status, coding, replayed, text) = post_accepting(&proxy.base, "ga-1", Some("gzip")).await;
+    assert_eq!((status, coding.as_deref(), replayed), (201, Some("gzip"), false));
+    assert_eq!(text, document());
+    let (status, coding, replayed, text) = post_accepting(&proxy.base, "ga-1", Some("gzip")).await;
+    assert_eq!((status, coding.as_deref(), replayed), (201, Some("gzip"), true));
+    assert_eq!(text, document());
+    let (status, coding, _, text) = post_accepting(&proxy.base, "ga-1", None).await;
+    assert_eq!((status, coding), (406, None), "{text}");
+    assert!(text.contains("idempotency_replay_not_acceptable"), "{text}");
+    let (status, _, _, text) = post_accepting(&proxy.base, "ga-2", None).await;
+    assert_eq!(
+        status, 406,
+        "the first answer is negotiated as a replay is: {text}"
+    );
+    let (status, coding, replayed, text) = post_accepting(&proxy.base, "ga-2", Some("gzip")).await;
+    assert_eq!((status, coding.as_deref(), replayed), (201, Some("gzip"), true));
+    assert_eq!(text, document());
+}
