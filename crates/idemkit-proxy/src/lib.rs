@@ -84,6 +84,7 @@ use tokio::net::TcpListener;
 mod answers;
 mod config;
 mod execute;
+mod linger;
 mod listen;
 mod options;
 mod paths;
@@ -866,6 +867,14 @@ impl Proxy {
     async fn keyed_encoded(self: &Arc<Self>, route: usize, req: Request) -> Response {
         use tower::{Layer, ServiceExt};
         let this = self.clone();
+        // A body refused unread is drained, not reset under its sender.
+        let req = req.map(|body| {
+            Body::new(linger::Lingering::new(
+                body,
+                self.max_request_body,
+                self.body_read_timeout,
+            ))
+        });
         let keyed = tower::service_fn(move |req: Request| {
             let this = this.clone();
             async move { Ok::<_, std::convert::Infallible>(this.keyed(route, req).await) }

@@ -357,7 +357,10 @@ pub async fn completion_drops_the_request_body<S: KeyStore>(store: Arc<S>, _cloc
         "the completed record still holds its {}-byte request body",
         rec.request.body.len()
     );
-    assert_eq!(rec.request.method, req.request.method, "the rest of the request is kept");
+    assert_eq!(
+        rec.request.method, req.request.method,
+        "the rest of the request is kept"
+    );
     assert_eq!(rec.fingerprint, req.fingerprint);
     assert_eq!(
         store.claim(&req).await.unwrap(),

@@ -26,7 +26,11 @@ async fn a_lease_mode_attempt_gives_its_request_body_back_once() {
         Some(&body[..]),
         "the claimed body is handed back"
     );
-    assert_eq!(attempt.take_request_body().as_deref(), Some(&[][..]), "and only once");
+    assert_eq!(
+        attempt.take_request_body().as_deref(),
+        Some(&[][..]),
+        "and only once"
+    );
     // The store wrote its own copy with the claim.
     let record = store.get(&scope).await.unwrap().unwrap();
     assert_eq!(record.request.body, body);
