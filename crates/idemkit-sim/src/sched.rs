@@ -191,6 +191,8 @@ struct Inner {
     outage: HashMap<usize, u32>,
     /// Tasks of frozen instances waiting for the freeze to end.
     frozen_sleepers: usize,
+    /// Whether store calls do real I/O (not the memory store).
+    real_io: bool,
     trace: Vec<String>,
     tracing: bool,
 }
@@ -246,6 +248,7 @@ impl Sched {
                 frozen: HashMap::new(),
                 outage: HashMap::new(),
                 frozen_sleepers: 0,
+                real_io: true,
                 trace: Vec::new(),
                 tracing: std::env::var_os("IDEMKIT_SIM_TRACE").is_some(),
             }),
@@ -408,7 +411,11 @@ impl Sched {
     /// plain slow I/O, and moving time under it would fire timers no real
     /// process would see fire: a client's timeout during a 2 ms write).
     pub fn io_patience(&self) -> Duration {
-        if self.lock().frozen_sleepers > 0 {
+        let g = self.lock();
+        if !g.real_io {
+            // A memory store call that does not return waits on a timer.
+            Duration::ZERO
+        } else if g.frozen_sleepers > 0 {
             SLEEPING_LOCK_WAIT
         } else {
             SLOW_IO_LIMIT
@@ -442,6 +449,13 @@ impl Sched {
         }
     }
 
+    /// Tells the scheduler whether store calls do real I/O: on the memory
+    /// store they never do, so a call that does not return waits on a timer
+    /// and the driver need not wait real time for it.
+    pub fn set_real_io(&self, real: bool) {
+        self.lock().real_io = real;
+    }
+
     /// Marks a store call as running (until the guard drops).
     pub fn enter_store(self: &Arc<Self>, op: &'static str) -> StoreGuard {
         let mut g = self.lock();
@@ -463,7 +477,7 @@ impl Sched {
             tokio::task::yield_now().await;
             let (progress, in_store) = {
                 let g = self.lock();
-                (g.progress, g.in_store)
+                (g.progress, if g.real_io { g.in_store } else { 0 })
             };
             if progress != last {
                 last = progress;

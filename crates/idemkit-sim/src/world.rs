@@ -26,7 +26,7 @@ use idemkit_tower::{
 use tower::ServiceExt;
 
 use crate::check::{self, Answer, Violation};
-use crate::mutants::{Mutant, Mutation};
+use crate::mutants::{Leaks, Mutant, Mutation, TxMutant};
 use crate::sched::{Faults, Sched, SchedStats, Strategy, VirtualClock};
 use crate::store::{Instrumented, Log, MemTx};
 
@@ -123,6 +123,12 @@ pub struct Spec {
 }
 
 impl Spec {
+    /// Whether its route is single-step (the claim, the business write and
+    /// the answer in one transaction).
+    pub fn single_step(&self) -> bool {
+        self.path == "/order"
+    }
+
     /// Its scope.
     pub fn scope(&self) -> Scope {
         Scope::new(
@@ -407,6 +413,8 @@ struct World {
     answers: Mutex<Vec<Answer>>,
     restarts: Mutex<u64>,
     mutation: Option<Mutation>,
+    /// Transactions a planted defect kept open.
+    leaks: Leaks,
 }
 
 impl World {
@@ -467,11 +475,15 @@ impl World {
                         instance: id,
                     })
                     .layer(
-                        IdempotencyLayer::transactional(handle.clone())
-                            .policy(policy())
-                            .resolver(BearerTokenAccount)
-                            .build()
-                            .expect("a valid layer"),
+                        IdempotencyLayer::transactional(Arc::new(TxMutant::new(
+                            handle.clone(),
+                            self.mutation,
+                            self.leaks.clone(),
+                        )))
+                        .policy(policy())
+                        .resolver(BearerTokenAccount)
+                        .build()
+                        .expect("a valid layer"),
                     );
                 Instance {
                     id,
@@ -527,11 +539,15 @@ impl World {
                         instance: id,
                     })
                     .layer(
-                        IdempotencyLayer::transactional(handle.clone())
-                            .policy(policy())
-                            .resolver(BearerTokenAccount)
-                            .build()
-                            .expect("a valid layer"),
+                        IdempotencyLayer::transactional(Arc::new(TxMutant::new(
+                            handle.clone(),
+                            self.mutation,
+                            self.leaks.clone(),
+                        )))
+                        .policy(policy())
+                        .resolver(BearerTokenAccount)
+                        .build()
+                        .expect("a valid layer"),
                     );
                 Instance {
                     id,
@@ -830,6 +846,7 @@ async fn run_inner(config: &Config) -> Outcome {
     tokio::time::pause();
     let clock = VirtualClock::new(Millis(1_700_000_000_000), 0);
     let sched = Sched::new(config.seed, config.strategy, config.faults);
+    sched.set_real_io(config.store != StoreKind::Memory);
     let log: Log = Arc::default();
     let backing = match (sqlite, postgres) {
         (None, None) if redis.is_some() => {
@@ -852,7 +869,13 @@ async fn run_inner(config: &Config) -> Outcome {
             schema,
         },
         (None, None) => {
-            let base: Arc<dyn KeyStore> = Arc::new(MemoryStore::with_clock(Arc::new(clock.clone())));
+            let base: Arc<dyn KeyStore> = match config.mutation {
+                Some(Mutation::Testkit(m)) => Arc::new(idemkit_testkit::mutants::MutantStore::with_clock(
+                    m,
+                    Arc::new(clock.clone()),
+                )),
+                _ => Arc::new(MemoryStore::with_clock(Arc::new(clock.clone()))),
+            };
             let m: Arc<Mutant<dyn KeyStore>> = Arc::new(Mutant::new(base, config.mutation));
             Backing::Memory(m)
         }
@@ -879,6 +902,7 @@ async fn run_inner(config: &Config) -> Outcome {
         answers: Mutex::default(),
         restarts: Mutex::new(0),
         mutation: config.mutation,
+        leaks: Leaks::default(),
     });
     let first: Vec<Instance> = (0..config.instances.max(1)).map(|s| world.instance(s)).collect();
     *world.instances.lock().unwrap_or_else(|p| p.into_inner()) = first;
@@ -904,6 +928,13 @@ async fn run_inner(config: &Config) -> Outcome {
     // handler that panics every time gets before it is parked (the policy's
     // bound), so liveness means "settled within that bound".
     sched.note(|| format!("clients done at +{:?}", clock_elapsed(&world.clock)));
+    // Single-step: every attempt's transaction has ended (committed or rolled
+    // back) once its client is done, so no single-step key is held.
+    let held = {
+        let (raw, specs) = (world.raw.clone(), specs.clone());
+        busy_wait(async move { check::single_step_free(&raw, &specs).await }).await
+    };
+    violations.extend(held);
     sched.set_faults(false);
     // The jobs and the operator stop (one on a crashed instance never returns).
     for b in &background {
@@ -981,6 +1012,9 @@ async fn run_inner(config: &Config) -> Outcome {
     }
     let stats = sched.stats();
     let trace = sched.trace();
+    // Kept-open transactions end before the store is cleaned up (a dropped
+    // one rolls back on its connection's next use or return to the pool).
+    world.leaks.lock().unwrap_or_else(|p| p.into_inner()).clear();
     match &world.backing {
         Backing::Sqlite { path, .. } => {
             for suffix in ["", "-wal", "-shm"] {
