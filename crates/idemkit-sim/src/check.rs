@@ -170,6 +170,31 @@ pub async fn settled(store: &Arc<dyn KeyStore>, specs: &[Spec]) -> Vec<Violation
     out
 }
 
+/// Single-step atomicity, checked once every client is done: a single-step
+/// claim is committed with its business writes and its answer, or not at
+/// all, so no key of a single-step route has a record in flight (SPEC: a
+/// single-step attempt that ends without an answer rolls back and frees the
+/// key; a claim committed on its own would hold it until its lease ran out).
+pub async fn single_step_free(store: &Arc<dyn KeyStore>, specs: &[Spec]) -> Vec<Violation> {
+    let mut out = Vec::new();
+    let mut seen = HashSet::new();
+    for spec in specs.iter().filter(|s| s.single_step()) {
+        let scope = spec.scope();
+        if !seen.insert(scope.clone()) {
+            continue;
+        }
+        if let Ok(Some(r)) = store.get(&scope).await
+            && r.state == RecordState::InFlight
+        {
+            out.push(Violation::stuck(format!(
+                "single-step key {}/{} is held in flight (token {}) with no transaction open: its claim committed without its answer",
+                spec.account, spec.key, r.fencing_token.0
+            )));
+        }
+    }
+    out
+}
+
 /// Safety (and the final requests' liveness).
 pub async fn safety(
     specs: &[Spec],

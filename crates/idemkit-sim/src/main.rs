@@ -108,6 +108,7 @@ fn main() -> ExitCode {
         let started = Instant::now();
         let mut hashes = HashSet::new();
         let (mut n, mut store_faults, mut steps) = (0u64, 0u64, 0u64);
+        let mut first_violation: Option<(u64, f64)> = None;
         let budget = Duration::from_secs_f64(args.seconds);
         loop {
             let index = args.schedule.unwrap_or(n);
@@ -123,6 +124,7 @@ fn main() -> ExitCode {
             }
             if !outcome.violations.is_empty() {
                 violations += outcome.violations.len() as u64;
+                first_violation.get_or_insert((n, started.elapsed().as_secs_f64()));
                 println!(
                     "sim: VIOLATION on {} (schedule {index}, seed {run_seed}, strategy {:?}):",
                     store.name(),
@@ -148,6 +150,13 @@ fn main() -> ExitCode {
             }
         }
         let secs = started.elapsed().as_secs_f64();
+        if let Some((k, at)) = first_violation {
+            println!(
+                "sim: {}: first violation in schedule {} of the run, after {at:.1}s",
+                store.name(),
+                k.saturating_sub(1)
+            );
+        }
         println!(
             "sim: {}: {n} schedules in {secs:.1}s ({:.1}/s), {} distinct interleavings, {steps} yield points released, {store_faults} faults",
             store.name(),

@@ -39,7 +39,31 @@ pub enum Mutation {
     /// a lease ahead (SQLite: the embedded store's clock is the caller's).
     /// Not a wrapper: the world skews that instance's store clock.
     LeaseByCallerClock,
+    /// The replay window is mis-measured (seconds read as milliseconds): a
+    /// completed record counts as expired almost at once, and a retry runs
+    /// the request again.
+    ReplayWindowMismeasured,
+    /// Single-step: the claim commits on its own, before the business write
+    /// (a lease claim, then a transaction for the handler). A rolled-back or
+    /// crashed attempt leaves the key held in flight until its lease ends
+    /// (SPEC: single-step, the transaction rolls back and the key is free).
+    /// Planted above the instrumented handle ([`TxMutant`]).
+    ClaimCommittedEarly,
+    /// Single-step: the business write commits in one transaction and the
+    /// completion is written in another ([`TxMutant`]): a failure in between
+    /// leaves the row without the answer, and the retry writes it again.
+    CompletionOutsideTx,
+    /// Single-step: a rollback that leaves the key's lock (the transaction is
+    /// kept open, not rolled back) ([`TxMutant`]): the key answers "in
+    /// progress" while nobody works on it.
+    RollbackKeepsLock,
+    /// One of the testkit's [`idemkit_testkit::mutants::MutantStore`]
+    /// defects, as the memory store of the simulation.
+    Testkit(TestkitMutation),
 }
+
+/// The testkit's mutations ([`idemkit_testkit::mutants::Mutation`]).
+pub type TestkitMutation = idemkit_testkit::mutants::Mutation;
 
 impl Mutation {
     /// Every mutation.
@@ -52,7 +76,30 @@ impl Mutation {
         Self::ClaimNeverSucceeds,
         Self::TakeoverRefused,
         Self::LeaseByCallerClock,
+        Self::ReplayWindowMismeasured,
+        Self::ClaimCommittedEarly,
+        Self::CompletionOutsideTx,
+        Self::RollbackKeepsLock,
+        Self::Testkit(TestkitMutation::RestartAfterWindow),
+        Self::Testkit(TestkitMutation::ReaperDeletesUnfinished),
+        Self::Testkit(TestkitMutation::ResumeIgnoresToken),
+        Self::Testkit(TestkitMutation::NoFencing),
+        Self::Testkit(TestkitMutation::ReleaseWipesProgress),
+        Self::Testkit(TestkitMutation::TokensDoNotRise),
+        Self::Testkit(TestkitMutation::AbandonKeepsToken),
+        Self::Testkit(TestkitMutation::CheckThenInsert),
+        Self::Testkit(TestkitMutation::TakeoverIgnoresState),
+        Self::Testkit(TestkitMutation::TakeoverIgnoresLease),
     ];
+
+    /// Whether this defect is planted on the single-step path, above the
+    /// instrumented handle ([`TxMutant`]).
+    pub fn single_step(self) -> bool {
+        matches!(
+            self,
+            Self::ClaimCommittedEarly | Self::CompletionOutsideTx | Self::RollbackKeepsLock
+        )
+    }
 
     /// The kinds of violation that catch this mutation.
     pub fn expected(self) -> &'static [Kind] {
@@ -65,6 +112,35 @@ impl Mutation {
             Self::ClaimNeverSucceeds => &[Kind::Stuck],
             Self::TakeoverRefused => &[Kind::Stuck],
             Self::LeaseByCallerClock => &[Kind::StolenLease],
+            Self::ReplayWindowMismeasured => &[Kind::DuplicateEffect, Kind::Reopened, Kind::WrongAnswer],
+            Self::ClaimCommittedEarly => &[Kind::Stuck],
+            Self::CompletionOutsideTx => &[Kind::DuplicateEffect],
+            Self::RollbackKeepsLock => &[Kind::Stuck],
+            Self::Testkit(m) => match m {
+                TestkitMutation::NoFencing
+                | TestkitMutation::TokensDoNotRise
+                | TestkitMutation::AbandonKeepsToken => &[
+                    Kind::StaleWrite,
+                    Kind::Reopened,
+                    Kind::WrongAnswer,
+                    Kind::DuplicateEffect,
+                    Kind::StolenLease,
+                ],
+                TestkitMutation::TakeoverIgnoresLease => &[Kind::StolenLease],
+                TestkitMutation::CheckThenInsert => {
+                    &[Kind::StolenLease, Kind::DuplicateEffect, Kind::WrongAnswer]
+                }
+                TestkitMutation::TakeoverIgnoresState => {
+                    &[Kind::Reopened, Kind::DuplicateEffect, Kind::WrongAnswer]
+                }
+                TestkitMutation::ResumeIgnoresToken
+                | TestkitMutation::ReleaseWipesProgress
+                | TestkitMutation::RestartAfterWindow
+                | TestkitMutation::ReaperDeletesUnfinished => {
+                    &[Kind::DuplicateEffect, Kind::Lost, Kind::WrongAnswer]
+                }
+                _ => &[],
+            },
         }
     }
 
@@ -79,6 +155,23 @@ impl Mutation {
             Self::ClaimNeverSucceeds => "claim-never-succeeds",
             Self::TakeoverRefused => "takeover-refused",
             Self::LeaseByCallerClock => "lease-by-caller-clock",
+            Self::ReplayWindowMismeasured => "replay-window-mismeasured",
+            Self::ClaimCommittedEarly => "claim-committed-early",
+            Self::CompletionOutsideTx => "completion-outside-tx",
+            Self::RollbackKeepsLock => "rollback-keeps-lock",
+            Self::Testkit(m) => match m {
+                TestkitMutation::RestartAfterWindow => "testkit-restart-after-window",
+                TestkitMutation::ReaperDeletesUnfinished => "testkit-reaper-deletes-unfinished",
+                TestkitMutation::ResumeIgnoresToken => "testkit-resume-ignores-token",
+                TestkitMutation::NoFencing => "testkit-no-fencing",
+                TestkitMutation::ReleaseWipesProgress => "testkit-release-wipes-progress",
+                TestkitMutation::TokensDoNotRise => "testkit-tokens-do-not-rise",
+                TestkitMutation::AbandonKeepsToken => "testkit-abandon-keeps-token",
+                TestkitMutation::CheckThenInsert => "testkit-check-then-insert",
+                TestkitMutation::TakeoverIgnoresState => "testkit-takeover-ignores-state",
+                TestkitMutation::TakeoverIgnoresLease => "testkit-takeover-ignores-lease",
+                _ => "testkit-other",
+            },
         }
     }
 
@@ -134,6 +227,10 @@ impl<S: KeyStore + ?Sized> Mutant<S> {
                 if let Some(r) = self.inner.get(&req.scope).await? {
                     req.fingerprint = r.fingerprint;
                 }
+            }
+            Some(Mutation::ReplayWindowMismeasured) => {
+                // Seconds read as milliseconds.
+                req.replay_window /= 1000;
             }
             Some(Mutation::TakeoverRefused) => {
                 if let Some(r) = self.inner.get(&req.scope).await?
@@ -275,6 +372,159 @@ impl<S: TransactionalStore> TransactionalStore for Mutant<S> {
         self.inner.complete_in_tx(tx, &scope, token, response).await
     }
     async fn rollback_tx(&self, tx: Self::Tx) {
+        self.inner.rollback_tx(tx).await
+    }
+}
+
+/// Open transactions a [`Mutation::RollbackKeepsLock`] kept instead of
+/// rolling them back; the world drops them before it cleans up.
+pub type Leaks = Arc<std::sync::Mutex<Vec<Box<dyn std::any::Any + Send>>>>;
+
+/// How many transactions [`Mutation::RollbackKeepsLock`] keeps open (each
+/// holds a pooled connection; a few suffice to hold keys).
+const MAX_LEAKS: usize = 2;
+
+/// The single-step defects, planted above an instrumented handle so that
+/// each store call they make (a separate commit, a separate completion) is a
+/// scheduled call of its own, where faults land between them.
+#[derive(Debug)]
+pub struct TxMutant<S: ?Sized> {
+    inner: Arc<S>,
+    mutation: Option<Mutation>,
+    leaks: Leaks,
+}
+
+impl<S: ?Sized> TxMutant<S> {
+    /// `inner` with `mutation` (only [`Mutation::single_step`] ones act here).
+    pub fn new(inner: Arc<S>, mutation: Option<Mutation>, leaks: Leaks) -> Self {
+        Self {
+            inner,
+            mutation: mutation.filter(|m| m.single_step()),
+            leaks,
+        }
+    }
+}
+
+#[async_trait]
+impl<S: KeyStore + ?Sized> KeyStore for TxMutant<S> {
+    async fn claim(&self, req: &ClaimRequest) -> StoreResult<ClaimOutcome> {
+        self.inner.claim(req).await
+    }
+    async fn heartbeat(&self, scope: &Scope, token: FencingToken, lease: Duration) -> StoreResult<Millis> {
+        self.inner.heartbeat(scope, token, lease).await
+    }
+    async fn complete(
+        &self,
+        scope: &Scope,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> StoreResult<()> {
+        self.inner.complete(scope, token, response).await
+    }
+    async fn release(&self, scope: &Scope, token: FencingToken) -> StoreResult<()> {
+        self.inner.release(scope, token).await
+    }
+    async fn release_discarding(&self, scope: &Scope, token: FencingToken) -> StoreResult<()> {
+        self.inner.release_discarding(scope, token).await
+    }
+    async fn abandon(&self, scope: &Scope, token: FencingToken, error: &str) -> StoreResult<()> {
+        self.inner.abandon(scope, token, error).await
+    }
+    async fn get(&self, scope: &Scope) -> StoreResult<Option<Record>> {
+        self.inner.get(scope).await
+    }
+    fn now(&self) -> Millis {
+        self.inner.now()
+    }
+    fn notifies_changes(&self) -> bool {
+        self.inner.notifies_changes()
+    }
+    async fn advance(&self, scope: &Scope, token: FencingToken, update: &PhaseUpdate) -> StoreResult<()> {
+        self.inner.advance(scope, token, update).await
+    }
+    async fn park(&self, scope: &Scope, token: FencingToken, reason: &str) -> StoreResult<()> {
+        self.inner.park(scope, token, reason).await
+    }
+    async fn abandoned(&self, claimed_before: Millis, limit: usize) -> StoreResult<Vec<Record>> {
+        self.inner.abandoned(claimed_before, limit).await
+    }
+    async fn reap(&self, before: Millis) -> StoreResult<ReapReport> {
+        self.inner.reap(before).await
+    }
+    async fn review(&self, limit: usize) -> StoreResult<Vec<ReviewEntry>> {
+        self.inner.review(limit).await
+    }
+    async fn list(&self, filter: &ListFilter) -> StoreResult<Vec<Record>> {
+        self.inner.list(filter).await
+    }
+    async fn force_release(&self, scope: &Scope) -> StoreResult<bool> {
+        self.inner.force_release(scope).await
+    }
+    async fn discard_progress(&self, scope: &Scope) -> StoreResult<bool> {
+        self.inner.discard_progress(scope).await
+    }
+    async fn wait_for_change(&self, scope: &Scope, timeout: Duration) -> StoreResult<()> {
+        self.inner.wait_for_change(scope, timeout).await
+    }
+}
+
+#[async_trait]
+impl<S: TransactionalStore + ?Sized> TransactionalStore for TxMutant<S> {
+    type Tx = S::Tx;
+
+    async fn claim_in_tx(&self, req: &ClaimRequest) -> StoreResult<TxClaim<Self::Tx>> {
+        match self.mutation {
+            Some(Mutation::ClaimCommittedEarly | Mutation::CompletionOutsideTx) => {
+                // The claim commits on its own; the handler gets a fenced
+                // transaction opened after it.
+                match self.inner.claim(req).await? {
+                    ClaimOutcome::Claimed(lease) => {
+                        let tx = self.inner.begin_fenced(&req.scope, lease.token).await?;
+                        Ok(TxClaim::Claimed { lease, tx })
+                    }
+                    other => Ok(TxClaim::Other(other)),
+                }
+            }
+            _ => self.inner.claim_in_tx(req).await,
+        }
+    }
+    async fn begin_fenced(&self, scope: &Scope, token: FencingToken) -> StoreResult<Self::Tx> {
+        self.inner.begin_fenced(scope, token).await
+    }
+    async fn commit(&self, tx: Self::Tx) -> StoreResult<()> {
+        self.inner.commit(tx).await
+    }
+    async fn advance_in_tx(
+        &self,
+        tx: &mut Self::Tx,
+        scope: &Scope,
+        token: FencingToken,
+        update: &PhaseUpdate,
+    ) -> StoreResult<()> {
+        self.inner.advance_in_tx(tx, scope, token, update).await
+    }
+    async fn complete_in_tx(
+        &self,
+        tx: Self::Tx,
+        scope: &Scope,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> StoreResult<()> {
+        if self.mutation == Some(Mutation::CompletionOutsideTx) {
+            // The business write commits, then the completion is a write of its own.
+            self.inner.commit(tx).await?;
+            return self.inner.complete(scope, token, response).await;
+        }
+        self.inner.complete_in_tx(tx, scope, token, response).await
+    }
+    async fn rollback_tx(&self, tx: Self::Tx) {
+        if self.mutation == Some(Mutation::RollbackKeepsLock) {
+            let mut leaks = self.leaks.lock().unwrap_or_else(|p| p.into_inner());
+            if leaks.len() < MAX_LEAKS {
+                leaks.push(Box::new(tx));
+                return;
+            }
+        }
         self.inner.rollback_tx(tx).await
     }
 }

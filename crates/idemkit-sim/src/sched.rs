@@ -12,6 +12,7 @@
 //! ([`VirtualClock`]), so leases and windows age with it.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -188,6 +189,10 @@ struct Inner {
     dead: Vec<bool>,
     frozen: HashMap<usize, tokio::time::Instant>,
     outage: HashMap<usize, u32>,
+    /// Tasks of frozen instances waiting for the freeze to end.
+    frozen_sleepers: usize,
+    /// Whether store calls do real I/O (not the memory store).
+    real_io: bool,
     trace: Vec<String>,
     tracing: bool,
 }
@@ -242,6 +247,8 @@ impl Sched {
                 dead: Vec::new(),
                 frozen: HashMap::new(),
                 outage: HashMap::new(),
+                frozen_sleepers: 0,
+                real_io: true,
                 trace: Vec::new(),
                 tracing: std::env::var_os("IDEMKIT_SIM_TRACE").is_some(),
             }),
@@ -366,6 +373,89 @@ impl Sched {
         }
     }
 
+    /// The yield point before a call of `instance` (a store call or an
+    /// actor's own I/O): waits out a freeze of the instance, parks, and
+    /// returns the permit (a drawn freeze already waited out).
+    pub async fn before_call(&self, instance: usize, op: &'static str) -> Permit {
+        if let Some(until) = self.frozen_until(instance) {
+            self.sleep_frozen(until).await;
+        }
+        let permit = self.point(instance, Phase::Before, op).await;
+        if let Permit::Stall(_) = permit
+            && let Some(until) = self.frozen_until(instance)
+        {
+            self.sleep_frozen(until).await;
+        }
+        permit
+    }
+
+    /// A task of a frozen instance waits (virtual time) for the freeze to
+    /// end; it may hold a lock meanwhile (an open transaction), which is the
+    /// one case where a running call may wait on a sleeping task.
+    async fn sleep_frozen(&self, until: tokio::time::Instant) {
+        struct Sleeper<'a>(&'a Sched);
+        impl Drop for Sleeper<'_> {
+            fn drop(&mut self) {
+                self.0.lock().frozen_sleepers -= 1;
+            }
+        }
+        self.lock().frozen_sleepers += 1;
+        let _sleeper = Sleeper(self);
+        tokio::time::sleep_until(until).await;
+    }
+
+    /// How long (real time) the driver lets a running call go on, with
+    /// nothing else to release, before it lets virtual time move: briefly when
+    /// a task of a frozen instance sleeps (the call may wait on a lock it
+    /// holds, as it would on a paused process), otherwise long (the call is
+    /// plain slow I/O, and moving time under it would fire timers no real
+    /// process would see fire: a client's timeout during a 2 ms write).
+    pub fn io_patience(&self) -> Duration {
+        let g = self.lock();
+        if !g.real_io {
+            // A memory store call that does not return waits on a timer.
+            Duration::ZERO
+        } else if g.frozen_sleepers > 0 {
+            SLEEPING_LOCK_WAIT
+        } else {
+            SLOW_IO_LIMIT
+        }
+    }
+
+    /// Runs an actor's own network I/O (a single-step handler's business
+    /// write in the store's database) as a scheduled call of `instance`: a
+    /// yield point before it and after it, and counted as running I/O in
+    /// between, so the driver waits for its answer (real time) instead of
+    /// letting virtual time jump past timers while it is on the wire. Faults:
+    /// the database unavailable before the call, the reply lost after it
+    /// (both `Err(IoFault)`; the statement ran in the handler's transaction,
+    /// which the engine rolls back), a crash or a freeze of the instance.
+    pub async fn io<T>(
+        self: &Arc<Self>,
+        instance: usize,
+        op: &'static str,
+        fut: impl Future<Output = T>,
+    ) -> Result<T, IoFault> {
+        if self.before_call(instance, op).await == Permit::Unavailable {
+            return Err(IoFault);
+        }
+        let out = {
+            let _guard = self.enter_store(op);
+            fut.await
+        };
+        match self.point(instance, Phase::After, op).await {
+            Permit::LoseReply => Err(IoFault),
+            _ => Ok(out),
+        }
+    }
+
+    /// Tells the scheduler whether store calls do real I/O: on the memory
+    /// store they never do, so a call that does not return waits on a timer
+    /// and the driver need not wait real time for it.
+    pub fn set_real_io(&self, real: bool) {
+        self.lock().real_io = real;
+    }
+
     /// Marks a store call as running (until the guard drops).
     pub fn enter_store(self: &Arc<Self>, op: &'static str) -> StoreGuard {
         let mut g = self.lock();
@@ -387,7 +477,7 @@ impl Sched {
             tokio::task::yield_now().await;
             let (progress, in_store) = {
                 let g = self.lock();
-                (g.progress, g.in_store)
+                (g.progress, if g.real_io { g.in_store } else { 0 })
             };
             if progress != last {
                 last = progress;
@@ -515,7 +605,7 @@ impl Sched {
                 // transactions.
                 let in_tx = matches!(
                     p.op,
-                    "advance_in_tx" | "commit" | "complete_in_tx" | "rollback_tx"
+                    "advance_in_tx" | "commit" | "complete_in_tx" | "rollback_tx" | "business_write"
                 );
                 if !in_tx && g.rng.chance(f.stall) {
                     g.faults_injected += 1;
@@ -552,9 +642,24 @@ impl Sched {
         }
     }
 
+    /// The calls running right now (for debugging output).
+    pub fn running(&self) -> Vec<&'static str> {
+        self.lock().running.clone()
+    }
+
     /// Whether a store call is running.
     pub fn in_store(&self) -> bool {
         self.lock().in_store > 0
+    }
+}
+
+/// An actor's I/O failed by an injected fault (see [`Sched::io`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IoFault;
+
+impl std::fmt::Display for IoFault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("simulated: the database was unavailable or its reply was lost")
     }
 }
 
@@ -566,6 +671,12 @@ pub const LOCK_WAIT: Duration = Duration::from_millis(40);
 /// to release, before the scheduler lets virtual time move (the call waits on
 /// a lock held by a sleeping task).
 pub const SLEEPING_LOCK_WAIT: Duration = Duration::from_millis(250);
+
+/// How long (real time) a running call may take, with nothing else to
+/// release and no frozen task that could hold the lock it waits on, before
+/// the driver lets virtual time move anyway (a safety valve: the call may be
+/// waiting on something the scheduler does not see).
+pub const SLOW_IO_LIMIT: Duration = Duration::from_secs(5);
 
 /// The panic message of a crashed instance's calls.
 pub const CRASHED: &str = "simulated crash: this instance's process is gone";

@@ -139,17 +139,8 @@ impl<S: ?Sized> Instrumented<S> {
     where
         F: Future<Output = StoreResult<T>>,
     {
-        if let Some(until) = self.sched.frozen_until(self.instance) {
-            tokio::time::sleep_until(until).await;
-        }
-        match self.sched.point(self.instance, Phase::Before, op).await {
-            Permit::Unavailable => return Err(unavailable()),
-            Permit::Stall(_) => {
-                if let Some(until) = self.sched.frozen_until(self.instance) {
-                    tokio::time::sleep_until(until).await;
-                }
-            }
-            Permit::Go | Permit::LoseReply => {}
+        if self.sched.before_call(self.instance, op).await == Permit::Unavailable {
+            return Err(unavailable());
         }
         let started = tokio::time::Instant::now();
         let result = {

@@ -26,7 +26,7 @@ use idemkit_tower::{
 use tower::ServiceExt;
 
 use crate::check::{self, Answer, Violation};
-use crate::mutants::{Mutant, Mutation};
+use crate::mutants::{Leaks, Mutant, Mutation, TxMutant};
 use crate::sched::{Faults, Sched, SchedStats, Strategy, VirtualClock};
 use crate::store::{Instrumented, Log, MemTx};
 
@@ -123,6 +123,12 @@ pub struct Spec {
 }
 
 impl Spec {
+    /// Whether its route is single-step (the claim, the business write and
+    /// the answer in one transaction).
+    pub fn single_step(&self) -> bool {
+        self.path == "/order"
+    }
+
     /// Its scope.
     pub fn scope(&self) -> Scope {
         Scope::new(
@@ -316,41 +322,54 @@ async fn pay<St: TransactionalStore>(
         .await
 }
 
-/// The single-step handler: its business write is a row in the store's own
-/// SQLite database, committed with the claim and the answer.
-async fn order(mut tx: Tx<SqliteTx>, shared: State<Arc<Shared>>, body: Bytes) -> Response {
-    let item = item_of(&body);
-    maybe_panic(&shared);
-    let id: Result<i64, _> = sqlx::query_scalar("INSERT INTO sim_orders (item) VALUES (?1) RETURNING id")
-        .bind(&item)
-        .fetch_one(&mut **tx)
-        .await;
+/// What a single-step handler needs: the scheduler (faults, and its business
+/// write as a scheduled call) and which instance runs it.
+#[derive(Clone)]
+struct OrderState {
+    shared: Arc<Shared>,
+    instance: usize,
+}
+
+/// The answer of a single-step handler once its business write ran (or failed).
+fn order_answer<E: std::fmt::Display>(
+    item: String,
+    id: Result<Result<i64, E>, crate::sched::IoFault>,
+) -> Response {
     match id {
-        Ok(id) => (
+        Ok(Ok(id)) => (
             StatusCode::CREATED,
             axum::Json(serde_json::json!({ "item": item, "row": id })),
         )
             .into_response(),
-        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+        Ok(Err(e)) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response(),
     }
 }
 
-/// The single-step handler on PostgreSQL.
-async fn order_pg(mut tx: Tx<PgTx>, shared: State<Arc<Shared>>, body: Bytes) -> Response {
+/// The single-step handler: its business write is a row in the store's own
+/// SQLite database, committed with the claim and the answer. The write is
+/// network (or worker-thread) I/O outside the store's calls, so it runs as a
+/// scheduled call ([`Sched::io`]): the driver waits for it rather than let
+/// virtual time run on while it is on the wire.
+async fn order(mut tx: Tx<SqliteTx>, State(st): State<OrderState>, body: Bytes) -> Response {
     let item = item_of(&body);
-    maybe_panic(&shared);
-    let id: Result<i64, _> = sqlx::query_scalar("INSERT INTO sim_orders (item) VALUES ($1) RETURNING id")
+    maybe_panic(&st.shared);
+    let insert = sqlx::query_scalar::<_, i64>("INSERT INTO sim_orders (item) VALUES (?1) RETURNING id")
         .bind(&item)
-        .fetch_one(&mut **tx)
-        .await;
-    match id {
-        Ok(id) => (
-            StatusCode::CREATED,
-            axum::Json(serde_json::json!({ "item": item, "row": id })),
-        )
-            .into_response(),
-        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
-    }
+        .fetch_one(&mut **tx);
+    let id = st.shared.sched.io(st.instance, "business_write", insert).await;
+    order_answer(item, id)
+}
+
+/// The single-step handler on PostgreSQL.
+async fn order_pg(mut tx: Tx<PgTx>, State(st): State<OrderState>, body: Bytes) -> Response {
+    let item = item_of(&body);
+    maybe_panic(&st.shared);
+    let insert = sqlx::query_scalar::<_, i64>("INSERT INTO sim_orders (item) VALUES ($1) RETURNING id")
+        .bind(&item)
+        .fetch_one(&mut **tx);
+    let id = st.shared.sched.io(st.instance, "business_write", insert).await;
+    order_answer(item, id)
 }
 
 /// The store of a schedule, below the instances' handles.
@@ -394,6 +413,8 @@ struct World {
     answers: Mutex<Vec<Answer>>,
     restarts: Mutex<u64>,
     mutation: Option<Mutation>,
+    /// Transactions a planted defect kept open.
+    leaks: Leaks,
 }
 
 impl World {
@@ -449,13 +470,20 @@ impl World {
                     .layer(lease_layer(handle.clone()));
                 let order_app = Router::new()
                     .route("/order", post(order))
-                    .with_state(self.shared.clone())
+                    .with_state(OrderState {
+                        shared: self.shared.clone(),
+                        instance: id,
+                    })
                     .layer(
-                        IdempotencyLayer::transactional(handle.clone())
-                            .policy(policy())
-                            .resolver(BearerTokenAccount)
-                            .build()
-                            .expect("a valid layer"),
+                        IdempotencyLayer::transactional(Arc::new(TxMutant::new(
+                            handle.clone(),
+                            self.mutation,
+                            self.leaks.clone(),
+                        )))
+                        .policy(policy())
+                        .resolver(BearerTokenAccount)
+                        .build()
+                        .expect("a valid layer"),
                     );
                 Instance {
                     id,
@@ -506,13 +534,20 @@ impl World {
                     .layer(lease_layer(handle.clone()));
                 let order_app = Router::new()
                     .route("/order", post(order_pg))
-                    .with_state(self.shared.clone())
+                    .with_state(OrderState {
+                        shared: self.shared.clone(),
+                        instance: id,
+                    })
                     .layer(
-                        IdempotencyLayer::transactional(handle.clone())
-                            .policy(policy())
-                            .resolver(BearerTokenAccount)
-                            .build()
-                            .expect("a valid layer"),
+                        IdempotencyLayer::transactional(Arc::new(TxMutant::new(
+                            handle.clone(),
+                            self.mutation,
+                            self.leaks.clone(),
+                        )))
+                        .policy(policy())
+                        .resolver(BearerTokenAccount)
+                        .build()
+                        .expect("a valid layer"),
                     );
                 Instance {
                     id,
@@ -661,9 +696,16 @@ async fn drive(sched: &Sched, done: impl Fn() -> bool, horizon: Duration) -> Res
             // I/O does not let timers fire early.
             if sched.in_store() {
                 let since = *waiting_since.get_or_insert_with(std::time::Instant::now);
-                if since.elapsed() < crate::sched::SLEEPING_LOCK_WAIT {
+                if since.elapsed() < sched.io_patience() {
                     std::thread::yield_now();
                     continue;
+                }
+                if std::env::var_os("IDEMKIT_SIM_DEBUG").is_some() {
+                    eprintln!(
+                        "sim-debug: virtual time moves under a running call after {:?}: {:?}",
+                        since.elapsed(),
+                        sched.running()
+                    );
                 }
             }
             waiting_since = None;
@@ -803,6 +845,7 @@ async fn run_inner(config: &Config) -> Outcome {
     tokio::time::pause();
     let clock = VirtualClock::new(Millis(1_700_000_000_000), 0);
     let sched = Sched::new(config.seed, config.strategy, config.faults);
+    sched.set_real_io(config.store != StoreKind::Memory);
     let log: Log = Arc::default();
     let backing = match (sqlite, postgres) {
         (None, None) if redis.is_some() => {
@@ -825,7 +868,13 @@ async fn run_inner(config: &Config) -> Outcome {
             schema,
         },
         (None, None) => {
-            let base: Arc<dyn KeyStore> = Arc::new(MemoryStore::with_clock(Arc::new(clock.clone())));
+            let base: Arc<dyn KeyStore> = match config.mutation {
+                Some(Mutation::Testkit(m)) => Arc::new(idemkit_testkit::mutants::MutantStore::with_clock(
+                    m,
+                    Arc::new(clock.clone()),
+                )),
+                _ => Arc::new(MemoryStore::with_clock(Arc::new(clock.clone()))),
+            };
             let m: Arc<Mutant<dyn KeyStore>> = Arc::new(Mutant::new(base, config.mutation));
             Backing::Memory(m)
         }
@@ -852,6 +901,7 @@ async fn run_inner(config: &Config) -> Outcome {
         answers: Mutex::default(),
         restarts: Mutex::new(0),
         mutation: config.mutation,
+        leaks: Leaks::default(),
     });
     let first: Vec<Instance> = (0..config.instances.max(1)).map(|s| world.instance(s)).collect();
     *world.instances.lock().unwrap_or_else(|p| p.into_inner()) = first;
@@ -877,6 +927,13 @@ async fn run_inner(config: &Config) -> Outcome {
     // handler that panics every time gets before it is parked (the policy's
     // bound), so liveness means "settled within that bound".
     sched.note(|| format!("clients done at +{:?}", clock_elapsed(&world.clock)));
+    // Single-step: every attempt's transaction has ended (committed or rolled
+    // back) once its client is done, so no single-step key is held.
+    let held = {
+        let (raw, specs) = (world.raw.clone(), specs.clone());
+        busy_wait(async move { check::single_step_free(&raw, &specs).await }).await
+    };
+    violations.extend(held);
     sched.set_faults(false);
     // The jobs and the operator stop (one on a crashed instance never returns).
     for b in &background {
@@ -954,6 +1011,9 @@ async fn run_inner(config: &Config) -> Outcome {
     }
     let stats = sched.stats();
     let trace = sched.trace();
+    // Kept-open transactions end before the store is cleaned up (a dropped
+    // one rolls back on its connection's next use or return to the pool).
+    world.leaks.lock().unwrap_or_else(|p| p.into_inner()).clear();
     match &world.backing {
         Backing::Sqlite { path, .. } => {
             for suffix in ["", "-wal", "-shm"] {
@@ -982,5 +1042,109 @@ async fn run_inner(config: &Config) -> Outcome {
         stats,
         violations,
         trace,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Write};
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use super::*;
+
+    /// A real network round trip that takes `ms` of real time: a thread on
+    /// the other end answers a byte after sleeping.
+    async fn slow_round_trip(ms: u64) -> std::io::Result<()> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+        let addr = listener.local_addr()?;
+        std::thread::spawn(move || {
+            if let Ok((mut s, _)) = listener.accept() {
+                let mut b = [0u8; 1];
+                let _ = s.read_exact(&mut b);
+                std::thread::sleep(Duration::from_millis(ms));
+                let _ = s.write_all(&b);
+            }
+        });
+        let mut s = tokio::net::TcpStream::connect(addr).await?;
+        s.write_all(b"x").await?;
+        let mut b = [0u8; 1];
+        s.read_exact(&mut b).await?;
+        Ok(())
+    }
+
+    /// Whether a 1 s timer of virtual time fired while an actor's 50 ms
+    /// round trip was on the wire, with the round trip run as a scheduled
+    /// call (`scheduled`) or bare.
+    fn timer_fired_during_io(scheduled: bool) -> bool {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        rt.block_on(async move {
+            tokio::time::pause();
+            let sched = Sched::new(1, Strategy::Random, Faults::NONE);
+            let instance = sched.new_instance();
+            let fired = Arc::new(AtomicBool::new(false));
+            let timer = {
+                let fired = fired.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    fired.store(true, Ordering::SeqCst);
+                })
+            };
+            let actor = {
+                let (sched, fired) = (sched.clone(), fired.clone());
+                tokio::spawn(async move {
+                    if scheduled {
+                        let r = sched.io(instance, "business_write", slow_round_trip(50)).await;
+                        r.expect("no faults").expect("the round trip");
+                    } else {
+                        slow_round_trip(50).await.expect("the round trip");
+                    }
+                    fired.load(Ordering::SeqCst)
+                })
+            };
+            let handles = [actor];
+            let driven = drive(
+                &sched,
+                || handles.iter().all(|h| h.is_finished()),
+                Duration::from_secs(60),
+            )
+            .await;
+            timer.abort();
+            let [actor] = handles;
+            match driven {
+                Ok(()) => actor.await.expect("the actor"),
+                // The driver's whole horizon of virtual time passed under the I/O.
+                Err(_) => {
+                    actor.abort();
+                    true
+                }
+            }
+        })
+    }
+
+    /// The PostgreSQL `Stuck: request a2 ... answers 0` finding: a
+    /// single-step handler's business write is network I/O outside the store's
+    /// calls; the driver saw nothing running, let paused time jump to the next
+    /// timer while the write was on the wire, and the final request's 60 s
+    /// timeout fired during a 2 ms INSERT. Run as a scheduled call, the driver
+    /// waits for it.
+    #[test]
+    fn the_driver_waits_for_an_actors_io_before_moving_time() {
+        assert!(
+            !timer_fired_during_io(true),
+            "a timer of virtual time fired while a scheduled call was on the wire"
+        );
+    }
+
+    /// The hazard the test above guards against is real: bare I/O lets time jump.
+    #[test]
+    fn bare_io_lets_virtual_time_jump() {
+        assert!(
+            timer_fired_during_io(false),
+            "virtual time did not move under bare I/O: the test above proves nothing"
+        );
     }
 }

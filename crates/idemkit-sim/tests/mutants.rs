@@ -281,3 +281,84 @@ fn generation_reset_redis() {
         assert_caught(StoreKind::Redis, Mutation::GenerationResetOnTakeover, 300);
     }
 }
+
+#[test]
+fn replay_window_mismeasured_memory() {
+    assert_caught(StoreKind::Memory, Mutation::ReplayWindowMismeasured, 100);
+}
+
+#[test]
+fn replay_window_mismeasured_sqlite() {
+    assert_caught(StoreKind::Sqlite, Mutation::ReplayWindowMismeasured, 40);
+}
+
+#[test]
+fn claim_committed_early_sqlite() {
+    assert_caught(StoreKind::Sqlite, Mutation::ClaimCommittedEarly, 80);
+}
+
+#[test]
+fn claim_committed_early_postgres() {
+    if postgres() {
+        assert_caught(StoreKind::Postgres, Mutation::ClaimCommittedEarly, 80);
+    }
+}
+
+#[test]
+fn completion_outside_tx_sqlite() {
+    assert_caught(StoreKind::Sqlite, Mutation::CompletionOutsideTx, 150);
+}
+
+#[test]
+fn completion_outside_tx_postgres() {
+    if postgres() {
+        assert_caught(StoreKind::Postgres, Mutation::CompletionOutsideTx, 150);
+    }
+}
+
+#[test]
+fn rollback_keeps_lock_postgres() {
+    if postgres() {
+        assert_caught(StoreKind::Postgres, Mutation::RollbackKeepsLock, 80);
+    }
+}
+
+/// The testkit's `MutantStore` defects, each the memory store of the
+/// simulation. Five are caught (below); five are not, for reasons recorded in
+/// docs/decisions.md: `RestartAfterWindow` and `ReaperDeletesUnfinished` need
+/// virtual time past the 600 s window and reap threshold, which no schedule
+/// crosses; `ReleaseWipesProgress` and `AbandonKeepsToken` are unreachable
+/// from the shipped engine (it never releases a record with progress, and it
+/// stops its heartbeat before it abandons); `ResumeIgnoresToken` needs an
+/// operator release between the completer's listing and its resume, which the
+/// budget did not reach.
+fn testkit(m: idemkit_sim::mutants::TestkitMutation, budget: u64) {
+    assert_caught(StoreKind::Memory, Mutation::Testkit(m), budget);
+}
+
+use idemkit_sim::mutants::TestkitMutation as T;
+
+#[test]
+fn testkit_no_fencing() {
+    testkit(T::NoFencing, 400);
+}
+
+#[test]
+fn testkit_tokens_do_not_rise() {
+    testkit(T::TokensDoNotRise, 400);
+}
+
+#[test]
+fn testkit_check_then_insert() {
+    testkit(T::CheckThenInsert, 400);
+}
+
+#[test]
+fn testkit_takeover_ignores_state() {
+    testkit(T::TakeoverIgnoresState, 400);
+}
+
+#[test]
+fn testkit_takeover_ignores_lease() {
+    testkit(T::TakeoverIgnoresLease, 400);
+}

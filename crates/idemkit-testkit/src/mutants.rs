@@ -80,6 +80,11 @@ pub struct MutantStore {
 impl MutantStore {
     /// A fresh mutant on the given clock.
     pub fn new(mutation: Mutation, clock: Arc<ManualClock>) -> Self {
+        Self::with_clock(mutation, clock)
+    }
+
+    /// A fresh mutant on any clock (the simulator's virtual one).
+    pub fn with_clock(mutation: Mutation, clock: Arc<dyn idemkit_core::Clock>) -> Self {
         Self {
             inner: MemoryStore::with_clock(clock),
             mutation,
