@@ -30,7 +30,7 @@ use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::Router;
 use axum::extract::{FromRequestParts, State};
@@ -40,6 +40,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use idemkit_core::{ErrorCode, KeyStore, Policy};
 use idemkit_postgres::{PgConfig, PgStore, PgTx};
+use idemkit_redis::{RedisConfig, RedisStore};
 use idemkit_sqlite::{SqliteStore, SqliteTx};
 use idemkit_testkit::MemoryStore;
 use idemkit_tower::{BearerTokenAccount, IdempotencyContext, IdempotencyLayer, Json, ProblemResponse, Tx};
@@ -47,6 +48,7 @@ use serde::{Deserialize, Serialize};
 use tokio::runtime::Handle;
 
 mod handlers;
+mod load;
 mod setups;
 
 use handlers::*;
@@ -70,7 +72,9 @@ fn scale(setup: &Setup) -> usize {
 }
 const CONCURRENCY: usize = 16;
 const SERVER_WORKERS: usize = 2;
-const CLIENT_WORKERS: usize = 2;
+const CLIENT_WORKERS: usize = 1;
+/// Threads of the load generator's process (as `wrk -t2`).
+const LOAD_WORKERS: usize = 2;
 const BODY: &str = r#"{"sku":"BENCH-1","quantity":2}"#;
 
 fn requests() -> usize {
@@ -81,54 +85,47 @@ fn requests() -> usize {
         .unwrap_or(3000)
 }
 
-/// Sends `n` requests with the keys `{tag}-{task}-{i}` from `CONCURRENCY` tasks
-/// over the setup's keep-alive pool; every answer must be `201`, and carry the
-/// setup's replay marker exactly when `replay`. Returns requests per second.
+/// Sends `n` requests with the keys `{tag}-{connection}-{i}` over `CONCURRENCY`
+/// keep-alive connections, from a load generator in a child process (see
+/// `load.rs`); every answer must be `201` and carry the setup's replay marker
+/// exactly when `replay`. Returns requests per second, as the generator timed them.
 async fn drive(setup: &Setup, n: usize, tag: &str, replay: bool) -> f64 {
-    let started = Instant::now();
-    let tasks: Vec<_> = (0..CONCURRENCY)
-        .map(|t| {
-            let per_task = n / CONCURRENCY + usize::from(t < n % CONCURRENCY);
-            let client = setup.client.clone();
-            let url = setup.url.clone();
-            let cookie = setup.cookies.get(t).cloned();
-            let marker = setup.replay_marker;
-            let tag = tag.to_owned();
-            let name = setup.name;
-            tokio::spawn(async move {
-                for i in 0..per_task {
-                    let mut req = client
-                        .post(&url)
-                        .header("authorization", "Bearer bench")
-                        .header("idempotency-key", format!("{tag}-{t}-{i}"))
-                        .header("content-type", "application/json")
-                        .body(BODY);
-                    if let Some(cookie) = &cookie {
-                        req = req.header(header::COOKIE, cookie);
-                    }
-                    let res = req.send().await.unwrap();
-                    let status = res.status();
-                    let replayed = marker
-                        .and_then(|m| res.headers().get(m))
-                        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true"));
-                    let body = res.bytes().await.unwrap();
-                    assert_eq!(
-                        status,
-                        StatusCode::CREATED,
-                        "{name}: {}",
-                        String::from_utf8_lossy(&body)
-                    );
-                    if marker.is_some() {
-                        assert_eq!(replayed, replay, "{name}: replay marker on {tag}-{t}-{i}");
-                    }
-                }
-            })
-        })
-        .collect();
-    for t in tasks {
-        t.await.unwrap();
+    let addr = setup
+        .url
+        .trim_start_matches("http://")
+        .split('/')
+        .next()
+        .unwrap()
+        .to_owned();
+    let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+    cmd.args(["load", "--addr", &addr, "--path", "/orders", "--body", BODY, "--tag", tag]);
+    cmd.args(["--connections", &CONCURRENCY.to_string(), "--requests", &n.to_string()]);
+    if let Some(m) = setup.replay_marker {
+        cmd.args(["--marker", m]);
     }
-    n as f64 / started.elapsed().as_secs_f64()
+    for c in &setup.cookies {
+        cmd.args(["--cookie", c]);
+    }
+    let out = tokio::task::spawn_blocking(move || cmd.output().unwrap())
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}: the load generator failed: {}",
+        setup.name,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let res = load::LoadResult::parse(String::from_utf8_lossy(&out.stdout).trim());
+    assert_eq!(res.count(201), n, "{}: statuses {:?}", setup.name, res.statuses);
+    if setup.replay_marker.is_some() {
+        assert_eq!(
+            res.replayed,
+            if replay { n } else { 0 },
+            "{}: replay markers on {tag} (replay: {replay})",
+            setup.name
+        );
+    }
+    n as f64 / res.seconds
 }
 
 fn median(v: &[f64]) -> f64 {
@@ -148,10 +145,13 @@ fn per_round(v: &[f64]) -> String {
         .join(" / ")
 }
 
-async fn run(server: Handle) {
+async fn run(server: Handle, serve: bool) {
     let n = requests();
     let warm = (n / 4).max(CONCURRENCY);
     let pg_url = std::env::var("IDEMKIT_TEST_POSTGRES_URL")
+        .ok()
+        .filter(|u| !u.is_empty());
+    let redis_url = std::env::var("IDEMKIT_TEST_REDIS_URL")
         .ok()
         .filter(|u| !u.is_empty());
     let stamp = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs();
@@ -163,7 +163,8 @@ async fn run(server: Handle) {
     println!(
         "  {n} requests per setup per round ({MEMORY_SCALE}x for the memory setups) in {SLICES} interleaved slices \
          (+{warm} warm-up), {ROUNDS} rounds, \
-         {CONCURRENCY} client tasks ({CLIENT_WORKERS} client threads), servers on {SERVER_WORKERS} worker threads"
+         {CONCURRENCY} keep-alive connections from a load generator in its own process ({LOAD_WORKERS} threads), \
+         servers on {SERVER_WORKERS} worker threads"
     );
 
     let mut setups = Vec::new();
@@ -297,6 +298,38 @@ async fn run(server: Handle) {
         .await,
     );
 
+    // (6b) idemkit lease mode on Redis (a fresh key prefix for this run).
+    let redis_prefix = format!("bench_peers_{run_id}:");
+    if let Some(url) = redis_url.clone() {
+        let ids = Arc::new(AtomicU64::new(0));
+        let s = ids.clone();
+        let prefix = redis_prefix.clone();
+        setups.push(
+            setup(
+                &server,
+                "idemkit lease, Redis",
+                Family::Memory,
+                Some("idempotent-replayed"),
+                Runs::Memory(ids),
+                Box::pin(async move {
+                    let store = RedisStore::connect_with(&url, RedisConfig::default().with_prefix(prefix))
+                        .await
+                        .unwrap();
+                    let store: Arc<dyn KeyStore> = Arc::new(store);
+                    let layer = IdempotencyLayer::builder(store)
+                        .policy(Policy::new())
+                        .resolver(BearerTokenAccount)
+                        .build()
+                        .unwrap_or_else(|e| layer_err(e));
+                    Router::new()
+                        .route("/orders", post(create_order_memory).layer(layer))
+                        .with_state(s)
+                }),
+            )
+            .await,
+        );
+    }
+
     // (7) `idempotent` 2.x: its Tower layer on its in-memory store, keys scoped by
     // the bearer token (as idemkit scopes them by account).
     let ids = Arc::new(AtomicU64::new(0));
@@ -365,6 +398,21 @@ async fn run(server: Handle) {
     if let Some(only) = std::env::var("IDEMKIT_BENCH_ONLY").ok().filter(|o| !o.is_empty()) {
         setups.retain(|s| s.name.contains(&only));
         assert!(!setups.is_empty(), "IDEMKIT_BENCH_ONLY={only} matches no setup");
+    }
+
+    // `serve`: only serve the setups, for an independent load generator (`wrk`,
+    // see `wrk-check.sh`), until standard input closes; then clean up.
+    if serve {
+        for s in &setups {
+            println!("serve\t{}\t{}", s.name, s.url);
+        }
+        println!("ready");
+        tokio::task::spawn_blocking(|| std::io::copy(&mut std::io::stdin(), &mut std::io::sink()))
+            .await
+            .unwrap()
+            .unwrap();
+        cleanup(&server, pg_url, schemas, redis_url, redis_prefix, &dir).await;
+        return;
     }
 
     // Warm every setup (connection pools, allocator, page cache), replays included.
@@ -491,14 +539,62 @@ async fn run(server: Handle) {
             if ok { "ok" } else { "MISMATCH" }
         );
     }
+    if redis_url.is_none() {
+        println!("(set IDEMKIT_TEST_REDIS_URL to include idemkit on Redis)");
+    }
     if pg_url.is_none() {
         println!("(set IDEMKIT_TEST_POSTGRES_URL to include the PostgreSQL pair)");
     }
     println!("only the ratios compare: absolute req/s depend on this machine and its load");
 
-    // Clean up: drop this run's schemas and SQLite files.
+    cleanup(&server, pg_url, schemas, redis_url, redis_prefix, &dir).await;
+    assert!(
+        all_ok,
+        "a setup ran its handler more or less often than once per key"
+    );
+}
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    if args.next().as_deref() == Some("load") {
+        let load = load::LoadArgs::parse(args);
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(LOAD_WORKERS)
+            .enable_all()
+            .build()
+            .unwrap();
+        println!("{}", rt.block_on(load::run(load)).line());
+        return;
+    }
+    let server = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(SERVER_WORKERS)
+        .thread_name("server")
+        .enable_all()
+        .build()
+        .unwrap();
+    let client = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(CLIENT_WORKERS)
+        .thread_name("client")
+        .enable_all()
+        .build()
+        .unwrap();
+    let serve = std::env::args().nth(1).as_deref() == Some("serve");
+    client.block_on(run(server.handle().clone(), serve));
+    drop(client);
+    server.shutdown_timeout(Duration::from_secs(2));
+}
+
+/// Drops this run's PostgreSQL schemas, Redis keys and SQLite files.
+async fn cleanup(
+    server: &Handle,
+    pg_url: Option<String>,
+    schemas: Vec<String>,
+    redis_url: Option<String>,
+    redis_prefix: String,
+    dir: &std::path::Path,
+) {
     if let Some(url) = pg_url {
-        let dropped = schemas.clone();
+        let dropped = schemas;
         server
             .spawn(async move {
                 let pool = sqlx::PgPool::connect(&url).await.unwrap();
@@ -516,27 +612,19 @@ async fn run(server: Handle) {
             .await
             .unwrap();
     }
-    let _ = std::fs::remove_dir_all(&dir);
-    assert!(
-        all_ok,
-        "a setup ran its handler more or less often than once per key"
-    );
-}
-
-fn main() {
-    let server = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(SERVER_WORKERS)
-        .thread_name("server")
-        .enable_all()
-        .build()
-        .unwrap();
-    let client = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(CLIENT_WORKERS)
-        .thread_name("client")
-        .enable_all()
-        .build()
-        .unwrap();
-    client.block_on(run(server.handle().clone()));
-    drop(client);
-    server.shutdown_timeout(Duration::from_secs(2));
+    if let Some(url) = redis_url {
+        let pattern = format!("{redis_prefix}*");
+        server
+            .spawn(async move {
+                let client = redis::Client::open(url).unwrap();
+                let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+                let keys: Vec<String> = redis::cmd("KEYS").arg(&pattern).query_async(&mut conn).await.unwrap();
+                for chunk in keys.chunks(1000) {
+                    let _: () = redis::cmd("DEL").arg(chunk).query_async(&mut conn).await.unwrap();
+                }
+            })
+            .await
+            .unwrap();
+    }
+    let _ = std::fs::remove_dir_all(dir);
 }
