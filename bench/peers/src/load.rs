@@ -84,7 +84,9 @@ impl LoadResult {
     pub(crate) fn parse(line: &str) -> Self {
         let mut out = Self::default();
         for field in line.split_whitespace() {
-            let (k, v) = field.split_once('=').unwrap_or_else(|| panic!("bad field {field}"));
+            let (k, v) = field
+                .split_once('=')
+                .unwrap_or_else(|| panic!("bad field {field}"));
             match k {
                 "sent" => out.sent = v.parse().unwrap(),
                 "seconds" => out.seconds = v.parse().unwrap(),
@@ -103,7 +105,10 @@ impl LoadResult {
 
     /// How many answers had `status`.
     pub(crate) fn count(&self, status: u16) -> usize {
-        self.statuses.iter().find(|(s, _)| *s == status).map_or(0, |(_, n)| *n)
+        self.statuses
+            .iter()
+            .find(|(s, _)| *s == status)
+            .map_or(0, |(_, n)| *n)
     }
 }
 

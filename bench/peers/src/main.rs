@@ -85,6 +85,18 @@ fn requests() -> usize {
         .unwrap_or(3000)
 }
 
+/// Handler 5 behind idemkit's lease-mode layer on `store` (setups 6 and 6b).
+fn lease_router(store: Arc<dyn KeyStore>, ids: Arc<AtomicU64>) -> Router {
+    let layer = IdempotencyLayer::builder(store)
+        .policy(Policy::new())
+        .resolver(BearerTokenAccount)
+        .build()
+        .unwrap_or_else(|e| layer_err(e));
+    Router::new()
+        .route("/orders", post(create_order_memory).layer(layer))
+        .with_state(ids)
+}
+
 /// Sends `n` requests with the keys `{tag}-{connection}-{i}` over `CONCURRENCY`
 /// keep-alive connections, from a load generator in a child process (see
 /// `load.rs`); every answer must be `201` and carry the setup's replay marker
@@ -98,8 +110,15 @@ async fn drive(setup: &Setup, n: usize, tag: &str, replay: bool) -> f64 {
         .unwrap()
         .to_owned();
     let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
-    cmd.args(["load", "--addr", &addr, "--path", "/orders", "--body", BODY, "--tag", tag]);
-    cmd.args(["--connections", &CONCURRENCY.to_string(), "--requests", &n.to_string()]);
+    cmd.args([
+        "load", "--addr", &addr, "--path", "/orders", "--body", BODY, "--tag", tag,
+    ]);
+    cmd.args([
+        "--connections",
+        &CONCURRENCY.to_string(),
+        "--requests",
+        &n.to_string(),
+    ]);
     if let Some(m) = setup.replay_marker {
         cmd.args(["--marker", m]);
     }
@@ -283,17 +302,7 @@ async fn run(server: Handle, serve: bool) {
             Family::Memory,
             Some("idempotent-replayed"),
             Runs::Memory(ids),
-            Box::pin(async move {
-                let store: Arc<dyn KeyStore> = Arc::new(MemoryStore::new());
-                let layer = IdempotencyLayer::builder(store)
-                    .policy(Policy::new())
-                    .resolver(BearerTokenAccount)
-                    .build()
-                    .unwrap_or_else(|e| layer_err(e));
-                Router::new()
-                    .route("/orders", post(create_order_memory).layer(layer))
-                    .with_state(s)
-            }),
+            Box::pin(async move { lease_router(Arc::new(MemoryStore::new()), s) }),
         )
         .await,
     );
@@ -315,15 +324,7 @@ async fn run(server: Handle, serve: bool) {
                     let store = RedisStore::connect_with(&url, RedisConfig::default().with_prefix(prefix))
                         .await
                         .unwrap();
-                    let store: Arc<dyn KeyStore> = Arc::new(store);
-                    let layer = IdempotencyLayer::builder(store)
-                        .policy(Policy::new())
-                        .resolver(BearerTokenAccount)
-                        .build()
-                        .unwrap_or_else(|e| layer_err(e));
-                    Router::new()
-                        .route("/orders", post(create_order_memory).layer(layer))
-                        .with_state(s)
+                    lease_router(Arc::new(store), s)
                 }),
             )
             .await,
@@ -618,7 +619,11 @@ async fn cleanup(
             .spawn(async move {
                 let client = redis::Client::open(url).unwrap();
                 let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-                let keys: Vec<String> = redis::cmd("KEYS").arg(&pattern).query_async(&mut conn).await.unwrap();
+                let keys: Vec<String> = redis::cmd("KEYS")
+                    .arg(&pattern)
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
                 for chunk in keys.chunks(1000) {
                     let _: () = redis::cmd("DEL").arg(chunk).query_async(&mut conn).await.unwrap();
                 }

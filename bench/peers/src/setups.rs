@@ -172,9 +172,7 @@ pub(crate) async fn sqlite_store(server: &Handle, path: PathBuf) -> (Arc<SqliteS
 pub(crate) async fn pg_store(server: &Handle, url: String, schema: String) -> Arc<PgStore> {
     server
         .spawn(async move {
-            let config = PgConfig::default()
-                .with_schema(schema)
-                .with_max_connections(8);
+            let config = PgConfig::default().with_schema(schema).with_max_connections(8);
             let store = PgStore::connect_with(&url, config).await.unwrap();
             // The pool's search_path puts this in the fresh schema.
             sqlx::query(PG_ORDERS).execute(store.pool()).await.unwrap();
