@@ -205,40 +205,46 @@ pub async fn safety(
     store: &Arc<dyn KeyStore>,
 ) -> Vec<Violation> {
     let mut out = Vec::new();
-    let discarded: HashSet<_> = events
-        .iter()
-        .filter_map(|(_, e)| match e {
-            Event::OperatorReleased {
-                scope,
-                discarded: true,
-            } => Some(scope.clone()),
-            _ => None,
-        })
-        .collect();
+    // Keys whose progress an operator discarded (`keys release
+    // --downstream-did-nothing`), and how often: each discard starts a new
+    // generation, whose attempt may call the downstreams once more.
+    let mut discards: HashMap<idemkit_core::Scope, usize> = HashMap::new();
+    for (_, e) in events {
+        if let Event::OperatorReleased {
+            scope,
+            discarded: true,
+        } = e
+        {
+            *discards.entry(scope.clone()).or_default() += 1;
+        }
+    }
+    let discarded: HashSet<_> = discards.keys().cloned().collect();
+    // The effects a request may have: one per generation.
+    let allowed = |item: &str| {
+        1 + specs
+            .iter()
+            .filter(|s| s.item == item)
+            .map(|s| discards.get(&s.scope()).copied().unwrap_or(0))
+            .max()
+            .unwrap_or(0)
+    };
     let spec_of = |id: usize| &specs[id];
     // Effects: one per request at the downstream that ignores keys; one key
     // per request at the one that honours them.
     for (item, calls) in &fx.ignoring {
-        if calls.len() > 1
-            && !specs
-                .iter()
-                .any(|s| s.item == item && discarded.contains(&s.scope()))
-        {
+        if calls.len() > allowed(item) {
             out.push(Violation::new(
                 Kind::DuplicateEffect,
                 format!(
-                    "request {item}: {} calls to the downstream that ignores keys: {calls:?}",
-                    calls.len()
+                    "request {item}: {} calls to the downstream that ignores keys ({} generations): {calls:?}",
+                    calls.len(),
+                    allowed(item)
                 ),
             ));
         }
     }
     for (item, keys) in &fx.honouring {
-        if keys.len() > 1
-            && !specs
-                .iter()
-                .any(|s| s.item == item && discarded.contains(&s.scope()))
-        {
+        if keys.len() > allowed(item) {
             out.push(Violation::new(
                 Kind::DuplicateEffect,
                 format!(

@@ -15,7 +15,9 @@
 //!   answer), and on SQLite a single-step handler whose business write is a
 //!   row in the store's own database;
 //! - the real [`idemkit_tower::Completer`] and [`idemkit_tower::Reaper`]
-//!   passes, and the operator's `force_release` (`idemkit keys release`).
+//!   passes, and the operator's commands (`idemkit keys release` with and
+//!   without `--downstream-did-nothing`, `idemkit keys complete`; see
+//!   [`operator`]).
 //!
 //! Every store call goes through [`store::Instrumented`], which parks the
 //! task at the [`sched::Sched`] before the call and after the store answered;
@@ -42,8 +44,10 @@
 //! replaced by the virtual clock, lease mode with phases through
 //! [`store::MemTx`].
 
+pub mod adapter;
 pub mod check;
 pub mod mutants;
+pub mod operator;
 pub mod sched;
 pub mod store;
 pub mod world;

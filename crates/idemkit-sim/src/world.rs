@@ -19,14 +19,13 @@ use idemkit_postgres::{PgConfig, PgStore, PgTx};
 use idemkit_redis::{RedisConfig, RedisStore};
 use idemkit_sqlite::{SqliteConfig, SqliteStore, SqliteTx};
 use idemkit_testkit::MemoryStore;
-use idemkit_tower::{
-    BearerTokenAccount, CallError, Completer, Downstream, IdempotencyContext, IdempotencyLayer, PhaseError,
-    Phases, Reaper, Tx,
-};
+use idemkit_tower::{CallError, Completer, Downstream, IdempotencyContext, PhaseError, Phases, Reaper, Tx};
 use tower::ServiceExt;
 
+use crate::adapter::{lease_layer, single_step_layer};
 use crate::check::{self, Answer, Violation};
 use crate::mutants::{Leaks, Mutant, Mutation, TxMutant};
+use crate::operator;
 use crate::sched::{Faults, Sched, SchedStats, Strategy, VirtualClock};
 use crate::store::{Instrumented, Log, MemTx};
 
@@ -205,6 +204,49 @@ pub struct Effects {
     /// The downstream that honours keys: the keys it acted on.
     pub honouring: BTreeMap<String, Vec<String>>,
     honoured: BTreeMap<String, String>,
+    /// Calls to the downstream that ignores keys under way (started, not yet
+    /// acted nor dropped), by request marker: what an operator who checks the
+    /// downstream cannot rule out.
+    pub in_progress: BTreeMap<String, usize>,
+}
+
+impl Effects {
+    /// Whether either downstream acted, or may still act, for `item`: what
+    /// the operator truthfully knows after checking the downstream systems.
+    pub fn touched(&self, item: &str) -> bool {
+        self.ignoring.get(item).is_some_and(|c| !c.is_empty())
+            || self.honouring.get(item).is_some_and(|c| !c.is_empty())
+            || self.in_progress.get(item).is_some_and(|n| *n > 0)
+    }
+}
+
+/// Counts a call to the downstream that ignores keys as under way until it
+/// acted or its future was dropped.
+struct Underway {
+    shared: Arc<Shared>,
+    item: String,
+}
+
+impl Underway {
+    fn new(shared: Arc<Shared>, item: String) -> Self {
+        *shared
+            .effects
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .in_progress
+            .entry(item.clone())
+            .or_default() += 1;
+        Self { shared, item }
+    }
+}
+
+impl Drop for Underway {
+    fn drop(&mut self) {
+        let mut fx = self.shared.effects.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = fx.in_progress.get_mut(&self.item) {
+            *n = n.saturating_sub(1);
+        }
+    }
 }
 
 /// What handlers share: the scheduler (for faults) and the downstreams.
@@ -265,6 +307,7 @@ async fn pay<St: TransactionalStore>(
     let it = item.clone();
     let charge: String = phases
         .external("charge", Downstream::IgnoresKeys, async move |key| {
+            let underway = Underway::new(shared.clone(), it.clone());
             // A slow downstream: the attempt outlives its lease unless its
             // heartbeats get through.
             if shared.sched.fault(|f| f.slow) {
@@ -276,6 +319,7 @@ async fn pay<St: TransactionalStore>(
             list.push(key.as_str().to_owned());
             let id = format!("ch-{}", list.len());
             drop(fx);
+            drop(underway);
             if shared.sched.fault(|f| f.lost_answer) {
                 return Err(CallError::Unknown((
                     StatusCode::BAD_GATEWAY,
@@ -424,13 +468,6 @@ impl World {
         if slot == 1 && self.mutation == Some(Mutation::LeaseByCallerClock) {
             skew = i64::try_from(LEASE.as_millis()).unwrap_or(0) + 2000;
         }
-        let lease_layer = |store: Arc<dyn KeyStore>| {
-            IdempotencyLayer::builder(store)
-                .policy(policy())
-                .resolver(BearerTokenAccount)
-                .build()
-                .expect("a valid layer")
-        };
         match &self.backing {
             Backing::Memory(m) => {
                 let handle = Arc::new(MemTx(Arc::new(Instrumented::new(
@@ -474,17 +511,11 @@ impl World {
                         shared: self.shared.clone(),
                         instance: id,
                     })
-                    .layer(
-                        IdempotencyLayer::transactional(Arc::new(TxMutant::new(
-                            handle.clone(),
-                            self.mutation,
-                            self.leaks.clone(),
-                        )))
-                        .policy(policy())
-                        .resolver(BearerTokenAccount)
-                        .build()
-                        .expect("a valid layer"),
-                    );
+                    .layer(single_step_layer(Arc::new(TxMutant::new(
+                        handle.clone(),
+                        self.mutation,
+                        self.leaks.clone(),
+                    ))));
                 Instance {
                     id,
                     store: handle,
@@ -538,17 +569,11 @@ impl World {
                         shared: self.shared.clone(),
                         instance: id,
                     })
-                    .layer(
-                        IdempotencyLayer::transactional(Arc::new(TxMutant::new(
-                            handle.clone(),
-                            self.mutation,
-                            self.leaks.clone(),
-                        )))
-                        .policy(policy())
-                        .resolver(BearerTokenAccount)
-                        .build()
-                        .expect("a valid layer"),
-                    );
+                    .layer(single_step_layer(Arc::new(TxMutant::new(
+                        handle.clone(),
+                        self.mutation,
+                        self.leaks.clone(),
+                    ))));
                 Instance {
                     id,
                     store: handle,
@@ -647,16 +672,63 @@ impl World {
         }
     }
 
+    /// The operator: now and then looks at the parked records (`idemkit keys
+    /// list --state parked`) or at a key a client asked about, and runs `idemkit
+    /// keys release` or `idemkit keys complete` on it. What it knows is true:
+    /// it says `--downstream-did-nothing` only when neither downstream acted,
+    /// nor has a call under way, for any request under that key.
     async fn operator(self: Arc<Self>, specs: Vec<Spec>) {
-        // `idemkit keys release` (progress kept): only records nobody holds.
-        for _ in 0..3 {
-            let wait = self.sched.with_rng(|r| r.millis(2000, 12000));
+        for _ in 0..4 {
+            let wait = self.sched.with_rng(|r| r.millis(2000, 14000));
             tokio::time::sleep(wait).await;
-            let i = self.sched.with_rng(|r| r.below(specs.len()));
             let inst = self.live();
-            let scope = specs[i].scope();
-            let release = inst.store.force_release(&scope);
-            let _ = std::panic::AssertUnwindSafe(release).catch_unwind().await;
+            let act = async {
+                let parked = if self.sched.with_rng(|r| r.chance(0.5)) {
+                    let filter = idemkit_core::ListFilter {
+                        state: Some(idemkit_core::RecordState::Parked),
+                        ..Default::default()
+                    };
+                    inst.store.list(&filter).await.unwrap_or_default()
+                } else {
+                    Vec::new()
+                };
+                let scope = if parked.is_empty() {
+                    specs[self.sched.with_rng(|r| r.below(specs.len()))].scope()
+                } else {
+                    parked[self.sched.with_rng(|r| r.below(parked.len()))]
+                        .scope
+                        .clone()
+                };
+                let nothing = {
+                    let fx = self.shared.effects.lock().unwrap_or_else(|p| p.into_inner());
+                    specs
+                        .iter()
+                        .filter(|s| s.scope() == scope)
+                        .all(|s| !fx.touched(s.item))
+                };
+                match self.sched.with_rng(|r| r.below(10)) {
+                    0..=2 => {
+                        let done =
+                            operator::complete(inst.store.clone(), inst.app.clone(), COMPLETER_AGE).await;
+                        self.sched.note(|| format!("operator: keys complete -> {done:?}"));
+                    }
+                    n => {
+                        // The flag only when the operator truly found nothing;
+                        // even then not always (releasing without it is safe).
+                        let flag = nothing && n >= 5;
+                        let done = operator::release(&*inst.store, &scope, flag).await;
+                        self.sched.note(|| {
+                            format!(
+                                "operator: keys release {}/{}{} -> {done:?}",
+                                scope.account.as_str(),
+                                scope.key.as_str(),
+                                if flag { " --downstream-did-nothing" } else { "" }
+                            )
+                        });
+                    }
+                }
+            };
+            let _ = std::panic::AssertUnwindSafe(act).catch_unwind().await;
         }
     }
 }
