@@ -62,6 +62,8 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod bad_keys;
+#[cfg(test)]
+mod fake;
 mod claimed;
 mod concurrency;
 mod config;
