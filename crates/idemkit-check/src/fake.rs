@@ -163,7 +163,11 @@ mod tests {
             };
             let (v, evidence) = verdict(ok, config(ALT), Gate::Isolation).await;
             assert_eq!(v, Verdict::Pass, "shared {shared_count}: {evidence}");
-            assert_eq!(evidence.contains("judged by the total"), shared_count, "{evidence}");
+            assert_eq!(
+                evidence.contains("judged by the total"),
+                shared_count,
+                "{evidence}"
+            );
             let broken = Behaviour {
                 unscoped_keys: true,
                 ..ok

@@ -62,11 +62,11 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod bad_keys;
-#[cfg(test)]
-mod fake;
 mod claimed;
 mod concurrency;
 mod config;
+#[cfg(test)]
+mod fake;
 mod fresh_key;
 mod in_progress;
 mod isolation;
