@@ -65,6 +65,8 @@ mod bad_keys;
 mod claimed;
 mod concurrency;
 mod config;
+#[cfg(test)]
+mod fake;
 mod fresh_key;
 mod in_progress;
 mod isolation;

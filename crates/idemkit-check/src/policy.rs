@@ -165,7 +165,25 @@ pub(super) async fn run(ctx: &Ctx<'_>) -> Result<Judgement, Unjudged> {
             .send(ctx.request(Some(&key), Variant::Alt, Account::Main))
             .await?;
         if let Some(got) = mismatch.differs(&other) {
-            findings.fail(format!("mismatch: published {}, observed {got}", mismatch.show()));
+            // As the mismatch gate does: a second body refused on its own too says
+            // nothing about mismatches (it may be validation), so it is not compared.
+            let alone = if other.is_success() {
+                None
+            } else {
+                let fresh = ctx.fresh_key("policy-alt");
+                Some(
+                    ctx.send(ctx.request(Some(&fresh), Variant::Alt, Account::Main))
+                        .await?,
+                )
+            };
+            match alone {
+                Some(alone) if !alone.is_success() => findings.unjudged(format!(
+                    "the mismatch answer was not compared: the second body is refused on its own too ({}), so \
+                     {got} may be validation, not a mismatch: pass a valid --alt-body",
+                    ctx.describe(&alone)
+                )),
+                _ => findings.fail(format!("mismatch: published {}, observed {got}", mismatch.show())),
+            }
         }
         seen.push(format!("mismatch → {}", ctx.label(&other)));
     } else if p.mismatch.is_some() {
