@@ -229,3 +229,101 @@ fn the_citation_scan_sees_each_form() {
         assert!(foreign_citations(clean).is_empty(), "{clean}: {:?}", foreign_citations(clean));
     }
 }
+
+/// The metrics page's table rows (`| `name` | kind | labels | … |`), by name.
+fn metric_rows(page: &str) -> Vec<(String, String)> {
+    page.lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix("| `")?;
+            let name = &rest[..rest.find('`')?];
+            Some((name.to_owned(), l.to_owned()))
+        })
+        .collect()
+}
+
+#[test]
+fn the_metrics_page_names_every_metric_label_and_reason() {
+    use idemkit_client::{FatalReason, Stop};
+    use idemkit_tower::metrics as m;
+    let page = read(&root().join("docs/metrics.md"));
+    let rows = metric_rows(&page);
+    let row = |name: &str| {
+        rows.iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, l)| l.clone())
+            .unwrap_or_else(|| panic!("docs/metrics.md has no row for `{name}`"))
+    };
+    let mut missing = Vec::new();
+    for (name, kind, label) in [
+        (m::REQUESTS, "counter", Some("outcome")),
+        (m::IN_FLIGHT, "gauge", None),
+        (m::FENCED_WRITES, "counter", Some("op")),
+        (m::COMPLETER_RESUMES, "counter", Some("result")),
+        (m::ORPHANED_KEYS, "gauge", None),
+        (m::REAPER_DELETED, "counter", None),
+        (m::REAPER_REVIEW, "counter", None),
+        (m::STORE_SECONDS, "histogram", Some("op")),
+        ("idemkit_client_attempts_total", "counter", Some("outcome")),
+        ("idemkit_client_retries_total", "counter", Some("reason")),
+        ("idemkit_client_gave_up_total", "counter", Some("reason")),
+        ("idemkit_client_budget_tokens", "gauge", Some("client")),
+    ] {
+        let line = row(name);
+        if !line.contains(&format!("| {kind} |")) || label.is_some_and(|l| !line.contains(&format!("`{l}`"))) {
+            missing.push(format!("{name}: kind {kind}, label {label:?} in {line}"));
+        }
+    }
+    for outcome in m::outcome::ALL {
+        if !page.contains(&format!("| `{outcome}` |")) {
+            missing.push(format!("outcome `{outcome}`"));
+        }
+    }
+    let resumes = row(m::COMPLETER_RESUMES);
+    for result in m::completer_result::ALL {
+        if !resumes.contains(&format!("`{result}`")) {
+            missing.push(format!("result `{result}`"));
+        }
+    }
+    let ops = &page[page.find("### `op` of").expect("the op section")..];
+    let ops = &ops[..ops.find("\n## ").unwrap_or(ops.len())];
+    for op in [
+        m::op::CLAIM,
+        m::op::COMPLETE,
+        m::op::RELEASE,
+        m::op::ABANDON,
+        m::op::HEARTBEAT,
+        m::op::GET,
+        m::op::BEGIN_FENCED,
+        m::op::ADVANCE,
+        m::op::COMMIT,
+        m::op::PARK,
+        m::op::ABANDONED,
+        m::op::REAP,
+    ] {
+        if !ops.contains(&format!("`{op}`")) {
+            missing.push(format!("op `{op}`"));
+        }
+    }
+    let gave_up = row("idemkit_client_gave_up_total");
+    let client = read(&root().join("docs/client.md"));
+    let d = std::time::Duration::from_secs(1);
+    for stop in [
+        Stop::AttemptsExhausted,
+        Stop::BudgetExhausted,
+        Stop::DeadlineExceeded,
+        Stop::RetryAfterPastDeadline { retry_after: d },
+        Stop::RetryAfterAboveCap { retry_after: d },
+        Stop::NotReplayable,
+        Stop::RetryRefused,
+        Stop::NotRetryable(FatalReason::NotAllowlisted),
+    ] {
+        let reason = format!("`{}`", stop.label());
+        if !gave_up.contains(&reason) {
+            missing.push(format!("metrics.md: gave-up reason {reason}"));
+        }
+        if !client.contains(&reason) {
+            missing.push(format!("client.md: gave-up reason {reason}"));
+        }
+    }
+    assert!(missing.is_empty(), "the metrics docs lack:\n{}", missing.join("\n"));
+}
