@@ -36,9 +36,9 @@ use std::time::Duration;
 
 use idemkit_client::{Jitter, RetryConfig, TokenBucket};
 use idemkit_core::{ErrorCode, InFlightBehavior, MAX_KEY_LEN, Policy, ServerErrorPolicy};
+pub use idemkit_tower::config::{IdemkitConfig, RouteConfig};
 use idemkit_tower::config::{KeyConvention, Mode};
 use idemkit_tower::engine::Disposition;
-pub use idemkit_tower::config::{IdemkitConfig, RouteConfig};
 use serde_json::{Value, json};
 
 mod proxy;
@@ -639,7 +639,12 @@ fn markdown(contract: &Contract) -> String {
             "- Answers {} (validation, authentication, size, media type, or transient: timeout, too early, \
              throttled) are not stored: the key is free again, so fix the request (or wait) and send it again \
              with the same key.",
-            and_list(&released_statuses().iter().map(|s| format!("`{s}`")).collect::<Vec<_>>())
+            and_list(
+                &released_statuses()
+                    .iter()
+                    .map(|s| format!("`{s}`"))
+                    .collect::<Vec<_>>()
+            )
         ),
         d.mismatch_status,
     );
@@ -664,11 +669,14 @@ fn markdown(contract: &Contract) -> String {
     let _ = writeln!(w, "\n## Policy as data\n");
     let mut served = Vec::new();
     if let Some(path) = &config.service.openapi {
-        served.push(format!("every keyed operation of `GET {path}` carries it as an `x-idempotency` object"));
+        served.push(format!(
+            "every keyed operation of `GET {path}` carries it as an `x-idempotency` object"
+        ));
     }
     if config.service.contract_routes {
         served.push(
-            "`GET /docs/idempotency.json` serves it for every route (and `GET /docs/idempotency` this page)".to_owned(),
+            "`GET /docs/idempotency.json` serves it for every route (and `GET /docs/idempotency` this page)"
+                .to_owned(),
         );
     }
     let served = if served.is_empty() {

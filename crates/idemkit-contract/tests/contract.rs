@@ -218,7 +218,10 @@ fn grpc_and_service_endpoints_only_when_configured() {
     ))
     .unwrap();
     let doc = Contract::new(with).render(Format::Markdown);
-    assert!(doc.contains("Over gRPC the deadline is the standard `grpc-timeout`"), "{doc}");
+    assert!(
+        doc.contains("Over gRPC the deadline is the standard `grpc-timeout`"),
+        "{doc}"
+    );
     assert!(doc.contains("every keyed operation of `GET /api.json`"), "{doc}");
     assert!(doc.contains("`GET /docs/idempotency.json` serves it"), "{doc}");
 }

@@ -33,10 +33,7 @@ fn read(path: &Path) -> String {
 }
 
 fn rel(path: &Path) -> String {
-    path.strip_prefix(root())
-        .unwrap_or(path)
-        .display()
-        .to_string()
+    path.strip_prefix(root()).unwrap_or(path).display().to_string()
 }
 
 /// Runs of three or more `4xx` statuses written as a list (`400, 401 and
@@ -110,7 +107,10 @@ fn foreign_citations(line: &str) -> Vec<String> {
         while let Some(at) = rest.find(word) {
             let after = &rest[at + word.len()..];
             if after.starts_with(|c: char| c.is_ascii_digit()) {
-                found.push(format!("{word}{}", after.split(|c: char| !c.is_ascii_digit()).next().unwrap_or("")));
+                found.push(format!(
+                    "{word}{}",
+                    after.split(|c: char| !c.is_ascii_digit()).next().unwrap_or("")
+                ));
             }
             rest = after;
         }
@@ -152,7 +152,9 @@ fn rustdoc_and_manifests() -> Vec<(String, String)> {
             }
             let mut dirs = vec![krate.join("src")];
             while let Some(dir) = dirs.pop() {
-                let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+                let Ok(entries) = std::fs::read_dir(&dir) else {
+                    continue;
+                };
                 for entry in entries {
                     let path = entry.unwrap().path();
                     if path.is_dir() {
@@ -226,7 +228,11 @@ fn the_citation_scan_sees_each_form() {
         "[§3](spec.md#3-record-states)",
         "the issuer 3",
     ] {
-        assert!(foreign_citations(clean).is_empty(), "{clean}: {:?}", foreign_citations(clean));
+        assert!(
+            foreign_citations(clean).is_empty(),
+            "{clean}: {:?}",
+            foreign_citations(clean)
+        );
     }
 }
 
@@ -269,7 +275,8 @@ fn the_metrics_page_names_every_metric_label_and_reason() {
         ("idemkit_client_budget_tokens", "gauge", Some("client")),
     ] {
         let line = row(name);
-        if !line.contains(&format!("| {kind} |")) || label.is_some_and(|l| !line.contains(&format!("`{l}`"))) {
+        if !line.contains(&format!("| {kind} |")) || label.is_some_and(|l| !line.contains(&format!("`{l}`")))
+        {
             missing.push(format!("{name}: kind {kind}, label {label:?} in {line}"));
         }
     }
@@ -325,5 +332,9 @@ fn the_metrics_page_names_every_metric_label_and_reason() {
             missing.push(format!("client.md: gave-up reason {reason}"));
         }
     }
-    assert!(missing.is_empty(), "the metrics docs lack:\n{}", missing.join("\n"));
+    assert!(
+        missing.is_empty(),
+        "the metrics docs lack:\n{}",
+        missing.join("\n")
+    );
 }

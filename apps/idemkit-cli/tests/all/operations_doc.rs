@@ -47,7 +47,12 @@ fn the_keys_synopsis_names_every_flag_of_each_subcommand() {
         assert!(help.status.success(), "keys {sub} --help");
         let help: BTreeSet<String> = String::from_utf8_lossy(&help.stdout)
             .lines()
-            .filter_map(|l| l.trim_start().trim_start_matches("-h, ").split_whitespace().next())
+            .filter_map(|l| {
+                l.trim_start()
+                    .trim_start_matches("-h, ")
+                    .split_whitespace()
+                    .next()
+            })
             .filter(|w| w.starts_with("--"))
             .map(str::to_owned)
             .filter(|w| !GLOBAL.contains(&w.as_str()))
@@ -61,5 +66,9 @@ fn the_keys_synopsis_names_every_flag_of_each_subcommand() {
             ));
         }
     }
-    assert!(wrong.is_empty(), "docs/operations.md's synopsis:\n{}", wrong.join("\n"));
+    assert!(
+        wrong.is_empty(),
+        "docs/operations.md's synopsis:\n{}",
+        wrong.join("\n")
+    );
 }
