@@ -106,8 +106,8 @@ pub enum Command {
     /// Print the integrator contract generated from an idempotency configuration
     /// (with `--proxy`: that of an API served through `idemkit proxy`).
     Docs(DocsCommand),
-    /// Inspect and repair idempotency records: list, show, release, and run the
-    /// completer or the reaper once.
+    /// Inspect and repair idempotency records (SQLite, PostgreSQL or Redis): list,
+    /// show, release, review, and run the completer or the reaper once.
     Keys(keys::KeysArgs),
     /// List every state-changing operation of an OpenAPI document with where its
     /// idempotency key travels, one verdict each (exit 1 when a key is missing).

@@ -36,8 +36,9 @@ use std::time::Duration;
 
 use idemkit_client::{Jitter, RetryConfig, TokenBucket};
 use idemkit_core::{ErrorCode, InFlightBehavior, MAX_KEY_LEN, Policy, ServerErrorPolicy};
-use idemkit_tower::config::KeyConvention;
 pub use idemkit_tower::config::{IdemkitConfig, RouteConfig};
+use idemkit_tower::config::{KeyConvention, Mode};
+use idemkit_tower::engine::Disposition;
 use serde_json::{Value, json};
 
 mod proxy;
@@ -151,6 +152,24 @@ pub enum Format {
     Markdown,
     /// A standalone HTML page.
     Html,
+}
+
+/// The statuses of an answer the engine does not store but releases, so the
+/// key is free again for the same or a corrected request (`Disposition::of`
+/// for a 4xx under the default policy): the one list every page quotes.
+pub fn released_statuses() -> Vec<u16> {
+    (400..500)
+        .filter(|s| Disposition::of(*s, None, &Policy::new()) == Disposition::Release)
+        .collect()
+}
+
+/// `a`, `a and b`, `a, b and c`.
+fn and_list(items: &[String]) -> String {
+    match items {
+        [] => String::new(),
+        [one] => one.clone(),
+        [init @ .., last] => format!("{} and {last}", init.join(", ")),
+    }
 }
 
 /// Durations as integrators read them: whole hours or minutes when they are
@@ -408,24 +427,91 @@ fn the_key(w: &mut String, scope: &str) {
     );
 }
 
-/// The `## Windows` section; `takeover` says what a retry does with a request
-/// whose server died.
-fn windows(w: &mut String, policy: &Policy, takeover: &str) {
+/// The keyed routes of each mode, as the contract names them (`` `POST /x` ``).
+#[derive(Debug, Default)]
+struct Modes {
+    /// Lease-mode routes.
+    lease: Vec<String>,
+    /// Single-step routes.
+    single_step: Vec<String>,
+}
+
+impl Modes {
+    fn of(config: &IdemkitConfig) -> Self {
+        let mut modes = Self::default();
+        for r in config.routes.iter().filter(|r| r.retry_safe) {
+            let name = format!("`{} {}`", r.method, r.path);
+            match r.mode() {
+                Mode::SingleStep => modes.single_step.push(name),
+                _ => modes.lease.push(name),
+            }
+        }
+        modes
+    }
+
+    /// Every route in lease mode (the proxy's).
+    fn all_lease() -> Self {
+        Self::default()
+    }
+
+    /// `(heading, bullets)` for each mode present: no heading when there is one
+    /// (lease mode when there is none: it promises the least).
+    fn each<'a>(&'a self, lease: &'a str, single_step: &'a str) -> Vec<(Option<String>, &'a str)> {
+        if self.single_step.is_empty() {
+            return vec![(None, lease)];
+        }
+        if self.lease.is_empty() {
+            return vec![(None, single_step)];
+        }
+        vec![
+            (Some(format!("On {} (lease mode):", self.lease.join(", "))), lease),
+            (
+                Some(format!("On {} (single-step mode):", self.single_step.join(", "))),
+                single_step,
+            ),
+        ]
+    }
+}
+
+/// Writes `bullets` for each mode of `modes`, under a heading per mode when
+/// the routes have both.
+fn per_mode(w: &mut String, modes: &Modes, lease: &str, single_step: &str) {
+    for (heading, bullets) in modes.each(lease, single_step) {
+        if let Some(h) = heading {
+            let _ = writeln!(w, "\n{h}\n");
+        }
+        let _ = writeln!(w, "{bullets}");
+    }
+}
+
+/// The `## Windows` section; `takeover` says what a retry does with a
+/// lease-mode request whose server died.
+fn windows(w: &mut String, policy: &Policy, modes: &Modes, takeover: &str) {
     let _ = writeln!(w, "\n## Windows\n");
     let _ = writeln!(
         w,
         "- A completed request replays for **{}** (the replay window). After that, the same key starts a new request.\n\
-         - Records are kept **{}** for investigation, without replaying after the window.\n\
-         - A request in flight holds its key for a lease of **{}**, extended while it runs; {takeover}.\n\
+         - Records are kept **{}** for investigation, without replaying after the window.",
+        human_duration(policy.replay_window),
+        human_duration(policy.reap_threshold),
+    );
+    let lease = format!(
+        "- A request in flight holds its key for a lease of **{}**, extended while it runs; {takeover}.\n\
          - The window applies to completed requests only: a request that never finished is resumed (or held for \
          review) however old it is; it never starts over as a new request.\n\
          - **If you hang up mid-request, the request still runs to its end.** Closing the connection (a client \
          timeout) does not cancel it: retry with the same key and you get its one result (`409 \
          idempotency_request_in_progress` while it runs, then the stored answer), never a second execution.",
-        human_duration(policy.replay_window),
-        human_duration(policy.reap_threshold),
         human_duration(policy.lease)
     );
+    let single_step = "- A request in flight holds its key in one database transaction with everything it writes \
+         and its answer: they commit together when it answers, or not at all. If its server dies mid-request, all of \
+         it rolls back and a retry with the same key runs as a first attempt.\n\
+         - **If you hang up mid-request, the request is cut short and rolled back.** When the service sees the \
+         connection close (a client timeout), it drops the request: its transaction rolls back, nothing it wrote is \
+         kept and the key is free. A retry with the same key gets the stored answer if the request had already \
+         committed, or else runs as a first attempt: one result, never two.";
+    per_mode(w, modes, &lease, single_step);
 }
 
 /// The `## Answers` section; `validation` is its bullet on validation errors.
@@ -540,19 +626,31 @@ fn markdown(contract: &Contract) -> String {
         w,
         "- Scope: **(your account, key)**. Another account's identical key is a different request.",
     );
+    let modes = Modes::of(config);
     windows(
         w,
         &defaults_policy(config),
+        &modes,
         "if its server dies, a retry after the lease takes it over and resumes it",
     );
     answers(
         w,
-        "- Validation errors (`400`) are not stored: fix the request and send it again with the same key.",
+        &format!(
+            "- Answers {} (validation, authentication, size, media type, or transient: timeout, too early, \
+             throttled) are not stored: the key is free again, so fix the request (or wait) and send it again \
+             with the same key.",
+            and_list(
+                &released_statuses()
+                    .iter()
+                    .map(|s| format!("`{s}`"))
+                    .collect::<Vec<_>>()
+            )
+        ),
         d.mismatch_status,
     );
     retrying(w, client);
 
-    deadlines(w);
+    deadlines(w, &modes, config.service.grpc);
 
     let _ = writeln!(w, "\n## Examples\n");
     let _ = writeln!(
@@ -569,13 +667,29 @@ fn markdown(contract: &Contract) -> String {
     }
 
     let _ = writeln!(w, "\n## Policy as data\n");
+    let mut served = Vec::new();
+    if let Some(path) = &config.service.openapi {
+        served.push(format!(
+            "every keyed operation of `GET {path}` carries it as an `x-idempotency` object"
+        ));
+    }
+    if config.service.contract_routes {
+        served.push(
+            "`GET /docs/idempotency.json` serves it for every route (and `GET /docs/idempotency` this page)"
+                .to_owned(),
+        );
+    }
+    let served = if served.is_empty() {
+        "the OpenAPI fragment below carries it as an `x-idempotency` object on each operation".to_owned()
+    } else {
+        served.join(", and ")
+    };
     let _ = writeln!(
         w,
-        "The policy above is also published for programs: every keyed operation of `GET /openapi.json` carries \
-         it as an `x-idempotency` object, and `GET /docs/idempotency.json` serves it for every route, generated \
-         from the same configuration (the vocabulary is specified in idemkit's `docs/x-idempotency.md`). \
-         `idemkit lint-openapi` reads it, `idemkit check --policy` compares it with what the service does, and \
-         `idemkit_client::PublishedPolicy` tells a client where each operation's key goes."
+        "The policy above is also published for programs: {served}, generated from the same configuration (the \
+         vocabulary is specified in idemkit's `docs/x-idempotency.md`). `idemkit lint-openapi` reads it, \
+         `idemkit check --policy` compares it with what the service does, and `idemkit_client::PublishedPolicy` \
+         tells a client where each operation's key goes."
     );
 
     let _ = writeln!(w, "\n## OpenAPI fragment\n");
@@ -592,8 +706,9 @@ fn markdown(contract: &Contract) -> String {
     out
 }
 
-/// The `## Deadlines` section (issue 15).
-fn deadlines(w: &mut String) {
+/// The `## Deadlines` section: what `Request-Timeout` does on each mode's
+/// routes, and over gRPC when the service serves it.
+fn deadlines(w: &mut String, modes: &Modes, grpc: bool) {
     let _ = writeln!(w, "\n## Deadlines\n");
     let _ = writeln!(
         w,
@@ -601,24 +716,38 @@ fn deadlines(w: &mut String) {
          `{DEADLINE_HEADER_DISPLAY}: <milliseconds>`: the time left of your deadline, in whole milliseconds \
          (1 to {} digits, no unit; round down). It is relative on purpose, so clock skew between you and the \
          service does not matter; the service counts it from the moment your request arrives. Send it again on \
-         every retry with what is left then.\n\n\
+         every retry with what is left then. The Rust client `idemkit-client` sends it on every attempt: that \
+         attempt's timeout, never more than what is left of the call's deadline.\n\n\
          - **Already spent** (`{DEADLINE_HEADER_DISPLAY}: 0`, or gone by the time the request arrives): a \
          request that already completed with this key gets its stored answer (a replay costs nothing, so no \
          deadline is too short for it); any other gets `504` with `code` `deadline_exceeded` and \
          `retryable: false`. Nothing ran and the key was **not** claimed: a later call with a fresh budget may \
          use the same key.\n\
-         - **Otherwise** the request runs, and the remaining time is handed to the handler, which can pass it on \
-         to its own downstream calls. A request is not cut short when your deadline passes: like a request whose \
-         client hung up, it runs to its end and a retry with the same key gets its one result.\n\
          - A malformed value (a sign, a fraction, a unit, more than {} digits) is ignored: the request has no \
-         deadline.\n\
-         - Over gRPC the deadline is the standard `grpc-timeout` your gRPC library sends from the call's \
-         deadline; one already spent is answered with the stored answer of a completed request, or else with \
-         `DEADLINE_EXCEEDED` and a `google.rpc.ErrorInfo` whose `reason` is `deadline_exceeded`, again before \
-         the key is claimed.",
+         deadline.",
         idemkit_core::DEADLINE_HEADER_MAX_DIGITS,
         idemkit_core::DEADLINE_HEADER_MAX_DIGITS,
     );
+    let lease = "- **Otherwise** the request runs, and the remaining time is handed to the handler, which can pass it \
+         on to its own downstream calls. A request is not cut short when your deadline passes: like a request whose \
+         client hung up, it runs to its end and a retry with the same key gets its one result.";
+    let single_step = "- **Otherwise** the request runs, and the remaining time is handed to the handler. A request \
+         still running when your deadline passes is **cut short**: it is answered `504` with `code` \
+         `deadline_exceeded` and `retryable: false`, its transaction is rolled back (nothing it wrote is kept, \
+         nothing is stored) and the key is free. A later call with a fresh budget may send the same request with \
+         the same key: it runs as a first attempt. A request whose deadline is shorter than its work never \
+         completes, so give it the time it needs.";
+    per_mode(w, modes, lease, single_step);
+    if grpc {
+        let _ = writeln!(
+            w,
+            "- Over gRPC the deadline is the standard `grpc-timeout` your gRPC library sends from the call's \
+             deadline; one already spent is answered with the stored answer of a completed request, or else with \
+             `DEADLINE_EXCEEDED` and a `google.rpc.ErrorInfo` whose `reason` is `deadline_exceeded`, again before \
+             the key is claimed. A gRPC call is never cut short at its deadline (gRPC runs in lease mode): it runs \
+             to its end and a retry with the same key gets its one result."
+        );
+    }
 }
 
 /// The body with `key` set where the route reads it (a body route, the key

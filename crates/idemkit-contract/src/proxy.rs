@@ -1,7 +1,6 @@
 //! The contract of an API served through `idemkit proxy` (`idemkit docs --proxy`).
 
 use super::*;
-use idemkit_tower::engine::Disposition;
 
 /// The methods `idemkit proxy` keys on every path when it runs without a
 /// configuration (the methods the layer guards by default), each with the
@@ -72,15 +71,6 @@ fn size(n: usize) -> String {
         format!("{} KiB", n >> 10)
     } else {
         format!("{n} bytes")
-    }
-}
-
-/// `a`, `a and b`, `a, b and c`.
-fn and_list(items: &[String]) -> String {
-    match items {
-        [] => String::new(),
-        [one] => one.clone(),
-        [rest @ .., last] => format!("{} and {last}", rest.join(", ")),
     }
 }
 
@@ -157,12 +147,10 @@ fn proxy_markdown(proxy: &ProxyContract, client: &RetryConfig) -> String {
     windows(
         w,
         &windows_policy,
+        &Modes::all_lease(),
         "if the proxy dies, a retry after the lease takes it over (see *When the outcome is unknown* below)",
     );
-    let released: Vec<String> = (400..500)
-        .filter(|s| Disposition::of(*s, None, &Policy::new()) == Disposition::Release)
-        .map(|s| s.to_string())
-        .collect();
+    let released: Vec<String> = released_statuses().iter().map(u16::to_string).collect();
     answers(
         w,
         &format!(

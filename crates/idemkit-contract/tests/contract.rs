@@ -152,3 +152,76 @@ fn the_html_page_is_styled_standalone_and_draws_the_schedule() {
     // Markdown carries no SVG (it renders nowhere integrators read Markdown).
     assert!(!render(&config, &client, Format::Markdown).contains("<svg"));
 }
+
+/// The wording each mode's routes get, and what only a service with gRPC or
+/// its own endpoints is told.
+const SINGLE_STEP_WORDS: [&str; 2] = [
+    "**If you hang up mid-request, the request is cut short and rolled back.**",
+    "still running when your deadline passes is **cut short**: it is answered `504` with `code` `deadline_exceeded`",
+];
+const LEASE_WORDS: [&str; 2] = [
+    "**If you hang up mid-request, the request still runs to its end.**",
+    "A request is not cut short when your deadline passes",
+];
+
+#[test]
+fn a_single_step_configuration_gets_the_single_step_contract() {
+    let config = IdemkitConfig::from_toml(
+        "[defaults]\nmode = \"single_step\"\n[[routes]]\nmethod = \"POST\"\npath = \"/orders\"\n",
+    )
+    .unwrap();
+    let doc = Contract::new(config).render(Format::Markdown);
+    for words in SINGLE_STEP_WORDS {
+        assert!(doc.contains(words), "{words} missing in\n{doc}");
+    }
+    for words in LEASE_WORDS {
+        assert!(!doc.contains(words), "{words} in\n{doc}");
+    }
+    assert!(!doc.contains("lease of **"), "{doc}");
+}
+
+#[test]
+fn a_lease_configuration_gets_the_lease_contract() {
+    let config = IdemkitConfig::from_toml(LABELS_LIKE).unwrap();
+    let doc = Contract::new(config).render(Format::Markdown);
+    for words in LEASE_WORDS {
+        assert!(doc.contains(words), "{words} missing in\n{doc}");
+    }
+    for words in SINGLE_STEP_WORDS {
+        assert!(!doc.contains(words), "{words} in\n{doc}");
+    }
+}
+
+#[test]
+fn mixed_modes_name_each_routes_mode() {
+    let config = IdemkitConfig::from_toml(
+        "[[routes]]\nmethod = \"POST\"\npath = \"/orders\"\nmode = \"single_step\"\n\
+         [[routes]]\nmethod = \"POST\"\npath = \"/emails\"\n",
+    )
+    .unwrap();
+    let doc = Contract::new(config).render(Format::Markdown);
+    assert!(doc.contains("On `POST /emails` (lease mode):"), "{doc}");
+    assert!(doc.contains("On `POST /orders` (single-step mode):"), "{doc}");
+    for words in SINGLE_STEP_WORDS.iter().chain(&LEASE_WORDS) {
+        assert!(doc.contains(words), "{words} missing in\n{doc}");
+    }
+}
+
+#[test]
+fn grpc_and_service_endpoints_only_when_configured() {
+    let plain = Contract::new(IdemkitConfig::from_toml(LABELS_LIKE).unwrap()).render(Format::Markdown);
+    for absent in ["gRPC", "grpc-timeout", "/openapi.json", "GET /docs/idempotency"] {
+        assert!(!plain.contains(absent), "{absent} in\n{plain}");
+    }
+    let with = IdemkitConfig::from_toml(&format!(
+        "[service]\ngrpc = true\nopenapi = \"/api.json\"\ncontract_routes = true\n{LABELS_LIKE}"
+    ))
+    .unwrap();
+    let doc = Contract::new(with).render(Format::Markdown);
+    assert!(
+        doc.contains("Over gRPC the deadline is the standard `grpc-timeout`"),
+        "{doc}"
+    );
+    assert!(doc.contains("every keyed operation of `GET /api.json`"), "{doc}");
+    assert!(doc.contains("`GET /docs/idempotency.json` serves it"), "{doc}");
+}

@@ -1,4 +1,4 @@
-//! The REST deadline convention (issue 15, SPEC §10 "Deadlines").
+//! The REST deadline convention (the behaviour contract, `docs/spec.md` §10, "Deadlines").
 //!
 //! gRPC carries a caller's deadline natively (`grpc-timeout`); plain HTTP has no
 //! standard header for it, so idemkit defines one:

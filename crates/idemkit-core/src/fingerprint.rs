@@ -1,5 +1,5 @@
 //! Request fingerprints: SHA-256 over method, route path, query string and the
-//! canonical body (SPEC §2).
+//! canonical body (the behaviour contract, `docs/spec.md` §2).
 
 use std::collections::BTreeMap;
 use std::fmt;

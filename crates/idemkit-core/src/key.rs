@@ -1,4 +1,4 @@
-//! The idempotency key a client sends, and its validation (SPEC §1).
+//! The idempotency key a client sends, and its validation (the behaviour contract, `docs/spec.md` §1).
 
 use std::fmt;
 

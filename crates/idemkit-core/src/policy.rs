@@ -1,4 +1,4 @@
-//! Per-route idempotency policy and its validation (SPEC §3, §5, §6).
+//! Per-route idempotency policy and its validation (the behaviour contract, `docs/spec.md` §3, §5 and §6).
 
 use std::time::Duration;
 
@@ -53,7 +53,7 @@ impl MismatchStatus {
 /// Default response headers stored and replayed besides any configured ones.
 /// `content-encoding` is among them because a stored body's bytes mean nothing
 /// without it: a compressed answer is stored with its coding and replayed only
-/// to a caller whose `Accept-Encoding` accepts that coding (SPEC §5).
+/// to a caller whose `Accept-Encoding` accepts that coding (the behaviour contract, `docs/spec.md` §5).
 pub const DEFAULT_REPLAYED_HEADERS: &[&str] =
     &["content-type", "location", "content-language", "content-encoding"];
 
@@ -169,7 +169,7 @@ pub enum PolicyError {
 }
 
 impl Policy {
-    /// The defaults of SPEC §6: 24 h window, 72 h reap, 30 s lease, reject in-flight
+    /// The defaults of the behaviour contract's §6 (`docs/spec.md`): 24 h window, 72 h reap, 30 s lease, reject in-flight
     /// duplicates, retry 5xx, 1 MiB stored-body cap, 409 on mismatch.
     pub const fn new() -> Self {
         Self {
@@ -271,7 +271,7 @@ impl Policy {
                 || self.replayed_headers.iter().any(|n| n.eq_ignore_ascii_case(name)))
     }
 
-    /// Checks the invariants of SPEC §6.
+    /// Checks the invariants of the behaviour contract's §6 (`docs/spec.md`).
     pub fn validate(&self) -> Result<(), PolicyError> {
         for (name, d) in [
             ("replay window", self.replay_window),

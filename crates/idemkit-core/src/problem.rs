@@ -1,4 +1,4 @@
-//! RFC 9457 problem documents with stable machine codes (SPEC §5).
+//! RFC 9457 problem documents with stable machine codes (the behaviour contract, `docs/spec.md` §5).
 
 use serde::{Deserialize, Serialize};
 

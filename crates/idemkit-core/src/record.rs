@@ -1,4 +1,4 @@
-//! The idempotency record, its states, and the claim decision (SPEC §3, §6).
+//! The idempotency record, its states, and the claim decision (the behaviour contract, `docs/spec.md` §3 and §6).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -238,7 +238,7 @@ impl From<&Record> for RecordHead {
 }
 
 /// What a claim does, given the record (if any) it finds. This is the state machine
-/// of SPEC §3 as a pure function; every store's atomic claim implements exactly it,
+/// of the behaviour contract's §3 (`docs/spec.md`) as a pure function; every store's atomic claim implements exactly it,
 /// and the conformance suite checks each store against it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Decision {

@@ -1,4 +1,4 @@
-//! The scope a record is keyed by: (account, key), never the key alone (SPEC §1).
+//! The scope a record is keyed by: (account, key), never the key alone (the behaviour contract, `docs/spec.md` §1).
 
 use std::fmt;
 

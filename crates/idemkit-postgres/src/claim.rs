@@ -576,7 +576,7 @@ impl PgStore {
     /// keeps its progress and generation, window reuse starts clean. It succeeds
     /// only if the record is still exactly as `seen` (token, state and lease): a
     /// record that completed, was heartbeaten, parked, released or moved in
-    /// between is never reopened (SPEC §3). `None` when it changed.
+    /// between is never reopened (the behaviour contract, `docs/spec.md` §3). `None` when it changed.
     async fn move_claim(
         &self,
         conn: &mut PgConnection,

@@ -27,7 +27,7 @@ pub(crate) fn notifying(update: &str) -> String {
 /// The store's clock in SQL: the database's `clock_timestamp()` in Unix
 /// milliseconds, unless a test clock is bound at `$n` (`PgStore::with_test_clock`, feature `testing`).
 /// Every lease is judged by it, so an instance whose own clock is skewed can
-/// never take over a live lease (SPEC §3).
+/// never take over a live lease (the behaviour contract, `docs/spec.md` §3).
 pub(crate) fn now_sql(n: usize) -> String {
     now_with(&format!("${n}"))
 }

@@ -347,11 +347,11 @@ impl Proxy {
             Disposition::Store if matches!(status, 404 | 405) => Plan::Pass,
             Disposition::Store => Plan::Store,
             // A 502 or 504 is a gateway's answer: the service behind it may
-            // still run the request (SPEC §8), so it is not "not executed".
+            // still run the request (the behaviour contract, `docs/spec.md` §8), so it is not "not executed".
             _ if matches!(status, 502 | 504) => Plan::Gateway,
             // An upstream that ignores keys answered a 5xx after perhaps doing
             // the work (a 500 after commit, a sidecar's 503 on a reset): an
-            // outcome the proxy cannot know, so it is the key's answer (SPEC §5).
+            // outcome the proxy cannot know, so it is the key's answer (the behaviour contract, `docs/spec.md` §5).
             _ if server_error && !self.honours_keys => Plan::Store,
             _ => Plan::Pass,
         }

@@ -7,7 +7,7 @@ use crate::error::RedisConfigError;
 
 /// Default key prefix.
 pub const DEFAULT_PREFIX: &str = "idemkit";
-/// Default reap threshold (SPEC §6): how long a record is kept after its last write.
+/// Default reap threshold (the behaviour contract, `docs/spec.md` §6): how long a record is kept after its last write.
 pub const DEFAULT_REAP_AFTER: Duration = Duration::from_secs(72 * 3600);
 
 /// Settings for [`crate::RedisStore::connect_with`]: how the store behaves.

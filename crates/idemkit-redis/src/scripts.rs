@@ -6,7 +6,7 @@
 //!   `KEYS[3]` (`KEYS[2]` for the claim) the account's token high-water mark;
 //!   all carry the account's hash tag, so they share a cluster slot.
 //! - Times are the store's clock: the server's `TIME` in milliseconds, so every
-//!   instance judges leases by one clock (SPEC §3). A test clock may pass its
+//!   instance judges leases by one clock (the behaviour contract, `docs/spec.md` §3). A test clock may pass its
 //!   time in instead (a non-empty "now" argument).
 //! - The fencing token is a decimal string compared byte for byte. Every new
 //!   token comes from the account's high-water mark (`INCR`, exact 64-bit

@@ -172,7 +172,7 @@ pub async fn settled(store: &Arc<dyn KeyStore>, specs: &[Spec]) -> Vec<Violation
 
 /// Single-step atomicity, checked once every client is done: a single-step
 /// claim is committed with its business writes and its answer, or not at
-/// all, so no key of a single-step route has a record in flight (SPEC: a
+/// all, so no key of a single-step route has a record in flight (the behaviour contract: a
 /// single-step attempt that ends without an answer rolls back and frees the
 /// key; a claim committed on its own would hold it until its lease ran out).
 pub async fn single_step_free(store: &Arc<dyn KeyStore>, specs: &[Spec]) -> Vec<Violation> {

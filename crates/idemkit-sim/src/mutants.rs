@@ -46,7 +46,7 @@ pub enum Mutation {
     /// Single-step: the claim commits on its own, before the business write
     /// (a lease claim, then a transaction for the handler). A rolled-back or
     /// crashed attempt leaves the key held in flight until its lease ends
-    /// (SPEC: single-step, the transaction rolls back and the key is free).
+    /// (the behaviour contract: single-step, the transaction rolls back and the key is free).
     /// Planted above the instrumented handle ([`TxMutant`]).
     ClaimCommittedEarly,
     /// Single-step: the business write commits in one transaction and the

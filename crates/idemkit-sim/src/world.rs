@@ -76,7 +76,7 @@ pub struct Config {
     /// Instances sharing the store.
     pub instances: usize,
     /// Adds a request whose handler panics on every run, after its first
-    /// phase committed (issue 30, defect 6: a panic must not hold the key
+    /// phase committed (a panic must not hold the key
     /// forever; it ends parked or in the review list).
     pub always_panic: bool,
 }

@@ -161,7 +161,7 @@ impl SqliteStore {
     }
 
     /// A claim whose write went out but whose answer is an error: the write
-    /// may have committed all the same (SPEC §3: a lost claim reply never
+    /// may have committed all the same (the behaviour contract, `docs/spec.md` §3: a lost claim reply never
     /// holds a key with no holder). The record is read back; carrying this
     /// claim's attempt id, in flight, it is this claim's and the lease is
     /// answered. Otherwise (or when the read fails too) the error stands:

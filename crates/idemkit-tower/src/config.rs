@@ -43,6 +43,59 @@ pub struct IdemkitConfig {
     /// The routes.
     #[serde(default)]
     pub routes: Vec<RouteConfig>,
+    /// What the service serves besides its routes (gRPC, an OpenAPI document,
+    /// the contract routes): what its published contract may point callers to.
+    #[serde(default)]
+    pub service: ServiceConfig,
+}
+
+/// How a route's layer runs its requests: the constructor the service builds
+/// the layer with (`IdempotencyLayer::builder` or `IdempotencyLayer::transactional`).
+/// The configuration *describes* it, so the published contract says what a
+/// hang-up or a passed deadline does on each route; it does not choose it
+/// ([`RouteConfig::configure`] applies the policy to whichever builder it gets).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// Lease mode (`IdempotencyLayer::builder`): the claim commits at once with
+    /// a lease; the request runs to its end detached from the connection, is
+    /// never cut short by the caller's deadline, and stores its answer for the
+    /// retry. The default: it promises the least (a caller told "rolled back"
+    /// about a request that in fact ran could repeat it under a new key).
+    #[default]
+    Lease,
+    /// Single-step (`IdempotencyLayer::transactional`, SQL stores): claim,
+    /// business writes and answer commit in one transaction; a hang-up or a
+    /// passed deadline rolls it back (`504 deadline_exceeded` for the deadline)
+    /// and frees the key.
+    SingleStep,
+}
+
+impl Mode {
+    /// The name the configuration and the contract use (`lease`, `single_step`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Lease => "lease",
+            Self::SingleStep => "single_step",
+        }
+    }
+}
+
+/// What the service serves besides its keyed routes; every key is optional and
+/// off by default, so a contract never points callers to an endpoint the
+/// service does not have.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServiceConfig {
+    /// The same routes are also served over gRPC (`idemkit-tonic`, always lease
+    /// mode): the contract says how the deadline travels there.
+    pub grpc: bool,
+    /// The path of the service's OpenAPI document, whose keyed operations
+    /// carry `x-idempotency` (`"/openapi.json"`).
+    pub openapi: Option<String>,
+    /// The service serves this contract with `idemkit_contract::router`
+    /// (`GET /docs/idempotency` and `GET /docs/idempotency.json`).
+    pub contract_routes: bool,
 }
 
 /// What a route does with a request still in flight.
@@ -110,6 +163,8 @@ pub struct RouteDefaults {
     pub key_header: String,
     /// Largest response stored for replay, in bytes.
     pub max_stored_body: usize,
+    /// How the routes' layers run requests (see [`Mode`]).
+    pub mode: Mode,
 }
 
 impl Default for RouteDefaults {
@@ -125,6 +180,7 @@ impl Default for RouteDefaults {
             mismatch_status: 409,
             key_header: "Idempotency-Key".into(),
             max_stored_body: p.max_stored_body,
+            mode: Mode::Lease,
         }
     }
 }
@@ -171,6 +227,9 @@ pub struct RouteConfig {
     /// Overrides the in-flight behaviour.
     #[serde(default)]
     pub in_flight: Option<InFlight>,
+    /// Overrides the mode the route's layer runs in (see [`Mode`]).
+    #[serde(default)]
+    pub mode: Option<Mode>,
     /// A sentence for integrators about what this route does.
     #[serde(default)]
     pub description: Option<String>,
@@ -237,6 +296,11 @@ impl RouteConfig {
             p = p.with_replayed_header(h.trim());
         }
         p
+    }
+
+    /// The mode the route's layer runs in: its own `mode`, else `[defaults]`.
+    pub fn mode(&self) -> Mode {
+        self.mode.unwrap_or(self.defaults.mode)
     }
 
     /// Every response header the route stores and replays (when the answer has

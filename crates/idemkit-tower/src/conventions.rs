@@ -99,7 +99,7 @@ pub(crate) fn repeatability_result(counted: &str, status: u16) -> Option<&'stati
 /// (RFC 9110 §12.5.3), strictly: the coding, or `*`, listed with a non-zero
 /// weight. A caller that sends no `Accept-Encoding` is not taken to accept a
 /// compressed replay (RFC 9110 would allow it; a replay must decode for every
-/// caller, SPEC §5). `identity` is always acceptable unless refused by `q=0`.
+/// caller, the behaviour contract, `docs/spec.md` §5). `identity` is always acceptable unless refused by `q=0`.
 pub fn accepts_encoding(headers: &HeaderMap, coding: &str) -> bool {
     let coding = coding.trim();
     let mut named = None;

@@ -1,4 +1,4 @@
-//! The completer and the reaper (SPEC §7).
+//! The completer and the reaper (the behaviour contract, `docs/spec.md` §7).
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,4 +1,4 @@
-//! How a handler overrides the route's storage policy for one response (SPEC §5).
+//! How a handler overrides the route's storage policy for one response (the behaviour contract, `docs/spec.md` §5).
 
 use axum::response::{IntoResponseParts, ResponseParts};
 

@@ -1,5 +1,5 @@
 //! Multi-step requests: atomic phases, recovery points and external-call intents
-//! (SPEC §7).
+//! (the behaviour contract, `docs/spec.md` §7).
 //!
 //! A request that calls systems we cannot roll back (payments, couriers, email) runs
 //! as a sequence of phases under a lease-mode claim. Each phase is one fenced

@@ -145,7 +145,7 @@ where
         return Box::pin(claim_and_execute(shared, inner, parts, bytes, claim, deadline)).await;
     }
     // Lease mode: the claim commits on its own, so the claim and the work go
-    // on to completion detached from the connection (SPEC §3). A client that
+    // on to completion detached from the connection (the behaviour contract, `docs/spec.md` §3). A client that
     // hangs up mid-request (exactly when clients retry), even while its key is
     // still being claimed, leaves neither a half-run handler nor a key held by
     // nobody until its lease expires: its retry waits for, or replays, the
@@ -296,7 +296,7 @@ fn claim_request(
     bytes: Bytes,
     resume: Option<FencingToken>,
 ) -> (ClaimRequest, Bytes) {
-    // The query string is part of the request (SPEC §2).
+    // The query string is part of the request (the behaviour contract, `docs/spec.md` §2).
     let target = parts
         .uri
         .path_and_query()

@@ -1,4 +1,4 @@
-//! `idemkit check`: the black-box conformance gates (SPEC §9) against any
+//! `idemkit check`: the black-box conformance gates (the behaviour contract, `docs/spec.md` §9) against any
 //! idempotent HTTP endpoint.
 //!
 //! The gates themselves live in [`idemkit_check`]; this module turns the

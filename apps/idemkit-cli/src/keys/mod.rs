@@ -1,4 +1,4 @@
-//! `idemkit keys`: operator tooling over a key store (SQLite or PostgreSQL).
+//! `idemkit keys`: operator tooling over a key store (SQLite, PostgreSQL or Redis).
 //!
 //! - `list` shows records by state (`--state parked` is the list of requests
 //!   awaiting a human), newest claim first;
@@ -50,8 +50,8 @@ const UNSCOPED_NAME: &str = "(unscoped)";
 /// Arguments of `idemkit keys`.
 #[derive(Debug, Args)]
 pub struct KeysArgs {
-    /// The key store (required): `postgres://…`, `sqlite://…` or a SQLite file path (the
-    /// service's `--database-url`).
+    /// The key store (required): `postgres://…`, `redis://…`, `sqlite://…` or a SQLite
+    /// file path (the service's `--database-url`, or its `--keys-url` on Redis).
     #[arg(long, global = true, value_name = "URL")]
     pub database_url: Option<String>,
     /// PostgreSQL schema of the key store; default the library's, `idemkit` (the

@@ -17,6 +17,7 @@ mod keys;
 mod labels;
 mod lint_openapi;
 mod metrics;
+mod operations_doc;
 mod policy;
 mod proxy;
 mod proxy_docs;

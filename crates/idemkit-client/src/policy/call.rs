@@ -428,7 +428,10 @@ pub enum Stop {
 }
 
 impl Stop {
-    fn label(self) -> &'static str {
+    /// The `reason` label of `idemkit_client_gave_up_total` (and of the WARN
+    /// event) for this stop: `attempts_exhausted`, `budget_exhausted`, …
+    #[must_use]
+    pub fn label(self) -> &'static str {
         match self {
             Self::AttemptsExhausted => "attempts_exhausted",
             Self::BudgetExhausted => "budget_exhausted",

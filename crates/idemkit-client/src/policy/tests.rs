@@ -363,7 +363,7 @@ fn a_retry_never_sent_gives_its_tokens_back() {
     assert_eq!(bucket.available(), 486);
 }
 
-/// Review (after issue 30, item 18): an attempt cut short by the call's
+/// Review: an attempt cut short by the call's
 /// deadline, not by the adaptive timeout, says only that latency exceeded what
 /// was left of the deadline; it must not raise the adaptive timeout (doubling
 /// what was left would raise it above what any attempt ever needed).

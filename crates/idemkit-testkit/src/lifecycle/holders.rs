@@ -4,7 +4,7 @@
 
 use super::*;
 
-/// The replay window applies to completed records only (SPEC §3): an
+/// The replay window applies to completed records only (the behaviour contract, `docs/spec.md` §3): an
 /// in-flight record with recorded progress, whose holder is gone and whose
 /// first claim is older than the window, is taken over (a new token, resumed
 /// from its recovery point, its step outputs and its generation `created_at`

@@ -1,4 +1,4 @@
-//! Conformance cases for the multi-step lifecycle (SPEC §6, §7): phases and
+//! Conformance cases for the multi-step lifecycle (the behaviour contract, `docs/spec.md` §6 and §7): phases and
 //! recovery points ([`KeyStore::advance`], [`TransactionalStore::advance_in_tx`]),
 //! parking for human review ([`KeyStore::park`]), the completer's work list
 //! ([`KeyStore::abandoned`]), the reaper ([`KeyStore::reap`],
@@ -34,7 +34,7 @@ pub use operator::*;
 pub use phases::*;
 pub use review::*;
 
-/// The reap threshold the cases use: three replay windows (SPEC §6 default, 72 h).
+/// The reap threshold the cases use: three replay windows (the behaviour contract's §6 default, 72 h).
 pub const REAP: Duration = Duration::from_secs(3 * 24 * 3600);
 
 /// Every case of [`crate::lifecycle_conformance_tests!`], by name (see

@@ -163,7 +163,7 @@ pub async fn force_release_frees_only_records_nobody_holds<S: KeyStore>(
     assert!(again.token > rec.fencing_token, "tokens keep rising");
     assert_eq!(again.resumed_from, None, "a first attempt, not a takeover");
 
-    // Parked with a recorded intent: the release keeps it (SPEC §3: parking
+    // Parked with a recorded intent: the release keeps it (the behaviour contract, `docs/spec.md` §3: parking
     // exists so the call is never made twice unasked); the record becomes
     // resumable and the rerun starts from its recovery point.
     let (parked, l) = claimed(&*store, "fr-parked").await;

@@ -1,4 +1,4 @@
-//! The race suite (SPEC §9, race gate): the store operations of two to four
+//! The race suite (the behaviour contract, `docs/spec.md` §9, race gate): the store operations of two to four
 //! actors on one key, interleaved at every operation boundary, deterministically,
 //! with a history checker run after each schedule.
 //!
@@ -23,7 +23,7 @@
 //! read-decide-write operation is interleaved inside too.
 //!
 //! After every step the checker reads the record; after every schedule it checks
-//! the history (SPEC §9):
+//! the history (the behaviour contract, `docs/spec.md` §9):
 //!
 //! - at most one completed response per request, and it never changes while
 //!   the replay window lasts (no record goes back from completed);
@@ -452,7 +452,7 @@ async fn run_schedule(
             Stepped::Done(Err(e)) => return Err(violation(&steps, e)),
         };
         if matches!(effect, Effect::Claimed { .. }) {
-            // Never a second runner while a lease is alive (SPEC §3): every other
+            // Never a second runner while a lease is alive (the behaviour contract, `docs/spec.md` §3): every other
             // actor that holds a claim and is still working must have had its
             // lease expire by now.
             let now = clock.now();

@@ -15,7 +15,7 @@ use super::{Engine, Refusal, Refused, stored_problem};
 use crate::metrics::{op, outcome, timed};
 
 /// How a handler overrides the route's storage policy for one response
-/// (SPEC §5). Adapters attach it to a response (`idemkit_tower::Outcome` in an
+/// (the behaviour contract, `docs/spec.md` §5). Adapters attach it to a response (`idemkit_tower::Outcome` in an
 /// axum response's parts).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
@@ -30,7 +30,7 @@ pub enum Outcome {
     Settled,
 }
 
-/// What happens to a handler's answer (SPEC §5).
+/// What happens to a handler's answer (the behaviour contract, `docs/spec.md` §5).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Disposition {
     /// Stored; the key replays it.
@@ -196,7 +196,7 @@ impl Attempt {
     /// Runs `work` (the handler and whatever finishes the attempt) for this
     /// attempt, and settles the attempt itself if `work` panics, wherever it is
     /// polled: on the caller's task, or in the task [`super::Detached`] moved it
-    /// to after the caller left (SPEC §3). A panic before any progress releases
+    /// to after the caller left (the behaviour contract, `docs/spec.md` §3). A panic before any progress releases
     /// the key; after progress the record is abandoned, resumable, with the
     /// panic counted in its last error, and the [`Policy::panic_limit`]th panic
     /// in a row parks it for review instead. `Err` says which (an [`outcome`]:

@@ -1,4 +1,4 @@
-//! The request lifecycle, protocol-neutral (SPEC §3–§7): begin (fingerprint,
+//! The request lifecycle, protocol-neutral (the behaviour contract, `docs/spec.md` §3–§7): begin (fingerprint,
 //! claim, wait/reject/accept) → a running attempt (heartbeat, fencing) → finish
 //! (store, release, abandon by policy) → replay.
 //!
@@ -293,7 +293,7 @@ impl Engine {
     /// passed is refused with `deadline_exceeded` before its key is claimed:
     /// nothing is written and the key stays free. A completed request's stored
     /// answer is still replayed whatever the deadline (a replay costs nothing,
-    /// SPEC §10): its record is read, not claimed. Waiting for a live holder
+    /// the behaviour contract, `docs/spec.md` §10): its record is read, not claimed. Waiting for a live holder
     /// (the `wait` in-flight behaviour) stops at the deadline. The attempt
     /// carries the deadline so the adapter can hand the remaining time on.
     pub async fn begin_until(

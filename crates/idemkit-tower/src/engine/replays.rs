@@ -1,5 +1,5 @@
 //! An optional in-process cache of the answers this process stored, so a hot
-//! replay is answered without a store round trip (issue 16).
+//! replay is answered without a store round trip.
 //!
 //! Keyed by scope and fingerprint: a retry of the same request finds its answer;
 //! the same key with another request misses and goes to the store, which
