@@ -152,7 +152,7 @@ mod tests {
 
     const ALT: &str = r#"{"sku":"BOOK-2","quantity":1}"#;
 
-    /// A probe that counts for everyone (issue 32 item 20): isolation judges the
+    /// A probe that counts for everyone: isolation judges the
     /// total instead of failing a correct endpoint, and still fails an unscoped one.
     #[tokio::test]
     async fn isolation_with_a_shared_count_judges_the_total() {
