@@ -135,7 +135,7 @@ pub struct ProxyArgs {
 /// disk ([`idemkit_proxy::SqliteSync`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum SqliteSyncArg {
-    /// Claims (`idemkit::sqlite::Durability::Claims`).
+    /// Claims (`idemkit::stores::sqlite::Durability::Claims`).
     Claims,
     /// Every commit (`PRAGMA synchronous = FULL`).
     Full,
@@ -248,7 +248,7 @@ mod tests {
     #[tokio::test]
     async fn the_sqlite_key_store_syncs_claims_by_default() {
         use clap::Parser;
-        use idemkit::sqlite::Durability;
+        use idemkit::stores::sqlite::Durability;
         #[derive(Parser)]
         struct Cli {
             #[command(flatten)]

@@ -181,7 +181,7 @@ fn section(route: &RouteConfig) -> String {
         route.path,
         service = crate::proto::SERVICE,
         field = crate::proto::KEY_FIELD_NUMBER,
-        key_metadata = idemkit_tonic::IDEMPOTENCY_KEY,
+        key_metadata = idemkit_tonic::wire::IDEMPOTENCY_KEY,
         invalid = grpc_name(idemkit_tonic::code_for(ErrorCode::KeyInvalid)),
         key_invalid = ErrorCode::KeyInvalid,
         method = crate::proto::CREATE_LABEL,
@@ -189,7 +189,7 @@ fn section(route: &RouteConfig) -> String {
         key_reused = ErrorCode::KeyReused,
         compressed = grpc_name(idemkit_tonic::code_for(ErrorCode::UnsupportedMediaType)),
         unsupported = ErrorCode::UnsupportedMediaType,
-        replayed = idemkit_tonic::IDEMPOTENT_REPLAYED,
+        replayed = idemkit_tonic::wire::IDEMPOTENT_REPLAYED,
         in_flight = match p.in_flight {
             InFlightBehavior::Wait(t) => format!(
                 "waits up to {} for the first one's answer, then replays it (or gets `{}`)",

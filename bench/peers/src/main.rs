@@ -7,11 +7,11 @@
 //! | setup                         | what wraps the handler                                  |
 //! |-------------------------------|---------------------------------------------------------|
 //! | bare SQLite                   | nothing: the handler's own transaction, same insert      |
-//! | idemkit single-step SQLite    | `IdempotencyLayer::transactional`, insert in the claim's tx |
+//! | idemkit single-step SQLite    | `IdempotencyLayer::single_step`, insert in the claim's tx   |
 //! | bare PostgreSQL               | nothing (only with `IDEMKIT_TEST_POSTGRES_URL`)          |
-//! | idemkit single-step PostgreSQL| `IdempotencyLayer::transactional` (same)                 |
+//! | idemkit single-step PostgreSQL| `IdempotencyLayer::single_step` (same)                   |
 //! | bare memory                   | nothing: echo with an id from an `AtomicU64`             |
-//! | idemkit lease, MemoryStore    | `IdempotencyLayer::builder(MemoryStore)` (lease mode)    |
+//! | idemkit lease, MemoryStore    | `IdempotencyLayer::lease(MemoryStore)` (lease mode)      |
 //! | idempotent, memory backend    | `idempotent::middleware::IdempotencyLayer`               |
 //! | axum-idempotent, moka session | `axum_idempotent::IdempotentLayer` inside a ruts session |
 //!
@@ -87,9 +87,8 @@ fn requests() -> usize {
 
 /// Handler 5 behind idemkit's lease-mode layer on `store` (setups 6 and 6b).
 fn lease_router(store: Arc<dyn KeyStore>, ids: Arc<AtomicU64>) -> Router {
-    let layer = IdempotencyLayer::builder(store)
+    let layer = IdempotencyLayer::lease(store, BearerTokenAccount::new("test-secret"))
         .policy(Policy::new())
-        .resolver(BearerTokenAccount)
         .build()
         .unwrap_or_else(|e| layer_err(e));
     Router::new()
@@ -217,8 +216,7 @@ async fn run(server: Handle, serve: bool) {
             Some("idempotent-replayed"),
             Runs::Sqlite(store),
             Box::pin(async move {
-                let layer = IdempotencyLayer::transactional(s)
-                    .resolver(BearerTokenAccount)
+                let layer = IdempotencyLayer::single_step(s, BearerTokenAccount::new("test-secret"))
                     .build()
                     .unwrap_or_else(|e| layer_err(e));
                 Router::new().route("/orders", post(create_order_sqlite).layer(layer))
@@ -262,8 +260,7 @@ async fn run(server: Handle, serve: bool) {
                 Some("idempotent-replayed"),
                 Runs::Pg(store),
                 Box::pin(async move {
-                    let layer = IdempotencyLayer::transactional(s)
-                        .resolver(BearerTokenAccount)
+                    let layer = IdempotencyLayer::single_step(s, BearerTokenAccount::new("test-secret"))
                         .build()
                         .unwrap_or_else(|e| layer_err(e));
                     Router::new().route("/orders", post(create_order_pg).layer(layer))

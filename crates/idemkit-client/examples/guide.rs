@@ -9,9 +9,7 @@
 
 use std::time::Duration;
 
-use idemkit_client::{
-    IDEMPOTENCY_KEY, IdempotencyKey, RetryConfig, RetryErrorExt, RetryMiddleware, RetryPolicy, Stop,
-};
+use idemkit_client::{IdempotencyKey, RetryConfig, RetryErrorExt, RetryMiddleware, RetryPolicy, Stop, wire};
 
 /// Settings from the guide's table: a `Copy` value built in a `const`.
 const ORDERS: RetryConfig = RetryConfig::new()
@@ -39,7 +37,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let confirm = client
         .post(format!("{base}/orders/{order_id}/confirm"))
         .header(
-            IDEMPOTENCY_KEY,
+            wire::IDEMPOTENCY_KEY,
             IdempotencyKey::derived("order-confirm", order_id).as_str(),
         )
         .header("content-type", "application/json")

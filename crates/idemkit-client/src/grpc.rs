@@ -26,11 +26,12 @@ use crate::policy::{Decision, RetryPolicy, Stop};
 use crate::replay::Replayed;
 
 /// The gRPC deadline header, set on every attempt to its remaining budget (`1234m`).
-pub const GRPC_TIMEOUT: HeaderName = HeaderName::from_static("grpc-timeout");
+pub(crate) const GRPC_TIMEOUT: HeaderName = HeaderName::from_static(idemkit_core::wire::GRPC_TIMEOUT);
 
 /// gRFC A6 server pushback: a delay in milliseconds before retrying, or (negative or
 /// malformed) a request not to retry.
-pub const GRPC_RETRY_PUSHBACK_MS: HeaderName = HeaderName::from_static("grpc-retry-pushback-ms");
+pub(crate) const GRPC_RETRY_PUSHBACK_MS: HeaderName =
+    HeaderName::from_static(idemkit_core::wire::GRPC_RETRY_PUSHBACK_MS);
 
 const GRPC_STATUS: &str = "grpc-status";
 const GRPC_STATUS_DETAILS: &str = "grpc-status-details-bin";
@@ -107,7 +108,7 @@ impl Methods {
 
 /// gRFC A6: how many attempts of this call were sent before this one, on every
 /// retry (absent on the first attempt).
-pub const GRPC_PREVIOUS_RPC_ATTEMPTS: &str = "grpc-previous-rpc-attempts";
+pub(crate) use idemkit_core::wire::GRPC_PREVIOUS_RPC_ATTEMPTS;
 
 impl GrpcRetryLayer {
     /// A layer using `policy`. No method is assumed unary or streaming: see the

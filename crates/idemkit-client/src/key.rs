@@ -2,12 +2,9 @@
 
 use std::fmt;
 
-use http::{HeaderName, HeaderValue};
+use http::HeaderValue;
 
-/// The default header that carries the key: `Idempotency-Key`.
-pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static(IDEMPOTENCY_KEY_STR);
-
-pub(crate) const IDEMPOTENCY_KEY_STR: &str = "idempotency-key";
+pub(crate) use idemkit_core::wire::IDEMPOTENCY_KEY as IDEMPOTENCY_KEY_STR;
 
 /// Longest key the idemkit contract accepts.
 const MAX_LEN: usize = 255;

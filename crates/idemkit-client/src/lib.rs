@@ -8,7 +8,8 @@
 //! use bytes::Bytes;
 //! use http::{Request, Response, StatusCode};
 //! use http_body_util::Full;
-//! use idemkit_client::{IDEMPOTENCY_KEY, RetryConfig, RetryLayer};
+//! use idemkit_client::wire::IDEMPOTENCY_KEY;
+//! use idemkit_client::{RetryConfig, RetryLayer};
 //! use tower::{ServiceBuilder, ServiceExt};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
@@ -116,10 +117,10 @@ pub use classify::{
     PROBLEM_CONTENT_TYPE, RetryKind, Verdict, classify_error, needs_problem_code, problem_code, retry_after,
 };
 pub use error::{Last, RetryError};
-pub use key::{AutoKey, IDEMPOTENCY_KEY, IdempotencyKey, InvalidKey};
+pub use idemkit_core::wire;
+pub use key::{AutoKey, IdempotencyKey, InvalidKey};
 pub use policy::{
-    ATTEMPT_HEADER, AttemptPlan, Call, CallDeadline, DEADLINE_HEADER, Decision, REPEATABILITY_FIRST_SENT,
-    REPEATABILITY_REQUEST_ID, RetryConfig, RetryPolicy, Stop, TIMEOUT_HEADER, gets_auto_key, is_idempotent,
+    AttemptPlan, Call, CallDeadline, Decision, RetryConfig, RetryPolicy, Stop, gets_auto_key, is_idempotent,
 };
 pub use policy_doc::{KeyLocation, PolicyDocError, PublishedAnswer, PublishedOperation, PublishedPolicy};
 pub use timeout::{AdaptiveTimeout, AttemptTimeout};
@@ -127,8 +128,8 @@ pub use timeout::{AdaptiveTimeout, AttemptTimeout};
 #[cfg(feature = "tonic")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
 pub use crate::grpc::{
-    GRPC_PREVIOUS_RPC_ATTEMPTS, GRPC_RETRY_PUSHBACK_MS, GRPC_TIMEOUT, GrpcResponseFuture, GrpcRetryError,
-    GrpcRetryLayer, GrpcRetryService, grpc_timeout_value, parse_grpc_timeout,
+    GrpcResponseFuture, GrpcRetryError, GrpcRetryLayer, GrpcRetryService, grpc_timeout_value,
+    parse_grpc_timeout,
 };
 #[cfg(feature = "reqwest")]
 #[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]

@@ -136,7 +136,8 @@ impl RetryErrorExt for reqwest_middleware::Error {
 /// extension, shortens the call's deadline.
 ///
 /// ```no_run
-/// use idemkit_client::{IDEMPOTENCY_KEY, IdempotencyKey, RetryMiddleware};
+/// use idemkit_client::wire::IDEMPOTENCY_KEY;
+/// use idemkit_client::{IdempotencyKey, RetryMiddleware};
 ///
 /// # async fn run() -> Result<(), reqwest_middleware::Error> {
 /// let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())

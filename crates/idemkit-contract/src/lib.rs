@@ -48,7 +48,7 @@ pub use proxy::{PROXY_DEFAULT_METHODS, ProxyContract, render_proxy};
 pub use router::router;
 
 /// The REST deadline header as the contract spells it (the wire name is
-/// [`idemkit_core::DEADLINE_HEADER`], case-insensitive).
+/// [`idemkit_core::wire::REQUEST_TIMEOUT`], case-insensitive).
 pub const DEADLINE_HEADER_DISPLAY: &str = "Request-Timeout";
 
 /// The example requests of one route: a valid body, and a different valid body

@@ -24,7 +24,7 @@ fn the_contract_follows_the_configuration() {
     assert!(doc.contains("**3 attempts**"));
     assert!(doc.contains("| 3 | 0 – 100ms |"));
     assert!(doc.contains("## Deadlines") && doc.contains("`Request-Timeout: <milliseconds>`"));
-    assert!(DEADLINE_HEADER_DISPLAY.eq_ignore_ascii_case(idemkit_core::DEADLINE_HEADER));
+    assert!(DEADLINE_HEADER_DISPLAY.eq_ignore_ascii_case(idemkit_core::wire::REQUEST_TIMEOUT));
 
     let changed = IdemkitConfig::from_toml(
         "[defaults]\nreplay_window = \"2h\"\nreap_threshold = \"6h\"\nmismatch_status = 422\n\

@@ -177,23 +177,11 @@ fn rustdoc_and_manifests() -> Vec<(String, String)> {
     out
 }
 
-/// Doc lines left to the branch reshaping the tower/tonic public API, which
-/// owns these files: each is exempt by its exact text, so a new citation
-/// there still fails. Remove the entries once that branch is in.
-const PENDING: [&str; 3] = [
-    "//! Resolving the account a key belongs to (SPEC §1: keys are scoped per account).",
-    "//! same protocol-neutral engine as `idemkit-tower`'s HTTP layer (SPEC §10). The",
-    "/// response's) to override the route's storage policy for it (SPEC §5):",
-];
-
 #[test]
 fn no_doc_cites_what_the_repository_does_not_contain() {
     let mut found = Vec::new();
     for (file, text) in pages().into_iter().chain(rustdoc_and_manifests()) {
         for line in text.lines() {
-            if PENDING.contains(&line.trim()) {
-                continue;
-            }
             for citation in foreign_citations(line) {
                 found.push(format!("{file}: `{citation}` in: {}", line.trim()));
             }

@@ -19,14 +19,10 @@
 
 use std::time::Duration;
 
-/// The request header that carries the caller's remaining time budget, in
-/// milliseconds (lowercase, so it can be used as a static header name).
-pub const DEADLINE_HEADER: &str = "request-timeout";
-
-/// The most digits [`DEADLINE_HEADER`]'s value may have.
+/// The most digits a [`crate::wire::REQUEST_TIMEOUT`] value may have.
 pub const DEADLINE_HEADER_MAX_DIGITS: usize = 10;
 
-/// Parses a [`DEADLINE_HEADER`] value into the remaining budget; `None` when the
+/// Parses a [`crate::wire::REQUEST_TIMEOUT`] value into the remaining budget; `None` when the
 /// value is malformed (the header is then ignored).
 ///
 /// ```
@@ -48,7 +44,7 @@ pub fn parse_deadline_header(value: &str) -> Option<Duration> {
     value.parse::<u64>().ok().map(Duration::from_millis)
 }
 
-/// Formats a remaining budget as a [`DEADLINE_HEADER`] value, rounding down to
+/// Formats a remaining budget as a [`crate::wire::REQUEST_TIMEOUT`] value, rounding down to
 /// whole milliseconds and saturating at the largest value the header allows.
 ///
 /// ```

@@ -30,11 +30,10 @@ mod problem;
 mod record;
 mod scope;
 mod store;
+pub mod wire;
 
 pub use clock::{Clock, Millis, SystemClock};
-pub use deadline::{
-    DEADLINE_HEADER, DEADLINE_HEADER_MAX_DIGITS, format_deadline_header, parse_deadline_header,
-};
+pub use deadline::{DEADLINE_HEADER_MAX_DIGITS, format_deadline_header, parse_deadline_header};
 pub use fingerprint::{Fingerprint, Fingerprinter, PointerError};
 pub use key::{IdempotencyKey, KeyError, MAX_KEY_LEN};
 pub use policy::{
@@ -48,6 +47,7 @@ pub use record::{
 };
 pub use scope::{Account, Scope};
 pub use store::{
-    ClaimOutcome, ClaimRequest, FORCE_RELEASED, KeyStore, Lease, ListFilter, MOVED_TO_REVIEW,
-    RELEASE_REFUSED, Resolution, StoreError, StoreResult, TransactionalStore, TxClaim,
+    ClaimOutcome, ClaimRequest, FORCE_RELEASED, IntoKeyStore, IntoTransactionalStore, KeyStore, Lease,
+    ListFilter, MOVED_TO_REVIEW, RELEASE_REFUSED, Resolution, StoreError, StoreResult, TransactionalStore,
+    TxClaim,
 };

@@ -82,6 +82,12 @@ pub enum ErrorCode {
     /// An unexpected server error.
     #[serde(rename = "internal_error")]
     Internal,
+    /// A code this version does not know, read from a document a newer server
+    /// sent (`Deserialize` maps every unknown string here instead of failing).
+    /// Its own status, title and `retryable` member are in the [`Problem`] it
+    /// came in; this crate never produces it.
+    #[serde(other, rename = "unknown")]
+    Unknown,
 }
 
 impl ErrorCode {
@@ -107,6 +113,7 @@ impl ErrorCode {
             Self::Unauthorized => "unauthorized",
             Self::NotFound => "not_found",
             Self::Internal => "internal_error",
+            Self::Unknown => "unknown",
         }
     }
 
@@ -115,7 +122,11 @@ impl ErrorCode {
         match self {
             Self::KeyMissing | Self::KeyInvalid | Self::ValidationFailed => 400,
             Self::KeyReused | Self::RequestInProgress | Self::RequestParked => 409,
-            Self::ResponseTooLarge | Self::Misconfigured | Self::StreamingUnsupported | Self::Internal => 500,
+            Self::ResponseTooLarge
+            | Self::Misconfigured
+            | Self::StreamingUnsupported
+            | Self::Internal
+            | Self::Unknown => 500,
             Self::FirstSentOutOfWindow => 412,
             Self::ReplayNotAcceptable => 406,
             Self::LeaseLost | Self::StoreUnavailable => 503,
@@ -157,6 +168,7 @@ impl ErrorCode {
             Self::Unauthorized => "Unauthorized",
             Self::NotFound => "Not found",
             Self::Internal => "Internal server error",
+            Self::Unknown => "Unknown error code",
         }
     }
 }
@@ -255,6 +267,17 @@ mod tests {
             assert_eq!(p.status, code.default_status());
         }
         assert!(!ErrorCode::ResponseTooLarge.retryable());
+        // A code a newer server sends decodes instead of failing the document.
+        let p: Problem = serde_json::from_str(
+            r#"{"type":"urn:x","title":"t","status":503,"detail":"d","code":"idempotency_brand_new","retryable":true}"#,
+        )
+        .unwrap();
+        assert_eq!(p.code, ErrorCode::Unknown);
+        assert!(p.retryable, "the document's own retryable member is kept");
+        assert_eq!(
+            serde_json::from_str::<ErrorCode>(r#""idempotency_key_reused""#).unwrap(),
+            ErrorCode::KeyReused
+        );
         assert!(ErrorCode::RequestInProgress.retryable());
         assert_eq!(ErrorCode::DeadlineExceeded.as_str(), "deadline_exceeded");
         assert_eq!(ErrorCode::DeadlineExceeded.default_status(), 504);

@@ -21,6 +21,26 @@ impl Account {
         Self(id.into())
     }
 
+    /// The account of a credential (a bearer token, an API key) without keeping
+    /// the credential: hex `HMAC-SHA256(secret, credential)`. The same secret
+    /// and credential give the same account on every instance and after every
+    /// restart; without the secret the account reveals nothing of the
+    /// credential, so it can sit in the key table, logs and `keys list`.
+    /// Rotating the secret moves every caller to a new account (their keys
+    /// start afresh), so keep it as stable as the replay window needs.
+    ///
+    /// ```
+    /// use idemkit_core::Account;
+    /// let a = Account::keyed(b"server secret", b"tok_live_123");
+    /// assert_eq!(a, Account::keyed(b"server secret", b"tok_live_123"));
+    /// assert_ne!(a, Account::keyed(b"another secret", b"tok_live_123"));
+    /// assert!(!a.as_str().contains("tok_live_123"));
+    /// assert_eq!(a.as_str().len(), 64);
+    /// ```
+    pub fn keyed(secret: &[u8], credential: &[u8]) -> Self {
+        Self(hex::encode(hmac_sha256(secret, credential)))
+    }
+
     /// The single account of an explicitly unscoped (single-tenant) deployment.
     pub fn unscoped() -> Self {
         Self(Self::UNSCOPED.to_owned())
@@ -38,6 +58,14 @@ impl fmt::Display for Account {
     }
 }
 
+/// HMAC-SHA256 (RFC 2104), with the `hmac` crate.
+pub(crate) fn hmac_sha256(secret: &[u8], message: &[u8]) -> [u8; 32] {
+    use hmac::{KeyInit, Mac};
+    let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(secret).expect("HMAC takes a key of any length");
+    mac.update(message);
+    mac.finalize().into_bytes().into()
+}
+
 /// The identity of one idempotency record.
 #[derive(Clone, PartialEq, Eq, Hash, Debug)]
 pub struct Scope {
@@ -51,5 +79,18 @@ impl Scope {
     /// Builds a scope.
     pub fn new(account: Account, key: IdempotencyKey) -> Self {
         Self { account, key }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hmac_matches_rfc_4231_case_2() {
+        assert_eq!(
+            hex::encode(hmac_sha256(b"Jefe", b"what do ya want for nothing?")),
+            "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
+        );
     }
 }

@@ -481,6 +481,55 @@ pub trait TransactionalStore: KeyStore {
 #[allow(dead_code)]
 fn _assert_object_safe(_: &dyn KeyStore) {}
 
+/// A store as the layers and jobs take it: any [`KeyStore`] by value (every
+/// idemkit store is a cheap clone over one shared pool or client), an
+/// `Arc<S>`, or an `Arc<dyn KeyStore>` chosen at run time.
+pub trait IntoKeyStore {
+    /// The shared, type-erased handle.
+    fn into_key_store(self) -> std::sync::Arc<dyn KeyStore>;
+}
+
+impl<S: KeyStore> IntoKeyStore for S {
+    fn into_key_store(self) -> std::sync::Arc<dyn KeyStore> {
+        std::sync::Arc::new(self)
+    }
+}
+
+impl<S: KeyStore> IntoKeyStore for std::sync::Arc<S> {
+    fn into_key_store(self) -> std::sync::Arc<dyn KeyStore> {
+        self
+    }
+}
+
+impl IntoKeyStore for std::sync::Arc<dyn KeyStore> {
+    fn into_key_store(self) -> std::sync::Arc<dyn KeyStore> {
+        self
+    }
+}
+
+/// A [`TransactionalStore`] as the single-step layer takes it: by value or as
+/// an `Arc<S>`.
+pub trait IntoTransactionalStore {
+    /// The store.
+    type Store: TransactionalStore;
+    /// The shared handle.
+    fn into_transactional_store(self) -> std::sync::Arc<Self::Store>;
+}
+
+impl<S: TransactionalStore> IntoTransactionalStore for S {
+    type Store = S;
+    fn into_transactional_store(self) -> std::sync::Arc<S> {
+        std::sync::Arc::new(self)
+    }
+}
+
+impl<S: TransactionalStore> IntoTransactionalStore for std::sync::Arc<S> {
+    type Store = S;
+    fn into_transactional_store(self) -> std::sync::Arc<S> {
+        self
+    }
+}
+
 #[cfg(test)]
 mod store_error_tests {
     use super::StoreError;

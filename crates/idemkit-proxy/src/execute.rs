@@ -286,7 +286,7 @@ impl Proxy {
         let first = |parts, body: Bytes, stored: &idemkit_core::StoredResponse| {
             if refused_coding {
                 let mut res = replay_response_to(stored.clone(), &policy, caller);
-                res.headers_mut().remove(idemkit_tower::IDEMPOTENT_REPLAYED);
+                res.headers_mut().remove(idemkit_tower::wire::IDEMPOTENT_REPLAYED);
                 res
             } else {
                 Response::from_parts(parts, Body::from(body))

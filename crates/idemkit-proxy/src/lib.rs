@@ -78,7 +78,6 @@ use idemkit_tower::metrics::outcome;
 use idemkit_tower::{
     ProblemResponse, STORED_REQUEST_HEADERS, replay_response_to, stored_request_headers, stored_response,
 };
-use sha2::Sha256;
 use tokio::net::TcpListener;
 
 mod answers;
@@ -441,7 +440,7 @@ async fn build(args: ProxyOptions) -> Result<(Router, Arc<Proxy>), ProxyError> {
                     method,
                     path: None,
                     engine: engine.clone(),
-                    key: KeySource::Header(HeaderName::from_static(idemkit_tower::IDEMPOTENCY_KEY)),
+                    key: KeySource::Header(HeaderName::from_static(idemkit_tower::wire::IDEMPOTENCY_KEY)),
                     not_executed: Vec::new(),
                 })
                 .collect()
@@ -855,7 +854,7 @@ impl Proxy {
 
     /// The account of a credential: hex `HMAC-SHA256(secret, credential)`.
     fn account(&self, credential: &[u8]) -> Account {
-        Account::new(hex::encode(hmac_sha256(&self.secret, credential)))
+        Account::keyed(&self.secret, credential)
     }
 
     /// A keyed request's answer, first or replayed, compressed for its caller
@@ -1090,25 +1089,9 @@ impl Proxy {
     }
 }
 
-/// HMAC-SHA256 (RFC 2104), with the `hmac` crate.
-fn hmac_sha256(secret: &[u8], message: &[u8]) -> [u8; 32] {
-    use hmac::{KeyInit, Mac};
-    let mut mac = hmac::Hmac::<Sha256>::new_from_slice(secret).expect("HMAC takes a key of any length");
-    mac.update(message);
-    mac.finalize().into_bytes().into()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn hmac_matches_rfc_4231_case_2() {
-        assert_eq!(
-            hex::encode(hmac_sha256(b"Jefe", b"what do ya want for nothing?")),
-            "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
-        );
-    }
 
     #[test]
     fn database_passwords_are_redacted() {

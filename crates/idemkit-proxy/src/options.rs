@@ -171,7 +171,7 @@ impl std::fmt::Debug for ProxyOptions {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum SqliteSync {
-    /// Claims (`idemkit::sqlite::Durability::Claims`).
+    /// Claims (`idemkit::stores::sqlite::Durability::Claims`).
     Claims,
     /// Every commit (`PRAGMA synchronous = FULL`).
     Full,
@@ -263,10 +263,10 @@ impl ProxyOptions {
     }
 
     /// How the key store is opened (`sqlite_synchronous` mapped to its
-    /// [`idemkit::sqlite::Durability`]; the Redis prefix is
+    /// [`idemkit::stores::sqlite::Durability`]; the Redis prefix is
     /// [`store_target`](Self::store_target)'s).
     pub fn open_options(&self) -> idemkit::OpenOptions {
-        use idemkit::sqlite::Durability;
+        use idemkit::stores::sqlite::Durability;
         idemkit::OpenOptions::new().with_sqlite_durability(match self.sqlite_synchronous {
             SqliteSync::Claims => Durability::Claims,
             SqliteSync::Full => Durability::EveryCommit,

@@ -14,7 +14,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use futures::FutureExt;
 use http::{Request, StatusCode};
-use idemkit_core::{Account, IdempotencyKey, KeyStore, Millis, Policy, Scope, TransactionalStore};
+use idemkit_core::{IdempotencyKey, KeyStore, Millis, Policy, Scope, TransactionalStore};
 use idemkit_postgres::{PgConfig, PgStore, PgTx};
 use idemkit_redis::{RedisConfig, RedisStore};
 use idemkit_sqlite::{SqliteConfig, SqliteStore, SqliteTx};
@@ -131,7 +131,7 @@ impl Spec {
     /// Its scope.
     pub fn scope(&self) -> Scope {
         Scope::new(
-            Account::new(self.account),
+            crate::adapter::account_of(self.account),
             IdempotencyKey::parse(self.key).expect("a valid key"),
         )
     }

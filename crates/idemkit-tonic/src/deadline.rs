@@ -4,8 +4,7 @@ use std::time::{Duration, Instant};
 
 use http::HeaderMap;
 
-/// The request header carrying the caller's remaining time (gRPC over HTTP/2).
-pub const GRPC_TIMEOUT: &str = "grpc-timeout";
+pub(crate) use idemkit_core::wire::GRPC_TIMEOUT;
 
 /// Parses a `grpc-timeout` value as the gRPC over HTTP/2 specification writes it:
 /// at most 8 ASCII digits followed by one unit, `H` (hours), `M` (minutes), `S`

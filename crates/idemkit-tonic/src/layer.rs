@@ -4,12 +4,14 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use http::HeaderName;
-use idemkit_core::{InFlightBehavior, KeyStore, Policy, PolicyError};
+use idemkit_core::{InFlightBehavior, IntoKeyStore, KeyStore, Policy, PolicyError};
+use idemkit_tower::AccountResolver;
+#[cfg(test)]
+use idemkit_tower::Unscoped;
 use idemkit_tower::engine::Engine;
 use tower::Layer;
 
 use crate::IDEMPOTENCY_KEY;
-use crate::resolver::{MetadataAccountResolver, Unscoped};
 use crate::service::Idempotency;
 
 /// Where a method's key comes from.
@@ -37,7 +39,7 @@ struct NamedField {
 
 pub(crate) struct Shared {
     pub(crate) engine: Engine,
-    pub(crate) resolver: Arc<dyn MetadataAccountResolver>,
+    pub(crate) resolver: Arc<dyn AccountResolver>,
     pub(crate) key_metadata: HeaderName,
     pub(crate) methods: HashMap<String, KeyField>,
     pub(crate) max_request_message: usize,
@@ -63,12 +65,17 @@ impl std::fmt::Debug for IdempotencyLayer {
 }
 
 impl IdempotencyLayer {
-    /// Starts a layer over any key store.
-    pub fn builder(store: Arc<dyn KeyStore>) -> IdempotencyLayerBuilder {
+    /// Starts a layer over any key store (lease mode, the only one gRPC has),
+    /// with the resolver that scopes keys per account: the same
+    /// [`AccountResolver`] as the HTTP layer's, over the call's HTTP/2 request
+    /// parts (metadata are its headers; an auth layer's extensions are there).
+    /// A refusal is answered as the status its code maps to (`Unauthorized`:
+    /// `UNAUTHENTICATED`).
+    pub fn lease(store: impl IntoKeyStore, resolver: impl AccountResolver) -> IdempotencyLayerBuilder {
         IdempotencyLayerBuilder {
-            store,
+            store: store.into_key_store(),
             policy: Policy::new(),
-            resolver: None,
+            resolver: Arc::new(resolver),
             key_metadata: HeaderName::from_static(IDEMPOTENCY_KEY),
             methods: HashMap::new(),
             named: Vec::new(),
@@ -89,15 +96,10 @@ impl<S> Layer<S> for IdempotencyLayer {
 /// Why a layer could not be built.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum ConfigError {
+pub enum BuildError {
     /// The policy breaks an invariant of the contract.
     #[error(transparent)]
     Policy(#[from] PolicyError),
-    /// No account resolver and no explicit unscoped choice.
-    #[error(
-        "keys must be scoped per account: set a resolver with `.resolver(..)`, or call `.unscoped()` to run single-tenant on purpose"
-    )]
-    NoResolver,
     /// No method was named.
     #[error(
         "name the unary methods that take idempotency keys with `.unary(..)` or `.unary_with_key_field(..)`"
@@ -142,7 +144,7 @@ pub enum ConfigError {
 pub struct IdempotencyLayerBuilder {
     store: Arc<dyn KeyStore>,
     policy: Policy,
-    resolver: Option<Arc<dyn MetadataAccountResolver>>,
+    resolver: Arc<dyn AccountResolver>,
     key_metadata: HeaderName,
     methods: HashMap<String, KeyField>,
     named: Vec<NamedField>,
@@ -163,18 +165,6 @@ impl IdempotencyLayerBuilder {
     /// Sets the policy (windows, lease, in-flight and server-error behaviour, …).
     pub fn policy(mut self, policy: Policy) -> Self {
         self.policy = policy;
-        self
-    }
-
-    /// Sets the account resolver (required unless [`Self::unscoped`]).
-    pub fn resolver(mut self, resolver: impl MetadataAccountResolver) -> Self {
-        self.resolver = Some(Arc::new(resolver));
-        self
-    }
-
-    /// Runs unscoped: all callers share one key space (single-tenant only).
-    pub fn unscoped(mut self) -> Self {
-        self.resolver = Some(Arc::new(Unscoped));
         self
     }
 
@@ -250,28 +240,28 @@ impl IdempotencyLayerBuilder {
     /// Validates and builds: with [`Self::file_descriptor_set`], named key
     /// fields are resolved, and a keyed method that is not in the descriptors
     /// or streams (client or server side) is refused
-    /// ([`ConfigError::StreamingMethod`]).
-    pub fn build(mut self) -> Result<IdempotencyLayer, ConfigError> {
+    /// ([`BuildError::StreamingMethod`]).
+    pub fn build(mut self) -> Result<IdempotencyLayer, BuildError> {
         if self.policy.in_flight == InFlightBehavior::Accepted {
-            return Err(ConfigError::AcceptedInFlight);
+            return Err(BuildError::AcceptedInFlight);
         }
         let pool = match &self.descriptors {
             Some(bytes) => Some(
                 prost_reflect::DescriptorPool::decode(bytes.as_slice())
-                    .map_err(|e| ConfigError::Descriptors(e.to_string()))?,
+                    .map_err(|e| BuildError::Descriptors(e.to_string()))?,
             ),
             None => None,
         };
         for named in std::mem::take(&mut self.named) {
             let pool = pool
                 .as_ref()
-                .ok_or_else(|| ConfigError::NoDescriptors(named.path.clone()))?;
+                .ok_or_else(|| BuildError::NoDescriptors(named.path.clone()))?;
             let method = find_method(pool, &named.path)?;
             let field = method
                 .input()
                 .get_field_by_name(&named.name)
                 .filter(|f| matches!(f.kind(), prost_reflect::Kind::String) && !f.is_list() && !f.is_map())
-                .ok_or_else(|| ConfigError::BadKeyField {
+                .ok_or_else(|| BuildError::BadKeyField {
                     path: named.path.clone(),
                     field: named.name.clone(),
                 })?;
@@ -286,25 +276,24 @@ impl IdempotencyLayerBuilder {
         if let Some(pool) = &pool {
             for path in self.methods.keys() {
                 if !is_method_path(path) {
-                    return Err(ConfigError::BadMethod(path.clone()));
+                    return Err(BuildError::BadMethod(path.clone()));
                 }
                 let method = find_method(pool, path)?;
                 if method.is_server_streaming() || method.is_client_streaming() {
-                    return Err(ConfigError::StreamingMethod(path.clone()));
+                    return Err(BuildError::StreamingMethod(path.clone()));
                 }
             }
         }
         if self.methods.is_empty() {
-            return Err(ConfigError::NoMethods);
+            return Err(BuildError::NoMethods);
         }
         if let Some(bad) = self.methods.keys().find(|m| !is_method_path(m)) {
-            return Err(ConfigError::BadMethod(bad.clone()));
+            return Err(BuildError::BadMethod(bad.clone()));
         }
-        let resolver = self.resolver.ok_or(ConfigError::NoResolver)?;
         Ok(IdempotencyLayer {
             shared: Arc::new(Shared {
                 engine: Engine::lease(self.store, self.policy)?,
-                resolver,
+                resolver: self.resolver,
                 key_metadata: self.key_metadata,
                 methods: self.methods,
                 max_request_message: self.max_request_message,
@@ -317,12 +306,12 @@ impl IdempotencyLayerBuilder {
 fn find_method(
     pool: &prost_reflect::DescriptorPool,
     path: &str,
-) -> Result<prost_reflect::MethodDescriptor, ConfigError> {
-    let unknown = || ConfigError::UnknownMethod(path.to_owned());
+) -> Result<prost_reflect::MethodDescriptor, BuildError> {
+    let unknown = || BuildError::UnknownMethod(path.to_owned());
     let (service, method) = path
         .strip_prefix('/')
         .and_then(|p| p.split_once('/'))
-        .ok_or_else(|| ConfigError::BadMethod(path.to_owned()))?;
+        .ok_or_else(|| BuildError::BadMethod(path.to_owned()))?;
     pool.get_service_by_name(service)
         .ok_or_else(unknown)?
         .methods()
@@ -391,8 +380,7 @@ mod tests {
     }
 
     fn builder() -> IdempotencyLayerBuilder {
-        IdempotencyLayer::builder(Arc::new(idemkit_testkit::MemoryStore::new()))
-            .unscoped()
+        IdempotencyLayer::lease(Arc::new(idemkit_testkit::MemoryStore::new()), Unscoped)
             .file_descriptor_set(descriptors())
     }
 
@@ -414,23 +402,22 @@ mod tests {
                 .unary_with_key_field_name("/t.v1.S/Create", field)
                 .build()
                 .unwrap_err();
-            assert!(matches!(err, ConfigError::BadKeyField { .. }), "{why}: {err}");
+            assert!(matches!(err, BuildError::BadKeyField { .. }), "{why}: {err}");
         }
-        let err = IdempotencyLayer::builder(Arc::new(idemkit_testkit::MemoryStore::new()))
-            .unscoped()
+        let err = IdempotencyLayer::lease(Arc::new(idemkit_testkit::MemoryStore::new()), Unscoped)
             .unary_with_request_id("/t.v1.S/Create", "request_id")
             .build()
             .unwrap_err();
-        assert!(matches!(err, ConfigError::NoDescriptors(_)), "{err}");
+        assert!(matches!(err, BuildError::NoDescriptors(_)), "{err}");
         let err = builder().unary("/t.v1.S/Missing").build().unwrap_err();
-        assert!(matches!(err, ConfigError::UnknownMethod(_)), "{err}");
+        assert!(matches!(err, BuildError::UnknownMethod(_)), "{err}");
     }
 
     #[test]
     fn streaming_methods_are_refused_at_build() {
         for method in ["/t.v1.S/Watch", "/t.v1.S/Upload"] {
             let err = builder().unary(method).build().unwrap_err();
-            assert!(matches!(err, ConfigError::StreamingMethod(_)), "{method}: {err}");
+            assert!(matches!(err, BuildError::StreamingMethod(_)), "{method}: {err}");
             assert!(err.to_string().contains("streaming method"), "{err}");
         }
         assert!(builder().unary("/t.v1.S/Create").build().is_ok());

@@ -1,7 +1,7 @@
 //! # idemkit-tonic
 //!
 //! idemkit for gRPC: a tower [`Layer`](tower::Layer) for tonic servers over the
-//! same protocol-neutral engine as `idemkit-tower`'s HTTP layer (SPEC §10). The
+//! same protocol-neutral engine as `idemkit-tower`'s HTTP layer. The
 //! configured unary methods require an idempotency key (in the message field the
 //! API defines, or in `idempotency-key` metadata), claim it in a
 //! [`KeyStore`](idemkit_core::KeyStore) scoped per account (resolved from
@@ -10,12 +10,11 @@
 //! byte-identical, plus `idempotent-replayed: true` metadata) to every retry.
 //!
 //! ```
-//! use std::sync::Arc;
 //! use idemkit_tonic::{BearerTokenAccount, IdempotencyLayer};
 //!
-//! let store = Arc::new(idemkit_testkit::MemoryStore::new());
-//! let layer = IdempotencyLayer::builder(store)
-//!     .resolver(BearerTokenAccount)
+//! let store = idemkit_testkit::MemoryStore::new();
+//! let secret = std::env::var("ACCOUNT_SECRET").unwrap_or_else(|_| "dev only".into());
+//! let layer = IdempotencyLayer::lease(store, BearerTokenAccount::new(secret))
 //!     // the key is field 1 of CreateLabelRequest, or `idempotency-key` metadata
 //!     .unary_with_key_field("/labels.v1.Labels/CreateLabel", 1)
 //!     .build()
@@ -52,22 +51,18 @@ mod deadline;
 mod frame;
 mod layer;
 mod outcome;
-mod resolver;
 mod service;
 mod status;
 
-pub use deadline::{GRPC_TIMEOUT, parse_grpc_timeout};
-pub use layer::{ConfigError, IdempotencyLayer, IdempotencyLayerBuilder};
+pub use deadline::parse_grpc_timeout;
+pub use idemkit_tower::{AccountResolver, BearerTokenAccount, TrustedHeaderAccount, Unscoped};
+pub use layer::{BuildError, IdempotencyLayer, IdempotencyLayerBuilder};
 pub use outcome::{OUTCOME_METADATA, with_outcome};
-pub use resolver::{BearerTokenAccount, MetadataAccountResolver, TrustedMetadataAccount};
-pub use service::{ATTEMPTS_METRIC, Idempotency, PREVIOUS_RPC_ATTEMPTS, ResponseFuture};
+pub use service::{ATTEMPTS_METRIC, Idempotency, ResponseFuture};
 pub use status::{ERROR_DOMAIN, code_for, disposition, http_equivalent, status_for};
 
-/// The default key metadata.
-pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
-
-/// Metadata on every replayed answer.
-pub const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
+pub use idemkit_core::wire;
+pub(crate) use idemkit_core::wire::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
 
 /// How a stored trailer's name starts in the record (`trailers/grpc-status`).
 pub const TRAILER_PREFIX: &str = "trailers/";

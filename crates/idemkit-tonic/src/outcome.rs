@@ -5,7 +5,7 @@ use idemkit_tower::engine::Outcome;
 use tonic::metadata::MetadataValue;
 
 /// Metadata a handler sets on one answer (a [`tonic::Status`]'s metadata, or a
-/// response's) to override the route's storage policy for it (SPEC §5):
+/// response's) to override the route's storage policy for it:
 /// `final` stores and replays it whatever its code; `retryable` does not store
 /// it and ends the lease at once, keeping recorded progress so the next attempt
 /// resumes; `settled` leaves the record as the handler left it. The layer removes

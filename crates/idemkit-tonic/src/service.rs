@@ -17,7 +17,7 @@ use idemkit_core::{
 };
 use idemkit_tower::engine::{Attempt, Detached, Disposition, Finished, Incoming, Outcome, Panicked, Refusal};
 use idemkit_tower::metrics::outcome;
-use idemkit_tower::{IdempotencyContext, stored_request_headers};
+use idemkit_tower::{ClaimMode, IdempotencyContext, stored_request_headers};
 use tonic::Code;
 use tonic::body::Body;
 use tower::Service;
@@ -194,8 +194,7 @@ fn is_uuid4(raw: &[u8]) -> bool {
         })
 }
 
-/// The gRFC A6 retry metadata: how many attempts of this call came before.
-pub const PREVIOUS_RPC_ATTEMPTS: &str = "grpc-previous-rpc-attempts";
+use idemkit_core::wire::GRPC_PREVIOUS_RPC_ATTEMPTS as PREVIOUS_RPC_ATTEMPTS;
 
 /// Counts keyed calls by the attempt they are (gRFC A6
 /// `grpc-previous-rpc-attempts`, bucketed `0`, `1`, `2`, `3+`; a malformed
@@ -241,7 +240,10 @@ async fn prepare(
         return Ok((claim, bytes));
     }
     count_attempt(&parts.headers);
-    let account = shared.resolver.resolve(&parts.headers)?;
+    let account = shared
+        .resolver
+        .resolve(parts)
+        .map_err(|refused| crate::status_for(&refused.problem, refused.retry_after))?;
     // A metadata key is checked before the message is read: a bad key costs nothing.
     let mut values = parts.headers.get_all(&shared.key_metadata).iter().peekable();
     let metadata_key = match values.peek() {
@@ -336,13 +338,14 @@ where
 {
     let mut req = Request::from_parts(parts, Body::new(Full::new(bytes)));
     let lease = attempt.lease();
-    req.extensions_mut().insert(IdempotencyContext {
-        scope: attempt.scope().clone(),
-        token: lease.token,
-        resumed_from: lease.resumed_from.clone(),
-        policy: attempt.policy().clone(),
-        deadline: attempt.deadline(),
-    });
+    req.extensions_mut().insert(IdempotencyContext::new(
+        attempt.scope().clone(),
+        lease.token,
+        lease.resumed_from.clone(),
+        attempt.policy().clone(),
+        attempt.deadline(),
+        ClaimMode::Lease,
+    ));
     let response = match attempt.run(inner.call(req)).await {
         Ok(r) => r,
         Err(e) => {

@@ -89,14 +89,13 @@ impl tower::Service<http::Request<tonic::body::Body>> for Counter {
 /// Copies [`FORWARDED_TIMEOUT`] into `grpc-timeout` (see there).
 fn forward_timeout(mut req: http::Request<tonic::body::Body>) -> http::Request<tonic::body::Body> {
     if let Some(v) = req.headers_mut().remove(FORWARDED_TIMEOUT) {
-        req.headers_mut().insert(idemkit_tonic::GRPC_TIMEOUT, v);
+        req.headers_mut().insert(idemkit_tonic::wire::GRPC_TIMEOUT, v);
     }
     req
 }
 
 async fn serve(store: Arc<dyn KeyStore>, runs: Arc<AtomicUsize>) -> Channel {
-    let layer = IdempotencyLayer::builder(store)
-        .resolver(BearerTokenAccount)
+    let layer = IdempotencyLayer::lease(store, BearerTokenAccount::new("test-secret"))
         .unary_with_key_field(CREATE, 1)
         .build()
         .unwrap();
@@ -136,7 +135,10 @@ async fn call(
 }
 
 fn scope(key: &str) -> Scope {
-    Scope::new(Account::new("alice"), IdempotencyKey::parse(key).unwrap())
+    Scope::new(
+        Account::keyed(b"test-secret", b"alice"),
+        IdempotencyKey::parse(key).unwrap(),
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

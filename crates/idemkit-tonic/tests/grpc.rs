@@ -12,7 +12,8 @@ use bytes::Bytes;
 use common::Raw;
 use http::uri::PathAndQuery;
 use idemkit_core::KeyStore;
-use idemkit_tonic::{BearerTokenAccount, IDEMPOTENT_REPLAYED, IdempotencyLayer};
+use idemkit_tonic::wire::IDEMPOTENT_REPLAYED;
+use idemkit_tonic::{BearerTokenAccount, IdempotencyLayer};
 use prost::Message;
 use tonic::transport::{Channel, Server};
 use tonic::{Code, Status};
@@ -90,8 +91,7 @@ struct Harness {
 }
 
 async fn serve(store: Arc<dyn KeyStore>) -> Harness {
-    let layer = IdempotencyLayer::builder(store)
-        .resolver(BearerTokenAccount)
+    let layer = IdempotencyLayer::lease(store, BearerTokenAccount::new("test-secret"))
         .unary_with_key_field(CREATE, 1)
         .build()
         .unwrap();

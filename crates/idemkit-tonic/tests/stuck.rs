@@ -15,7 +15,8 @@ use common::Raw;
 use http::uri::PathAndQuery;
 use idemkit_core::{Account, IdempotencyKey, KeyStore, PhaseUpdate, RecordState, Scope};
 use idemkit_testkit::{MemoryStore, Probed};
-use idemkit_tonic::{BearerTokenAccount, IDEMPOTENT_REPLAYED, IdempotencyLayer};
+use idemkit_tonic::wire::IDEMPOTENT_REPLAYED;
+use idemkit_tonic::{BearerTokenAccount, IdempotencyLayer};
 use idemkit_tower::IdempotencyContext;
 use prost::Message;
 use tokio::sync::Notify;
@@ -131,8 +132,7 @@ async fn serve() -> Harness {
         store: store.clone(),
         gate: Arc::new(Notify::new()),
     };
-    let layer = IdempotencyLayer::builder(store)
-        .resolver(BearerTokenAccount)
+    let layer = IdempotencyLayer::lease(store, BearerTokenAccount::new("test-secret"))
         .unary_with_key_field(CREATE, 1)
         .build()
         .unwrap();
@@ -148,7 +148,7 @@ async fn serve() -> Harness {
         })
         .map_request(|mut req: http::Request<tonic::body::Body>| {
             if let Some(v) = req.headers_mut().remove(FORWARDED_TIMEOUT) {
-                req.headers_mut().insert(idemkit_tonic::GRPC_TIMEOUT, v);
+                req.headers_mut().insert(idemkit_tonic::wire::GRPC_TIMEOUT, v);
             }
             req
         })
@@ -209,7 +209,10 @@ fn reason(s: &Status) -> String {
 }
 
 fn scope(key: &str) -> Scope {
-    Scope::new(Account::new("alice"), IdempotencyKey::parse(key).unwrap())
+    Scope::new(
+        Account::keyed(b"test-secret", b"alice"),
+        IdempotencyKey::parse(key).unwrap(),
+    )
 }
 
 /// Calls until the answer is not `ABORTED` (in progress), for at most 5 s.

@@ -227,8 +227,7 @@ fn sqlite_plain(store: Arc<SqliteStore>) -> Router {
 
 /// The quickstart's handler under the single-step layer: the claim's transaction.
 fn sqlite_idempotent(store: Arc<SqliteStore>) -> Router {
-    let layer = IdempotencyLayer::transactional(store)
-        .resolver(BearerTokenAccount)
+    let layer = IdempotencyLayer::single_step(store, BearerTokenAccount::new("test-secret"))
         .build()
         .unwrap();
     Router::new().route(
@@ -300,7 +299,7 @@ fn pg_plain(store: Arc<PgStore>) -> Router {
 /// The same handler under the single-step layer; with `cache`, the layer keeps
 /// that many stored answers in memory (`IdempotencyLayerBuilder::replay_cache`).
 fn pg_idempotent(store: Arc<PgStore>, cache: Option<usize>) -> Router {
-    let mut layer = IdempotencyLayer::transactional(store).resolver(BearerTokenAccount);
+    let mut layer = IdempotencyLayer::single_step(store, BearerTokenAccount::new("test-secret"));
     if let Some(capacity) = cache {
         layer = layer.replay_cache(capacity);
     }
@@ -336,9 +335,8 @@ async fn replay_row(name: String, target: &Target, n: usize, tag: &str) -> Row {
 /// The lease-mode layer on a fresh in-memory store.
 fn memory_layer() -> IdempotencyLayer {
     let memory: Arc<dyn KeyStore> = Arc::new(MemoryStore::new());
-    IdempotencyLayer::builder(memory)
+    IdempotencyLayer::lease(memory, BearerTokenAccount::new("test-secret"))
         .policy(Policy::new())
-        .resolver(BearerTokenAccount)
         .build()
         .unwrap()
 }

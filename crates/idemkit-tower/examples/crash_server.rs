@@ -233,9 +233,8 @@ fn install_crash_point() {
 }
 
 fn layer(store: Arc<impl KeyStore>, lease: Duration) -> IdempotencyLayer {
-    IdempotencyLayer::builder(store)
+    IdempotencyLayer::lease(store, BearerTokenAccount::new("test-secret"))
         .policy(Policy::new().with_lease(lease))
-        .resolver(BearerTokenAccount)
         .build()
         .expect("valid layer")
 }

@@ -57,9 +57,8 @@ fn main() {
     rt.block_on(async {
         let app = if mode == "layer" {
             let memory: Arc<dyn KeyStore> = Arc::new(MemoryStore::new());
-            let layer = IdempotencyLayer::builder(memory)
+            let layer = IdempotencyLayer::lease(memory, BearerTokenAccount::new("test-secret"))
                 .policy(Policy::new())
-                .resolver(BearerTokenAccount)
                 .build()
                 .unwrap();
             Router::new().route("/op", post(echo).layer(layer))

@@ -11,8 +11,31 @@ use idemkit_core::{ErrorCode, FencingToken, Policy, Scope};
 
 use crate::ProblemResponse;
 
-/// What the layer tells the handler about the claim it holds.
+/// How the layer in front of a handler claims keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ClaimMode {
+    /// [`crate::IdempotencyLayer::lease`]: the claim is committed under a lease
+    /// before the handler runs; the handler may use [`crate::Phases`].
+    Lease,
+    /// [`crate::IdempotencyLayer::single_step`]: the claim is the open
+    /// transaction the handler extracts as [`Tx`].
+    SingleStep,
+}
+
+/// What the layer tells the handler about the claim it holds. Extract it in
+/// an axum handler (or read it from the request extensions in a tonic one).
+///
+/// ```
+/// use idemkit_tower::{ClaimMode, IdempotencyContext};
+/// async fn handler(ctx: IdempotencyContext) -> String {
+///     assert_eq!(ctx.mode(), ClaimMode::Lease);
+///     format!("{:?} (lease {:?}, {:?} left)", ctx.scope, ctx.token, ctx.remaining())
+/// }
+/// # let _ = handler;
+/// ```
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct IdempotencyContext {
     /// (account, key) of the request.
     pub scope: Scope,
@@ -22,14 +45,41 @@ pub struct IdempotencyContext {
     pub resumed_from: Option<String>,
     /// The route's policy (phases need its stored-header allowlist and body cap).
     pub policy: Arc<Policy>,
-    /// The caller's deadline, from the REST [`idemkit_core::DEADLINE_HEADER`]
+    /// The caller's deadline, from the REST [`idemkit_core::wire::REQUEST_TIMEOUT`]
     /// (milliseconds remaining when the request arrived) or gRPC's
     /// `grpc-timeout`; `None` when the caller sent none. See
     /// [`IdempotencyContext::remaining`].
     pub deadline: Option<Instant>,
+    pub(crate) mode: ClaimMode,
 }
 
 impl IdempotencyContext {
+    /// The context of a claim (built by the adapters).
+    #[doc(hidden)]
+    pub fn new(
+        scope: Scope,
+        token: FencingToken,
+        resumed_from: Option<String>,
+        policy: Arc<Policy>,
+        deadline: Option<Instant>,
+        mode: ClaimMode,
+    ) -> Self {
+        Self {
+            scope,
+            token,
+            resumed_from,
+            policy,
+            deadline,
+            mode,
+        }
+    }
+
+    /// How the layer claimed this request's key: [`crate::Phases`] needs
+    /// [`ClaimMode::Lease`], [`Tx`] needs [`ClaimMode::SingleStep`].
+    pub fn mode(&self) -> ClaimMode {
+        self.mode
+    }
+
     /// The time left until the caller's deadline (zero once it has passed), to
     /// bound the handler's own work and to hand on to downstream calls;
     /// `None` when the caller sent no deadline.
@@ -117,9 +167,10 @@ impl<T: Send + 'static, S: Send + Sync> FromRequestParts<S> for Tx<T> {
 
     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
         let slot = parts.extensions.get::<TxSlot>().cloned().ok_or_else(|| {
+            tracing::error!("idempotency: a handler extracts Tx on a route that is not single-step");
             ProblemResponse::new(
-                ErrorCode::Internal,
-                "no claim transaction: the route is not under a transactional idempotency layer",
+                ErrorCode::Misconfigured,
+                "this handler extracts `Tx`, which only a single-step layer (`IdempotencyLayer::single_step`) provides; nothing ran",
             )
         })?;
         let boxed = slot.take().ok_or_else(|| {
@@ -132,9 +183,16 @@ impl<T: Send + 'static, S: Send + Sync> FromRequestParts<S> for Tx<T> {
             }),
             Err(boxed) => {
                 slot.put(boxed);
+                tracing::error!(
+                    expected = std::any::type_name::<T>(),
+                    "idempotency: a handler extracts the transaction of another store"
+                );
                 Err(ProblemResponse::new(
-                    ErrorCode::Internal,
-                    format!("the claim transaction is not a {}", std::any::type_name::<T>()),
+                    ErrorCode::Misconfigured,
+                    format!(
+                        "this handler extracts `Tx<{}>`, which is not the layer's store's transaction; nothing ran",
+                        std::any::type_name::<T>()
+                    ),
                 ))
             }
         }

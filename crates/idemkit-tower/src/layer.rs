@@ -3,25 +3,41 @@
 use std::sync::Arc;
 
 use http::{HeaderName, Method};
-use idemkit_core::{Fingerprinter, KeyStore, PointerError, Policy, PolicyError, TransactionalStore};
+use idemkit_core::{
+    Fingerprinter, IntoKeyStore, IntoTransactionalStore, KeyStore, PointerError, Policy, PolicyError,
+};
 use tower::Layer;
 
 use crate::engine::{Engine, ErasedTxStore};
 use crate::shared::{DEFAULT_STATUS_PATH, IDEMPOTENCY_KEY, KeySource, Shared, Validator};
 
-use crate::resolver::{AccountResolver, Unscoped};
+use crate::resolver::AccountResolver;
 use crate::service::Idempotency;
 
 /// A tower [`Layer`] that makes the wrapped routes require an idempotency key and
 /// enforces the idemkit contract on them.
 ///
-/// Two modes:
-/// - **single-step** ([`IdempotencyLayer::transactional`]): the claim, the
+/// Two modes, each with its one constructor; both take the store (by value: every
+/// store is a cheap clone) and the [`AccountResolver`] that scopes keys per account:
+/// - **single-step** ([`IdempotencyLayer::single_step`]): the claim, the
 ///   handler's business writes (through the [`crate::Tx`] extractor) and the
 ///   stored response commit in one transaction of a SQL store;
-/// - **generic** ([`IdempotencyLayer::builder`]): for any [`KeyStore`] and handlers
-///   whose writes live elsewhere: the claim commits as `in_flight` with a lease
-///   kept alive by a heartbeat, then the response is stored with a fenced write.
+/// - **lease** ([`IdempotencyLayer::lease`]): for any [`KeyStore`] and handlers
+///   whose writes live elsewhere (or span several systems, with
+///   [`crate::Phases`]): the claim commits as `in_flight` with a lease kept
+///   alive by a heartbeat, then the response is stored with a fenced write.
+///
+/// ```
+/// use idemkit_tower::{BearerTokenAccount, IdempotencyLayer, Unscoped};
+/// // Any store by value (the idemkit stores are cheap clones), or shared as an `Arc`.
+/// let store = std::sync::Arc::new(idemkit_testkit::MemoryStore::new());
+/// let layer = IdempotencyLayer::lease(store.clone(), BearerTokenAccount::new(b"secret".to_vec()))
+///     .build()
+///     .unwrap();
+/// // A single-tenant deployment says so explicitly:
+/// let single_tenant = IdempotencyLayer::lease(store, Unscoped).build().unwrap();
+/// # let _ = (layer, single_tenant);
+/// ```
 #[derive(Clone)]
 pub struct IdempotencyLayer {
     pub(crate) shared: Arc<Shared>,
@@ -37,15 +53,25 @@ impl std::fmt::Debug for IdempotencyLayer {
 }
 
 impl IdempotencyLayer {
-    /// Generic (lease) mode on any store.
-    pub fn builder(store: Arc<dyn KeyStore>) -> IdempotencyLayerBuilder {
-        IdempotencyLayerBuilder::new(store, None)
+    /// Lease mode on any store: the claim commits as `in_flight` under a
+    /// heartbeat-kept lease, the answer is stored with a fenced write.
+    /// Handlers may use [`crate::Phases`]; [`crate::Tx`] is refused (`500
+    /// idempotency_misconfigured`).
+    pub fn lease(store: impl IntoKeyStore, resolver: impl AccountResolver) -> IdempotencyLayerBuilder {
+        IdempotencyLayerBuilder::new(store.into_key_store(), None, Arc::new(resolver))
     }
 
-    /// Single-step mode on a SQL store: handlers extract [`crate::Tx`]`<S::Tx>`.
-    pub fn transactional<S: TransactionalStore>(store: Arc<S>) -> IdempotencyLayerBuilder {
+    /// Single-step mode on a SQL store: handlers extract
+    /// [`crate::Tx`]`<S::Tx>` (e.g. `Tx<SqliteTx>`), and the claim, their
+    /// writes and the stored answer commit in one transaction. [`crate::Phases`]
+    /// is refused (`500 idempotency_misconfigured`).
+    pub fn single_step(
+        store: impl IntoTransactionalStore,
+        resolver: impl AccountResolver,
+    ) -> IdempotencyLayerBuilder {
+        let store = store.into_transactional_store();
         let tx: Arc<dyn ErasedTxStore> = store.clone();
-        IdempotencyLayerBuilder::new(store, Some(tx))
+        IdempotencyLayerBuilder::new(store, Some(tx), Arc::new(resolver))
     }
 
     /// The policy in force.
@@ -62,21 +88,16 @@ impl<S> Layer<S> for IdempotencyLayer {
     }
 }
 
-/// A layer configuration that cannot work.
+/// Why [`IdempotencyLayerBuilder::build`] refused a configuration.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum ConfigError {
+pub enum BuildError {
     /// The policy breaks an invariant of the contract.
     #[error(transparent)]
     Policy(#[from] PolicyError),
     /// A fingerprint exclusion is not a JSON pointer.
     #[error(transparent)]
     Pointer(#[from] PointerError),
-    /// No account resolver and no explicit unscoped choice.
-    #[error(
-        "keys must be scoped per account: set a resolver with `.resolver(..)`, or call `.unscoped()` to run single-tenant on purpose"
-    )]
-    NoResolver,
     /// The JSON key field is not a JSON pointer.
     #[error("key field `{0}` must be a JSON pointer such as `/idempotencyKey`")]
     BadKeyField(String),
@@ -89,7 +110,7 @@ pub struct IdempotencyLayerBuilder {
     policy: Policy,
     excluded: Vec<String>,
     key_source: KeySource,
-    resolver: Option<Arc<dyn AccountResolver>>,
+    resolver: Arc<dyn AccountResolver>,
     max_request_body: usize,
     methods: Vec<Method>,
     status_path: String,
@@ -106,14 +127,18 @@ impl std::fmt::Debug for IdempotencyLayerBuilder {
 }
 
 impl IdempotencyLayerBuilder {
-    fn new(store: Arc<dyn KeyStore>, tx_store: Option<Arc<dyn ErasedTxStore>>) -> Self {
+    fn new(
+        store: Arc<dyn KeyStore>,
+        tx_store: Option<Arc<dyn ErasedTxStore>>,
+        resolver: Arc<dyn AccountResolver>,
+    ) -> Self {
         Self {
             store,
             tx_store,
             policy: Policy::new(),
             excluded: Vec::new(),
             key_source: KeySource::Header(HeaderName::from_static(IDEMPOTENCY_KEY)),
-            resolver: None,
+            resolver,
             max_request_body: 1024 * 1024,
             methods: vec![Method::POST, Method::PUT, Method::PATCH, Method::DELETE],
             status_path: DEFAULT_STATUS_PATH.to_owned(),
@@ -125,19 +150,6 @@ impl IdempotencyLayerBuilder {
     /// Sets the route policy (windows, lease, in-flight and 5xx behaviour, …).
     pub fn policy(mut self, policy: Policy) -> Self {
         self.policy = policy;
-        self
-    }
-
-    /// Sets the account resolver (required unless [`Self::unscoped`]).
-    pub fn resolver(mut self, resolver: impl AccountResolver) -> Self {
-        self.resolver = Some(Arc::new(resolver));
-        self
-    }
-
-    /// Runs unscoped: all callers share one key space. Only for single-tenant
-    /// deployments; see `docs/decisions.md`.
-    pub fn unscoped(mut self) -> Self {
-        self.resolver = Some(Arc::new(Unscoped));
         self
     }
 
@@ -219,12 +231,12 @@ impl IdempotencyLayerBuilder {
     }
 
     /// Validates and builds.
-    pub fn build(self) -> Result<IdempotencyLayer, ConfigError> {
+    pub fn build(self) -> Result<IdempotencyLayer, BuildError> {
         self.policy.validate()?;
         if let KeySource::JsonField(p) = &self.key_source
             && !p.starts_with('/')
         {
-            return Err(ConfigError::BadKeyField(p.clone()));
+            return Err(BuildError::BadKeyField(p.clone()));
         }
         let mut fingerprinter = Fingerprinter::new();
         for pointer in self.excluded {
@@ -238,7 +250,7 @@ impl IdempotencyLayerBuilder {
             shared: Arc::new(Shared {
                 engine,
                 key_source: self.key_source,
-                resolver: self.resolver.ok_or(ConfigError::NoResolver)?,
+                resolver: self.resolver,
                 max_request_body: self.max_request_body,
                 methods: self.methods,
                 status_path: self.status_path,

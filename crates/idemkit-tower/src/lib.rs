@@ -9,7 +9,6 @@
 //! replay window, not delivery guarantees the network cannot give.
 //!
 //! ```no_run
-//! use std::sync::Arc;
 //! use axum::{Router, routing::post};
 //! use idemkit_sqlite::{SqliteStore, SqliteTx};
 //! use idemkit_tower::{BearerTokenAccount, IdempotencyLayer, Json, Tx};
@@ -24,8 +23,9 @@
 //! }
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-//! let store = Arc::new(SqliteStore::connect("app.db").await?);
-//! let layer = IdempotencyLayer::transactional(store).resolver(BearerTokenAccount).build()?;
+//! let store = SqliteStore::connect("app.db").await?;
+//! let secret = std::env::var("ACCOUNT_SECRET")?; // the same on every instance
+//! let layer = IdempotencyLayer::single_step(store, BearerTokenAccount::new(secret)).build()?;
 //! let app: Router = Router::new().route("/orders", post(create)).layer(layer);
 //! # let _ = app; Ok(()) }
 //! ```
@@ -51,19 +51,17 @@ mod shared;
 mod status;
 
 pub use conventions::accepts_encoding;
-pub use extract::{IdempotencyContext, Tx};
+pub use extract::{ClaimMode, IdempotencyContext, Tx};
 pub use future::ResponseFuture;
+pub use idemkit_core::wire;
 pub use jobs::{Completer, CompleterReport, ReapThresholdTooShort, Reaper, completer_resume};
-pub use layer::{ConfigError, IdempotencyLayer, IdempotencyLayerBuilder};
+pub use layer::{BuildError, IdempotencyLayer, IdempotencyLayerBuilder};
 pub use outcome::Outcome;
 pub use phases::{CallError, Downstream, PhaseError, Phases};
 pub use problem::{Json, ProblemResponse, method_not_allowed, not_found};
-pub use resolver::{AccountResolver, BearerTokenAccount, TrustedHeaderAccount, bearer_token};
+pub use resolver::{AccountResolver, BearerTokenAccount, TrustedHeaderAccount, Unscoped, bearer_token};
 pub use response::{
     STORED_REQUEST_HEADERS, replay_response, replay_response_to, stored_request_headers, stored_response,
 };
 pub use service::{Idempotency, read_body};
-pub use shared::{
-    DEFAULT_STATUS_PATH, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, KeySource, REPEATABILITY_CLOCK_SKEW,
-    REPEATABILITY_FIRST_SENT, REPEATABILITY_REQUEST_ID, REPEATABILITY_RESULT,
-};
+pub use shared::{DEFAULT_STATUS_PATH, KeySource, REPEATABILITY_CLOCK_SKEW};

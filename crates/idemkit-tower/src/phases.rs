@@ -99,15 +99,9 @@ impl<E: IntoResponse> IntoResponse for PhaseError<E> {
                 .retry_after(std::time::Duration::from_secs(1)),
             )
                 .into_response(),
-            Self::Store(e) => ProblemResponse::new(
-                if matches!(e, StoreError::Unavailable(_)) {
-                    ErrorCode::StoreUnavailable
-                } else {
-                    ErrorCode::Internal
-                },
-                e.to_string(),
-            )
-            .into_response(),
+            // Unavailable is 503 with `Retry-After`, a configuration that
+            // cannot work 500 idempotency_misconfigured, as the layer answers.
+            Self::Store(e) => ProblemResponse::from(e).into_response(),
             Self::Output(step, e) => {
                 ProblemResponse::new(ErrorCode::Internal, format!("saved output of `{step}`: {e}"))
                     .into_response()
@@ -208,7 +202,23 @@ const INTENT: &str = "intent";
 impl<S: TransactionalStore> Phases<S> {
     /// Starts the phases of the request the layer claimed, or resumes them after
     /// a takeover (loading the recovery point and saved outputs).
-    pub async fn begin(store: Arc<S>, ctx: &IdempotencyContext) -> Result<Self, StoreError> {
+    ///
+    /// Under a single-step layer this is `StoreError::Config` (answered `500
+    /// idempotency_misconfigured` through `ProblemResponse::from`): phases need
+    /// the committed lease of [`crate::IdempotencyLayer::lease`].
+    ///
+    /// The store is taken as the layers take it: by value (every idemkit store
+    /// is a cheap clone) or as an `Arc<S>`.
+    pub async fn begin(
+        store: impl idemkit_core::IntoTransactionalStore<Store = S>,
+        ctx: &IdempotencyContext,
+    ) -> Result<Self, StoreError> {
+        let store = store.into_transactional_store();
+        if ctx.mode() != crate::ClaimMode::Lease {
+            return Err(StoreError::Config(
+                "Phases need a lease-mode layer (`IdempotencyLayer::lease`); this route is single-step, whose claim is the handler's `Tx`".into(),
+            ));
+        }
         let record = timed(op::GET, store.get(&ctx.scope)).await?;
         let (outputs, recovery_point, generation) = match record {
             Some(r) if r.fencing_token == ctx.token => (r.step_outputs, r.recovery_point, r.created_at),
@@ -355,7 +365,7 @@ impl<S: TransactionalStore> Phases<S> {
     /// so each downstream call gets only what is left (`None` when the caller
     /// sent no deadline; `Some(ZERO)` once it has passed). Use it as the
     /// downstream request's timeout (`grpc-timeout`, or the REST
-    /// [`idemkit_core::DEADLINE_HEADER`]). A call that times out after sending
+    /// [`idemkit_core::wire::REQUEST_TIMEOUT`]). A call that times out after sending
     /// should answer [`CallError::Unknown`]: its outcome is unknown.
     pub async fn external_with_deadline<T, E>(
         &mut self,

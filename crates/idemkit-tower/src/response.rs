@@ -73,6 +73,17 @@ pub(crate) fn store_problem(e: &StoreError) -> ProblemResponse {
     ProblemResponse { problem, retry_after }
 }
 
+/// A handler's store failure answered as the layer answers its own: a stale
+/// lease is `503 idempotency_lease_lost` and an unreachable store `503
+/// idempotency_store_unavailable` (both with `Retry-After: 1`), a configuration
+/// that cannot work `500 idempotency_misconfigured`, anything else `500
+/// internal_error`. So `?` on a store call in a handler keeps the contract.
+impl From<StoreError> for ProblemResponse {
+    fn from(e: StoreError) -> Self {
+        store_problem(&e)
+    }
+}
+
 /// Rebuilds a stored response: same status (or the route's replay status for a
 /// stored 2xx), allowlisted headers, byte-identical body, plus the replay
 /// marker. What the layer replays, and what `idemkit proxy` replays.

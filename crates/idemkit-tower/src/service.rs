@@ -19,7 +19,7 @@ use tracing::field::Empty;
 use crate::engine::{
     Attempt, Detached, Disposition, Finished, Incoming, Panicked, key_from_json, key_problem,
 };
-use crate::extract::{IdempotencyContext, TxSlot};
+use crate::extract::{ClaimMode, IdempotencyContext, TxSlot};
 use crate::future::ResponseFuture;
 use crate::metrics::{self, InFlight, Settled, outcome};
 use crate::response::{
@@ -220,14 +220,14 @@ where
 }
 
 /// The caller's deadline: now plus the milliseconds of the REST
-/// [`idemkit_core::DEADLINE_HEADER`]. A malformed or repeated header is ignored
+/// [`idemkit_core::wire::REQUEST_TIMEOUT`]. A malformed or repeated header is ignored
 /// (as gRPC servers ignore a malformed `grpc-timeout`); the completer's
 /// in-process replays have none.
 fn request_deadline(parts: &Parts) -> Option<std::time::Instant> {
     if parts.extensions.get::<crate::jobs::Resume>().is_some() {
         return None;
     }
-    let mut values = parts.headers.get_all(idemkit_core::DEADLINE_HEADER).iter();
+    let mut values = parts.headers.get_all(idemkit_core::wire::REQUEST_TIMEOUT).iter();
     let (Some(value), None) = (values.next(), values.next()) else {
         return None;
     };
@@ -381,6 +381,11 @@ where
         resumed_from: lease.resumed_from.clone(),
         policy: attempt.policy().clone(),
         deadline: attempt.deadline(),
+        mode: if slot.is_some() {
+            ClaimMode::SingleStep
+        } else {
+            ClaimMode::Lease
+        },
     });
     if let Some(slot) = &slot {
         req.extensions_mut().insert(slot.clone());

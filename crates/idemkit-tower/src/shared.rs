@@ -25,12 +25,11 @@ pub enum KeySource {
     Repeatability,
 }
 
-/// The OASIS Repeatable Requests key header.
-pub const REPEATABILITY_REQUEST_ID: &str = "repeatability-request-id";
-/// The OASIS Repeatable Requests first-sent header (an HTTP-date, IMF-fixdate).
-pub const REPEATABILITY_FIRST_SENT: &str = "repeatability-first-sent";
-/// The OASIS Repeatable Requests result header on answers.
-pub const REPEATABILITY_RESULT: &str = "repeatability-result";
+pub(crate) use idemkit_core::wire::{
+    IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, REPEATABILITY_FIRST_SENT, REPEATABILITY_REQUEST_ID,
+    REPEATABILITY_RESULT,
+};
+
 /// How far in the future a `Repeatability-First-Sent` may be (the caller's
 /// clock may run ahead of ours) before it is outside the window.
 pub const REPEATABILITY_CLOCK_SKEW: std::time::Duration = std::time::Duration::from_secs(60);
@@ -52,9 +51,5 @@ pub(crate) struct Shared {
 pub(crate) type Validator =
     dyn Fn(&http::request::Parts, &[u8]) -> Result<(), crate::ProblemResponse> + Send + Sync;
 
-/// The default key header.
-pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
 /// Default prefix of the status URLs handed out with `202 Accepted`.
 pub const DEFAULT_STATUS_PATH: &str = "/idempotency/requests";
-/// The header marking a replayed response.
-pub const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";

@@ -41,13 +41,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, get, post};
 use http::request::Parts;
 use http::{StatusCode, header};
-use idemkit::core::{ErrorCode, Policy};
-use idemkit::postgres::{PgStore, PgTx};
-use idemkit::sqlite::{SqliteStore, SqliteTx};
-use idemkit::tower::{
-    AccountResolver, BearerTokenAccount, IdempotencyContext, IdempotencyLayer, IdempotencyLayerBuilder, Json,
-    ProblemResponse, Tx,
-};
+use idemkit::layer::IdempotencyLayerBuilder;
+use idemkit::prelude::*;
 use idemkit::{OpenOptions, OpenedStore, StoreKind, open_store};
 use serde::{Deserialize, Serialize};
 
@@ -199,7 +194,7 @@ enum Db {
 }
 
 async fn count_orders(State(db): State<Db>, parts: Parts) -> Result<Response, ProblemResponse> {
-    let account = BearerTokenAccount.resolve(&parts)?;
+    let account = accounts().resolve(&parts)?;
     let count: i64 = match &db {
         Db::Sqlite(s) => {
             sqlx::query_scalar("SELECT COUNT(*) FROM orders WHERE account = ?1")
@@ -221,9 +216,22 @@ async fn count_orders(State(db): State<Db>, parts: Parts) -> Result<Response, Pr
 fn configure(builder: IdempotencyLayerBuilder, lease: Duration) -> anyhow::Result<IdempotencyLayer> {
     Ok(builder
         .policy(Policy::new().with_lease(lease))
-        .resolver(BearerTokenAccount)
         .max_request_body(64 * 1024)
         .build()?)
+}
+
+/// The account of a bearer token: an HMAC of it under `ACCOUNT_SECRET` (the
+/// same on every instance), so no token is kept in the key table or in
+/// `orders.account`. Without the variable a fixed development secret is used.
+fn accounts() -> BearerTokenAccount {
+    static SECRET: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let secret = SECRET.get_or_init(|| {
+        std::env::var("ACCOUNT_SECRET").unwrap_or_else(|_| {
+            tracing::warn!("ACCOUNT_SECRET is not set: accounts are derived with a development secret");
+            "idemkit quickstart development secret".to_owned()
+        })
+    });
+    BearerTokenAccount::new(secret.as_bytes())
 }
 
 /// Opens the database and returns the state and the idempotent `POST /orders` route.
@@ -261,7 +269,7 @@ async fn open(lease: Duration) -> anyhow::Result<(Db, MethodRouter<Db>, String)>
             .execute(&mut *tx)
             .await?;
             tx.commit().await?;
-            let layer = configure(IdempotencyLayer::transactional(store.clone()), lease)?;
+            let layer = configure(IdempotencyLayer::single_step(store.clone(), accounts()), lease)?;
             (
                 Db::Postgres(store),
                 post(create_order_pg).layer(layer),
@@ -302,7 +310,7 @@ async fn sqlite(location: &str, lease: Duration) -> anyhow::Result<(Db, MethodRo
                 .await
                 .context("connecting to Redis")?
                 .key_store();
-            let layer = configure(IdempotencyLayer::builder(keys), lease)?;
+            let layer = configure(IdempotencyLayer::lease(keys, accounts()), lease)?;
             let described = format!("Redis {url} (keys) and SQLite {location} (orders)");
             Ok((
                 Db::Sqlite(store),
@@ -312,7 +320,7 @@ async fn sqlite(location: &str, lease: Duration) -> anyhow::Result<(Db, MethodRo
         }
         Some(other) => anyhow::bail!("IDEMKIT_KEYSTORE `{other}` is not supported: use redis://…"),
         None => {
-            let layer = configure(IdempotencyLayer::transactional(store.clone()), lease)?;
+            let layer = configure(IdempotencyLayer::single_step(store.clone(), accounts()), lease)?;
             Ok((
                 Db::Sqlite(store),
                 post(create_order_sqlite).layer(layer),
@@ -353,8 +361,8 @@ async fn main() -> anyhow::Result<()> {
     let app = Router::new()
         .route("/orders", create)
         .route("/orders/count", get(count_orders))
-        .fallback(idemkit::tower::not_found)
-        .method_not_allowed_fallback(idemkit::tower::method_not_allowed)
+        .fallback(idemkit::layer::not_found)
+        .method_not_allowed_fallback(idemkit::layer::method_not_allowed)
         .with_state(db);
 
     let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));

@@ -1,12 +1,8 @@
 //! An orders API whose `POST /orders` is idempotent (the README's example).
 
-use std::sync::Arc;
-
 use axum::{Router, routing::post};
 use http::StatusCode;
-use idemkit::ErrorCode;
-use idemkit::sqlite::{SqliteStore, SqliteTx};
-use idemkit::tower::{BearerTokenAccount, IdempotencyLayer, Json, ProblemResponse, Tx};
+use idemkit::prelude::*;
 
 #[derive(serde::Deserialize)]
 struct NewOrder {
@@ -30,7 +26,7 @@ async fn create(mut tx: Tx<SqliteTx>, Json(o): Json<NewOrder>) -> Result<StatusC
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let store = Arc::new(SqliteStore::connect("app.db").await?);
+    let store = SqliteStore::connect("app.db").await?;
     // The application's own table, in the database that holds the keys.
     sqlx::query(
         "CREATE TABLE IF NOT EXISTS orders \
@@ -38,9 +34,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     )
     .execute(store.pool())
     .await?;
-    let keys = IdempotencyLayer::transactional(store)
-        .resolver(BearerTokenAccount)
-        .build()?;
+    // Keys are scoped per account: here a keyed hash of the bearer token (the
+    // token is never stored). Every instance needs the same secret.
+    let secret = std::env::var("ACCOUNT_SECRET").unwrap_or_else(|_| "dev only: set ACCOUNT_SECRET".into());
+    let keys = IdempotencyLayer::single_step(store, BearerTokenAccount::new(secret)).build()?;
     let app = Router::new().route("/orders", post(create).layer(keys));
     let addr = std::env::var("ADDR").unwrap_or_else(|_| "127.0.0.1:3000".into());
     axum::serve(tokio::net::TcpListener::bind(addr).await?, app).await?;

@@ -10,22 +10,65 @@
 //!
 //! ```no_run
 //! use axum::{Router, routing::post};
-//! use idemkit::sqlite::{SqliteStore, SqliteTx};
-//! use idemkit::tower::{BearerTokenAccount, IdempotencyLayer, Tx};
+//! use idemkit::prelude::*;
 //!
 //! // Runs at most once per (account, key): the claim, this insert and the stored
 //! // response commit in one transaction; retries get the stored 201 back.
-//! async fn create(mut tx: Tx<SqliteTx>) -> http::StatusCode {
-//!     sqlx::query("INSERT INTO orders DEFAULT VALUES").execute(&mut **tx).await.unwrap();
-//!     http::StatusCode::CREATED
+//! async fn create(mut tx: Tx<SqliteTx>) -> Result<http::StatusCode, ProblemResponse> {
+//!     sqlx::query("INSERT INTO orders DEFAULT VALUES")
+//!         .execute(&mut **tx)
+//!         .await
+//!         .map_err(|e| ProblemResponse::new(ErrorCode::Internal, e.to_string()))?;
+//!     Ok(http::StatusCode::CREATED)
 //! }
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-//! let store = std::sync::Arc::new(SqliteStore::connect("app.db").await?);
-//! let keys = IdempotencyLayer::transactional(store).resolver(BearerTokenAccount).build()?;
+//! let store = SqliteStore::connect("app.db").await?;
+//! let secret = std::env::var("ACCOUNT_SECRET")?;
+//! let keys = IdempotencyLayer::single_step(store, BearerTokenAccount::new(secret)).build()?;
 //! let app: Router = Router::new().route("/orders", post(create).layer(keys));
 //! # let _ = app; Ok(()) }
 //! ```
+//!
+//! ## Your own accounts
+//!
+//! Keys are scoped per account. [`BearerTokenAccount`](prelude::BearerTokenAccount)
+//! derives one from the bearer token with a server secret (the token itself is
+//! never stored). A service whose authentication layer already knows the
+//! caller passes its own resolver: any closure or function over the request's
+//! `http::request::Parts` will do.
+//!
+//! ```
+//! use idemkit::prelude::*;
+//!
+//! /// What the authentication middleware put in the request's extensions.
+//! #[derive(Clone)]
+//! struct Caller {
+//!     account_id: String,
+//! }
+//!
+//! fn accounts(parts: &http::request::Parts) -> Result<Account, ProblemResponse> {
+//!     match parts.extensions.get::<Caller>() {
+//!         Some(caller) => Ok(Account::new(&caller.account_id)),
+//!         None => Err(ProblemResponse::new(ErrorCode::Unauthorized, "sign in first")),
+//!     }
+//! }
+//!
+//! # fn layer(store: SqliteStore) -> Result<(), idemkit::layer::BuildError> {
+//! let keys = IdempotencyLayer::single_step(store, accounts).build()?;
+//! # let _ = keys; Ok(()) }
+//! ```
+//!
+//! ## Where things are
+//!
+//! | module | what | feature |
+//! |---|---|---|
+//! | [`prelude`] | what a service needs: the layer, its extractors, the stores that are on | |
+//! | [`layer`] | the HTTP layer (tower, axum extractors, `Phases`, completer, reaper) | `axum` |
+//! | [`grpc`] | the gRPC layer (tonic) | `tonic` |
+//! | [`stores`] | the key stores: SQLite, PostgreSQL, Redis | `sqlite`, `postgres`, `redis` |
+//! | [`client`] | the retry loop (reqwest middleware, tower and tonic layers) | `client`, `client-tonic` |
+//! | [`backend`] | the store traits and record types, for store authors and adapters | |
 //!
 //! The guide (getting started, the contract, stores, multi-step requests, the
 //! client, gRPC, the proxy, the checker, operations) is the `book/` of the
@@ -44,33 +87,85 @@ mod open;
 
 pub use open::{OpenError, OpenMode, OpenOptions, OpenedStore, StoreKind, open_store};
 
-pub use idemkit_core as core;
-pub use idemkit_core::{
-    Account, ClaimOutcome, ClaimRequest, ErrorCode, Fingerprint, Fingerprinter, IdempotencyKey, KeyStore,
-    Policy, Problem, Scope, StoreError, TransactionalStore,
-};
+pub use idemkit_core::{Account, ErrorCode, IdempotencyKey, Policy, Scope, StoreError};
 
-/// The embedded SQLite key store.
-#[cfg(feature = "sqlite")]
-#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
-pub use idemkit_sqlite as sqlite;
+/// The store traits, record types and fingerprints (the `idemkit-core` crate),
+/// for those who write a store or an adapter. A service does not need them.
+pub mod backend {
+    pub use idemkit_core::*;
+}
 
-/// The PostgreSQL key store.
-#[cfg(feature = "postgres")]
-#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
-pub use idemkit_postgres as postgres;
+/// The key stores, each behind its feature: the main types here, each store's
+/// whole crate (configuration, migrations, its `sqlx`) as a module.
+pub mod stores {
+    /// The embedded SQLite key store (the `idemkit-sqlite` crate).
+    #[cfg(feature = "sqlite")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
+    pub use idemkit_sqlite as sqlite;
+    #[cfg(feature = "sqlite")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
+    pub use idemkit_sqlite::{SqliteStore, SqliteTx};
 
-/// The Redis key store.
-#[cfg(feature = "redis")]
-#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
-pub use idemkit_redis as redis;
+    /// The PostgreSQL key store (the `idemkit-postgres` crate).
+    #[cfg(feature = "postgres")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+    pub use idemkit_postgres as postgres;
+    #[cfg(feature = "postgres")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+    pub use idemkit_postgres::{PgStore, PgTx};
 
-/// The tower layer, axum extractors and problem responses.
+    /// The Redis key store, lease mode only (the `idemkit-redis` crate).
+    #[cfg(feature = "redis")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+    pub use idemkit_redis as redis;
+    #[cfg(feature = "redis")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+    pub use idemkit_redis::RedisStore;
+}
+
+/// The HTTP layer: tower `Layer`, axum extractors, problem responses,
+/// `Phases`, the completer and the reaper (the `idemkit-tower` crate).
 #[cfg(feature = "axum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
-pub use idemkit_tower as tower;
+pub mod layer {
+    pub use idemkit_tower::*;
+}
 
-/// The client half: a retry loop whose defaults make retries safe.
+/// The gRPC layer for tonic servers (the `idemkit-tonic` crate).
+#[cfg(feature = "tonic")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
+pub mod grpc {
+    pub use idemkit_tonic::*;
+}
+
+/// The client half: a retry loop whose defaults make retries safe (the
+/// `idemkit-client` crate, with the integrations its features turn on).
 #[cfg(feature = "client")]
 #[cfg_attr(docsrs, doc(cfg(feature = "client")))]
-pub use idemkit_client as client;
+pub mod client {
+    pub use idemkit_client::*;
+}
+
+/// What a service needs, in one `use idemkit::prelude::*;`: the HTTP layer
+/// and its extractors (feature `axum`), the stores whose features are on, and
+/// the client's policy (feature `client`). The gRPC layer, whose names match
+/// the HTTP layer's, stays in `grpc`.
+pub mod prelude {
+    pub use idemkit_core::{Account, ErrorCode, IdempotencyKey, Policy};
+
+    #[cfg(feature = "axum")]
+    pub use idemkit_tower::{
+        AccountResolver, BearerTokenAccount, Completer, IdempotencyContext, IdempotencyLayer, Json, Phases,
+        ProblemResponse, Reaper, Tx,
+    };
+
+    #[cfg(feature = "redis")]
+    pub use crate::stores::RedisStore;
+    #[cfg(feature = "postgres")]
+    pub use crate::stores::{PgStore, PgTx};
+    #[cfg(feature = "sqlite")]
+    pub use crate::stores::{SqliteStore, SqliteTx};
+
+    #[cfg(feature = "client")]
+    pub use idemkit_client::{RetryConfig, RetryPolicy};
+}

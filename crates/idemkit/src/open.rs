@@ -3,10 +3,10 @@
 //!
 //! | URL | store | feature |
 //! |-----|-------|---------|
-//! | `sqlite://PATH`, `sqlite:PATH` or a plain file path | [`SqliteStore`](crate::sqlite::SqliteStore) | `sqlite` |
-//! | `postgres://…`, `postgresql://…` | [`PgStore`](crate::postgres::PgStore) in [`OpenOptions::pg_schema`] | `postgres` |
-//! | `redis://…`, `rediss://…`, `redis+unix://…` | [`RedisStore`](crate::redis::RedisStore), one node | `redis` |
-//! | `redis+cluster://host:port,host:port` | [`RedisStore`](crate::redis::RedisStore) on a cluster (seed nodes) | `redis` |
+//! | `sqlite://PATH`, `sqlite:PATH` or a plain file path | [`SqliteStore`](crate::stores::sqlite::SqliteStore) | `sqlite` |
+//! | `postgres://…`, `postgresql://…` | [`PgStore`](crate::stores::postgres::PgStore) in [`OpenOptions::pg_schema`] | `postgres` |
+//! | `redis://…`, `rediss://…`, `redis+unix://…` | [`RedisStore`](crate::stores::redis::RedisStore), one node | `redis` |
+//! | `redis+cluster://host:port,host:port` | [`RedisStore`](crate::stores::redis::RedisStore) on a cluster (seed nodes) | `redis` |
 //!
 //! The result keeps the concrete store ([`OpenedStore`]), because single-step
 //! handlers need the SQL store's own transactions, and offers the
@@ -90,11 +90,11 @@ pub enum OpenMode {
     Create,
     /// An existing store only, brought up to date by its migrations: a SQLite
     /// path must name an existing file (nothing is invented); PostgreSQL opens
-    /// with [`PgStore::connect`](crate::postgres::PgStore::connect).
+    /// with [`PgStore::connect`](crate::stores::postgres::PgStore::connect).
     Existing,
     /// An existing store, with no DDL and no migrations where the backend
     /// allows it: PostgreSQL opens with
-    /// [`PgStore::connect_existing`](crate::postgres::PgStore::connect_existing)
+    /// [`PgStore::connect_existing`](crate::stores::postgres::PgStore::connect_existing)
     /// (an error when the schema holds no store or needs a migration); a SQLite
     /// path must name an existing file (SQLite's embedded migrations, which are
     /// idempotent, still run). For read-only operator commands.
@@ -114,10 +114,10 @@ pub struct OpenOptions {
     /// Redis: the key prefix (default: the store's, `idemkit`).
     pub redis_prefix: Option<String>,
     /// SQLite: which commits wait for the disk (default
-    /// [`Durability::Normal`](crate::sqlite::Durability::Normal)).
+    /// [`Durability::Normal`](crate::stores::sqlite::Durability::Normal)).
     #[cfg(feature = "sqlite")]
     #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
-    pub sqlite_durability: crate::sqlite::Durability,
+    pub sqlite_durability: crate::stores::sqlite::Durability,
 }
 
 impl Default for OpenOptions {
@@ -128,7 +128,7 @@ impl Default for OpenOptions {
             max_connections: None,
             redis_prefix: None,
             #[cfg(feature = "sqlite")]
-            sqlite_durability: crate::sqlite::Durability::Normal,
+            sqlite_durability: crate::stores::sqlite::Durability::Normal,
         }
     }
 }
@@ -166,7 +166,7 @@ impl OpenOptions {
     /// Sets which commits of a SQLite store wait for the disk.
     #[cfg(feature = "sqlite")]
     #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
-    pub fn with_sqlite_durability(mut self, durability: crate::sqlite::Durability) -> Self {
+    pub fn with_sqlite_durability(mut self, durability: crate::stores::sqlite::Durability) -> Self {
         self.sqlite_durability = durability;
         self
     }
@@ -205,15 +205,15 @@ pub enum OpenedStore {
     /// SQLite.
     #[cfg(feature = "sqlite")]
     #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
-    Sqlite(Arc<crate::sqlite::SqliteStore>),
+    Sqlite(Arc<crate::stores::sqlite::SqliteStore>),
     /// PostgreSQL.
     #[cfg(feature = "postgres")]
     #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
-    Postgres(Arc<crate::postgres::PgStore>),
+    Postgres(Arc<crate::stores::postgres::PgStore>),
     /// Redis or Redis Cluster.
     #[cfg(feature = "redis")]
     #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
-    Redis(Arc<crate::redis::RedisStore>),
+    Redis(Arc<crate::stores::redis::RedisStore>),
 }
 
 impl OpenedStore {
@@ -249,10 +249,10 @@ impl OpenedStore {
 ///
 /// | URL | store | feature |
 /// |-----|-------|---------|
-/// | `sqlite://PATH`, `sqlite:PATH` or a plain file path | [`SqliteStore`](crate::sqlite::SqliteStore) | `sqlite` |
-/// | `postgres://…`, `postgresql://…` | [`PgStore`](crate::postgres::PgStore) in [`OpenOptions::pg_schema`] | `postgres` |
-/// | `redis://…`, `rediss://…`, `redis+unix://…` | [`RedisStore`](crate::redis::RedisStore), one node | `redis` |
-/// | `redis+cluster://host:port,host:port` | [`RedisStore`](crate::redis::RedisStore) on a cluster (seed nodes) | `redis` |
+/// | `sqlite://PATH`, `sqlite:PATH` or a plain file path | [`SqliteStore`](crate::stores::sqlite::SqliteStore) | `sqlite` |
+/// | `postgres://…`, `postgresql://…` | [`PgStore`](crate::stores::postgres::PgStore) in [`OpenOptions::pg_schema`] | `postgres` |
+/// | `redis://…`, `rediss://…`, `redis+unix://…` | [`RedisStore`](crate::stores::redis::RedisStore), one node | `redis` |
+/// | `redis+cluster://host:port,host:port` | [`RedisStore`](crate::stores::redis::RedisStore) on a cluster (seed nodes) | `redis` |
 pub async fn open_store(url: &str, options: &OpenOptions) -> Result<OpenedStore, OpenError> {
     let kind = StoreKind::of(url);
     #[cfg(any(feature = "sqlite", feature = "postgres", feature = "redis"))]
@@ -269,18 +269,18 @@ pub async fn open_store(url: &str, options: &OpenOptions) -> Result<OpenedStore,
                 return Err(OpenError::NoSqliteFile(url.to_owned()));
             }
             let mut config =
-                crate::sqlite::SqliteConfig::default().with_durability(options.sqlite_durability);
+                crate::stores::sqlite::SqliteConfig::default().with_durability(options.sqlite_durability);
             if let Some(n) = options.max_connections {
                 config = config.with_max_connections(n);
             }
-            let store = crate::sqlite::SqliteStore::connect_with(url, config)
+            let store = crate::stores::sqlite::SqliteStore::connect_with(url, config)
                 .await
                 .map_err(store_err)?;
             Ok(OpenedStore::Sqlite(Arc::new(store)))
         }
         #[cfg(feature = "postgres")]
         StoreKind::Postgres => {
-            use crate::postgres::{PgConfig, PgStore};
+            use crate::stores::postgres::{PgConfig, PgStore};
             let mut config = PgConfig::default().with_schema(options.pg_schema.clone());
             if let Some(n) = options.max_connections {
                 config = config.with_max_connections(n);
@@ -294,7 +294,7 @@ pub async fn open_store(url: &str, options: &OpenOptions) -> Result<OpenedStore,
         }
         #[cfg(feature = "redis")]
         StoreKind::Redis => {
-            use crate::redis::{RedisConfig, RedisStore};
+            use crate::stores::redis::{RedisConfig, RedisStore};
             let mut config = RedisConfig::default();
             if let Some(prefix) = &options.redis_prefix {
                 config = config.with_prefix(prefix.clone());

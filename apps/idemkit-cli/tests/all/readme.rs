@@ -1,13 +1,68 @@
 //! The README's example is a complete program: the README shows exactly
 //! `crates/idemkit/examples/readme.rs`, and that program, run as a process,
 //! creates its table, answers an order, replays it, and maps a failed insert to a
-//! problem response instead of panicking.
+//! problem response instead of panicking. Its custom resolver is the facade's
+//! crate-level doctest, so it compiles too.
 
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 const README: &str = include_str!("../../../../README.md");
 const EXAMPLE: &str = include_str!("../../../../crates/idemkit/examples/readme.rs");
+const FACADE: &str = include_str!("../../../../crates/idemkit/src/lib.rs");
+
+/// The fenced code blocks of a Markdown text, in order: (info string, body).
+fn fenced(text: &str) -> Vec<(String, String)> {
+    let mut blocks = Vec::new();
+    let mut open: Option<(String, String)> = None;
+    for line in text.lines() {
+        match (line.strip_prefix("```"), open.take()) {
+            (Some(info), None) => open = Some((info.trim().to_owned(), String::new())),
+            (Some(_), Some(block)) => blocks.push(block),
+            (None, Some((info, mut body))) => {
+                body.push_str(line);
+                body.push('\n');
+                open = Some((info, body));
+            }
+            (None, None) => {}
+        }
+    }
+    blocks
+}
+
+#[test]
+fn the_readme_resolver_is_the_facade_doctest() {
+    let readme: Vec<String> = fenced(README)
+        .into_iter()
+        .filter(|(info, _)| info.starts_with("rust"))
+        .map(|(_, body)| body)
+        .collect();
+    let resolver = readme.get(1).expect("a second Rust block: the custom resolver");
+    // The facade's crate docs as rustdoc renders them: `//! ` stripped, the
+    // doctests' hidden lines (`# ...`) dropped.
+    let docs: String = FACADE
+        .lines()
+        .filter_map(|l| l.strip_prefix("//!"))
+        .map(|l| format!("{}\n", l.strip_prefix(' ').unwrap_or(l)))
+        .collect();
+    let shown: Vec<String> = fenced(&docs)
+        .into_iter()
+        .map(|(_, body)| {
+            body.lines()
+                .filter(|l| !(l.starts_with("# ") || *l == "#"))
+                .map(|l| format!("{l}\n"))
+                .collect()
+        })
+        .collect();
+    assert!(
+        shown.iter().any(|b| b == resolver),
+        "the README's custom resolver must be one of the idemkit crate's doc examples, verbatim:\n{resolver}"
+    );
+    assert!(
+        resolver.contains("IdempotencyLayer::single_step(store, accounts)"),
+        "{resolver}"
+    );
+}
 
 struct Proc(Child);
 

@@ -12,12 +12,13 @@ use axum::routing::{get, post};
 use bytes::Bytes;
 use http::request::Parts;
 use http::{HeaderValue, StatusCode, header};
+use idemkit_core::wire::IDEMPOTENT_REPLAYED;
 use idemkit_core::{Account, ErrorCode, InFlightBehavior, PROBLEM_CONTENT_TYPE, Policy};
 use idemkit_postgres::PgTx;
 use idemkit_sqlite::SqliteTx;
 use idemkit_tower::{
-    IDEMPOTENT_REPLAYED, IdempotencyContext, IdempotencyLayer, IdempotencyLayerBuilder, ProblemResponse, Tx,
-    method_not_allowed, not_found,
+    IdempotencyContext, IdempotencyLayer, IdempotencyLayerBuilder, ProblemResponse, Tx, method_not_allowed,
+    not_found,
 };
 use serde::Serialize;
 use serde_json::Value;
@@ -33,16 +34,17 @@ pub(crate) fn router(courier: &Courier, wait: Duration) -> anyhow::Result<Router
     let configure = |builder: IdempotencyLayerBuilder| {
         builder
             .policy(Policy::new().with_in_flight(InFlightBehavior::Wait(wait)))
-            .resolver(courier_account)
             .build()
     };
     let create = match &courier.inner.db {
-        Db::Sqlite(store) => {
-            post(create_sqlite).layer(configure(IdempotencyLayer::transactional(store.clone()))?)
-        }
-        Db::Postgres(store) => {
-            post(create_pg).layer(configure(IdempotencyLayer::transactional(store.clone()))?)
-        }
+        Db::Sqlite(store) => post(create_sqlite).layer(configure(IdempotencyLayer::single_step(
+            store.clone(),
+            courier_account,
+        ))?),
+        Db::Postgres(store) => post(create_pg).layer(configure(IdempotencyLayer::single_step(
+            store.clone(),
+            courier_account,
+        ))?),
     }
     .layer(middleware::from_fn_with_state(courier.clone(), gate));
     Ok(Router::new()
@@ -71,7 +73,7 @@ async fn gate(State(courier): State<Courier>, req: Request, next: Next) -> Respo
     inner.calls.fetch_add(1, Ordering::Relaxed);
     let budget = req
         .headers()
-        .get(idemkit_core::DEADLINE_HEADER)
+        .get(idemkit_core::wire::REQUEST_TIMEOUT)
         .and_then(|v| v.to_str().ok())
         .and_then(idemkit_core::parse_deadline_header)
         .map_or(u64::MAX, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX - 1));

@@ -14,9 +14,9 @@
 
 use std::time::Duration;
 
-use http::HeaderMap;
 use idemkit_core::{Account, Problem};
-use idemkit_tonic::{BearerTokenAccount, MetadataAccountResolver, status_for, with_outcome};
+use idemkit_tonic::{status_for, with_outcome};
+use idemkit_tower::AccountResolver;
 use idemkit_tower::engine::Outcome;
 use idemkit_tower::{IdempotencyContext, PhaseError};
 use tonic::{Code, Request, Response, Status};
@@ -36,19 +36,14 @@ pub(super) struct LabelsGrpc<S> {
     pub(super) app: App<S>,
 }
 
-impl MetadataAccountResolver for Tokens {
-    fn resolve(&self, metadata: &HeaderMap) -> Result<Account, Status> {
-        BearerTokenAccount
-            .resolve(metadata)
-            .ok()
-            .and_then(|token| self.0.get(token.as_str()).map(Account::new))
-            .ok_or_else(|| {
-                status(&Problem::new(
-                    idemkit_core::ErrorCode::Unauthorized,
-                    "send `authorization: Bearer <token>` with a valid token",
-                ))
-            })
-    }
+/// The caller's account for the read methods the layer does not wrap: the same
+/// resolver as the layer's, over the call's metadata.
+fn account_of<T>(tokens: &Tokens, request: &Request<T>) -> Result<Account, Status> {
+    let mut parts = http::Request::new(()).into_parts().0;
+    parts.headers = request.metadata().clone().into_headers();
+    tokens
+        .resolve(&parts)
+        .map_err(|refused| status_for(&refused.problem, refused.retry_after))
 }
 
 fn status(p: &Problem) -> Status {
@@ -193,7 +188,7 @@ impl<S: LabelsDb> proto::labels_server::Labels for LabelsGrpc<S> {
         &self,
         request: Request<proto::GetLabelRequest>,
     ) -> Result<Response<proto::Label>, Status> {
-        let account = self.app.tokens.resolve(request.metadata().as_ref())?;
+        let account = account_of(&self.app.tokens, &request)?;
         read::label(&self.app, account.as_str(), &request.get_ref().id)
             .await
             .map(|l| Response::new(to_message(&l)))
@@ -204,7 +199,7 @@ impl<S: LabelsDb> proto::labels_server::Labels for LabelsGrpc<S> {
         &self,
         request: Request<proto::GetTrackingRequest>,
     ) -> Result<Response<proto::Tracking>, Status> {
-        let account = self.app.tokens.resolve(request.metadata().as_ref())?;
+        let account = account_of(&self.app.tokens, &request)?;
         let t = read::tracking(&self.app, account.as_str(), &request.get_ref().id)
             .await
             .map_err(|p| status(&p))?;

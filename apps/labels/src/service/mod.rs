@@ -174,8 +174,7 @@ fn idempotency(
         .route("POST", "/labels")
         .context("the configuration has no `POST /labels` route")?;
     Ok(route
-        .configure(IdempotencyLayer::builder(store))?
-        .resolver(tokens)
+        .configure(IdempotencyLayer::lease(store, tokens))?
         .validate_body(|_, body| validate_create(body))
         .max_request_body(64 * 1024)
         .build()?)
@@ -194,8 +193,7 @@ fn repeatable_idempotency(
     };
     Ok(Some(
         route
-            .configure(IdempotencyLayer::builder(store))?
-            .resolver(tokens)
+            .configure(IdempotencyLayer::lease(store, tokens))?
             .validate_body(|_, body| validate_repeatable(body))
             .max_request_body(64 * 1024)
             .build()?,
@@ -409,9 +407,8 @@ fn grpc_routes<S: db::LabelsDb>(
     let route = config
         .route("POST", "/labels")
         .context("the configuration has no `POST /labels` route")?;
-    let layer = idemkit_tonic::IdempotencyLayer::builder(app.keys.clone())
+    let layer = idemkit_tonic::IdempotencyLayer::lease(app.keys.clone(), app.tokens.clone())
         .policy(route.policy())
-        .resolver(app.tokens.clone())
         .file_descriptor_set(crate::proto::FILE_DESCRIPTOR_SET)
         .unary_with_key_field(crate::proto::CREATE_LABEL, crate::proto::KEY_FIELD_NUMBER)
         .unary_with_request_id(

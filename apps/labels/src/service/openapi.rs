@@ -201,7 +201,7 @@ mod tests {
                 p["in"] == "header"
                     && p["name"]
                         .as_str()
-                        .is_some_and(|n| n.eq_ignore_ascii_case(idemkit_core::DEADLINE_HEADER))
+                        .is_some_and(|n| n.eq_ignore_ascii_case(idemkit_core::wire::REQUEST_TIMEOUT))
             })
             .collect();
         assert_eq!(deadline.len(), 1, "{params:?}");

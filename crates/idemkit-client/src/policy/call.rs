@@ -509,7 +509,7 @@ impl AttemptPlan {
     }
 
     /// Adds the automatic key (unless a key is already there), the attempt's budget
-    /// as [`DEADLINE_HEADER`] (`Request-Timeout: <ms>`, this attempt's
+    /// as [`wire::REQUEST_TIMEOUT`](idemkit_core::wire::REQUEST_TIMEOUT) (`Request-Timeout: <ms>`, this attempt's
     /// [`timeout`](Self::timeout) rounded down; it replaces one already there) and the
     /// enabled attempt/timeout headers.
     pub fn apply(&self, headers: &mut HeaderMap) {

@@ -23,12 +23,9 @@ use crate::classify::{AttemptInfo, Classifier, ClassifyHook, FatalReason, Outcom
 use crate::key::{AutoKey, IDEMPOTENCY_KEY_STR, IdempotencyKey};
 use crate::policy_doc::{KeyLocation, PublishedPolicy};
 
-/// The OASIS Repeatable Requests key header.
-pub const REPEATABILITY_REQUEST_ID: &str = "repeatability-request-id";
-/// The OASIS Repeatable Requests first-sent header (an HTTP-date).
-pub const REPEATABILITY_FIRST_SENT: &str = "repeatability-first-sent";
 use crate::timeout::AdaptiveTimeout;
 use crate::timeout::{AttemptTimeout, LatencyWindow};
+pub(crate) use idemkit_core::wire::{REPEATABILITY_FIRST_SENT, REPEATABILITY_REQUEST_ID};
 
 mod call;
 #[cfg(test)]
@@ -38,21 +35,21 @@ pub use call::{AttemptPlan, Call, Decision, Stop};
 
 /// Header carrying the 1-based attempt number, when enabled with
 /// [`RetryConfig::with_attempt_header`]: `Idemkit-Attempt: 2`.
-pub const ATTEMPT_HEADER: HeaderName = HeaderName::from_static("idemkit-attempt");
+pub(crate) const ATTEMPT_HEADER: HeaderName = HeaderName::from_static(idemkit_core::wire::IDEMKIT_ATTEMPT);
 
 /// Header carrying how long the client will wait for this attempt, in whole
 /// milliseconds (`min(attempt timeout, remaining deadline)`), when enabled with
 /// [`RetryConfig::with_timeout_header`]: `Idemkit-Timeout-Ms: 1834`. A server can drop
 /// work the client will no longer wait for.
-pub const TIMEOUT_HEADER: HeaderName = HeaderName::from_static("idemkit-timeout-ms");
+pub(crate) const TIMEOUT_HEADER: HeaderName = HeaderName::from_static(idemkit_core::wire::IDEMKIT_TIMEOUT_MS);
 
 /// Header carrying each attempt's remaining budget in whole milliseconds (rounded
 /// down; 1 to 10 digits), sent on every attempt by the HTTP integrations:
 /// `Request-Timeout: 1834`, idemkit's REST deadline convention (the same name as the
-/// server's `idemkit_core::DEADLINE_HEADER`, checked by a test). An idemkit server
+/// server's `idemkit_core::wire::REQUEST_TIMEOUT`, checked by a test). An idemkit server
 /// refuses a request whose budget is spent before claiming its key and hands the rest
 /// to the handler.
-pub const DEADLINE_HEADER: HeaderName = HeaderName::from_static("request-timeout");
+pub(crate) const DEADLINE_HEADER: HeaderName = HeaderName::from_static(idemkit_core::wire::REQUEST_TIMEOUT);
 
 /// The largest [`DEADLINE_HEADER`] value (10 digits).
 const DEADLINE_HEADER_MAX_MS: u128 = 9_999_999_999;
@@ -348,14 +345,14 @@ impl RetryConfig {
         self
     }
 
-    /// Sends [`ATTEMPT_HEADER`] on every attempt.
+    /// Sends [`wire::IDEMKIT_ATTEMPT`](idemkit_core::wire::IDEMKIT_ATTEMPT) on every attempt.
     #[must_use]
     pub const fn with_attempt_header(mut self, send: bool) -> Self {
         self.attempt_header = send;
         self
     }
 
-    /// Sends [`TIMEOUT_HEADER`] on every attempt.
+    /// Sends [`wire::IDEMKIT_TIMEOUT_MS`](idemkit_core::wire::IDEMKIT_TIMEOUT_MS) on every attempt.
     #[must_use]
     pub const fn with_timeout_header(mut self, send: bool) -> Self {
         self.timeout_header = send;

@@ -3,8 +3,8 @@
 use super::*;
 use crate::budget::Unlimited;
 use crate::classify::Answer;
-use crate::key::IDEMPOTENCY_KEY;
 use http::StatusCode;
+use idemkit_core::wire::IDEMPOTENCY_KEY;
 
 const MS: Duration = Duration::from_millis(1);
 

@@ -12,8 +12,8 @@ use http::HeaderMap;
 use http::uri::PathAndQuery;
 use http_body_util::{BodyExt, Full};
 use idemkit_client::{
-    AutoKey, CODE_IN_PROGRESS, GRPC_RETRY_PUSHBACK_MS, GrpcRetryError, GrpcRetryLayer, GrpcRetryService,
-    RetryConfig, RetryPolicy, Stop, parse_grpc_timeout,
+    AutoKey, CODE_IN_PROGRESS, GrpcRetryError, GrpcRetryLayer, GrpcRetryService, RetryConfig, RetryPolicy,
+    Stop, parse_grpc_timeout, wire,
 };
 use prost::Message;
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
@@ -125,7 +125,7 @@ async fn answer(
             let mut response = Status::unavailable("busy").into_http::<tonic::body::Body>();
             response
                 .headers_mut()
-                .insert(GRPC_RETRY_PUSHBACK_MS, value.parse().unwrap());
+                .insert(wire::GRPC_RETRY_PUSHBACK_MS, value.parse().unwrap());
             response
         }
         Script::Echo => {
@@ -561,7 +561,7 @@ async fn retries_tell_the_server_how_many_attempts_came_before() {
         ],
     );
     call(h.client(fast()), "Prev", None).await.unwrap();
-    let previous = h.values("Prev", idemkit_client::GRPC_PREVIOUS_RPC_ATTEMPTS);
+    let previous = h.values("Prev", idemkit_client::wire::GRPC_PREVIOUS_RPC_ATTEMPTS);
     assert_eq!(
         previous,
         [None, Some("1".to_owned()), Some("2".to_owned())],

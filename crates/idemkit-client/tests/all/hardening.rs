@@ -12,8 +12,8 @@ use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use idemkit_client::{
-    AdaptiveTimeout, AutoKey, CallDeadline, DEADLINE_HEADER, FatalReason, Outcome, RetryLayer, RetryPolicy,
-    Stop, TokenBucket, Unlimited,
+    AdaptiveTimeout, AutoKey, CallDeadline, FatalReason, Outcome, RetryLayer, RetryPolicy, Stop, TokenBucket,
+    Unlimited, wire,
 };
 use tower::{Service, ServiceBuilder, ServiceExt};
 
@@ -280,7 +280,11 @@ fn recording_unavailable(
 + Send
 + 'static {
     tower::service_fn(move |req: Request<Full<Bytes>>| {
-        let ms = req.headers()[DEADLINE_HEADER].to_str().unwrap().parse().unwrap();
+        let ms = req.headers()[wire::REQUEST_TIMEOUT]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
         sent.lock().unwrap().push(ms);
         async move {
             tokio::time::sleep(20 * MS).await;
@@ -299,7 +303,7 @@ async fn a_callers_request_timeout_and_call_deadline_bound_the_call_tower() {
 
     let mut req = post("http://svc/orders");
     req.headers_mut()
-        .insert(DEADLINE_HEADER, http::HeaderValue::from_static("200"));
+        .insert(wire::REQUEST_TIMEOUT, http::HeaderValue::from_static("200"));
     let t0 = tokio::time::Instant::now();
     let err = svc.clone().oneshot(req).await.unwrap_err();
     assert!(t0.elapsed() <= 200 * MS, "{:?}", t0.elapsed());
@@ -324,12 +328,12 @@ async fn a_callers_request_timeout_is_not_raised_reqwest() {
     server.script("/orders", [Fault::Status(201)]);
     client(fast())
         .post(server.url("/orders"))
-        .header(DEADLINE_HEADER, "200")
+        .header(wire::REQUEST_TIMEOUT, "200")
         .body("{}")
         .send()
         .await
         .unwrap();
-    let sent: u64 = server.header_values("/orders", DEADLINE_HEADER.as_str())[0]
+    let sent: u64 = server.header_values("/orders", wire::REQUEST_TIMEOUT)[0]
         .as_deref()
         .unwrap()
         .parse()

@@ -4,8 +4,8 @@ use std::time::{Duration, Instant};
 
 use http::StatusCode;
 use idemkit_client::{
-    ATTEMPT_HEADER, AutoKey, CODE_IN_PROGRESS, CODE_KEY_REUSED, FatalReason, IDEMPOTENCY_KEY, IdempotencyKey,
-    Outcome, RetryPolicy, Stop, TIMEOUT_HEADER, TokenBucket,
+    AutoKey, CODE_IN_PROGRESS, CODE_KEY_REUSED, FatalReason, IdempotencyKey, Outcome, RetryPolicy, Stop,
+    TokenBucket, wire,
 };
 
 use crate::server::{Fault, FaultServer};
@@ -130,7 +130,7 @@ async fn post_after_a_read_timeout_is_retried_only_with_its_auto_key() {
             .with_auto_key(AutoKey::CallerOnly),
     )
     .post(server.url("/pay-key"))
-    .header(IDEMPOTENCY_KEY, key.as_str())
+    .header(wire::IDEMPOTENCY_KEY, key.as_str())
     .body("{}")
     .send()
     .await
@@ -230,7 +230,7 @@ async fn in_progress_conflict_then_success() {
     let key = IdempotencyKey::derived("order-create", "c-9");
     let response = client(fast())
         .post(server.url("/orders"))
-        .header(IDEMPOTENCY_KEY, key.as_str())
+        .header(wire::IDEMPOTENCY_KEY, key.as_str())
         .body("{}")
         .send()
         .await
@@ -333,10 +333,10 @@ async fn attempt_and_timeout_headers_when_enabled() {
         .with_deadline(Duration::from_secs(5));
     let response = client(config).get(server.url("/h")).send().await.unwrap();
     assert_eq!(response.status(), StatusCode::OK);
-    let attempts = server.header_values("/h", ATTEMPT_HEADER.as_str());
+    let attempts = server.header_values("/h", wire::IDEMKIT_ATTEMPT);
     assert_eq!(attempts, [Some("1".into()), Some("2".into()), Some("3".into())]);
     let timeouts: Vec<u64> = server
-        .header_values("/h", TIMEOUT_HEADER.as_str())
+        .header_values("/h", wire::IDEMKIT_TIMEOUT_MS)
         .into_iter()
         .map(|v| v.unwrap().parse().unwrap())
         .collect();
@@ -355,14 +355,14 @@ async fn every_attempt_carries_its_budget_in_the_rest_deadline_header() {
     server.script("/d", [Fault::Status(503), Fault::Status(503), Fault::Status(201)]);
     // The client's name is the server's.
     assert_eq!(
-        idemkit_client::DEADLINE_HEADER.as_str(),
-        idemkit_core::DEADLINE_HEADER
+        idemkit_client::wire::REQUEST_TIMEOUT,
+        idemkit_core::wire::REQUEST_TIMEOUT
     );
     let config = fast().with_deadline(Duration::from_secs(5));
     let response = client(config).post(server.url("/d")).send().await.unwrap();
     assert_eq!(response.status(), StatusCode::CREATED);
     let budgets: Vec<u64> = server
-        .header_values("/d", idemkit_core::DEADLINE_HEADER)
+        .header_values("/d", idemkit_core::wire::REQUEST_TIMEOUT)
         .into_iter()
         .map(|v| {
             idemkit_core::parse_deadline_header(&v.unwrap())

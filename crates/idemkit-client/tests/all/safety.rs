@@ -6,9 +6,7 @@
 use std::time::{Duration, Instant};
 
 use http::{Method, StatusCode};
-use idemkit_client::{
-    AutoKey, FatalReason, IDEMPOTENCY_KEY, IdempotencyKey, Outcome, RetryConfig, RetryErrorExt, Stop,
-};
+use idemkit_client::{AutoKey, FatalReason, IdempotencyKey, Outcome, RetryConfig, RetryErrorExt, Stop, wire};
 
 use crate::server::{Fault, FaultServer};
 use crate::{client, fast, retry_error, same_key};
@@ -75,7 +73,7 @@ async fn gateway_502_and_504_are_retried_when_the_request_is_protected() {
         server.script(path, [Fault::Status(502), Fault::Status(504), Fault::Status(200)]);
         let mut request = client(config).request(method.clone(), server.url(path));
         if with_key {
-            request = request.header(IDEMPOTENCY_KEY, caller_key.as_str());
+            request = request.header(wire::IDEMPOTENCY_KEY, caller_key.as_str());
         }
         let response = request.send().await.unwrap();
         assert_eq!(response.status(), StatusCode::OK, "{path}");

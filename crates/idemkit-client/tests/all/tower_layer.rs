@@ -76,7 +76,7 @@ async fn in_progress_then_success_with_one_auto_key() {
     assert!(same_key(&keys), "{keys:?}");
     // Each attempt carries its remaining budget in the REST deadline header.
     let budgets: Vec<u64> = server
-        .header_values("/orders", idemkit_client::DEADLINE_HEADER.as_str())
+        .header_values("/orders", idemkit_client::wire::REQUEST_TIMEOUT)
         .into_iter()
         .map(|v| v.unwrap().parse().unwrap())
         .collect();

@@ -536,7 +536,7 @@ impl Attempt {
 const MISCONFIGURED_SETTLED: &str = "the handler answered `Outcome::Settled` (it settled the record itself, as `Phases` does) \
      under a single-step (transactional) idempotency layer, whose claim commits only with the answer the layer stores; \
      its transaction was rolled back, nothing was stored and the key is free. Use a lease-mode layer \
-     (`IdempotencyLayer::builder`) for routes that use `Phases` or settle their own record";
+     (`IdempotencyLayer::lease`) for routes that use `Phases` or settle their own record";
 
 /// How the last error of a record abandoned after a panic begins.
 const PANICKED: &str = "the handler panicked";

@@ -131,6 +131,19 @@ pub(crate) fn store_problem(e: &StoreError) -> (Problem, Option<Duration>) {
             ),
             Some(Duration::from_secs(1)),
         ),
+        StoreError::Config(_) => {
+            tracing::error!(error = %e, "idempotency: misconfigured");
+            (
+                Problem::new(
+                    ErrorCode::Misconfigured,
+                    match std::error::Error::source(e) {
+                        Some(cause) => format!("the idempotency configuration cannot work: {cause}"),
+                        None => format!("the idempotency configuration cannot work: {e}"),
+                    },
+                ),
+                None,
+            )
+        }
         StoreError::Unavailable(_) => {
             tracing::warn!(error = %e, "idempotency: store unavailable");
             (
@@ -289,7 +302,7 @@ impl Engine {
     /// under; `Err` is the answer to give without running anything.
     ///
     /// `deadline` is the caller's (from `grpc-timeout` or the REST
-    /// [`idemkit_core::DEADLINE_HEADER`]). A request whose deadline has already
+    /// [`idemkit_core::wire::REQUEST_TIMEOUT`]). A request whose deadline has already
     /// passed is refused with `deadline_exceeded` before its key is claimed:
     /// nothing is written and the key stays free. A completed request's stored
     /// answer is still replayed whatever the deadline (a replay costs nothing,

@@ -248,10 +248,7 @@ async fn replay_status_override_and_safe_methods_pass_through() {
 
 #[tokio::test]
 async fn configuration_is_validated_and_unscoped_is_explicit() {
-    let err = IdempotencyLayer::builder(memory()).build().unwrap_err();
-    assert!(matches!(err, ConfigError::NoResolver), "{err}");
-    let err = IdempotencyLayer::builder(memory())
-        .unscoped()
+    let err = IdempotencyLayer::lease(memory(), Unscoped)
         .policy(
             Policy::new()
                 .with_replay_window(Duration::from_secs(60))
@@ -259,10 +256,9 @@ async fn configuration_is_validated_and_unscoped_is_explicit() {
         )
         .build()
         .unwrap_err();
-    assert!(matches!(err, ConfigError::Policy(_)), "{err}");
+    assert!(matches!(err, BuildError::Policy(_)), "{err}");
     assert!(
-        IdempotencyLayer::builder(memory())
-            .unscoped()
+        IdempotencyLayer::lease(memory(), Unscoped)
             .key_json_field("nope")
             .build()
             .is_err()
@@ -270,7 +266,7 @@ async fn configuration_is_validated_and_unscoped_is_explicit() {
 
     // Unscoped on purpose: two callers share one key space.
     let runs = Runs::default();
-    let layer = IdempotencyLayer::builder(memory()).unscoped().build().unwrap();
+    let layer = IdempotencyLayer::lease(memory(), Unscoped).build().unwrap();
     let base = serve(counting(layer, runs.clone(), |_| {
         StatusCode::CREATED.into_response()
     }))

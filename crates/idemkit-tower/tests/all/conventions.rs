@@ -14,9 +14,11 @@ fn configured(toml: &str, path: &str) -> IdempotencyLayerBuilder {
     config
         .route("POST", path)
         .unwrap()
-        .configure(IdempotencyLayer::builder(memory()))
+        .configure(IdempotencyLayer::lease(
+            memory(),
+            BearerTokenAccount::new("test-secret"),
+        ))
         .unwrap()
-        .resolver(BearerTokenAccount)
 }
 
 async fn post(base: &str, headers: &[(&str, String)], body: &str) -> Answer {
@@ -255,8 +257,7 @@ async fn a_streaming_answer_on_a_keyed_route_is_refused_never_replayed_truncated
 #[tokio::test]
 async fn a_streaming_answer_in_single_step_mode_rolls_back_and_frees_the_key() {
     let store = sqlite(None).await;
-    let layer = IdempotencyLayer::transactional(store.clone())
-        .resolver(BearerTokenAccount)
+    let layer = IdempotencyLayer::single_step(store.clone(), BearerTokenAccount::new("test-secret"))
         .build()
         .unwrap();
     let runs = Runs::default();

@@ -7,14 +7,15 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::scope;
 use axum::Router;
 use axum::extract::State;
 use axum::response::IntoResponse;
 use axum::routing::post;
 use http::StatusCode;
-use idemkit_core::{DEADLINE_HEADER, KeyStore, Policy};
+use idemkit_core::wire::REQUEST_TIMEOUT;
+use idemkit_core::{KeyStore, Policy};
 use idemkit_sqlite::{SqliteStore, SqliteTx};
-use idemkit_testkit::suite::scope;
 use idemkit_tower::{CallError, Downstream, IdempotencyContext, IdempotencyLayer, PhaseError, Phases, Tx};
 use serde_json::{Value, json};
 
@@ -28,7 +29,7 @@ async fn send(base: &str, key: &str, deadline: Option<&str>) -> Answer {
         .header("content-type", "application/json")
         .body("{}");
     if let Some(d) = deadline {
-        req = req.header(DEADLINE_HEADER, d);
+        req = req.header(REQUEST_TIMEOUT, d);
     }
     let res = req.send().await.unwrap();
     Answer {
@@ -117,10 +118,12 @@ async fn an_expired_deadline_is_refused_before_claiming_and_a_live_one_reaches_t
 async fn an_external_call_gets_only_what_is_left() {
     let store = sqlite(None).await;
     let handed: Arc<Mutex<Vec<Option<Duration>>>> = Arc::default();
-    let layer = IdempotencyLayer::builder(store.clone())
-        .resolver(idemkit_tower::BearerTokenAccount)
-        .build()
-        .unwrap();
+    let layer = IdempotencyLayer::lease(
+        store.clone(),
+        idemkit_tower::BearerTokenAccount::new("test-secret"),
+    )
+    .build()
+    .unwrap();
     type Shared = (Arc<SqliteStore>, Arc<Mutex<Vec<Option<Duration>>>>);
     let app = Router::new()
         .route(
@@ -179,8 +182,7 @@ async fn an_external_call_gets_only_what_is_left() {
 
 /// A single-step route whose handler writes a row, then takes `sleep`.
 fn slow_tx_route(store: Arc<SqliteStore>, sleep: Duration) -> Router {
-    let layer = IdempotencyLayer::transactional(store)
-        .resolver(idemkit_tower::BearerTokenAccount)
+    let layer = IdempotencyLayer::single_step(store, idemkit_tower::BearerTokenAccount::new("test-secret"))
         .build()
         .unwrap();
     Router::new().route(

@@ -117,11 +117,13 @@ async fn in_progress_answers_hint_at_most_a_heartbeat_interval() {
 async fn a_final_phase_over_the_storage_cap_stores_its_problem() {
     let store = sqlite(None).await;
     let runs = Runs::default();
-    let layer = IdempotencyLayer::builder(store.clone())
-        .policy(Policy::new().with_max_stored_body(16))
-        .resolver(idemkit_tower::BearerTokenAccount)
-        .build()
-        .unwrap();
+    let layer = IdempotencyLayer::lease(
+        store.clone(),
+        idemkit_tower::BearerTokenAccount::new("test-secret"),
+    )
+    .policy(Policy::new().with_max_stored_body(16))
+    .build()
+    .unwrap();
     let app = Router::new()
         .route(
             "/op",
@@ -173,10 +175,12 @@ async fn downstream_keys_are_stable_across_takeovers_and_new_after_the_window() 
     let store = sqlite(Some(clock.clone())).await;
     let seen: Arc<Mutex<Vec<String>>> = Arc::default();
     let fail_first = Arc::new(AtomicBool::new(true));
-    let layer = IdempotencyLayer::builder(store.clone())
-        .resolver(idemkit_tower::BearerTokenAccount)
-        .build()
-        .unwrap();
+    let layer = IdempotencyLayer::lease(
+        store.clone(),
+        idemkit_tower::BearerTokenAccount::new("test-secret"),
+    )
+    .build()
+    .unwrap();
     type Shared = (Arc<SqliteStore>, Arc<Mutex<Vec<String>>>, Arc<AtomicBool>);
     let app = Router::new()
         .route(
@@ -251,7 +255,7 @@ async fn a_failed_read_while_settling_abandons_instead_of_releasing() {
     assert_eq!(send(&base, Some("flap"), "a", &json!({})).await.status, 500);
     store.fail_reads(false);
     let scope = Scope::new(
-        idemkit_core::Account::new("a"),
+        idemkit_core::Account::keyed(b"test-secret", b"a"),
         idemkit_core::IdempotencyKey::parse("flap").unwrap(),
     );
     let rec = store.get(&scope).await.unwrap().expect("the record is kept");

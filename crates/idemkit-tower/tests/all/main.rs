@@ -16,8 +16,8 @@ use idemkit_core::{
 use idemkit_sqlite::{SqliteStore, SqliteTx};
 use idemkit_testkit::{ManualClock, MemoryStore};
 use idemkit_tower::{
-    BearerTokenAccount, ConfigError, IdempotencyContext, IdempotencyLayer, IdempotencyLayerBuilder, Json,
-    Outcome, Reaper, Tx,
+    BearerTokenAccount, BuildError, IdempotencyContext, IdempotencyLayer, IdempotencyLayerBuilder, Json,
+    Outcome, Reaper, Tx, Unscoped,
 };
 use serde_json::{Value, json};
 
@@ -84,9 +84,7 @@ fn memory() -> Arc<dyn KeyStore> {
 }
 
 fn generic(store: Arc<dyn KeyStore>, policy: Policy) -> IdempotencyLayerBuilder {
-    IdempotencyLayer::builder(store)
-        .policy(policy)
-        .resolver(BearerTokenAccount)
+    IdempotencyLayer::lease(store, BearerTokenAccount::new("test-secret")).policy(policy)
 }
 
 /// A route whose handler counts its runs and answers with `f(run)`.
@@ -133,9 +131,8 @@ async fn rows(store: &SqliteStore) -> i64 {
 
 /// A single-step route that inserts a row and answers `size` bytes.
 fn tx_route(store: Arc<SqliteStore>, policy: Policy, size: usize) -> Router {
-    let layer = IdempotencyLayer::transactional(store)
+    let layer = IdempotencyLayer::single_step(store, BearerTokenAccount::new("test-secret"))
         .policy(policy)
-        .resolver(BearerTokenAccount)
         .build()
         .unwrap();
     Router::new().route(
@@ -184,3 +181,15 @@ mod request_body;
 mod roundtrips;
 mod single_step;
 mod stuck;
+
+/// The secret the tests' `BearerTokenAccount` derives accounts with.
+pub(crate) const TEST_SECRET: &[u8] = b"test-secret";
+
+/// The scope a request with `Authorization: Bearer <token>` and this key runs
+/// under, as the tests' layers resolve it.
+pub(crate) fn scope(token: &str, key: &str) -> idemkit_core::Scope {
+    idemkit_core::Scope::new(
+        idemkit_core::Account::keyed(TEST_SECRET, token.as_bytes()),
+        idemkit_core::IdempotencyKey::parse(key).expect("a valid key"),
+    )
+}

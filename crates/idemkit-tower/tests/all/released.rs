@@ -15,9 +15,8 @@ async fn a_single_step_request_that_stores_nothing_is_rolled_back_before_answeri
     let store = Arc::new(Probed::new(
         Arc::try_unwrap(sqlite(None).await).expect("the only handle"),
     ));
-    let layer = IdempotencyLayer::transactional(store.clone())
+    let layer = IdempotencyLayer::single_step(store.clone(), BearerTokenAccount::new("test-secret"))
         .policy(Policy::new().with_max_stored_body(16))
-        .resolver(BearerTokenAccount)
         .build()
         .unwrap();
     let app = Router::new().route(

@@ -11,7 +11,10 @@ async fn a_lease_mode_attempt_gives_its_request_body_back_once() {
     let store = Arc::new(MemoryStore::new());
     let engine = Engine::lease(store.clone(), Policy::new()).unwrap();
     let body = vec![b'x'; 4096];
-    let scope = Scope::new(Account::new("a"), IdempotencyKey::parse("take-body").unwrap());
+    let scope = Scope::new(
+        Account::keyed(b"test-secret", b"a"),
+        IdempotencyKey::parse("take-body").unwrap(),
+    );
     let claim = engine.claim_request(Incoming {
         scope: scope.clone(),
         method: "POST",

@@ -192,8 +192,7 @@ async fn postgres_round_trips_per_first_request() {
             }
         }),
     );
-    let layer = IdempotencyLayer::transactional(store.clone())
-        .resolver(BearerTokenAccount)
+    let layer = IdempotencyLayer::single_step(store.clone(), BearerTokenAccount::new("test-secret"))
         .build()
         .unwrap();
     let guarded = Router::new().route(

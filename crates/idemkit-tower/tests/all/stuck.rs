@@ -7,14 +7,15 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::scope;
 use axum::Router;
 use axum::extract::State;
 use axum::response::IntoResponse;
 use axum::routing::post;
 use http::StatusCode;
-use idemkit_core::{DEADLINE_HEADER, KeyStore, PhaseUpdate, Policy, RecordState};
+use idemkit_core::wire::REQUEST_TIMEOUT;
+use idemkit_core::{KeyStore, PhaseUpdate, Policy, RecordState};
 use idemkit_sqlite::{SqliteStore, SqliteTx};
-use idemkit_testkit::suite::scope;
 use idemkit_testkit::{MemoryStore, Probed};
 use idemkit_tower::{Completer, IdempotencyContext, IdempotencyLayer, Outcome, Phases, Tx};
 use serde_json::json;
@@ -246,10 +247,12 @@ async fn a_handler_that_panics_on_every_resume_is_parked_after_a_bounded_number_
 #[tokio::test]
 async fn single_step_refuses_a_handler_that_settles_its_own_record() {
     let store = sqlite(None).await;
-    let layer = IdempotencyLayer::transactional(store.clone())
-        .resolver(idemkit_tower::BearerTokenAccount)
-        .build()
-        .unwrap();
+    let layer = IdempotencyLayer::single_step(
+        store.clone(),
+        idemkit_tower::BearerTokenAccount::new("test-secret"),
+    )
+    .build()
+    .unwrap();
     let app = Router::new().route(
         "/op",
         post(|mut tx: Tx<SqliteTx>| async move {
@@ -281,10 +284,12 @@ async fn single_step_refuses_a_handler_that_settles_its_own_record() {
 #[tokio::test]
 async fn phases_under_a_single_step_layer_are_refused_as_a_misconfiguration() {
     let store = sqlite(None).await;
-    let layer = IdempotencyLayer::transactional(store.clone())
-        .resolver(idemkit_tower::BearerTokenAccount)
-        .build()
-        .unwrap();
+    let layer = IdempotencyLayer::single_step(
+        store.clone(),
+        idemkit_tower::BearerTokenAccount::new("test-secret"),
+    )
+    .build()
+    .unwrap();
     let app = Router::new()
         .route(
             "/op",
@@ -351,7 +356,7 @@ async fn an_expired_deadline_still_gets_the_replay() {
                 .bearer_auth("a")
                 .header("idempotency-key", key)
                 .header("content-type", "application/json")
-                .header(DEADLINE_HEADER, ms)
+                .header(REQUEST_TIMEOUT, ms)
                 .body("{}")
                 .send()
                 .await
@@ -387,10 +392,12 @@ async fn a_single_step_panic_rolls_back_and_answers() {
         .unwrap();
     let store = Arc::new(idemkit_testkit::Probed::new(sqlite));
     let runs = Runs::default();
-    let layer = IdempotencyLayer::transactional(store.clone())
-        .resolver(idemkit_tower::BearerTokenAccount)
-        .build()
-        .unwrap();
+    let layer = IdempotencyLayer::single_step(
+        store.clone(),
+        idemkit_tower::BearerTokenAccount::new("test-secret"),
+    )
+    .build()
+    .unwrap();
     let app = Router::new()
         .route(
             "/op",

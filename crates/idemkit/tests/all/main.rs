@@ -125,6 +125,7 @@ impl Server {
         }
         let child = cmd
             .env("PORT", port.to_string())
+            .env("ACCOUNT_SECRET", ACCOUNT_SECRET)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
@@ -176,6 +177,10 @@ impl Drop for Server {
         let _ = self.child.wait();
     }
 }
+
+/// The secret the quickstart derives accounts from bearer tokens with, in
+/// these tests: its rows name `Account::keyed(ACCOUNT_SECRET, token)`.
+pub(crate) const ACCOUNT_SECRET: &str = "quickstart test secret";
 
 pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")

@@ -42,8 +42,8 @@ fn checksums(migrator: &sqlx::migrate::Migrator) -> Vec<(i64, String)> {
 #[test]
 fn migrations_are_never_edited() {
     for (store, migrator, pinned) in [
-        ("postgres", &idemkit::postgres::MIGRATOR, POSTGRES),
-        ("sqlite", &idemkit::sqlite::MIGRATOR, SQLITE),
+        ("postgres", &idemkit::stores::postgres::MIGRATOR, POSTGRES),
+        ("sqlite", &idemkit::stores::sqlite::MIGRATOR, SQLITE),
     ] {
         let pinned: Vec<(i64, String)> = pinned.iter().map(|(v, c)| (*v, (*c).to_owned())).collect();
         assert_eq!(

@@ -325,7 +325,9 @@ async fn database_restart_under_load_loses_no_acknowledged_order() {
     let pool = sqlx::PgPool::connect(&format!("{}?options=-csearch_path%3Drestart", cluster.url()))
         .await
         .unwrap();
-    let ids: Vec<i64> = sqlx::query_scalar("SELECT id FROM orders WHERE account = 'restart'")
+    let account = idemkit::Account::keyed(crate::ACCOUNT_SECRET.as_bytes(), b"restart");
+    let ids: Vec<i64> = sqlx::query_scalar("SELECT id FROM orders WHERE account = $1")
+        .bind(account.as_str())
         .fetch_all(&pool)
         .await
         .unwrap();
