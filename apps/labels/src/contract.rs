@@ -8,7 +8,7 @@ use std::fmt::Write;
 
 use idemkit_contract::{Contract, Format, RouteExample, human_duration, keyed_body};
 use idemkit_core::{ErrorCode, InFlightBehavior, Policy};
-use idemkit_tower::config::{IdemkitConfig, RouteConfig, ServiceConfig};
+use idemkit_tower::config::{IdemkitConfig, RouteConfig};
 use idemkit_tower::engine::{Disposition, Outcome};
 use serde_json::{Value, json};
 use tonic::Code;
@@ -38,11 +38,9 @@ pub fn contract(config: &IdemkitConfig) -> Contract {
     // What the labels service serves whatever file it runs with: gRPC on the
     // same port, its OpenAPI document and the contract routes.
     let mut config = config.clone();
-    config.service = ServiceConfig {
-        grpc: true,
-        openapi: Some("/openapi.json".to_owned()),
-        contract_routes: true,
-    };
+    config.service.grpc = true;
+    config.service.openapi = Some("/openapi.json".to_owned());
+    config.service.contract_routes = true;
     let config = &config;
     let mut contract = Contract::new(config.clone());
     if let Some(route) = config.route("POST", "/labels") {

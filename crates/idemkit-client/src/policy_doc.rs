@@ -34,6 +34,7 @@ use serde_json::Value;
 
 /// Where an operation's key travels.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum KeyLocation {
     /// In this request header.
     Header(HeaderName),

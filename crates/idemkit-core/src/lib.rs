@@ -42,9 +42,17 @@ pub use policy::{
 };
 pub use problem::{ErrorCode, PROBLEM_CONTENT_TYPE, Problem};
 pub use record::{
-    Decision, DownstreamKey, FencingToken, PhaseUpdate, ReapReport, Record, RecordHead, RecordRow,
-    RecordState, ReviewEntry, ReviewRow, StoredHeader, StoredRequest, StoredResponse, decide, decide_resume,
+    Decision, DownstreamKey, FencingToken, PhaseUpdate, ReapReport, Record, RecordHead, RecordState,
+    ReviewEntry, StoredHeader, StoredRequest, StoredResponse, decide, decide_resume,
 };
+
+/// For store authors: a record and a review entry as a SQL or hash row holds
+/// them (JSON columns as text), with their one decoding into [`Record`] and
+/// [`ReviewEntry`], so every store reads rows the same way. A service never
+/// needs these.
+pub mod storage {
+    pub use crate::record::{RecordRow, ReviewRow};
+}
 pub use scope::{Account, Scope};
 pub use store::{
     ClaimOutcome, ClaimRequest, FORCE_RELEASED, IntoKeyStore, IntoTransactionalStore, KeyStore, Lease,

@@ -88,6 +88,7 @@ pub const NEVER_REPLAYED_HEADERS: &[&str] = &[
 /// assert!(matches!(bad.validate(), Err(PolicyError::WindowShorterThanRetryChain { .. })));
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Policy {
     /// How long a completed key replays (default 24 h).
     pub replay_window: Duration,

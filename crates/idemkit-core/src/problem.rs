@@ -191,6 +191,7 @@ impl std::fmt::Display for ErrorCode {
 /// assert_eq!(json["retryable"], false);
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Problem {
     /// A URI reference naming the problem type.
     #[serde(rename = "type")]

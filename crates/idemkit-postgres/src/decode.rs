@@ -1,8 +1,9 @@
 //! Rows to records. The columns are read here; parsing them (states, headers,
-//! step outputs) and its errors live once, in `idemkit_core::RecordRow` and
+//! step outputs) and its errors live once, in `idemkit_core::storage::RecordRow` and
 //! `ReviewRow`, for every SQL backend.
 
-use idemkit_core::{Record, RecordRow, ReviewEntry, ReviewRow, Scope, StoreError, StoreResult};
+use idemkit_core::storage::{RecordRow, ReviewRow};
+use idemkit_core::{Record, ReviewEntry, Scope, StoreError, StoreResult};
 use sqlx::postgres::PgRow;
 use sqlx::{AssertSqlSafe, PgConnection, Row};
 

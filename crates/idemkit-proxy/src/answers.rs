@@ -43,7 +43,11 @@ pub(super) fn bad_gateway(e: &hyper_util::client::legacy::Error) -> Response {
 pub(super) fn refusal_response(refusal: Refusal, policy: &Policy, caller: &HeaderMap) -> Response {
     match refusal {
         Refusal::Replay(stored) => replay_response_to(stored, policy, caller),
-        Refusal::Problem { problem, retry_after } => ProblemResponse { problem, retry_after }.into_response(),
+        Refusal::Problem { problem, retry_after } => {
+            let mut res = ProblemResponse::from(problem);
+            res.retry_after = retry_after;
+            res.into_response()
+        }
         // `accepted` has no status URL behind a proxy: answered as in progress.
         Refusal::Accepted { retry_after } => ProblemResponse::new(
             ErrorCode::RequestInProgress,

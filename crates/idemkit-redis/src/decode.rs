@@ -1,6 +1,6 @@
 //! Redis replies to records: the claim script's answer, review entries and
 //! record hashes (parsing shared with the SQL stores lives in
-//! `idemkit_core::RecordRow`), and the headers' JSON encoding.
+//! `idemkit_core::storage::RecordRow`), and the headers' JSON encoding.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;

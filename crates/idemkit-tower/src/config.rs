@@ -36,6 +36,7 @@ pub const X_IDEMPOTENCY_VERSION: u64 = 1;
 /// The whole configuration file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct IdemkitConfig {
     /// Policy every route starts from.
     #[serde(default)]
@@ -86,6 +87,7 @@ impl Mode {
 /// service does not have.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(deny_unknown_fields, default)]
+#[non_exhaustive]
 pub struct ServiceConfig {
     /// The same routes are also served over gRPC (`idemkit-tonic`, always lease
     /// mode): the contract says how the deadline travels there.
@@ -188,6 +190,7 @@ impl Default for RouteDefaults {
 /// One route.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct RouteConfig {
     /// HTTP method.
     pub method: String,

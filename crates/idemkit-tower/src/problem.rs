@@ -10,6 +10,7 @@ use idemkit_core::{ErrorCode, PROBLEM_CONTENT_TYPE, Problem};
 
 /// A [`Problem`] as an HTTP response, optionally with `Retry-After`.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct ProblemResponse {
     /// The document.
     pub problem: Problem,

@@ -76,6 +76,10 @@ pub(super) fn published(
         Some(KeyLocation::Repeatability) => {
             KeyPlacement::Header(http::HeaderName::from_static("repeatability-request-id"))
         }
+        Some(other) => bail!(
+            "{source}: this checker does not know the key location {other:?} of {method} {}",
+            op.path
+        ),
         None => bail!("{source} publishes no key location for {method} {}", op.path),
     };
     let expected =
