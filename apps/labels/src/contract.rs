@@ -9,7 +9,7 @@ use std::fmt::Write;
 use idemkit_contract::{Contract, Format, RouteExample, human_duration, keyed_body};
 use idemkit_core::{ErrorCode, InFlightBehavior, Policy};
 use idemkit_tower::config::{IdemkitConfig, RouteConfig};
-use idemkit_tower::engine::{Disposition, Outcome};
+use idemkit_tower::engine::{Disposition, Override};
 use serde_json::{Value, json};
 use tonic::Code;
 
@@ -128,7 +128,7 @@ fn grpc_name(code: Code) -> String {
 }
 
 /// What the layer does with a `CreateLabel` answer, as integrators read it.
-fn stored(code: Code, outcome: Option<Outcome>, policy: &Policy) -> &'static str {
+fn stored(code: Code, outcome: Option<Override>, policy: &Policy) -> &'static str {
     match idemkit_tonic::disposition(code, outcome, policy) {
         Disposition::Store => "yes: replayed to every retry with this key",
         Disposition::Release | Disposition::Discard => "no: the key is free again",
@@ -241,21 +241,21 @@ fn section(route: &RouteConfig) -> String {
     );
     let _ = writeln!(w, "| outcome | REST | gRPC | stored |");
     let _ = writeln!(w, "|---|---|---|---|");
-    let rows: [(&str, &str, Code, &str, Option<Outcome>); 3] = [
+    let rows: [(&str, &str, Code, &str, Option<Override>); 3] = [
         ("created", "`201` label", Code::Ok, "the label", None),
         (
             "the courier refused the label",
             "`502` failed label, `error.retryable: false`",
             Code::FailedPrecondition,
             "`reason` = the courier's code (e.g. `address_rejected`); correct the request and use a new key",
-            Some(Outcome::Final),
+            Some(Override::Final),
         ),
         (
             "the courier is unavailable",
             "`502` failed label, `error.retryable: true`",
             Code::Unavailable,
             "`reason` `courier_unavailable`, with `RetryInfo`",
-            Some(Outcome::Retryable),
+            Some(Override::Retryable),
         ),
     ];
     for (outcome, rest, code, detail, marker) in rows {

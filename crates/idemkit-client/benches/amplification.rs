@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::{HeaderMap, Method, StatusCode};
-use idemkit_client::{Budget, Decision, Outcome, RetryConfig, RetryPolicy, TokenBucket, Unlimited};
+use idemkit_client::{Budget, Outcome, RetryConfig, RetryDecision, RetryPolicy, TokenBucket, Unlimited};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -42,8 +42,8 @@ fn run(budget: Arc<dyn Budget>, failure_rate: f64, seed: u64) -> Run {
                 StatusCode::OK
             };
             match call.after_attempt(now, &Outcome::status(status)) {
-                Decision::Retry(delay) => now += delay,
-                Decision::Return => {
+                RetryDecision::Retry(delay) => now += delay,
+                RetryDecision::Return => {
                     successes += 1;
                     break;
                 }

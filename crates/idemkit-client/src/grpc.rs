@@ -22,7 +22,7 @@ use tonic_types::StatusExt;
 use tower::{Layer, Service, ServiceExt};
 
 use crate::classify::{Answer, AttemptInfo, CODE_IN_PROGRESS, FatalReason, Outcome, classify_error};
-use crate::policy::{Decision, RetryPolicy, Stop};
+use crate::policy::{RetryDecision, RetryPolicy, Stop};
 use crate::replay::Replayed;
 
 /// The gRPC deadline header, set on every attempt to its remaining budget (`1234m`).
@@ -418,12 +418,12 @@ where
             None => info.with_error(&status),
         };
         match call.after_attempt_with(start.elapsed(), info) {
-            Decision::Retry(delay) => {
+            RetryDecision::Retry(delay) => {
                 tokio::time::sleep(delay).await;
                 previous = Some((outcome, status));
             }
-            Decision::Stop(stop) => return Err(give_up(stop, call.attempts(), outcome, status)),
-            Decision::Return => {
+            RetryDecision::Stop(stop) => return Err(give_up(stop, call.attempts(), outcome, status)),
+            RetryDecision::Return => {
                 return match response {
                     Some(response) => Ok(response),
                     None => Err(GrpcRetryError::new(

@@ -120,7 +120,8 @@ pub use error::{Last, RetryError};
 pub use idemkit_core::wire;
 pub use key::{AutoKey, IdempotencyKey, InvalidKey};
 pub use policy::{
-    AttemptPlan, Call, CallDeadline, Decision, RetryConfig, RetryPolicy, Stop, gets_auto_key, is_idempotent,
+    AttemptPlan, Call, CallDeadline, RetryConfig, RetryDecision, RetryPolicy, Stop, gets_auto_key,
+    is_idempotent,
 };
 pub use policy_doc::{KeyLocation, PolicyDocError, PublishedAnswer, PublishedOperation, PublishedPolicy};
 pub use timeout::{AdaptiveTimeout, AttemptTimeout};

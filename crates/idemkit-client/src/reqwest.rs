@@ -9,7 +9,7 @@ use tokio::time::Instant;
 
 use crate::classify::{Answer, AttemptInfo, Outcome, classify_error, needs_problem_code, problem_code};
 use crate::error::{Last, RetryError};
-use crate::policy::{Decision, RetryPolicy, Stop, callers_deadline};
+use crate::policy::{RetryDecision, RetryPolicy, Stop, callers_deadline};
 use crate::replay::{Peek, read_start};
 
 /// Largest `409` body read to find the problem `code`.
@@ -238,17 +238,17 @@ impl Middleware for RetryMiddleware {
                 Last::TimedOut(_) => info,
             };
             let decision = call.after_attempt_with(start.elapsed(), info);
-            if !matches!(decision, Decision::Retry(_)) {
+            if !matches!(decision, RetryDecision::Retry(_)) {
                 // The extensions of the attempt whose result the caller gets.
                 *extensions = attempt_extensions;
             }
             match decision {
-                Decision::Retry(delay) => tokio::time::sleep(delay).await,
-                Decision::Stop(stop) => {
+                RetryDecision::Retry(delay) => tokio::time::sleep(delay).await,
+                RetryDecision::Stop(stop) => {
                     let err = RetryError::new(stop, call.attempts(), outcome, last);
                     return Err(reqwest_middleware::Error::middleware(err));
                 }
-                Decision::Return => {
+                RetryDecision::Return => {
                     return match last {
                         Last::Response(response) => Ok(response),
                         Last::Error(err) => Err(err),

@@ -46,7 +46,7 @@ pub enum ErrorCode {
     DeadlineExceeded,
     /// The route is configured in a way the layer cannot honour, found on the
     /// first request that runs into it (a single-step route whose handler
-    /// settled the record itself with `Outcome::Settled`, as `Phases` does):
+    /// settled the record itself with `Override::Settled`, as `Phases` does):
     /// nothing was committed and the key is free, but the same request will
     /// fail the same way until the route is fixed. Not retryable.
     #[serde(rename = "idempotency_misconfigured")]

@@ -1,7 +1,7 @@
 //! How a gRPC handler overrides the storage policy for one answer.
 
 use http::HeaderMap;
-use idemkit_tower::engine::Outcome;
+use idemkit_tower::engine::Override;
 use tonic::metadata::MetadataValue;
 
 /// Metadata a handler sets on one answer (a [`tonic::Status`]'s metadata, or a
@@ -12,10 +12,10 @@ use tonic::metadata::MetadataValue;
 /// the entry before the answer is stored or sent. Set it with [`with_outcome`].
 pub const OUTCOME_METADATA: &str = "idemkit-outcome";
 
-fn value(outcome: Outcome) -> &'static str {
+fn value(outcome: Override) -> &'static str {
     match outcome {
-        Outcome::Final => "final",
-        Outcome::Retryable => "retryable",
+        Override::Final => "final",
+        Override::Retryable => "retryable",
         _ => "settled",
     }
 }
@@ -24,13 +24,13 @@ fn value(outcome: Outcome) -> &'static str {
 ///
 /// ```
 /// use idemkit_tonic::{OUTCOME_METADATA, with_outcome};
-/// use idemkit_tower::engine::Outcome;
+/// use idemkit_tower::engine::Override;
 ///
 /// // A permanent refusal from downstream, after effects: store it, replay it.
-/// let status = with_outcome(tonic::Status::failed_precondition("address rejected"), Outcome::Final);
+/// let status = with_outcome(tonic::Status::failed_precondition("address rejected"), Override::Final);
 /// assert_eq!(status.metadata().get(OUTCOME_METADATA).unwrap(), "final");
 /// ```
-pub fn with_outcome(mut status: tonic::Status, outcome: Outcome) -> tonic::Status {
+pub fn with_outcome(mut status: tonic::Status, outcome: Override) -> tonic::Status {
     status
         .metadata_mut()
         .insert(OUTCOME_METADATA, MetadataValue::from_static(value(outcome)));
@@ -38,12 +38,12 @@ pub fn with_outcome(mut status: tonic::Status, outcome: Outcome) -> tonic::Statu
 }
 
 /// Removes the marker from `headers` and reads it.
-pub(crate) fn take(headers: &mut HeaderMap) -> Option<Outcome> {
+pub(crate) fn take(headers: &mut HeaderMap) -> Option<Override> {
     let marked = headers.remove(OUTCOME_METADATA)?;
     match marked.as_bytes() {
-        b"final" => Some(Outcome::Final),
-        b"retryable" => Some(Outcome::Retryable),
-        b"settled" => Some(Outcome::Settled),
+        b"final" => Some(Override::Final),
+        b"retryable" => Some(Override::Retryable),
+        b"settled" => Some(Override::Settled),
         other => {
             tracing::warn!(value = ?String::from_utf8_lossy(other), "idempotency: unknown {OUTCOME_METADATA} value ignored");
             None

@@ -15,7 +15,9 @@ use idemkit_core::{
     ClaimRequest, ErrorCode, IdempotencyKey, KeyError, NEVER_REPLAYED_HEADERS, Problem, Scope, StoredHeader,
     StoredResponse,
 };
-use idemkit_tower::engine::{Attempt, Detached, Disposition, Finished, Incoming, Outcome, Panicked, Refusal};
+use idemkit_tower::engine::{
+    Attempt, Detached, Disposition, Finished, Incoming, Override, Panicked, Refusal,
+};
 use idemkit_tower::metrics::outcome;
 use idemkit_tower::{ClaimMode, IdempotencyContext, stored_request_headers};
 use tonic::Code;
@@ -353,7 +355,7 @@ where
             return (attempt.settle(None, Disposition::Release).await, Err(e));
         }
     };
-    let mut handler_outcome = response.extensions().get::<Outcome>().copied();
+    let mut handler_outcome = response.extensions().get::<Override>().copied();
     let (mut parts, body) = response.into_parts();
     let policy = attempt.policy().clone();
     let cap = policy.max_stored_body;

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use idemkit_core::{ErrorCode, Policy, Problem};
-use idemkit_tower::engine::{Disposition, Outcome};
+use idemkit_tower::engine::{Disposition, Override};
 use tonic::Code;
 use tonic_types::{ErrorDetails, StatusExt};
 
@@ -85,8 +85,8 @@ pub fn http_equivalent(code: Code) -> u16 {
 }
 
 /// What happens to an answer with `code`, unless the handler overrode it with
-/// `outcome` (an [`Outcome`] in the response's extensions).
-pub fn disposition(code: Code, outcome: Option<Outcome>, policy: &Policy) -> Disposition {
+/// `outcome` (an [`Override`] in the response's extensions).
+pub fn disposition(code: Code, outcome: Option<Override>, policy: &Policy) -> Disposition {
     Disposition::of(http_equivalent(code), outcome, policy)
 }
 
@@ -114,7 +114,7 @@ mod tests {
             assert_eq!(d(c), Disposition::Release, "{c:?}");
         }
         assert_eq!(
-            disposition(Code::Internal, Some(Outcome::Final), &p),
+            disposition(Code::Internal, Some(Override::Final), &p),
             Disposition::Store
         );
     }

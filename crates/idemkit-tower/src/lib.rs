@@ -56,7 +56,7 @@ pub use future::ResponseFuture;
 pub use idemkit_core::wire;
 pub use jobs::{Completer, CompleterReport, ReapThresholdTooShort, Reaper, completer_resume};
 pub use layer::{BuildError, IdempotencyLayer, IdempotencyLayerBuilder};
-pub use outcome::Outcome;
+pub use outcome::Override;
 pub use phases::{CallError, Downstream, PhaseError, Phases};
 pub use problem::{Json, ProblemResponse, method_not_allowed, not_found};
 pub use resolver::{AccountResolver, BearerTokenAccount, TrustedHeaderAccount, Unscoped, bearer_token};

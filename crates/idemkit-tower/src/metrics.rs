@@ -294,7 +294,7 @@ impl Drop for InFlight {
     }
 }
 
-/// How a response the handler settled itself (`Outcome::Settled`) counts in
+/// How a response the handler settled itself (`Override::Settled`) counts in
 /// [`REQUESTS`]; [`crate::Phases`] attaches it. A settled response without it is
 /// `executed`.
 #[derive(Debug, Clone, Copy)]

@@ -2,22 +2,22 @@
 
 use axum::response::{IntoResponseParts, ResponseParts};
 
-pub use crate::engine::Outcome;
+pub use crate::engine::Override;
 
-/// Attach an [`Outcome`] to a response to override the route policy for it.
+/// Attach an [`Override`] to a response to override the route policy for it.
 ///
 /// ```
 /// use axum::response::IntoResponse;
 /// use http::StatusCode;
-/// use idemkit_tower::Outcome;
+/// use idemkit_tower::Override;
 ///
 /// // The courier refused the address: permanent, store and replay it.
-/// let permanent = (StatusCode::BAD_GATEWAY, Outcome::Final, "address rejected").into_response();
+/// let permanent = (StatusCode::BAD_GATEWAY, Override::Final, "address rejected").into_response();
 /// // The courier timed out: do not store; the next attempt resumes at once.
-/// let transient = (StatusCode::BAD_GATEWAY, Outcome::Retryable, "courier timed out").into_response();
+/// let transient = (StatusCode::BAD_GATEWAY, Override::Retryable, "courier timed out").into_response();
 /// # let _ = (permanent, transient);
 /// ```
-impl IntoResponseParts for Outcome {
+impl IntoResponseParts for Override {
     type Error = std::convert::Infallible;
 
     fn into_response_parts(self, mut res: ResponseParts) -> Result<ResponseParts, Self::Error> {

@@ -27,7 +27,7 @@ use tracing::Instrument;
 use tracing::field::Empty;
 
 use crate::metrics::{Settled, op, outcome, timed};
-use crate::{IdempotencyContext, Outcome, ProblemResponse};
+use crate::{IdempotencyContext, Override, ProblemResponse};
 
 /// Why a phase did not produce its output.
 #[derive(Debug, thiserror::Error)]
@@ -84,13 +84,13 @@ impl<E: IntoResponse> IntoResponse for PhaseError<E> {
         match self {
             Self::Work(e) | Self::Call(e) => e.into_response(),
             Self::Parked(reason) => (
-                Outcome::Settled,
+                Override::Settled,
                 axum::Extension(Settled(outcome::PARKED)),
                 ProblemResponse::new(ErrorCode::RequestParked, reason),
             )
                 .into_response(),
             Self::Store(StoreError::Fenced) => (
-                Outcome::Settled,
+                Override::Settled,
                 axum::Extension(Settled(outcome::LEASE_LOST)),
                 ProblemResponse::new(
                     ErrorCode::LeaseLost,
@@ -500,7 +500,7 @@ impl<S: TransactionalStore> Phases<S> {
                 )
                 .await?;
                 return Ok((
-                    Outcome::Settled,
+                    Override::Settled,
                     axum::Extension(Settled(outcome::ERROR)),
                     problem,
                 )
@@ -537,7 +537,7 @@ impl<S: TransactionalStore> Phases<S> {
         .await?;
         fail::fail_point!("idemkit::after_complete");
         let mut response = Response::from_parts(parts, Body::from(body));
-        response.extensions_mut().insert(Outcome::Settled);
+        response.extensions_mut().insert(Override::Settled);
         response.extensions_mut().insert(Settled(outcome::EXECUTED));
         Ok(response)
     }

@@ -26,7 +26,7 @@ use crate::response::{
     STORED_REQUEST_HEADERS, refusal_response, refused_response, stored_request_headers, stored_response,
 };
 use crate::shared::{KeySource, Shared};
-use crate::{Outcome, ProblemResponse};
+use crate::{Override, ProblemResponse};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -442,7 +442,7 @@ where
                 return (attempt.settle(tx, Disposition::Release).await, Err(e));
             }
         };
-        let handler_outcome = response.extensions().get::<Outcome>().copied();
+        let handler_outcome = response.extensions().get::<Override>().copied();
         let how = Disposition::of(response.status().as_u16(), handler_outcome, attempt.policy());
         let current = tracing::Span::current();
         current.record("status", response.status().as_u16());

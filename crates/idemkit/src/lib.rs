@@ -155,8 +155,8 @@ pub mod prelude {
 
     #[cfg(feature = "axum")]
     pub use idemkit_tower::{
-        AccountResolver, BearerTokenAccount, Completer, IdempotencyContext, IdempotencyLayer, Json, Phases,
-        ProblemResponse, Reaper, Tx,
+        AccountResolver, BearerTokenAccount, Completer, IdempotencyContext, IdempotencyLayer, Json, Override,
+        Phases, ProblemResponse, Reaper, Tx,
     };
 
     #[cfg(feature = "redis")]

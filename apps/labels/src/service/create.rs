@@ -11,7 +11,7 @@ use http::StatusCode;
 use idemkit_client::{CallDeadline, ReqwestRetryError};
 use idemkit_core::{ErrorCode, Problem};
 use idemkit_tower::{
-    CallError, Downstream, IdempotencyContext, Outcome, PhaseError, Phases, ProblemResponse,
+    CallError, Downstream, IdempotencyContext, Override, PhaseError, Phases, ProblemResponse,
 };
 
 use super::db::{LabelsDb, NewLabel};
@@ -46,7 +46,7 @@ pub(super) enum CourierFailure {
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Verdict {
     /// What the layer does with the answer.
-    pub(super) outcome: Outcome,
+    pub(super) outcome: Override,
     /// The REST status.
     pub(super) http: StatusCode,
     /// The gRPC status code; `None`: `OK` with the label.
@@ -85,19 +85,19 @@ impl Booked {
     pub(super) fn verdict(&self) -> Verdict {
         match self {
             Self::Created(_) => Verdict {
-                outcome: Outcome::Final,
+                outcome: Override::Final,
                 http: StatusCode::CREATED,
                 grpc: None,
                 retry_after: None,
             },
             Self::Rejected(_) => Verdict {
-                outcome: Outcome::Final,
+                outcome: Override::Final,
                 http: StatusCode::BAD_GATEWAY,
                 grpc: Some(tonic::Code::FailedPrecondition),
                 retry_after: None,
             },
             Self::Transient(_) => Verdict {
-                outcome: Outcome::Retryable,
+                outcome: Override::Retryable,
                 http: StatusCode::BAD_GATEWAY,
                 grpc: Some(tonic::Code::Unavailable),
                 retry_after: Some(Duration::from_secs(1)),
@@ -320,7 +320,7 @@ pub(super) async fn create<S: LabelsDb>(
     let error_json = serde_json::to_string(&label.error).unwrap_or_default();
     let verdict = booked.verdict();
     let step = booked.final_step(&ctx);
-    if verdict.outcome == Outcome::Final {
+    if verdict.outcome == Override::Final {
         // The last write and the stored answer commit together.
         return phases
             .finish(&step, async |tx| {
@@ -394,7 +394,7 @@ pub(super) async fn create_keyed<S: LabelsDb>(
     if matches!(booked, Booked::Created(_)) {
         fail::fail_point!("labels::after_finish_write");
     }
-    if verdict.outcome == Outcome::Retryable {
+    if verdict.outcome == Override::Retryable {
         // Fenced: a stale attempt learns here that it lost the key.
         phases.mark::<Response>(&booked.final_step(&ctx)).await?;
     }

@@ -17,7 +17,7 @@ use std::time::Duration;
 use idemkit_core::{Account, Problem};
 use idemkit_tonic::{status_for, with_outcome};
 use idemkit_tower::AccountResolver;
-use idemkit_tower::engine::Outcome;
+use idemkit_tower::engine::Override;
 use idemkit_tower::{IdempotencyContext, PhaseError};
 use tonic::{Code, Request, Response, Status};
 use tonic_types::{ErrorDetails, StatusExt};
@@ -58,7 +58,7 @@ fn phase_status(e: PhaseError<Problem>) -> Status {
         PhaseError::Work(p) | PhaseError::Call(p) => status(&p),
         PhaseError::Parked(reason) => with_outcome(
             status(&Problem::new(idemkit_core::ErrorCode::RequestParked, reason)),
-            Outcome::Settled,
+            Override::Settled,
         ),
         PhaseError::Store(idemkit_core::StoreError::Fenced) => with_outcome(
             status_for(
@@ -68,7 +68,7 @@ fn phase_status(e: PhaseError<Problem>) -> Status {
                 ),
                 Some(Duration::from_secs(1)),
             ),
-            Outcome::Settled,
+            Override::Settled,
         ),
         PhaseError::Store(e @ idemkit_core::StoreError::Unavailable(_)) => status_for(
             &Problem::new(idemkit_core::ErrorCode::StoreUnavailable, e.to_string()),

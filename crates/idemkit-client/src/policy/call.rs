@@ -1,4 +1,4 @@
-//! One logical call ([`Call`]): its decisions ([`Decision`], [`Stop`]) and
+//! One logical call ([`Call`]): its decisions ([`RetryDecision`], [`Stop`]) and
 //! each attempt's plan ([`AttemptPlan`]).
 
 use super::*;
@@ -56,9 +56,9 @@ impl RetryPolicy {
 /// One logical call: every attempt of one request, under one deadline and one key.
 ///
 /// Drive it as: [`before_attempt`](Self::before_attempt) → send →
-/// [`after_attempt`](Self::after_attempt) → sleep on [`Decision::Retry`] → repeat.
+/// [`after_attempt`](Self::after_attempt) → sleep on [`RetryDecision::Retry`] → repeat.
 /// Times are "elapsed since the call started" on whatever clock the caller uses.
-/// A retry's budget tokens are taken when [`Decision::Retry`] is returned; dropping
+/// A retry's budget tokens are taken when [`RetryDecision::Retry`] is returned; dropping
 /// the call before the next [`before_attempt`](Self::before_attempt) (the caller
 /// cancelled during the sleep, or gave up waiting) gives them back through
 /// [`Budget::refund`](crate::Budget::refund).
@@ -66,7 +66,7 @@ impl RetryPolicy {
 /// ```
 /// use std::time::Duration;
 /// use http::{HeaderMap, Method, StatusCode};
-/// use idemkit_client::{Decision, Outcome, RetryPolicy, Stop};
+/// use idemkit_client::{RetryDecision, Outcome, RetryPolicy, Stop};
 ///
 /// let policy = RetryPolicy::default().with_seed(1);
 /// let mut call = policy.start(&Method::POST, "/orders", &HeaderMap::new(), true);
@@ -76,8 +76,8 @@ impl RetryPolicy {
 ///     let plan = call.before_attempt(now);
 ///     now += Duration::from_millis(20); // the "server" always answers 503
 ///     match call.after_attempt(now, &Outcome::status(StatusCode::SERVICE_UNAVAILABLE)) {
-///         Decision::Retry(delay) => now += delay,
-///         Decision::Stop(stop) => {
+///         RetryDecision::Retry(delay) => now += delay,
+///         RetryDecision::Stop(stop) => {
 ///             assert_eq!(stop, Stop::AttemptsExhausted);
 ///             assert_eq!(plan.number(), 3);
 ///             break;
@@ -210,14 +210,14 @@ impl Call {
     }
 
     /// Records the attempt's outcome at `elapsed` and decides what comes next.
-    pub fn after_attempt(&mut self, elapsed: Duration, outcome: &Outcome) -> Decision {
+    pub fn after_attempt(&mut self, elapsed: Duration, outcome: &Outcome) -> RetryDecision {
         self.after_attempt_with(elapsed, AttemptInfo::new(outcome))
     }
 
     /// [`after_attempt`](Self::after_attempt) with what else the attempt left (the
     /// response's headers, the transport error) for a
     /// [classifier hook](RetryPolicy::with_classifier_hook) to judge by.
-    pub fn after_attempt_with(&mut self, elapsed: Duration, attempt: AttemptInfo<'_>) -> Decision {
+    pub fn after_attempt_with(&mut self, elapsed: Duration, attempt: AttemptInfo<'_>) -> RetryDecision {
         let outcome = attempt.outcome();
         let started = self.attempt_started.take().unwrap_or(elapsed);
         self.last_attempt = elapsed.saturating_sub(started);
@@ -264,9 +264,9 @@ impl Call {
                 inner.budget.deposit(self.withdrawal.take());
                 self.policy.report_budget();
                 inner.latency.record(self.last_attempt, &config.attempt_timeout);
-                Decision::Return
+                RetryDecision::Return
             }
-            Verdict::Fatal(FatalReason::NotAllowlisted) => Decision::Return,
+            Verdict::Fatal(FatalReason::NotAllowlisted) => RetryDecision::Return,
             // Unprotected only because the generated key is not known to be honoured.
             Verdict::Fatal(FatalReason::MaybeExecutedUnprotected) if self.auto_key.is_some() => {
                 self.give_up(Stop::NotRetryable(FatalReason::AutoKeyUnconfirmed), outcome)
@@ -276,7 +276,7 @@ impl Call {
         }
     }
 
-    fn plan_retry(&mut self, kind: RetryKind, elapsed: Duration, outcome: &Outcome) -> Decision {
+    fn plan_retry(&mut self, kind: RetryKind, elapsed: Duration, outcome: &Outcome) -> RetryDecision {
         let inner = Arc::clone(&self.policy.inner);
         let config = &inner.config;
         if !self.replayable {
@@ -349,10 +349,10 @@ impl Call {
             auto_key = self.auto_key.is_some(),
             "retrying request"
         );
-        Decision::Retry(delay)
+        RetryDecision::Retry(delay)
     }
 
-    fn give_up(&mut self, stop: Stop, outcome: &Outcome) -> Decision {
+    fn give_up(&mut self, stop: Stop, outcome: &Outcome) -> RetryDecision {
         metrics::counter!("idemkit_client_gave_up_total", "reason" => stop.label()).increment(1);
         tracing::warn!(
             attempt = self.attempts,
@@ -360,7 +360,7 @@ impl Call {
             reason = %stop,
             "not retrying request"
         );
-        Decision::Stop(stop)
+        RetryDecision::Stop(stop)
     }
 }
 
@@ -387,7 +387,7 @@ fn verdict_label(verdict: Verdict) -> &'static str {
 /// What [`Call::after_attempt`] decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum Decision {
+pub enum RetryDecision {
     /// Hand the attempt's result to the caller as it is: a success, or an answer that
     /// is never retried (e.g. 400, `409 idempotency_key_reused`).
     Return,

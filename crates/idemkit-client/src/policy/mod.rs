@@ -31,7 +31,7 @@ mod call;
 #[cfg(test)]
 mod tests;
 
-pub use call::{AttemptPlan, Call, Decision, Stop};
+pub use call::{AttemptPlan, Call, RetryDecision, Stop};
 
 /// Header carrying the 1-based attempt number, when enabled with
 /// [`RetryConfig::with_attempt_header`]: `Idemkit-Attempt: 2`.

@@ -68,7 +68,7 @@ fn plan_applies_same_key_every_attempt() {
         assert_eq!(h[ATTEMPT_HEADER], n.to_string().as_str());
         assert!(h[TIMEOUT_HEADER].to_str().unwrap().parse::<u64>().unwrap() <= 2000);
         keys.push(h[IDEMPOTENCY_KEY].clone());
-        if let Decision::Retry(d) = call.after_attempt(now + MS, &status(503)) {
+        if let RetryDecision::Retry(d) = call.after_attempt(now + MS, &status(503)) {
             now += MS + d;
         }
     }
@@ -82,12 +82,12 @@ fn retry_after_is_a_floor_and_never_crosses_the_deadline() {
     call.before_attempt(Duration::ZERO);
     let answer = Answer::new(StatusCode::TOO_MANY_REQUESTS).with_retry_after(Some(Duration::from_secs(4)));
     let d = call.after_attempt(MS, &Outcome::Answered(answer.clone()));
-    assert!(matches!(d, Decision::Retry(delay) if delay >= Duration::from_secs(4)));
+    assert!(matches!(d, RetryDecision::Retry(delay) if delay >= Duration::from_secs(4)));
     call.before_attempt(Duration::from_secs(5));
     let answer = answer.with_retry_after(Some(Duration::from_secs(6)));
     assert_eq!(
         call.after_attempt(Duration::from_secs(5), &Outcome::Answered(answer)),
-        Decision::Stop(Stop::RetryAfterPastDeadline {
+        RetryDecision::Stop(Stop::RetryAfterPastDeadline {
             retry_after: Duration::from_secs(6)
         })
     );
@@ -101,16 +101,19 @@ fn maybe_executed_needs_protection_and_bodies_must_be_replayable() {
     call.before_attempt(Duration::ZERO);
     assert_eq!(
         call.after_attempt(MS, &timeout),
-        Decision::Stop(Stop::NotRetryable(FatalReason::MaybeExecutedUnprotected))
+        RetryDecision::Stop(Stop::NotRetryable(FatalReason::MaybeExecutedUnprotected))
     );
     let mut call = p.start(&Method::GET, "/", &HeaderMap::new(), true);
     call.before_attempt(Duration::ZERO);
-    assert!(matches!(call.after_attempt(MS, &timeout), Decision::Retry(_)));
+    assert!(matches!(
+        call.after_attempt(MS, &timeout),
+        RetryDecision::Retry(_)
+    ));
     let mut call = p.start(&Method::GET, "/", &HeaderMap::new(), false);
     call.before_attempt(Duration::ZERO);
     assert_eq!(
         call.after_attempt(MS, &timeout),
-        Decision::Stop(Stop::NotReplayable)
+        RetryDecision::Stop(Stop::NotReplayable)
     );
 }
 
@@ -121,29 +124,35 @@ fn budget_refunds_and_empties() {
     // A failed call that retried spends 14 per retry.
     let mut call = p.start(&Method::GET, "/", &HeaderMap::new(), true);
     call.before_attempt(Duration::ZERO);
-    assert!(matches!(call.after_attempt(MS, &status(503)), Decision::Retry(_)));
+    assert!(matches!(
+        call.after_attempt(MS, &status(503)),
+        RetryDecision::Retry(_)
+    ));
     assert_eq!(bucket.available(), 16);
     // The retry succeeds: its cost comes back.
     call.before_attempt(Duration::from_secs(1));
     assert_eq!(
         call.after_attempt(Duration::from_secs(1), &status(200)),
-        Decision::Return
+        RetryDecision::Return
     );
     assert_eq!(bucket.available(), 30);
     // Drain it.
     let mut call = p.start(&Method::GET, "/", &HeaderMap::new(), true);
     call.before_attempt(Duration::ZERO);
-    assert!(matches!(call.after_attempt(MS, &status(503)), Decision::Retry(_)));
+    assert!(matches!(
+        call.after_attempt(MS, &status(503)),
+        RetryDecision::Retry(_)
+    ));
     call.before_attempt(Duration::from_secs(1));
     assert!(matches!(
         call.after_attempt(Duration::from_secs(1), &status(503)),
-        Decision::Retry(_)
+        RetryDecision::Retry(_)
     ));
     let mut call = p.start(&Method::GET, "/", &HeaderMap::new(), true);
     call.before_attempt(Duration::ZERO);
     assert_eq!(
         call.after_attempt(MS, &status(503)),
-        Decision::Stop(Stop::BudgetExhausted)
+        RetryDecision::Stop(Stop::BudgetExhausted)
     );
 }
 
@@ -156,7 +165,7 @@ fn unlimited_budget_stops_at_the_cap() {
     loop {
         call.before_attempt(now);
         match call.after_attempt(now, &status(502)) {
-            Decision::Retry(d) => now += d,
+            RetryDecision::Retry(d) => now += d,
             other => {
                 decisions.push(other);
                 break;
@@ -164,7 +173,7 @@ fn unlimited_budget_stops_at_the_cap() {
         }
     }
     assert_eq!(call.attempts(), 3);
-    assert_eq!(decisions, [Decision::Stop(Stop::AttemptsExhausted)]);
+    assert_eq!(decisions, [RetryDecision::Stop(Stop::AttemptsExhausted)]);
 }
 /// First-retry delays of `n` calls answered 429 with `Retry-After: ra` at `elapsed`.
 fn first_delays(config: RetryConfig, ra: Duration, elapsed: Duration, n: usize) -> Vec<Duration> {
@@ -178,7 +187,7 @@ fn first_delays(config: RetryConfig, ra: Duration, elapsed: Duration, n: usize) 
             // A 1 ms attempt ending at `elapsed`.
             call.before_attempt(elapsed.saturating_sub(MS));
             match call.after_attempt(elapsed, &Outcome::Answered(answer.clone())) {
-                Decision::Retry(d) => d,
+                RetryDecision::Retry(d) => d,
                 other => panic!("{other:?}"),
             }
         })
@@ -248,11 +257,11 @@ fn retry_after_above_the_cap_stops_even_without_a_deadline() {
             Answer::new(StatusCode::SERVICE_UNAVAILABLE).with_retry_after(Some(Duration::from_secs(ra)));
         let decision = call.after_attempt(MS, &Outcome::Answered(answer));
         if retried {
-            assert!(matches!(decision, Decision::Retry(d) if d >= Duration::from_secs(ra)));
+            assert!(matches!(decision, RetryDecision::Retry(d) if d >= Duration::from_secs(ra)));
         } else {
             assert_eq!(
                 decision,
-                Decision::Stop(Stop::RetryAfterAboveCap {
+                RetryDecision::Stop(Stop::RetryAfterAboveCap {
                     retry_after: Duration::from_secs(ra)
                 })
             );
@@ -294,13 +303,16 @@ fn budget_remaining_is_readable_and_published_as_a_gauge() {
         assert_eq!(gauge(), Some(30.0), "published when the policy is built");
         let mut call = p.start(&Method::GET, "/", &HeaderMap::new(), true);
         call.before_attempt(Duration::ZERO);
-        assert!(matches!(call.after_attempt(MS, &status(503)), Decision::Retry(_)));
+        assert!(matches!(
+            call.after_attempt(MS, &status(503)),
+            RetryDecision::Retry(_)
+        ));
         assert_eq!(p.budget_remaining(), Some(16));
         assert_eq!(gauge(), Some(16.0));
         call.before_attempt(Duration::from_secs(1));
         assert_eq!(
             call.after_attempt(Duration::from_secs(1), &status(200)),
-            Decision::Return
+            RetryDecision::Return
         );
         assert_eq!(p.budget_remaining(), Some(30));
         assert_eq!(gauge(), Some(30.0), "refund published");
@@ -346,7 +358,7 @@ fn a_retry_never_sent_gives_its_tokens_back() {
     call.before_attempt(Duration::ZERO);
     assert!(matches!(
         call.after_attempt(10 * MS, &status(503)),
-        Decision::Retry(_)
+        RetryDecision::Retry(_)
     ));
     assert_eq!(bucket.available(), 486, "taken when the retry is decided");
     drop(call);
@@ -356,7 +368,7 @@ fn a_retry_never_sent_gives_its_tokens_back() {
     call.before_attempt(Duration::ZERO);
     assert!(matches!(
         call.after_attempt(10 * MS, &status(503)),
-        Decision::Retry(_)
+        RetryDecision::Retry(_)
     ));
     call.before_attempt(100 * MS);
     drop(call);
@@ -450,7 +462,7 @@ fn a_generated_key_not_known_to_be_honoured_says_so_when_it_stops() {
     call.before_attempt(Duration::ZERO);
     assert_eq!(
         call.after_attempt(10 * MS, &Outcome::MaybeExecuted { timed_out: true }),
-        Decision::Stop(Stop::NotRetryable(FatalReason::AutoKeyUnconfirmed))
+        RetryDecision::Stop(Stop::NotRetryable(FatalReason::AutoKeyUnconfirmed))
     );
     // Without any key: the plain reason.
     let p = RetryPolicy::new(RetryConfig::new().with_auto_key(AutoKey::CallerOnly));
@@ -458,6 +470,6 @@ fn a_generated_key_not_known_to_be_honoured_says_so_when_it_stops() {
     call.before_attempt(Duration::ZERO);
     assert_eq!(
         call.after_attempt(10 * MS, &status(502)),
-        Decision::Stop(Stop::NotRetryable(FatalReason::MaybeExecutedUnprotected))
+        RetryDecision::Stop(Stop::NotRetryable(FatalReason::MaybeExecutedUnprotected))
     );
 }

@@ -24,7 +24,7 @@ use crate::classify::{
 };
 use crate::error::{Last, RetryError};
 use crate::policy::callers_deadline;
-use crate::policy::{Decision, RetryPolicy, Stop};
+use crate::policy::{RetryDecision, RetryPolicy, Stop};
 use crate::replay::{Peek, read_start};
 
 /// Largest `409` body read to find the problem `code`.
@@ -206,14 +206,14 @@ where
             Last::TimedOut(_) => info,
         };
         match call.after_attempt_with(start.elapsed(), info) {
-            Decision::Retry(delay) => {
+            RetryDecision::Retry(delay) => {
                 tokio::time::sleep(delay).await;
                 previous = Some((outcome, last));
             }
-            Decision::Stop(stop) => {
+            RetryDecision::Stop(stop) => {
                 return Err(RetryError::new(stop, call.attempts(), outcome, last));
             }
-            Decision::Return => {
+            RetryDecision::Return => {
                 return match last {
                     Last::Response(response) => Ok(response),
                     other => Err(RetryError::new(

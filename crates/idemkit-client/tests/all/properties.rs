@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use http::{HeaderMap, Method, StatusCode};
 use idemkit_client::{
-    Answer, Backoff, CODE_IN_PROGRESS, Decision, Jitter, Outcome, RetryConfig, RetryPolicy, Unlimited,
+    Answer, Backoff, CODE_IN_PROGRESS, Jitter, Outcome, RetryConfig, RetryDecision, RetryPolicy, Unlimited,
 };
 use proptest::prelude::*;
 
@@ -88,7 +88,7 @@ proptest! {
             now += took;
             prop_assert!(now <= deadline);
             match call.after_attempt(now, &outcome) {
-                Decision::Retry(delay) => {
+                RetryDecision::Retry(delay) => {
                     let n = call.attempts() - 1;
                     let throttled = throttled && !matches!(outcome, Outcome::MaybeExecuted { .. });
                     let b = if throttled { throttling } else { backoff };
@@ -107,7 +107,7 @@ proptest! {
                     now += delay;
                     prop_assert!(now <= deadline, "slept past the deadline");
                 }
-                Decision::Return | Decision::Stop(_) => break,
+                RetryDecision::Return | RetryDecision::Stop(_) => break,
                 _ => unreachable!(),
             }
             prop_assert!(call.attempts() <= max_attempts);
@@ -211,7 +211,7 @@ fn retry_sleeps_are_spread_across_clients() {
             call.before_attempt(now);
             now += ms(1);
             match call.after_attempt(now, &Outcome::status(StatusCode::SERVICE_UNAVAILABLE)) {
-                Decision::Retry(delay) => {
+                RetryDecision::Retry(delay) => {
                     match retry {
                         0 => first.push(delay),
                         2 => third.push(delay),

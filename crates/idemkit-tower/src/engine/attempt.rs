@@ -15,11 +15,11 @@ use super::{Engine, Refusal, Refused, stored_problem};
 use crate::metrics::{op, outcome, timed};
 
 /// How a handler overrides the route's storage policy for one response
-/// (the behaviour contract, `docs/spec.md` §5). Adapters attach it to a response (`idemkit_tower::Outcome` in an
+/// (the behaviour contract, `docs/spec.md` §5). Adapters attach it to a response (`idemkit_tower::Override` in an
 /// axum response's parts).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum Outcome {
+pub enum Override {
     /// Store and replay this response, whatever its status.
     Final,
     /// Do not store it; end the lease now so the next attempt resumes without waiting.
@@ -63,11 +63,11 @@ impl Disposition {
 
     /// The route policy's choice for an answer with `status`, unless the handler
     /// overrode it with `outcome`.
-    pub fn of(status: u16, outcome: Option<Outcome>, policy: &Policy) -> Self {
+    pub fn of(status: u16, outcome: Option<Override>, policy: &Policy) -> Self {
         match outcome {
-            Some(Outcome::Final) => return Self::Store,
-            Some(Outcome::Retryable) => return Self::Abandon,
-            Some(Outcome::Settled) => return Self::Leave,
+            Some(Override::Final) => return Self::Store,
+            Some(Override::Retryable) => return Self::Abandon,
+            Some(Override::Settled) => return Self::Leave,
             None => {}
         }
         if (500..600).contains(&status) {
@@ -275,7 +275,7 @@ impl Attempt {
     }
 
     /// Refuses an answer a single-step handler settled itself
-    /// ([`Outcome::Settled`], as every answer of [`crate::Phases`] is): a
+    /// ([`Override::Settled`], as every answer of [`crate::Phases`] is): a
     /// single-step claim is uncommitted until the layer stores the answer in
     /// the handler's transaction, so leaving the record "as the handler left
     /// it" would acknowledge writes that roll back, and a `Phases` under it
@@ -532,8 +532,8 @@ impl Attempt {
     }
 }
 
-/// Why a single-step route's answer marked [`Outcome::Settled`] is refused.
-const MISCONFIGURED_SETTLED: &str = "the handler answered `Outcome::Settled` (it settled the record itself, as `Phases` does) \
+/// Why a single-step route's answer marked [`Override::Settled`] is refused.
+const MISCONFIGURED_SETTLED: &str = "the handler answered `Override::Settled` (it settled the record itself, as `Phases` does) \
      under a single-step (transactional) idempotency layer, whose claim commits only with the answer the layer stores; \
      its transaction was rolled back, nothing was stored and the key is free. Use a lease-mode layer \
      (`IdempotencyLayer::lease`) for routes that use `Phases` or settle their own record";
@@ -653,8 +653,8 @@ mod tests {
         assert_eq!(d(422, None), Disposition::Release);
         assert_eq!(d(429, None), Disposition::Release);
         assert_eq!(d(500, None), Disposition::Release);
-        assert_eq!(d(502, Some(Outcome::Final)), Disposition::Store);
-        assert_eq!(d(201, Some(Outcome::Retryable)), Disposition::Abandon);
+        assert_eq!(d(502, Some(Override::Final)), Disposition::Store);
+        assert_eq!(d(201, Some(Override::Retryable)), Disposition::Abandon);
         let replay = Policy::new().with_server_error_policy(ServerErrorPolicy::Replay);
         assert_eq!(Disposition::of(502, None, &replay), Disposition::Store);
     }

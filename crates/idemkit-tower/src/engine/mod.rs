@@ -26,7 +26,7 @@ use idemkit_core::{
 use tracing::Instrument;
 use tracing::field::Empty;
 
-pub use attempt::{Attempt, Disposition, Finished, Outcome};
+pub use attempt::{Attempt, Disposition, Finished, Override};
 pub use detach::{Detached, Panicked};
 pub(crate) use erased::ErasedTxStore;
 pub(crate) use replays::ReplayCache;

@@ -204,7 +204,7 @@ async fn handler_can_mark_an_outcome_retryable_or_final() {
     let layer = generic(memory(), Policy::new()).build().unwrap();
     let base = serve(counting(layer, runs.clone(), |n| {
         if n == 1 {
-            (StatusCode::BAD_GATEWAY, Outcome::Retryable, "courier timed out").into_response()
+            (StatusCode::BAD_GATEWAY, Override::Retryable, "courier timed out").into_response()
         } else {
             (StatusCode::CREATED, "label").into_response()
         }
@@ -219,7 +219,7 @@ async fn handler_can_mark_an_outcome_retryable_or_final() {
     let runs = Runs::default();
     let layer = generic(memory(), Policy::new()).build().unwrap();
     let base = serve(counting(layer, runs.clone(), |_| {
-        (StatusCode::BAD_GATEWAY, Outcome::Final, "address rejected").into_response()
+        (StatusCode::BAD_GATEWAY, Override::Final, "address rejected").into_response()
     }))
     .await;
     assert_eq!(send(&base, Some("f"), "a", &json!({})).await.status, 502);

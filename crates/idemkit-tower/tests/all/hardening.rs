@@ -14,7 +14,7 @@ use idemkit_core::{InFlightBehavior, KeyStore, PhaseUpdate, Policy, RecordState,
 use idemkit_sqlite::SqliteStore;
 use idemkit_testkit::mutants::{MutantStore, Mutation};
 use idemkit_testkit::{ManualClock, MemoryStore, Probed};
-use idemkit_tower::{IdempotencyContext, IdempotencyLayer, Outcome, PhaseError, Phases};
+use idemkit_tower::{IdempotencyContext, IdempotencyLayer, Override, PhaseError, Phases};
 use serde_json::json;
 use tokio::io::AsyncWriteExt;
 
@@ -196,7 +196,7 @@ async fn downstream_keys_are_stable_across_takeovers_and_new_after_the_window() 
                         return Ok::<_, PhaseError<StatusCode>>(
                             (
                                 StatusCode::SERVICE_UNAVAILABLE,
-                                Outcome::Retryable,
+                                Override::Retryable,
                                 "courier down",
                             )
                                 .into_response(),

@@ -17,7 +17,7 @@ use idemkit_sqlite::{SqliteStore, SqliteTx};
 use idemkit_testkit::{ManualClock, MemoryStore};
 use idemkit_tower::{
     BearerTokenAccount, BuildError, IdempotencyContext, IdempotencyLayer, IdempotencyLayerBuilder, Json,
-    Outcome, Reaper, Tx, Unscoped,
+    Override, Reaper, Tx, Unscoped,
 };
 use serde_json::{Value, json};
 

@@ -17,7 +17,7 @@ use idemkit_core::wire::REQUEST_TIMEOUT;
 use idemkit_core::{KeyStore, PhaseUpdate, Policy, RecordState};
 use idemkit_sqlite::{SqliteStore, SqliteTx};
 use idemkit_testkit::{MemoryStore, Probed};
-use idemkit_tower::{Completer, IdempotencyContext, IdempotencyLayer, Outcome, Phases, Tx};
+use idemkit_tower::{Completer, IdempotencyContext, IdempotencyLayer, Override, Phases, Tx};
 use serde_json::json;
 use tokio::sync::Notify;
 
@@ -241,7 +241,7 @@ async fn a_handler_that_panics_on_every_resume_is_parked_after_a_bounded_number_
     assert_eq!(runs.get(), 3);
 }
 
-/// Item 7: a single-step handler answering `Outcome::Settled` would have
+/// Item 7: a single-step handler answering `Override::Settled` would have
 /// its answer sent while its transaction rolls back. Refused: a 500 that
 /// names the mistake, nothing committed, nothing acknowledged.
 #[tokio::test]
@@ -260,7 +260,7 @@ async fn single_step_refuses_a_handler_that_settles_its_own_record() {
                 .execute(&mut **tx)
                 .await
                 .unwrap();
-            (StatusCode::CREATED, Outcome::Settled, "made")
+            (StatusCode::CREATED, Override::Settled, "made")
         })
         .layer(layer),
     );
@@ -272,7 +272,7 @@ async fn single_step_refuses_a_handler_that_settles_its_own_record() {
             (500, "idempotency_misconfigured", json!(false)),
             "{a:?}"
         );
-        assert!(a.json()["detail"].as_str().unwrap().contains("Outcome::Settled"));
+        assert!(a.json()["detail"].as_str().unwrap().contains("Override::Settled"));
     }
     assert_eq!(rows(&store).await, 0, "nothing was committed");
     assert!(store.get(&scope("a", "settled")).await.unwrap().is_none());
