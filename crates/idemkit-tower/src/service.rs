@@ -49,13 +49,18 @@ impl<S> Idempotency<S> {
     }
 }
 
-impl<S, B> Service<Request<Body>> for Idempotency<S>
+/// The layer takes a request with any [`http_body::Body`] (as tower-http's
+/// layers do) and hands the service it wraps an axum [`Body`]: the request's
+/// body is read once, for its fingerprint, and handed on as those bytes.
+impl<S, B, ReqBody> Service<Request<ReqBody>> for Idempotency<S>
 where
     S: Service<Request<Body>, Response = Response<B>> + Clone + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Send + 'static,
     B: http_body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
+    ReqBody: http_body::Body<Data = Bytes> + Send + 'static,
+    ReqBody::Error: Into<BoxError>,
 {
     type Response = Response;
     type Error = S::Error;
@@ -65,7 +70,9 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, req: Request<Body>) -> Self::Future {
+    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
+        // An axum `Body` is taken as it is (`Body::new` does not box it twice).
+        let req = req.map(Body::new);
         // Use the instance that was driven to readiness; leave a fresh clone behind.
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);

@@ -305,3 +305,41 @@ async fn json_extractor_rejections_are_problems() {
     assert_eq!(no_ct.status(), 415);
     assert_eq!(no_ct.headers()["content-type"], "application/problem+json");
 }
+
+/// The layer takes any `http_body::Body`, as tower-http's layers do: here a
+/// hyper-style `Full<Bytes>` request, in front of an axum router. The key is
+/// claimed from it and the second request with the same key is a replay.
+#[tokio::test]
+async fn the_layer_takes_any_request_body() {
+    use http_body_util::Full;
+    use tower::{Layer, ServiceExt};
+
+    let runs = Runs::default();
+    let keys = IdempotencyLayer::lease(memory(), BearerTokenAccount::new("test-secret"))
+        .build()
+        .unwrap();
+    let router = Router::new()
+        .route(
+            "/op",
+            post(|State(runs): State<Runs>| async move {
+                runs.next();
+                StatusCode::CREATED
+            }),
+        )
+        .with_state(runs.clone());
+    let service = keys.layer(router);
+    let request = || {
+        http::Request::post("/op")
+            .header("authorization", "Bearer a")
+            .header("idempotency-key", "any-body")
+            .header("content-type", "application/json")
+            .body(Full::new(bytes::Bytes::from_static(br#"{"n":1}"#)))
+            .unwrap()
+    };
+    let first = service.clone().oneshot(request()).await.unwrap();
+    assert_eq!(first.status(), StatusCode::CREATED);
+    let again = service.oneshot(request()).await.unwrap();
+    assert_eq!(again.status(), StatusCode::CREATED);
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    assert_eq!(runs.get(), 1, "the replay did not run the handler");
+}
