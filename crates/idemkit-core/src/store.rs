@@ -245,6 +245,25 @@ pub type StoreResult<T, E = StoreError> = Result<T, E>;
 /// [`FencingToken`] is a lease-holder write and must be refused with
 /// [`StoreError::Fenced`] when the token is not the record's current one.
 /// Implementations get their notion of "now" from an injectable [`crate::Clock`].
+///
+/// A service never calls it: the layers, the completer and the reaper do. An
+/// operator tool or a test may read through it:
+///
+/// ```
+/// use idemkit_core::{Account, IdempotencyKey, KeyStore, RecordState, Scope, StoreResult};
+///
+/// /// Where a request stands, as `idemkit keys list` shows it.
+/// async fn state_of(store: &dyn KeyStore, account: &str, key: &str) -> StoreResult<Option<RecordState>> {
+///     let scope = Scope::new(Account::new(account), IdempotencyKey::parse(key).expect("a valid key"));
+///     Ok(store.get(&scope).await?.map(|record| record.state))
+/// }
+/// # let _ = state_of;
+/// ```
+///
+/// A store of your own implements every method (the lease-mode engine calls
+/// all of them; single-step routes also need [`TransactionalStore`]) and runs
+/// `idemkit-testkit`'s conformance suites, which any store can run against
+/// itself.
 #[async_trait]
 pub trait KeyStore: Send + Sync + std::fmt::Debug + 'static {
     /// Atomically claims `(account, key)`; see [`crate::decide`] for the decision

@@ -125,6 +125,23 @@ impl TxSlot {
 /// handler borrows it; when the handler returns, the layer stores the response
 /// in it and commits. Holding it beyond the handler (moving it into a spawned
 /// task) is refused with a 500 and the transaction rolls back.
+///
+/// ```
+/// use http::StatusCode;
+/// use idemkit_sqlite::SqliteTx;
+/// use idemkit_tower::{ProblemResponse, Tx};
+///
+/// // Runs at most once per (account, key): this insert, the claim and the
+/// // stored 201 commit together.
+/// async fn create(mut tx: Tx<SqliteTx>) -> Result<StatusCode, ProblemResponse> {
+///     sqlx::query("INSERT INTO orders DEFAULT VALUES")
+///         .execute(&mut **tx)
+///         .await
+///         .map_err(|e| ProblemResponse::new(idemkit_core::ErrorCode::Internal, e.to_string()))?;
+///     Ok(StatusCode::CREATED)
+/// }
+/// # let _ = create;
+/// ```
 pub struct Tx<T: Send + 'static> {
     inner: Option<T>,
     slot: TxSlot,

@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use axum::body::Body;
 use http::{HeaderName, HeaderValue, Request};
-use idemkit_core::{FencingToken, KeyStore, Policy, ReapReport, Record, RecordState, Scope, StoreResult};
+use idemkit_core::{
+    FencingToken, IntoKeyStore, KeyStore, Policy, ReapReport, Record, RecordState, Scope, StoreResult,
+};
 use tower::{Service, ServiceExt};
 
 use crate::metrics::{self, op, timed};
@@ -53,6 +55,30 @@ pub struct CompleterReport {
 /// layers in front): the layer takes the record over with a new fencing token and
 /// the route's handler resumes from the recovery point, exactly as a client retry
 /// would. The response is stored for the client's next retry.
+///
+/// A lease-mode service runs one beside its router, with the reaper:
+///
+/// ```no_run
+/// use std::time::Duration;
+///
+/// use axum::{Router, routing::post};
+/// use idemkit_core::Policy;
+/// use idemkit_tower::{BearerTokenAccount, Completer, IdempotencyLayer, Reaper};
+///
+/// # async fn run(store: idemkit_sqlite::SqliteStore) -> Result<(), Box<dyn std::error::Error>> {
+/// let policy = Policy::new();
+/// let keys = IdempotencyLayer::lease(store.clone(), BearerTokenAccount::new("server secret"))
+///     .policy(policy.clone())
+///     .build()?;
+/// let app: Router = Router::new().route("/emails", post(|| async { "sent" }).layer(keys));
+/// // Every two leases, take over what an attempt abandoned at least one lease ago,
+/// // by replaying its stored request through the application itself.
+/// Completer::new(store.clone(), app.clone()).min_age(policy.lease).spawn(policy.lease * 2);
+/// // Hourly, delete what is past the reap threshold; park what never completed.
+/// Reaper::new(store, &policy).spawn(Duration::from_secs(3600));
+/// axum::serve(tokio::net::TcpListener::bind("127.0.0.1:3000").await?, app).await?;
+/// # Ok(()) }
+/// ```
 pub struct Completer<S> {
     store: Arc<dyn KeyStore>,
     app: S,
@@ -76,10 +102,12 @@ where
     S::Error: Into<BoxError>,
 {
     /// A completer for the records of `store`, replayed through `app`. Defaults:
-    /// records abandoned for at least a minute, 100 per pass.
-    pub fn new(store: Arc<dyn KeyStore>, app: S) -> Self {
+    /// records abandoned for at least a minute, 100 per pass. The store is
+    /// taken as the layers take it: by value, as an `Arc<S>` or as an
+    /// `Arc<dyn KeyStore>`.
+    pub fn new(store: impl IntoKeyStore, app: S) -> Self {
         Self {
-            store,
+            store: store.into_key_store(),
             app,
             min_age: Duration::from_secs(60),
             batch: 100,
@@ -209,9 +237,9 @@ pub struct ReapThresholdTooShort {
 impl Reaper {
     /// A reaper for records older than the policy's reap threshold (which policy
     /// validation keeps at or above its replay window).
-    pub fn new(store: Arc<dyn KeyStore>, policy: &Policy) -> Self {
+    pub fn new(store: impl IntoKeyStore, policy: &Policy) -> Self {
         Self {
-            store,
+            store: store.into_key_store(),
             threshold: policy.reap_threshold.max(policy.replay_window),
         }
     }

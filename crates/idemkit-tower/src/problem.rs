@@ -8,7 +8,27 @@ use axum::response::{IntoResponse, Response};
 use http::{HeaderValue, StatusCode, header};
 use idemkit_core::{ErrorCode, PROBLEM_CONTENT_TYPE, Problem};
 
-/// A [`Problem`] as an HTTP response, optionally with `Retry-After`.
+/// A [`Problem`] as an HTTP response, optionally with `Retry-After`: what the
+/// layer answers with, and what a handler returns for its own errors (a store
+/// error converts with `?`, keeping the layer's codes).
+///
+/// ```
+/// use std::time::Duration;
+/// use axum::response::IntoResponse;
+/// use idemkit_core::ErrorCode;
+/// use idemkit_tower::ProblemResponse;
+///
+/// let busy = ProblemResponse::new(ErrorCode::StoreUnavailable, "the ledger is down")
+///     .retry_after(Duration::from_secs(2))
+///     .into_response();
+/// assert_eq!(busy.status(), 503);
+/// assert_eq!(busy.headers()["retry-after"], "2");
+/// assert_eq!(busy.headers()["content-type"], "application/problem+json");
+///
+/// // `?` on a store call answers as the layer would: a lost lease is a 503.
+/// let lost: ProblemResponse = idemkit_core::StoreError::Fenced.into();
+/// assert_eq!(lost.problem.status, 503);
+/// ```
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct ProblemResponse {
