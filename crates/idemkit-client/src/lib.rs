@@ -85,11 +85,7 @@
 //!
 //! # Features
 //!
-//! | feature | default | enables |
-//! |---|---|---|
-//! | `reqwest` | yes | [`RetryMiddleware`] for `reqwest-middleware` |
-//! | `tower` | yes | [`RetryLayer`] / [`RetryService`] for hyper, tonic and tower stacks |
-//! | `tonic` | no | `GrpcRetryLayer` / `GrpcRetryService`: unary tonic calls retried by gRPC code |
+#![doc = document_features::document_features!()]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod backoff;

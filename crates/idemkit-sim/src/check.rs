@@ -206,19 +206,30 @@ pub async fn safety(
 ) -> Vec<Violation> {
     let mut out = Vec::new();
     // Keys whose progress an operator discarded (`keys release
-    // --downstream-did-nothing`), and how often: each discard starts a new
-    // generation, whose attempt may call the downstreams once more.
+    // --downstream-did-nothing`), and how often. Only a truthful discard (the
+    // downstreams had done nothing when the operator said so) starts a new
+    // generation, whose attempt may call the downstreams once more: a false
+    // one is the operator's duplicate, and the bound does not grow for it.
     let mut discards: HashMap<idemkit_core::Scope, usize> = HashMap::new();
+    let mut discarded: HashSet<idemkit_core::Scope> = HashSet::new();
+    let mut attested: HashMap<idemkit_core::Scope, bool> = HashMap::new();
     for (_, e) in events {
-        if let Event::OperatorReleased {
-            scope,
-            discarded: true,
-        } = e
-        {
-            *discards.entry(scope.clone()).or_default() += 1;
+        match e {
+            Event::OperatorAttested { scope, truthful } => {
+                attested.insert(scope.clone(), *truthful);
+            }
+            Event::OperatorReleased {
+                scope,
+                discarded: true,
+            } => {
+                discarded.insert(scope.clone());
+                if attested.remove(scope) == Some(true) {
+                    *discards.entry(scope.clone()).or_default() += 1;
+                }
+            }
+            _ => {}
         }
     }
-    let discarded: HashSet<_> = discards.keys().cloned().collect();
     // The effects a request may have: one per generation.
     let allowed = |item: &str| {
         1 + specs
@@ -464,6 +475,7 @@ pub async fn safety(
             Event::OperatorReleased { scope, .. } => {
                 holder.remove(scope);
             }
+            Event::OperatorAttested { .. } => {}
         }
     }
     out

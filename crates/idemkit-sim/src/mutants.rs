@@ -57,6 +57,11 @@ pub enum Mutation {
     /// kept open, not rolled back) ([`TxMutant`]): the key answers "in
     /// progress" while nobody works on it.
     RollbackKeepsLock,
+    /// The operator says `keys release --downstream-did-nothing` although a
+    /// downstream acted (or had a call under way): the discarded progress
+    /// lets the next attempt call it again. Not a store defect: planted in
+    /// the operator actor, judged against the downstreams' own counts.
+    OperatorLies,
     /// One of the testkit's [`idemkit_testkit::mutants::MutantStore`]
     /// defects, as the memory store of the simulation.
     Testkit(TestkitMutation),
@@ -80,6 +85,7 @@ impl Mutation {
         Self::ClaimCommittedEarly,
         Self::CompletionOutsideTx,
         Self::RollbackKeepsLock,
+        Self::OperatorLies,
         Self::Testkit(TestkitMutation::RestartAfterWindow),
         Self::Testkit(TestkitMutation::ReaperDeletesUnfinished),
         Self::Testkit(TestkitMutation::ResumeIgnoresToken),
@@ -116,6 +122,7 @@ impl Mutation {
             Self::ClaimCommittedEarly => &[Kind::Stuck],
             Self::CompletionOutsideTx => &[Kind::DuplicateEffect],
             Self::RollbackKeepsLock => &[Kind::Stuck],
+            Self::OperatorLies => &[Kind::DuplicateEffect],
             Self::Testkit(m) => match m {
                 TestkitMutation::NoFencing
                 | TestkitMutation::TokensDoNotRise
@@ -159,6 +166,7 @@ impl Mutation {
             Self::ClaimCommittedEarly => "claim-committed-early",
             Self::CompletionOutsideTx => "completion-outside-tx",
             Self::RollbackKeepsLock => "rollback-keeps-lock",
+            Self::OperatorLies => "operator-lies",
             Self::Testkit(m) => match m {
                 TestkitMutation::RestartAfterWindow => "testkit-restart-after-window",
                 TestkitMutation::ReaperDeletesUnfinished => "testkit-reaper-deletes-unfinished",

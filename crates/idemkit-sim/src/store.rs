@@ -64,6 +64,17 @@ pub enum Event {
         /// Whether progress was discarded.
         discarded: bool,
     },
+    /// An operator is about to say `--downstream-did-nothing` for a key:
+    /// whether that was true when it looked (no downstream had acted for the
+    /// request, nor had a call under way). Logged by the world, which knows
+    /// the downstreams' effects; the checker lets only a truthful discard
+    /// start a new generation.
+    OperatorAttested {
+        /// The key.
+        scope: Scope,
+        /// Whether the downstreams had truly done nothing.
+        truthful: bool,
+    },
 }
 
 /// The shared event log, each event with the (virtual) time it happened.
@@ -82,7 +93,7 @@ fn call_started() -> tokio::time::Instant {
         .unwrap_or_else(tokio::time::Instant::now)
 }
 
-fn push(log: &Log, e: Event) {
+pub(crate) fn push(log: &Log, e: Event) {
     let now = tokio::time::Instant::now();
     log.lock().unwrap_or_else(|p| p.into_inner()).push((now, e));
 }

@@ -715,7 +715,18 @@ impl World {
                     n => {
                         // The flag only when the operator truly found nothing;
                         // even then not always (releasing without it is safe).
-                        let flag = nothing && n >= 5;
+                        // The planted defect: an operator who says it anyway.
+                        let lies = self.mutation == Some(Mutation::OperatorLies);
+                        let flag = (nothing || lies) && n >= 5;
+                        if flag {
+                            crate::store::push(
+                                &self.log,
+                                crate::store::Event::OperatorAttested {
+                                    scope: scope.clone(),
+                                    truthful: nothing,
+                                },
+                            );
+                        }
                         let done = operator::release(&*inst.store, &scope, flag).await;
                         self.sched.note(|| {
                             format!(

@@ -113,6 +113,14 @@ fn complete_not_fenced_memory() {
     assert_caught(StoreKind::Memory, Mutation::CompleteNotFenced, 400);
 }
 
+/// The negative control of the per-generation effect bound: an operator who
+/// says `--downstream-did-nothing` when a downstream acted must show up as a
+/// duplicate effect (a checker that trusted the flag would pass it).
+#[test]
+fn operator_lies_memory() {
+    assert_caught(StoreKind::Memory, Mutation::OperatorLies, 1500);
+}
+
 #[test]
 fn claim_never_succeeds_memory() {
     assert_caught(StoreKind::Memory, Mutation::ClaimNeverSucceeds, 5);
