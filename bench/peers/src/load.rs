@@ -7,7 +7,9 @@
 //! Each connection sends its share of `--requests` one after another with the keys
 //! `{tag}-{connection}-{i}`; the clock starts once every connection is open and
 //! stops when the last answer is read. It prints one line:
-//! `sent=N seconds=F replayed=R status=201:N[,CODE:N…]`, every status counted.
+//! `sent=N seconds=F replayed=R p50_us=P p99_us=Q status=201:N[,CODE:N…]`,
+//! every status counted; the percentiles are of each request's time from its
+//! first byte written to its answer read whole.
 
 use std::fmt::Write as _;
 use std::time::Instant;
@@ -66,6 +68,8 @@ pub(crate) struct LoadResult {
     pub(crate) sent: usize,
     pub(crate) seconds: f64,
     pub(crate) replayed: usize,
+    pub(crate) p50_us: u64,
+    pub(crate) p99_us: u64,
     pub(crate) statuses: Vec<(u16, usize)>,
 }
 
@@ -73,10 +77,12 @@ impl LoadResult {
     pub(crate) fn line(&self) -> String {
         let statuses: Vec<String> = self.statuses.iter().map(|(s, n)| format!("{s}:{n}")).collect();
         format!(
-            "sent={} seconds={:.6} replayed={} status={}",
+            "sent={} seconds={:.6} replayed={} p50_us={} p99_us={} status={}",
             self.sent,
             self.seconds,
             self.replayed,
+            self.p50_us,
+            self.p99_us,
             statuses.join(",")
         )
     }
@@ -91,6 +97,8 @@ impl LoadResult {
                 "sent" => out.sent = v.parse().unwrap(),
                 "seconds" => out.seconds = v.parse().unwrap(),
                 "replayed" => out.replayed = v.parse().unwrap(),
+                "p50_us" => out.p50_us = v.parse().unwrap(),
+                "p99_us" => out.p99_us = v.parse().unwrap(),
                 "status" => {
                     for pair in v.split(',').filter(|p| !p.is_empty()) {
                         let (s, n) = pair.split_once(':').unwrap();
@@ -116,6 +124,8 @@ impl LoadResult {
 struct Seen {
     replayed: usize,
     statuses: Vec<(u16, usize)>,
+    /// Each request's latency, in microseconds.
+    latencies: Vec<u32>,
 }
 
 impl Seen {
@@ -204,8 +214,11 @@ pub(crate) async fn run(args: LoadArgs) -> LoadResult {
                     }
                     req.push_str("\r\n");
                     req.push_str(&args.body);
+                    let sent = Instant::now();
                     stream.write_all(req.as_bytes()).await.expect("write");
                     read_answer(&mut stream, &mut buf, args.marker.as_deref(), &mut seen).await;
+                    let us = u32::try_from(sent.elapsed().as_micros()).unwrap_or(u32::MAX);
+                    seen.latencies.push(us);
                 }
                 seen
             })
@@ -216,6 +229,7 @@ pub(crate) async fn run(args: LoadArgs) -> LoadResult {
     for t in tasks {
         let seen = t.await.expect("a connection task");
         all.replayed += seen.replayed;
+        all.latencies.extend(seen.latencies);
         for (s, n) in seen.statuses {
             all.add(s, n);
         }
@@ -223,6 +237,13 @@ pub(crate) async fn run(args: LoadArgs) -> LoadResult {
     out.seconds = started.elapsed().as_secs_f64();
     out.sent = args.requests;
     out.replayed = all.replayed;
+    all.latencies.sort_unstable();
+    let at = |q: f64| {
+        let i = ((all.latencies.len() as f64 * q).ceil() as usize).clamp(1, all.latencies.len().max(1)) - 1;
+        all.latencies.get(i).copied().map_or(0, u64::from)
+    };
+    out.p50_us = at(0.50);
+    out.p99_us = at(0.99);
     out.statuses = all.statuses;
     out.statuses.sort();
     out

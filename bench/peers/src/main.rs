@@ -101,6 +101,13 @@ fn lease_router(store: Arc<dyn KeyStore>, ids: Arc<AtomicU64>) -> Router {
 /// `load.rs`); every answer must be `201` and carry the setup's replay marker
 /// exactly when `replay`. Returns requests per second, as the generator timed them.
 async fn drive(setup: &Setup, n: usize, tag: &str, replay: bool) -> f64 {
+    let res = drive_with(setup, n, tag, replay, CONCURRENCY).await;
+    n as f64 / res.seconds
+}
+
+/// [`drive`] over `connections` connections; the generator's whole result
+/// (rate, latency percentiles, statuses), after the same checks.
+async fn drive_with(setup: &Setup, n: usize, tag: &str, replay: bool, connections: usize) -> load::LoadResult {
     let addr = setup
         .url
         .trim_start_matches("http://")
@@ -114,7 +121,7 @@ async fn drive(setup: &Setup, n: usize, tag: &str, replay: bool) -> f64 {
     ]);
     cmd.args([
         "--connections",
-        &CONCURRENCY.to_string(),
+        &connections.to_string(),
         "--requests",
         &n.to_string(),
     ]);
@@ -143,7 +150,7 @@ async fn drive(setup: &Setup, n: usize, tag: &str, replay: bool) -> f64 {
             setup.name
         );
     }
-    n as f64 / res.seconds
+    res
 }
 
 fn median(v: &[f64]) -> f64 {
@@ -163,7 +170,7 @@ fn per_round(v: &[f64]) -> String {
         .join(" / ")
 }
 
-async fn run(server: Handle, serve: bool) {
+async fn run(server: Handle, serve: bool, latency: bool) {
     let n = requests();
     let warm = (n / 4).max(CONCURRENCY);
     let pg_url = std::env::var("IDEMKIT_TEST_POSTGRES_URL")
@@ -413,6 +420,37 @@ async fn run(server: Handle, serve: bool) {
         return;
     }
 
+    // `latency`: p50 and p99 of first requests and of replays, at one and at
+    // sixteen connections, beside the bare handler; then clean up.
+    if latency {
+        for s in &setups {
+            drive(s, warm * scale(s), "warm", false).await;
+        }
+        println!("| setup | connections | first p50 µs | first p99 µs | replay p50 µs | replay p99 µs |");
+        println!("|---|---|---|---|---|---|");
+        for connections in [1, CONCURRENCY] {
+            for s in &setups {
+                // A fixed number per setup and concurrency: enough samples
+                // for a p99 (at least 1,000 answers), short on the SQL stores.
+                let m = (if connections == 1 { 1000 } else { 4000 }) * scale(s).min(2);
+                let tag = format!("lat{connections}");
+                let first = drive_with(s, m, &tag, false, connections).await;
+                let replay = if s.replay_marker.is_some() {
+                    let r = drive_with(s, m, &tag, true, connections).await;
+                    (r.p50_us.to_string(), r.p99_us.to_string())
+                } else {
+                    ("–".to_owned(), "–".to_owned())
+                };
+                println!(
+                    "| {} | {connections} | {} | {} | {} | {} |",
+                    s.name, first.p50_us, first.p99_us, replay.0, replay.1
+                );
+            }
+        }
+        cleanup(&server, pg_url, schemas, redis_url, redis_prefix, &dir).await;
+        return;
+    }
+
     // Warm every setup (connection pools, allocator, page cache), replays included.
     for s in &setups {
         drive(s, warm * scale(s), "warm", false).await;
@@ -576,8 +614,10 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    let serve = std::env::args().nth(1).as_deref() == Some("serve");
-    client.block_on(run(server.handle().clone(), serve));
+    let mode = std::env::args().nth(1);
+    let serve = mode.as_deref() == Some("serve");
+    let latency = mode.as_deref() == Some("latency");
+    client.block_on(run(server.handle().clone(), serve, latency));
     drop(client);
     server.shutdown_timeout(Duration::from_secs(2));
 }
