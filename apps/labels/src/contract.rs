@@ -8,8 +8,8 @@ use std::fmt::Write;
 
 use idemkit_contract::{Contract, Format, RouteExample, human_duration, keyed_body};
 use idemkit_core::{ErrorCode, InFlightBehavior, Policy};
+use idemkit_engine::{Disposition, Override};
 use idemkit_tower::config::{IdemkitConfig, RouteConfig};
-use idemkit_tower::engine::{Disposition, Override};
 use serde_json::{Value, json};
 use tonic::Code;
 

@@ -36,9 +36,9 @@ use std::time::Duration;
 
 use idemkit_client::{Jitter, RetryConfig, TokenBucket};
 use idemkit_core::{ErrorCode, InFlightBehavior, MAX_KEY_LEN, Policy, ServerErrorPolicy};
+use idemkit_engine::Disposition;
 pub use idemkit_tower::config::{IdemkitConfig, RouteConfig};
 use idemkit_tower::config::{KeyConvention, Mode};
-use idemkit_tower::engine::Disposition;
 use serde_json::{Value, json};
 
 mod proxy;

@@ -55,11 +55,5 @@ pub(super) fn refusal_response(refusal: Refusal, policy: &Policy, caller: &Heade
         )
         .retry_after(retry_after)
         .into_response(),
-        _ => ProblemResponse::new(
-            ErrorCode::RequestInProgress,
-            "a request with this idempotency key is in progress; retry",
-        )
-        .retry_after(Duration::from_secs(1))
-        .into_response(),
     }
 }

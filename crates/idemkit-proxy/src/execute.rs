@@ -282,7 +282,7 @@ impl Proxy {
                 .headers
                 .get(header::CONTENT_ENCODING)
                 .and_then(|v| v.to_str().ok())
-                .is_some_and(|c| !idemkit_tower::accepts_encoding(caller, c));
+                .is_some_and(|c| !idemkit_tower::render::accepts_encoding(caller, c));
         let first = |parts, body: Bytes, stored: &idemkit_core::StoredResponse| {
             if refused_coding {
                 let mut res = replay_response_to(stored.clone(), &policy, caller);

@@ -2,7 +2,7 @@
 //!
 //! The idempotency contract in front of an existing HTTP API, as a library: the
 //! request path of `idemkit proxy`, built on the protocol-neutral engine
-//! (`idemkit_tower::engine`). [`router`] gives an axum [`Router`] that keys the
+//! (`idemkit_engine`). [`router`] gives an axum [`Router`] that keys the
 //! writes and forwards everything to the upstream; [`serve`] runs it on a
 //! listener with connection limits and a graceful stop.
 //!
@@ -69,15 +69,13 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use idemkit_core::{Account, ErrorCode, IdempotencyKey, KeyStore, Policy, Problem, Scope};
+use idemkit_engine::metrics::outcome;
+use idemkit_engine::{
+    Attempt, Detached, Disposition, Engine, Finished, Incoming, Panicked, ProblemResponse, Refusal, Refused,
+    STORED_REQUEST_HEADERS, key_from_json, key_problem, stored_request_headers, stored_response,
+};
 use idemkit_tower::Reaper;
-use idemkit_tower::engine::{
-    Attempt, Detached, Disposition, Engine, Finished, Incoming, Panicked, Refusal, Refused, key_from_json,
-    key_problem,
-};
-use idemkit_tower::metrics::outcome;
-use idemkit_tower::{
-    ProblemResponse, STORED_REQUEST_HEADERS, replay_response_to, stored_request_headers, stored_response,
-};
+use idemkit_tower::render::replay_response_to;
 use tokio::net::TcpListener;
 
 mod answers;
@@ -662,7 +660,7 @@ async fn handle(State(proxy): State<Arc<Proxy>>, req: Request) -> Response {
         // Another spelling of a keyed path: the upstream may route it to the
         // keyed handler, where it would run unkeyed.
         None if ambiguous => {
-            idemkit_tower::metrics::request(outcome::REJECTED);
+            idemkit_engine::metrics::request(outcome::REJECTED);
             problem(
                 ErrorCode::ValidationFailed,
                 format!(
@@ -900,7 +898,7 @@ impl Proxy {
         );
         let (outcome, res) = self.keyed_inner(route, req).instrument(span.clone()).await;
         span.record("outcome", outcome);
-        idemkit_tower::metrics::request(outcome);
+        idemkit_engine::metrics::request(outcome);
         res
     }
 
@@ -996,7 +994,7 @@ impl Proxy {
         };
         let read = tokio::time::timeout(
             self.body_read_timeout,
-            idemkit_tower::read_body(body, self.max_request_body),
+            idemkit_tower::render::read_body(body, self.max_request_body),
         );
         let bytes = match read.await {
             Ok(Ok(bytes)) => bytes,

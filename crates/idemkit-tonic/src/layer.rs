@@ -5,10 +5,10 @@ use std::sync::Arc;
 
 use http::HeaderName;
 use idemkit_core::{InFlightBehavior, IntoKeyStore, KeyStore, Policy, PolicyError};
-use idemkit_tower::AccountResolver;
+use idemkit_engine::AccountResolver;
+use idemkit_engine::Engine;
 #[cfg(test)]
-use idemkit_tower::Unscoped;
-use idemkit_tower::engine::Engine;
+use idemkit_engine::Unscoped;
 use tower::Layer;
 
 use crate::IDEMPOTENCY_KEY;

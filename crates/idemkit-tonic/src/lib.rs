@@ -55,7 +55,7 @@ mod service;
 mod status;
 
 pub use deadline::parse_grpc_timeout;
-pub use idemkit_tower::{AccountResolver, BearerTokenAccount, TrustedHeaderAccount, Unscoped};
+pub use idemkit_engine::{AccountResolver, BearerTokenAccount, TrustedHeaderAccount, Unscoped};
 pub use layer::{BuildError, IdempotencyLayer, IdempotencyLayerBuilder};
 pub use outcome::{OUTCOME_METADATA, with_outcome};
 pub use service::{ATTEMPTS_METRIC, Idempotency, ResponseFuture};

@@ -1,7 +1,7 @@
 //! How a gRPC handler overrides the storage policy for one answer.
 
 use http::HeaderMap;
-use idemkit_tower::engine::Override;
+use idemkit_engine::Override;
 use tonic::metadata::MetadataValue;
 
 /// Metadata a handler sets on one answer (a [`tonic::Status`]'s metadata, or a
@@ -24,7 +24,7 @@ fn value(outcome: Override) -> &'static str {
 ///
 /// ```
 /// use idemkit_tonic::{OUTCOME_METADATA, with_outcome};
-/// use idemkit_tower::engine::Override;
+/// use idemkit_engine::Override;
 ///
 /// // A permanent refusal from downstream, after effects: store it, replay it.
 /// let status = with_outcome(tonic::Status::failed_precondition("address rejected"), Override::Final);

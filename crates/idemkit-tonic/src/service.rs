@@ -15,11 +15,9 @@ use idemkit_core::{
     ClaimRequest, ErrorCode, IdempotencyKey, KeyError, NEVER_REPLAYED_HEADERS, Problem, Scope, StoredHeader,
     StoredResponse,
 };
-use idemkit_tower::engine::{
-    Attempt, Detached, Disposition, Finished, Incoming, Override, Panicked, Refusal,
-};
-use idemkit_tower::metrics::outcome;
-use idemkit_tower::{ClaimMode, IdempotencyContext, stored_request_headers};
+use idemkit_engine::metrics::outcome;
+use idemkit_engine::{Attempt, Detached, Disposition, Finished, Incoming, Override, Panicked, Refusal};
+use idemkit_engine::{ClaimMode, IdempotencyContext, stored_request_headers};
 use tonic::Code;
 use tonic::body::Body;
 use tower::Service;
@@ -101,7 +99,7 @@ where
                 // Counted once in `idemkit_requests_total`, as the HTTP layer does.
                 let (outcome, result) = handle(shared, inner, req, key_field).await;
                 tracing::Span::current().record("outcome", outcome);
-                idemkit_tower::metrics::request(outcome);
+                idemkit_engine::metrics::request(outcome);
                 result
             }
             .instrument(span),
@@ -156,10 +154,7 @@ where
                 };
                 (
                     counted,
-                    Ok(
-                        problem(ErrorCode::Internal, idemkit_tower::engine::panic_detail(settled))
-                            .into_http(),
-                    ),
+                    Ok(problem(ErrorCode::Internal, idemkit_engine::panic_detail(settled)).into_http()),
                 )
             }
         }
@@ -235,7 +230,7 @@ async fn prepare(
 ) -> Result<(ClaimRequest, Bytes), tonic::Status> {
     // The completer replays a stored call in-process for its record's own
     // (account, key) and the token it saw.
-    if let Some((scope, token)) = idemkit_tower::completer_resume(&parts.extensions) {
+    if let Some((scope, token)) = idemkit_engine::completer_resume(&parts.extensions) {
         let bytes = read_body(body, shared.max_request_message.saturating_add(5)).await?;
         let mut claim = claim_for(shared, parts, scope.clone(), &bytes);
         claim.resume = Some(token);
@@ -462,7 +457,6 @@ fn refusal_response(refusal: Refusal) -> Response<Body> {
             Some(retry_after),
         )
         .into_http(),
-        _ => problem(ErrorCode::Internal, "unknown refusal").into_http(),
     }
 }
 

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use idemkit_core::{ErrorCode, Policy, Problem};
-use idemkit_tower::engine::{Disposition, Override};
+use idemkit_engine::{Disposition, Override};
 use tonic::Code;
 use tonic_types::{ErrorDetails, StatusExt};
 

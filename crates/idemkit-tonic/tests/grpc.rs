@@ -281,7 +281,7 @@ fn calls_are_counted_by_outcome() {
         .snapshot()
         .into_vec()
         .into_iter()
-        .filter(|(key, ..)| key.key().name() == idemkit_tower::metrics::REQUESTS)
+        .filter(|(key, ..)| key.key().name() == idemkit_engine::metrics::REQUESTS)
         .map(|(key, _, _, value)| {
             let outcome = key
                 .key()

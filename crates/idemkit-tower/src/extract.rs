@@ -1,105 +1,13 @@
-//! Extractors handlers use under the idempotency layer.
+//! The single-step handler's extractor: the claim's own transaction.
 
 use std::any::Any;
 use std::ops::{Deref, DerefMut};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
 
 use axum::extract::FromRequestParts;
 use http::request::Parts;
-use idemkit_core::{ErrorCode, FencingToken, Policy, Scope};
-
-use crate::ProblemResponse;
-
-/// How the layer in front of a handler claims keys.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum ClaimMode {
-    /// [`crate::IdempotencyLayer::lease`]: the claim is committed under a lease
-    /// before the handler runs; the handler may use [`crate::Phases`].
-    Lease,
-    /// [`crate::IdempotencyLayer::single_step`]: the claim is the open
-    /// transaction the handler extracts as [`Tx`].
-    SingleStep,
-}
-
-/// What the layer tells the handler about the claim it holds. Extract it in
-/// an axum handler (or read it from the request extensions in a tonic one).
-///
-/// ```
-/// use idemkit_tower::{ClaimMode, IdempotencyContext};
-/// async fn handler(ctx: IdempotencyContext) -> String {
-///     assert_eq!(ctx.mode(), ClaimMode::Lease);
-///     format!("{:?} (lease {:?}, {:?} left)", ctx.scope, ctx.token, ctx.remaining())
-/// }
-/// # let _ = handler;
-/// ```
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub struct IdempotencyContext {
-    /// (account, key) of the request.
-    pub scope: Scope,
-    /// The fencing token of this attempt's lease.
-    pub token: FencingToken,
-    /// Set when this attempt took over an abandoned one: its last recovery point.
-    pub resumed_from: Option<String>,
-    /// The route's policy (phases need its stored-header allowlist and body cap).
-    pub policy: Arc<Policy>,
-    /// The caller's deadline, from the REST [`idemkit_core::wire::REQUEST_TIMEOUT`]
-    /// (milliseconds remaining when the request arrived) or gRPC's
-    /// `grpc-timeout`; `None` when the caller sent none. See
-    /// [`IdempotencyContext::remaining`].
-    pub deadline: Option<Instant>,
-    pub(crate) mode: ClaimMode,
-}
-
-impl IdempotencyContext {
-    /// The context of a claim (built by the adapters).
-    #[doc(hidden)]
-    pub fn new(
-        scope: Scope,
-        token: FencingToken,
-        resumed_from: Option<String>,
-        policy: Arc<Policy>,
-        deadline: Option<Instant>,
-        mode: ClaimMode,
-    ) -> Self {
-        Self {
-            scope,
-            token,
-            resumed_from,
-            policy,
-            deadline,
-            mode,
-        }
-    }
-
-    /// How the layer claimed this request's key: [`crate::Phases`] needs
-    /// [`ClaimMode::Lease`], [`Tx`] needs [`ClaimMode::SingleStep`].
-    pub fn mode(&self) -> ClaimMode {
-        self.mode
-    }
-
-    /// The time left until the caller's deadline (zero once it has passed), to
-    /// bound the handler's own work and to hand on to downstream calls;
-    /// `None` when the caller sent no deadline.
-    pub fn remaining(&self) -> Option<Duration> {
-        crate::engine::remaining(self.deadline)
-    }
-}
-
-impl<S: Send + Sync> FromRequestParts<S> for IdempotencyContext {
-    type Rejection = ProblemResponse;
-
-    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
-        parts.extensions.get::<Self>().cloned().ok_or_else(|| {
-            ProblemResponse::new(
-                ErrorCode::Internal,
-                "the idempotency layer is not applied to this route",
-            )
-        })
-    }
-}
+use idemkit_core::ErrorCode;
+use idemkit_engine::ProblemResponse;
 
 type Boxed = Box<dyn Any + Send>;
 

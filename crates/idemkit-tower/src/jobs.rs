@@ -5,36 +5,13 @@ use std::time::Duration;
 
 use axum::body::Body;
 use http::{HeaderName, HeaderValue, Request};
-use idemkit_core::{
-    FencingToken, IntoKeyStore, KeyStore, Policy, ReapReport, Record, RecordState, Scope, StoreResult,
-};
+use idemkit_core::{IntoKeyStore, KeyStore, Policy, ReapReport, Record, RecordState, Scope, StoreResult};
 use tower::{Service, ServiceExt};
 
 use crate::metrics::{self, op, timed};
+use idemkit_engine::Resume;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
-
-/// Marks a request the completer replays for a record's own (account, key); the
-/// layer claims with this scope instead of resolving one. Only code in the same
-/// process can attach request extensions, so clients cannot forge it.
-#[derive(Debug, Clone)]
-pub(crate) struct Resume {
-    pub(crate) scope: Scope,
-    /// The token of the abandoned record the completer saw: the layer's claim
-    /// takes over exactly that record state or runs nothing.
-    pub(crate) token: FencingToken,
-}
-
-/// When this request is a [`Completer`]'s replay of an abandoned record: that
-/// record's scope (account and key) and the fencing token the completer saw.
-/// The HTTP layer claims with them itself; other protocol adapters over the
-/// [`engine`](crate::engine) (`idemkit-tonic`) do the same: claim
-/// `ClaimRequest { scope, resume: Some(token), .. }` instead of resolving an
-/// account, so a record that changed since the completer read it runs nothing.
-/// Only code in the process can set request extensions; clients cannot forge it.
-pub fn completer_resume(extensions: &http::Extensions) -> Option<(&Scope, FencingToken)> {
-    extensions.get::<Resume>().map(|r| (&r.scope, r.token))
-}
 
 /// What one completer pass did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -137,10 +114,8 @@ where
             );
         }
         let mut req = req.body(Body::from(record.request.body.clone()))?;
-        req.extensions_mut().insert(Resume {
-            scope: record.scope.clone(),
-            token: record.fencing_token,
-        });
+        req.extensions_mut()
+            .insert(Resume::new(record.scope.clone(), record.fencing_token));
         Ok(req)
     }
 
@@ -289,5 +264,18 @@ impl Reaper {
                 }
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// The completer labels its resumes with the very strings the metrics
+    /// module lists.
+    #[test]
+    fn the_completer_labels_its_resumes_with_the_listed_results() {
+        let jobs = include_str!("jobs.rs");
+        for r in crate::metrics::completer_result::ALL {
+            assert!(jobs.contains(&format!("\"{r}\"")), "jobs.rs labels `{r}`");
+        }
     }
 }

@@ -3,15 +3,13 @@
 use std::sync::Arc;
 
 use http::{HeaderName, Method};
-use idemkit_core::{
-    Fingerprinter, IntoKeyStore, IntoTransactionalStore, KeyStore, PointerError, Policy, PolicyError,
-};
+use idemkit_core::{Fingerprinter, IntoKeyStore, IntoTransactionalStore, PointerError, Policy, PolicyError};
 use tower::Layer;
 
-use crate::engine::{Engine, ErasedTxStore};
 use crate::shared::{DEFAULT_STATUS_PATH, IDEMPOTENCY_KEY, KeySource, Shared, Validator};
+use idemkit_engine::{Engine, EngineStore};
 
-use crate::resolver::AccountResolver;
+use crate::AccountResolver;
 use crate::service::Idempotency;
 
 /// A tower [`Layer`] that makes the wrapped routes require an idempotency key and
@@ -22,7 +20,7 @@ use crate::service::Idempotency;
 /// - **single-step** ([`IdempotencyLayer::single_step`]): the claim, the
 ///   handler's business writes (through the [`crate::Tx`] extractor) and the
 ///   stored response commit in one transaction of a SQL store;
-/// - **lease** ([`IdempotencyLayer::lease`]): for any [`KeyStore`] and handlers
+/// - **lease** ([`IdempotencyLayer::lease`]): for any [`KeyStore`](idemkit_core::KeyStore) and handlers
 ///   whose writes live elsewhere (or span several systems, with
 ///   [`crate::Phases`]): the claim commits as `in_flight` with a lease kept
 ///   alive by a heartbeat, then the response is stored with a fenced write.
@@ -58,7 +56,7 @@ impl IdempotencyLayer {
     /// Handlers may use [`crate::Phases`]; [`crate::Tx`] is refused (`500
     /// idempotency_misconfigured`).
     pub fn lease(store: impl IntoKeyStore, resolver: impl AccountResolver) -> IdempotencyLayerBuilder {
-        IdempotencyLayerBuilder::new(store.into_key_store(), None, Arc::new(resolver))
+        IdempotencyLayerBuilder::new(EngineStore::lease(store), Arc::new(resolver))
     }
 
     /// Single-step mode on a SQL store: handlers extract
@@ -69,14 +67,12 @@ impl IdempotencyLayer {
         store: impl IntoTransactionalStore,
         resolver: impl AccountResolver,
     ) -> IdempotencyLayerBuilder {
-        let store = store.into_transactional_store();
-        let tx: Arc<dyn ErasedTxStore> = store.clone();
-        IdempotencyLayerBuilder::new(store, Some(tx), Arc::new(resolver))
+        IdempotencyLayerBuilder::new(EngineStore::single_step(store), Arc::new(resolver))
     }
 
     /// The policy in force.
     pub fn policy(&self) -> &Policy {
-        &self.shared.engine.policy
+        self.shared.engine.policy()
     }
 }
 
@@ -105,8 +101,7 @@ pub enum BuildError {
 
 /// Builds an [`IdempotencyLayer`]; [`IdempotencyLayerBuilder::build`] validates.
 pub struct IdempotencyLayerBuilder {
-    store: Arc<dyn KeyStore>,
-    tx_store: Option<Arc<dyn ErasedTxStore>>,
+    store: EngineStore,
     policy: Policy,
     excluded: Vec<String>,
     key_source: KeySource,
@@ -127,14 +122,9 @@ impl std::fmt::Debug for IdempotencyLayerBuilder {
 }
 
 impl IdempotencyLayerBuilder {
-    fn new(
-        store: Arc<dyn KeyStore>,
-        tx_store: Option<Arc<dyn ErasedTxStore>>,
-        resolver: Arc<dyn AccountResolver>,
-    ) -> Self {
+    fn new(store: EngineStore, resolver: Arc<dyn AccountResolver>) -> Self {
         Self {
             store,
-            tx_store,
             policy: Policy::new(),
             excluded: Vec::new(),
             key_source: KeySource::Header(HeaderName::from_static(IDEMPOTENCY_KEY)),
@@ -242,7 +232,7 @@ impl IdempotencyLayerBuilder {
         for pointer in self.excluded {
             fingerprinter = fingerprinter.exclude(pointer)?;
         }
-        let mut engine = Engine::new(self.store, self.tx_store, self.policy, fingerprinter);
+        let mut engine = Engine::new(self.store, self.policy, fingerprinter)?;
         if let Some(capacity) = self.replay_cache {
             engine = engine.with_replay_cache(capacity);
         }

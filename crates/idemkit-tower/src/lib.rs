@@ -35,33 +35,29 @@
 
 pub mod config;
 mod conventions;
-pub mod engine;
 mod extract;
 mod future;
 mod jobs;
 mod layer;
-pub mod metrics;
-mod outcome;
 mod phases;
 mod problem;
-mod resolver;
+pub mod render;
 mod response;
 mod service;
 mod shared;
 mod status;
 
-pub use conventions::accepts_encoding;
-pub use extract::{ClaimMode, IdempotencyContext, Tx};
+pub use extract::Tx;
 pub use future::ResponseFuture;
 pub use idemkit_core::wire;
-pub use jobs::{Completer, CompleterReport, ReapThresholdTooShort, Reaper, completer_resume};
-pub use layer::{BuildError, IdempotencyLayer, IdempotencyLayerBuilder};
-pub use outcome::Override;
-pub use phases::{CallError, Downstream, PhaseError, Phases};
-pub use problem::{Json, ProblemResponse, method_not_allowed, not_found};
-pub use resolver::{AccountResolver, BearerTokenAccount, TrustedHeaderAccount, Unscoped, bearer_token};
-pub use response::{
-    STORED_REQUEST_HEADERS, replay_response, replay_response_to, stored_request_headers, stored_response,
+pub use idemkit_engine::metrics;
+pub use idemkit_engine::{
+    AccountResolver, BearerTokenAccount, ClaimMode, IdempotencyContext, Override, ProblemResponse,
+    TrustedHeaderAccount, Unscoped, bearer_token,
 };
-pub use service::{Idempotency, read_body};
+pub use jobs::{Completer, CompleterReport, ReapThresholdTooShort, Reaper};
+pub use layer::{BuildError, IdempotencyLayer, IdempotencyLayerBuilder};
+pub use phases::{CallError, Downstream, PhaseError, Phases};
+pub use problem::{Json, method_not_allowed, not_found};
+pub use service::Idempotency;
 pub use shared::{DEFAULT_STATUS_PATH, KeySource, REPEATABILITY_CLOCK_SKEW};

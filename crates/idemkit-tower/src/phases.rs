@@ -246,7 +246,7 @@ impl<S: TransactionalStore> Phases<S> {
     /// timeout (or use [`Phases::external_with_deadline`], which does so after
     /// recording the intent).
     pub fn remaining(&self) -> Option<std::time::Duration> {
-        crate::engine::remaining(self.deadline)
+        idemkit_engine::remaining(self.deadline)
     }
 
     /// The last committed phase, if any.

@@ -6,13 +6,13 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::response::{IntoResponse, Response};
 use http::{HeaderName, HeaderValue, StatusCode, header};
-use idemkit_core::{ErrorCode, Policy, Scope, StoreError, StoredHeader, StoredResponse};
+use idemkit_core::{ErrorCode, Policy, Scope, StoreError, StoredResponse};
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 
 use crate::ProblemResponse;
-use crate::engine::{Refusal, replay_status};
-use crate::problem::retry_after_secs;
 use crate::shared::{IDEMPOTENT_REPLAYED, Shared};
+use idemkit_engine::retry_after_secs;
+use idemkit_engine::{Refusal, replay_status};
 
 /// Percent-encodes everything but unreserved characters in a path segment.
 const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC
@@ -29,9 +29,11 @@ pub(crate) fn refusal_response(
     request: &http::HeaderMap,
 ) -> Response {
     match refusal {
-        Refusal::Replay(stored) => replay_response_to(stored, &shared.engine.policy, request),
+        Refusal::Replay(stored) => replay_response_to(stored, shared.engine.policy(), request),
         Refusal::Accepted { retry_after } => accepted(shared, scope, retry_after),
-        Refusal::Problem { problem, retry_after } => ProblemResponse { problem, retry_after }.into_response(),
+        Refusal::Problem { problem, retry_after } => {
+            ProblemResponse::from_parts(problem, retry_after).into_response()
+        }
     }
 }
 
@@ -57,7 +59,9 @@ pub(crate) fn refused_response(refusal: Refusal) -> Response {
             );
             res
         }
-        Refusal::Problem { problem, retry_after } => ProblemResponse { problem, retry_after }.into_response(),
+        Refusal::Problem { problem, retry_after } => {
+            ProblemResponse::from_parts(problem, retry_after).into_response()
+        }
         Refusal::Accepted { .. } => ProblemResponse::new(
             ErrorCode::RequestInProgress,
             "a concurrent request with this idempotency key changed its state; retry",
@@ -69,19 +73,7 @@ pub(crate) fn refused_response(refusal: Refusal) -> Response {
 
 /// The problem answer for a store failure.
 pub(crate) fn store_problem(e: &StoreError) -> ProblemResponse {
-    let (problem, retry_after) = crate::engine::store_problem(e);
-    ProblemResponse { problem, retry_after }
-}
-
-/// A handler's store failure answered as the layer answers its own: a stale
-/// lease is `503 idempotency_lease_lost` and an unreachable store `503
-/// idempotency_store_unavailable` (both with `Retry-After: 1`), a configuration
-/// that cannot work `500 idempotency_misconfigured`, anything else `500
-/// internal_error`. So `?` on a store call in a handler keeps the contract.
-impl From<StoreError> for ProblemResponse {
-    fn from(e: StoreError) -> Self {
-        store_problem(&e)
-    }
+    ProblemResponse::from(e)
 }
 
 /// Rebuilds a stored response: same status (or the route's replay status for a
@@ -96,7 +88,7 @@ pub fn replay_response(stored: StoredResponse, policy: &Policy) -> Response {
 
 /// [`replay_response`] for a caller with these request headers: a stored
 /// answer whose `Content-Encoding` the caller's `Accept-Encoding` does not
-/// accept (see [`crate::accepts_encoding`]) is not replayed to it (its bytes
+/// accept (see [`accepts_encoding`](crate::render::accepts_encoding)) is not replayed to it (its bytes
 /// would not decode) but answered `406 idempotency_replay_not_acceptable`,
 /// naming the coding to accept. The request is not run again.
 pub fn replay_response_to(stored: StoredResponse, policy: &Policy, request: &http::HeaderMap) -> Response {
@@ -141,44 +133,6 @@ pub(crate) fn accepted(shared: &Shared, scope: &Scope, retry_after: Duration) ->
         utf8_percent_encode(scope.key.as_str(), SEGMENT)
     );
     in_progress(Some(location), retry_after)
-}
-
-/// The request headers an HTTP adapter keeps with the record (for the
-/// completer and an operator's review): content negotiation only, never
-/// credentials. The layer and `idemkit proxy` keep these.
-pub const STORED_REQUEST_HEADERS: &[&str] = &["content-type", "accept", "content-language"];
-
-/// The headers of `headers` named in `names`, as the record keeps them (the
-/// first value of each, in `names`' order).
-pub fn stored_request_headers(headers: &http::HeaderMap, names: &[&str]) -> Vec<StoredHeader> {
-    names
-        .iter()
-        .filter_map(|name| {
-            headers.get(*name).map(|v| StoredHeader {
-                name: (*name).to_owned(),
-                value: v.as_bytes().to_vec(),
-            })
-        })
-        .collect()
-}
-
-/// What is kept of an HTTP answer to replay it: the status, the headers the
-/// route policy replays (never `Set-Cookie` or hop-by-hop ones) and the body.
-/// What the layer stores, and what `idemkit proxy` stores of an upstream's answer.
-pub fn stored_response(parts: &http::response::Parts, body: &[u8], policy: &Policy) -> StoredResponse {
-    StoredResponse {
-        status: parts.status.as_u16(),
-        headers: parts
-            .headers
-            .iter()
-            .filter(|(name, _)| policy.replays_header(name.as_str()))
-            .map(|(name, value)| StoredHeader {
-                name: name.as_str().to_owned(),
-                value: value.as_bytes().to_vec(),
-            })
-            .collect(),
-        body: body.to_vec(),
-    }
 }
 
 #[cfg(test)]

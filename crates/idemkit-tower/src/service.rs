@@ -16,17 +16,17 @@ use tower::Service;
 use tracing::Instrument;
 use tracing::field::Empty;
 
-use crate::engine::{
-    Attempt, Detached, Disposition, Finished, Incoming, Panicked, key_from_json, key_problem,
-};
-use crate::extract::{ClaimMode, IdempotencyContext, TxSlot};
+use crate::extract::TxSlot;
 use crate::future::ResponseFuture;
 use crate::metrics::{self, InFlight, Settled, outcome};
-use crate::response::{
-    STORED_REQUEST_HEADERS, refusal_response, refused_response, stored_request_headers, stored_response,
-};
+use crate::response::{refusal_response, refused_response};
 use crate::shared::{KeySource, Shared};
+use crate::{ClaimMode, IdempotencyContext};
 use crate::{Override, ProblemResponse};
+use idemkit_engine::{
+    Attempt, Detached, Disposition, Finished, Incoming, Panicked, key_from_json, key_problem,
+};
+use idemkit_engine::{STORED_REQUEST_HEADERS, completer_resume, stored_request_headers, stored_response};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -216,7 +216,7 @@ where
             if let Some(tx) = held.and_then(|s| s.take()) {
                 shared.engine.rollback_tx(tx).await;
             }
-            let problem = ProblemResponse::new(ErrorCode::Internal, crate::engine::panic_detail(settled));
+            let problem = ProblemResponse::new(ErrorCode::Internal, idemkit_engine::panic_detail(settled));
             let counted = match settled {
                 outcome::LEASE_LOST | outcome::PARKED => settled,
                 _ => outcome::ERROR,
@@ -231,7 +231,7 @@ where
 /// (as gRPC servers ignore a malformed `grpc-timeout`); the completer's
 /// in-process replays have none.
 fn request_deadline(parts: &Parts) -> Option<std::time::Instant> {
-    if parts.extensions.get::<crate::jobs::Resume>().is_some() {
+    if completer_resume(&parts.extensions).is_some() {
         return None;
     }
     let mut values = parts.headers.get_all(idemkit_core::wire::REQUEST_TIMEOUT).iter();
@@ -251,15 +251,9 @@ async fn prepare(
 ) -> Result<(ClaimRequest, Bytes), ProblemResponse> {
     // The completer replays a stored request in-process for its record's own
     // (account, key); clients cannot set request extensions.
-    if let Some(resume) = parts.extensions.get::<crate::jobs::Resume>() {
+    if let Some((scope, token)) = completer_resume(&parts.extensions) {
         let bytes = read_body(body, shared.max_request_body).await?;
-        return Ok(claim_request(
-            shared,
-            parts,
-            resume.scope.clone(),
-            bytes,
-            Some(resume.token),
-        ));
+        return Ok(claim_request(shared, parts, scope.clone(), bytes, Some(token)));
     }
     let account = shared.resolver.resolve(parts)?;
     // A header key is checked before the body is read: a bad key costs nothing.
@@ -270,7 +264,7 @@ async fn prepare(
         ),
         KeySource::Repeatability => Some(crate::conventions::read_repeatable(
             &parts.headers,
-            shared.engine.policy.replay_window,
+            shared.engine.policy().replay_window,
             std::time::SystemTime::now(),
         )),
         KeySource::JsonField(_) => None,
@@ -382,18 +376,18 @@ where
     let _in_flight = InFlight::enter();
     let lease = attempt.lease().clone();
     let mut req = Request::from_parts(parts, Body::from(bytes));
-    req.extensions_mut().insert(IdempotencyContext {
-        scope: attempt.scope().clone(),
-        token: lease.token,
-        resumed_from: lease.resumed_from.clone(),
-        policy: attempt.policy().clone(),
-        deadline: attempt.deadline(),
-        mode: if slot.is_some() {
+    req.extensions_mut().insert(IdempotencyContext::new(
+        attempt.scope().clone(),
+        lease.token,
+        lease.resumed_from.clone(),
+        attempt.policy().clone(),
+        attempt.deadline(),
+        if slot.is_some() {
             ClaimMode::SingleStep
         } else {
             ClaimMode::Lease
         },
-    });
+    ));
     if let Some(slot) = &slot {
         req.extensions_mut().insert(slot.clone());
     }

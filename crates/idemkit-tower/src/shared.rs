@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use http::{HeaderName, Method};
 
-use crate::engine::Engine;
-use crate::resolver::AccountResolver;
+use crate::AccountResolver;
+use idemkit_engine::Engine;
 
 /// Where the key is read from.
 #[derive(Debug, Clone)]

@@ -23,24 +23,24 @@ async fn status(State(shared): State<Arc<Shared>>, Path(key): Path<String>, part
         Err(e) => return ProblemResponse::new(e.code(), e.to_string()).into_response(),
     };
     let scope = Scope::new(account, key);
-    let now = shared.engine.store.now();
-    match shared.engine.store.get(&scope).await {
+    let now = shared.engine.store().now();
+    match shared.engine.store().get(&scope).await {
         Ok(Some(r)) => match (r.state, r.response) {
             // Past the replay window a completed record no longer replays (the
             // key is a new request then), and neither does its status URL.
             (RecordState::Completed, Some(stored))
                 if r.completed_at
                     .unwrap_or(r.created_at)
-                    .plus(shared.engine.policy.replay_window)
+                    .plus(shared.engine.policy().replay_window)
                     > now =>
             {
-                replay_response(stored, &shared.engine.policy)
+                replay_response(stored, shared.engine.policy())
             }
             (RecordState::InFlight, _) => in_progress(
                 None,
                 shared
                     .engine
-                    .policy
+                    .policy()
                     .in_progress_hint(now.until(r.lease_expires_at)),
             ),
             (RecordState::Parked, _) => ProblemResponse::new(

@@ -17,7 +17,7 @@ use std::time::Duration;
 use idemkit_core::{Account, Problem};
 use idemkit_tonic::{status_for, with_outcome};
 use idemkit_tower::AccountResolver;
-use idemkit_tower::engine::Override;
+use idemkit_tower::Override;
 use idemkit_tower::{IdempotencyContext, PhaseError};
 use tonic::{Code, Request, Response, Status};
 use tonic_types::{ErrorDetails, StatusExt};

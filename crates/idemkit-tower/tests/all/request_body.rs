@@ -4,7 +4,7 @@
 
 use super::*;
 use idemkit_core::{Account, IdempotencyKey, Policy, Scope};
-use idemkit_tower::engine::{Engine, Incoming};
+use idemkit_engine::{Engine, Incoming};
 
 #[tokio::test]
 async fn a_lease_mode_attempt_gives_its_request_body_back_once() {

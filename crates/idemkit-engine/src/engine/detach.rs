@@ -22,14 +22,14 @@ pub struct Panicked;
 /// join handle would; the future is not polled again. Only while polled in
 /// place: once moved to its own task nobody is left to answer, so work that
 /// must settle something after a panic catches it itself (as
-/// [`crate::engine::Attempt::catch_panic`] does for the handler).
+/// [`crate::Attempt::catch_panic`] does for the handler).
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
 /// use std::sync::Arc;
 /// use std::sync::atomic::{AtomicBool, Ordering};
 /// use std::time::Duration;
-/// use idemkit_tower::engine::Detached;
+/// use idemkit_engine::Detached;
 ///
 /// let finished = Arc::new(AtomicBool::new(false));
 /// let work = {

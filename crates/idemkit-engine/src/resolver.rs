@@ -21,7 +21,7 @@ use crate::ProblemResponse;
 /// ```
 /// use http::request::Parts;
 /// use idemkit_core::{Account, ErrorCode};
-/// use idemkit_tower::{AccountResolver, ProblemResponse};
+/// use idemkit_engine::{AccountResolver, ProblemResponse};
 ///
 /// /// What the application's authentication middleware puts in the extensions.
 /// #[derive(Clone)]
@@ -65,7 +65,7 @@ where
 /// (see the crate's README for one that reads a request extension).
 ///
 /// ```
-/// use idemkit_tower::{AccountResolver, BearerTokenAccount};
+/// use idemkit_engine::{AccountResolver, BearerTokenAccount};
 /// let resolver = BearerTokenAccount::new(b"32 bytes or more of server secret".to_vec());
 /// let parts = http::Request::builder()
 ///     .header("authorization", "Bearer tok_123")

@@ -6,7 +6,7 @@
 //! scope, method, target, selected headers and body bytes, and get back either
 //! an [`Attempt`] to run their handler under or a [`Refusal`] (a stored response
 //! to replay, or a problem with its stable code) to answer without running
-//! anything. The HTTP adapter ([`crate::Idempotency`]) is one such adapter; a gRPC
+//! anything. The HTTP adapter (`idemkit_tower::Idempotency`) is one such adapter; a gRPC
 //! adapter or a proxy is another. Nothing in this module tree may import a
 //! protocol crate (a test reads the sources to keep it so).
 
@@ -20,18 +20,68 @@ use std::time::{Duration, Instant};
 
 use idemkit_core::{
     ClaimOutcome, ClaimRequest, Decision, ErrorCode, FencingToken, Fingerprinter, IdempotencyKey,
-    InFlightBehavior, KeyError, KeyStore, Policy, Problem, RecordHead, Scope, StoreError, StoredHeader,
-    StoredRequest, StoredResponse, TxClaim,
+    InFlightBehavior, IntoKeyStore, IntoTransactionalStore, KeyError, KeyStore, Policy, Problem, RecordHead,
+    Scope, StoreError, StoredHeader, StoredRequest, StoredResponse, TxClaim,
 };
 use tracing::Instrument;
 use tracing::field::Empty;
 
 pub use attempt::{Attempt, Disposition, Finished, Override};
 pub use detach::{Detached, Panicked};
-pub(crate) use erased::ErasedTxStore;
-pub(crate) use replays::ReplayCache;
+use erased::ErasedTxStore;
+use replays::ReplayCache;
 
 use crate::metrics::{self, op, outcome, timed};
+
+/// The store an [`Engine`] claims keys in, and with it the engine's mode:
+/// lease mode over any [`KeyStore`], or single-step mode over a
+/// [`TransactionalStore`](idemkit_core::TransactionalStore), whose claim is the
+/// handler's own open transaction.
+#[derive(Clone)]
+pub struct EngineStore {
+    store: Arc<dyn KeyStore>,
+    tx_store: Option<Arc<dyn ErasedTxStore>>,
+}
+
+impl EngineStore {
+    /// Lease mode: the claim commits as `in_flight` under a heartbeat-kept
+    /// lease, and the answer is stored with a fenced write.
+    pub fn lease(store: impl IntoKeyStore) -> Self {
+        Self {
+            store: store.into_key_store(),
+            tx_store: None,
+        }
+    }
+
+    /// Single-step mode: the claim, the handler's writes and the stored answer
+    /// commit in one transaction of `store`.
+    pub fn single_step(store: impl IntoTransactionalStore) -> Self {
+        let store = store.into_transactional_store();
+        let tx_store: Arc<dyn ErasedTxStore> = store.clone();
+        Self {
+            store,
+            tx_store: Some(tx_store),
+        }
+    }
+
+    /// Whether claims share the handler's transaction (single-step mode).
+    pub fn is_transactional(&self) -> bool {
+        self.tx_store.is_some()
+    }
+
+    /// The store, as a [`KeyStore`].
+    pub fn key_store(&self) -> &Arc<dyn KeyStore> {
+        &self.store
+    }
+}
+
+impl std::fmt::Debug for EngineStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EngineStore")
+            .field("transactional", &self.tx_store.is_some())
+            .finish_non_exhaustive()
+    }
+}
 
 /// The engine of one route: its store, policy and fingerprinter.
 #[derive(Clone)]
@@ -74,9 +124,9 @@ pub struct Incoming<'a> {
     pub resume: Option<FencingToken>,
 }
 
-/// A request answered without running the handler.
+/// A request answered without running the handler. Exhaustive on purpose: an
+/// adapter must answer each kind.
 #[derive(Debug, Clone)]
-#[non_exhaustive]
 pub enum Refusal {
     /// The request already completed: replay this.
     Replay(StoredResponse),
@@ -121,8 +171,8 @@ impl Refusal {
     }
 }
 
-/// The problem a store failure is answered with.
-pub(crate) fn store_problem(e: &StoreError) -> (Problem, Option<Duration>) {
+/// The problem a store failure is answered with, and its `Retry-After`.
+pub fn store_problem(e: &StoreError) -> (Problem, Option<Duration>) {
     match e {
         StoreError::Fenced => (
             Problem::new(
@@ -211,20 +261,22 @@ pub fn key_from_json(body: &[u8], pointer: &str) -> Result<IdempotencyKey, Probl
 }
 
 impl Engine {
-    pub(crate) fn new(
-        store: Arc<dyn KeyStore>,
-        tx_store: Option<Arc<dyn ErasedTxStore>>,
+    /// The engine of a route claiming in `store` under `policy` (validated
+    /// here), fingerprinting bodies with `fingerprinter`.
+    pub fn new(
+        store: EngineStore,
         policy: Policy,
         fingerprinter: Fingerprinter,
-    ) -> Self {
-        Self {
-            store,
-            tx_store,
+    ) -> Result<Self, idemkit_core::PolicyError> {
+        policy.validate()?;
+        Ok(Self {
+            store: store.store,
+            tx_store: store.tx_store,
             policy: Arc::new(policy),
             fingerprinter,
             replays: None,
             misconfigured_logged: Arc::default(),
-        }
+        })
     }
 
     /// Keeps up to about `capacity` of the answers this engine stores in memory
@@ -239,9 +291,8 @@ impl Engine {
     /// gRPC layer in `idemkit-tonic`): the claim commits as `in_flight` with a
     /// heartbeat-kept lease, the answer is stored with a fenced write, and the
     /// body is fingerprinted as bytes or canonical JSON with nothing excluded.
-    pub fn lease(store: Arc<dyn KeyStore>, policy: Policy) -> Result<Self, idemkit_core::PolicyError> {
-        policy.validate()?;
-        Ok(Self::new(store, None, policy, Fingerprinter::new()))
+    pub fn lease(store: impl IntoKeyStore, policy: Policy) -> Result<Self, idemkit_core::PolicyError> {
+        Self::new(EngineStore::lease(store), policy, Fingerprinter::new())
     }
 
     /// The route policy.
@@ -261,8 +312,9 @@ impl Engine {
 
     /// Rolls back a single-step claim's transaction before the caller is
     /// answered (see `TransactionalStore::rollback_tx`); a lease-mode engine
-    /// has none, and drops it.
-    pub(crate) async fn rollback_tx(&self, tx: Box<dyn std::any::Any + Send>) {
+    /// has none, and drops it. `tx` is what a single-step [`Attempt`] handed
+    /// the adapter (the store's transaction, type-erased).
+    pub async fn rollback_tx(&self, tx: Box<dyn std::any::Any + Send>) {
         if let Some(tx_store) = &self.tx_store {
             tx_store.rollback_tx(tx).await;
         }

@@ -275,7 +275,7 @@ impl Attempt {
     }
 
     /// Refuses an answer a single-step handler settled itself
-    /// ([`Override::Settled`], as every answer of [`crate::Phases`] is): a
+    /// ([`Override::Settled`], as every answer of `idemkit_tower::Phases` is): a
     /// single-step claim is uncommitted until the layer stores the answer in
     /// the handler's transaction, so leaving the record "as the handler left
     /// it" would acknowledge writes that roll back, and a `Phases` under it
