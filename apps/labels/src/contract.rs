@@ -169,6 +169,12 @@ fn section(route: &RouteConfig) -> String {
          are refused (`{compressed}`, `{unsupported}`).\n\
          - **Replay.** A replay is byte-identical to the first answer (message, metadata and trailers) and \
          carries `{replayed}: true` metadata.\n\
+         - **AIP-155.** `{with_request_id}` is `CreateLabel` with the key in the `{request_id}` field (field 1): \
+         a UUID4 (`{key_invalid}` otherwise) that your client generates once per logical call and sends \
+         unchanged on every retry, as Google's client libraries do (AIP-4235; `idemkit-client`'s tonic layer \
+         fills an empty one); empty, the `{key_metadata}` metadata is read instead. The same scope, window and \
+         rules apply. A duplicate gets the first call's recorded answer, not the label as it is now (AIP-155's \
+         \"stale success\"): read the current state with `GetLabel`.\n\
          - **While in flight** a second call with the same key {in_flight}.\n\
          - The proto3 JSON mapping of `CreateLabelRequest` is the REST body, and that of `Label` the REST label \
          document, so the example body above is also a `CreateLabel` request (set `GRPC` to the gRPC \
@@ -188,6 +194,11 @@ fn section(route: &RouteConfig) -> String {
         compressed = grpc_name(idemkit_tonic::code_for(ErrorCode::UnsupportedMediaType)),
         unsupported = ErrorCode::UnsupportedMediaType,
         replayed = idemkit_tonic::wire::IDEMPOTENT_REPLAYED,
+        with_request_id = crate::proto::CREATE_LABEL_WITH_REQUEST_ID
+            .rsplit('/')
+            .next()
+            .unwrap_or_default(),
+        request_id = crate::proto::REQUEST_ID_FIELD,
         in_flight = match p.in_flight {
             InFlightBehavior::Wait(t) => format!(
                 "waits up to {} for the first one's answer, then replays it (or gets `{}`)",
@@ -308,6 +319,14 @@ mod tests {
         assert!(grpc.contains("`authorization: Bearer <token>`"));
         assert!(grpc.contains("`/labels.v1.Labels/CreateLabel`") && grpc.contains("field-number order"));
         assert!(grpc.contains("`idempotent-replayed: true`"));
+        // The AIP-155 form and its stale-success note.
+        assert!(
+            grpc.contains(
+                "`CreateLabelWithRequestId` is `CreateLabel` with the key in the `request_id` field"
+            )
+        );
+        assert!(grpc.contains("a UUID4 (`idempotency_key_invalid` otherwise)"));
+        assert!(grpc.contains("\"stale success\"): read the current state with `GetLabel`"));
 
         // One row per code, its gRPC code derived from the layer's own mapping.
         for code in REFUSAL_CODES {
