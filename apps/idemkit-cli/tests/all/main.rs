@@ -13,6 +13,7 @@ mod cluster;
 mod courier;
 mod fixtures;
 mod grpc;
+#[cfg(feature = "grpc")]
 mod grpc_check;
 mod keys;
 mod labels;

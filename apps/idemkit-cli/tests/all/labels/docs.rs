@@ -82,9 +82,10 @@ fn command_lines_split_like_a_shell() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_documented_check_passes_against_the_labels_service() {
-    let block = block_after(CHECK_MD, MARKER);
+/// Runs the ```sh block after `marker` as written, against a fresh labels
+/// service and courier (the documented ports replaced by theirs), with `--json`.
+async fn run_documented(marker: &str) -> crate::Run {
+    let block = block_after(CHECK_MD, marker);
     assert!(!block.contains("\n\n"), "one command: {block}");
     let mut args = words(&block);
     assert_eq!(args.first().map(String::as_str), Some("idemkit"), "{block}");
@@ -99,7 +100,12 @@ async fn the_documented_check_passes_against_the_labels_service() {
         })
         .chain(["--json".to_owned()])
         .collect();
-    let run = crate::idemkit(args).await;
+    crate::idemkit(args).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_documented_check_passes_against_the_labels_service() {
+    let run = run_documented(MARKER).await;
     assert_eq!(run.code, 0, "the documented check does not pass: {run:#?}");
     let verdicts = run.verdicts();
     let names: Vec<&str> = verdicts.iter().map(|(g, _)| g.as_str()).collect();
@@ -121,4 +127,28 @@ async fn the_documented_check_passes_against_the_labels_service() {
         assert_eq!(verdict, "pass", "gate {gate}: {}", run.evidence(gate));
     }
     assert_eq!(run.report()["verdict"], "pass");
+}
+
+/// The gRPC command of `docs/check.md`: gates 1-7 pass, the policy gate does not
+/// apply over gRPC.
+#[cfg(feature = "grpc")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_documented_grpc_check_passes_against_the_labels_service() {
+    let run = run_documented("<!-- ci: labels-grpc-check -->").await;
+    assert_eq!(run.code, 0, "the documented gRPC check does not pass: {run:#?}");
+    assert_eq!(
+        run.verdicts(),
+        crate::expect(&[
+            ("concurrency", "pass"),
+            ("replay", "pass"),
+            ("mismatch", "pass"),
+            ("in-progress", "pass"),
+            ("bad-keys", "pass"),
+            ("isolation", "pass"),
+            ("fresh-key", "pass"),
+            ("policy", "not-applicable"),
+        ]),
+        "{run:#?}"
+    );
+    assert_eq!(run.report()["target"]["protocol"], "grpc");
 }
