@@ -231,12 +231,22 @@ fn orders_descriptor_set() -> Vec<u8> {
             ],
             service: vec![ServiceDescriptorProto {
                 name: Some("Orders".into()),
-                method: vec![MethodDescriptorProto {
-                    name: Some("Create".into()),
-                    input_type: Some(".test.v1.CreateOrder".into()),
-                    output_type: Some(".test.v1.Order".into()),
-                    ..Default::default()
-                }],
+                method: vec![
+                    MethodDescriptorProto {
+                        name: Some("Create".into()),
+                        input_type: Some(".test.v1.CreateOrder".into()),
+                        output_type: Some(".test.v1.Order".into()),
+                        ..Default::default()
+                    },
+                    // Described, never served: the check must refuse it unsent.
+                    MethodDescriptorProto {
+                        name: Some("Watch".into()),
+                        input_type: Some(".test.v1.CreateOrder".into()),
+                        output_type: Some(".test.v1.Order".into()),
+                        server_streaming: Some(true),
+                        ..Default::default()
+                    },
+                ],
                 ..Default::default()
             }],
             ..Default::default()
@@ -264,9 +274,16 @@ impl tonic::server::UnaryService<CreateOrder> for Forgetful {
     }
 }
 
-/// Serves `test.v1.Orders` (and reflection v1) over h2c, and the order count at
+/// Which reflection service the test server offers.
+#[derive(Clone, Copy, PartialEq)]
+enum Reflection {
+    V1,
+    V1AlphaOnly,
+}
+
+/// Serves `test.v1.Orders` (and reflection) over h2c, and the order count at
 /// `GET /count`; returns its base URL.
-async fn forgetful_server() -> String {
+async fn forgetful_server(reflection: Reflection) -> String {
     let orders = Arc::new(AtomicU64::new(0));
     let create = {
         let orders = orders.clone();
@@ -282,13 +299,28 @@ async fn forgetful_server() -> String {
             }
         })
     };
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(&orders_descriptor_set())
-        .build_v1()
-        .unwrap();
-    let app = axum::Router::new()
-        .route_service("/test.v1.Orders/Create", create)
-        .route_service("/grpc.reflection.v1.ServerReflection/{*method}", reflection)
+    let set = orders_descriptor_set();
+    let builder =
+        || tonic_reflection::server::Builder::configure().register_encoded_file_descriptor_set(&set);
+    let app = axum::Router::new().route_service("/test.v1.Orders/Create", create);
+    let app = match reflection {
+        Reflection::V1 => app.route_service(
+            "/grpc.reflection.v1.ServerReflection/{*method}",
+            builder().build_v1().unwrap(),
+        ),
+        Reflection::V1AlphaOnly => app.route_service(
+            "/grpc.reflection.v1alpha.ServerReflection/{*method}",
+            builder().build_v1alpha().unwrap(),
+        ),
+    };
+    let app = app
+        .fallback(|| async {
+            // What a gRPC server answers for a service it does not have.
+            (
+                [("content-type", "application/grpc"), ("grpc-status", "12")],
+                axum::body::Body::empty(),
+            )
+        })
         .route(
             "/count",
             axum::routing::get(move || {
@@ -304,7 +336,7 @@ async fn forgetful_server() -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grpc_check_fails_a_server_that_ignores_keys() {
-    let base = forgetful_server().await;
+    let base = forgetful_server(Reflection::V1).await;
     let run = idemkit(
         [
             "check",
@@ -342,4 +374,41 @@ async fn grpc_check_fails_a_server_that_ignores_keys() {
     assert!(concurrency.contains("8 effects for one key"), "{concurrency}");
     let replay = run.evidence("replay");
     assert!(replay.contains("body differs"), "{replay}");
+}
+
+/// A server that offers only `grpc.reflection.v1alpha` is described through it; a
+/// streaming method is refused before anything is sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_check_falls_back_to_reflection_v1alpha_and_refuses_streaming() {
+    let base = forgetful_server(Reflection::V1AlphaOnly).await;
+    let args = |method: &str| -> Vec<String> {
+        [
+            "check",
+            "--grpc",
+            &base,
+            "--grpc-method",
+            method,
+            "--body",
+            r#"{"sku":"BOOK-1","quantity":1}"#,
+            "--count-url",
+            "/count",
+            "--gates",
+            "replay",
+            "--json",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+    };
+    let run = idemkit(args("test.v1.Orders/Create")).await;
+    assert_eq!(run.code, 1, "{run:#?}");
+    assert_eq!(run.verdicts(), crate::expect(&[("replay", "fail")]), "{run:#?}");
+    let run = idemkit(args("test.v1.Orders/Watch")).await;
+    assert_eq!(run.code, 2, "{run:#?}");
+    assert!(
+        run.stderr.contains("streaming method (server streaming)")
+            && run.stderr.contains("unary methods only"),
+        "{run:#?}"
+    );
+    assert!(run.stdout.is_empty(), "nothing was checked: {run:#?}");
 }
