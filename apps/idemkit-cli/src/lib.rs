@@ -94,7 +94,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 #[allow(clippy::large_enum_variant, reason = "parsed once per process")]
 pub enum Command {
-    /// Run the black-box conformance gates against an idempotent HTTP endpoint.
+    /// Run the black-box conformance gates against an idempotent HTTP endpoint (or a unary gRPC method).
     Check(check::CheckArgs),
     /// Run the courier simulator: an idempotent shipments API with fault injection.
     Courier(courier::CourierArgs),

@@ -19,6 +19,7 @@ pub struct CheckConfig {
     pub(super) state_url: Option<String>,
     pub(super) volatile: Vec<String>,
     pub(super) published: Option<Published>,
+    pub(super) uuid_keys: bool,
 }
 
 impl CheckConfig {
@@ -42,6 +43,7 @@ impl CheckConfig {
             state_url: None,
             volatile: Vec::new(),
             published: None,
+            uuid_keys: false,
         }
     }
 
@@ -129,6 +131,13 @@ impl CheckConfig {
     /// What the endpoint publishes, for the policy gate.
     pub fn with_published(mut self, published: Published) -> Self {
         self.published = Some(published);
+        self
+    }
+
+    /// Every valid key the gates send is a bare UUID4 (`7c9e6679-7425-40de-944b-e07fc1f90ae7`),
+    /// as an AIP-155 `request_id` must be, instead of `idemkit-check-<gate>-<uuid>`.
+    pub fn with_uuid4_keys(mut self) -> Self {
+        self.uuid_keys = true;
         self
     }
 

@@ -22,6 +22,9 @@
 //! | 8 | [`Gate::ClaimedIdempotent`] | the same request twice without a key → the second leaves the state (`--state-url` JSON or count) as the first left it |
 //! | 9 | [`Gate::Policy`] | the endpoint does what its published `x-idempotency` says: key location, replay status and marker, conflict statuses and codes |
 //!
+//! Over gRPC ([`GrpcTransport`], feature `grpc`) the same gates run against one
+//! unary method; the policy gate does not apply there ([`Verdict::NotApplicable`]).
+//!
 //! What the gates establish is *effectively once within the key scope and replay
 //! window* as far as a black box can see it: they cannot see inside a server, cannot
 //! crash it between phases, and see effects only through the probe they are given.
@@ -77,6 +80,9 @@ mod report;
 mod template;
 mod transport;
 
+#[cfg(feature = "grpc")]
+#[cfg_attr(docsrs, doc(cfg(feature = "grpc")))]
+mod grpc_transport;
 #[cfg(feature = "reqwest")]
 #[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
 mod http_transport;
@@ -98,6 +104,10 @@ pub use report::{Gate, GateReport, Report, UnknownGate, Verdict};
 pub use template::{KeyPlacement, Template, TemplateError};
 pub use transport::{Answer, Request, Transport, TransportError};
 
+#[cfg(feature = "grpc")]
+pub use grpc_transport::{
+    GrpcTransport, http_status as grpc_http_status, request_message as grpc_request_message,
+};
 #[cfg(feature = "reqwest")]
 pub use http_transport::HttpTransport;
 #[cfg(feature = "tower")]
@@ -144,6 +154,19 @@ pub async fn run(config: &CheckConfig, transport: &dyn Transport, progress: &dyn
     for &gate in &config.gates {
         progress.gate_started(gate);
         ctx.sent.store(0, Ordering::Relaxed);
+        if let Some(why) = transport.not_applicable(gate) {
+            let report = GateReport {
+                gate,
+                number: gate.number(),
+                verdict: Verdict::NotApplicable,
+                evidence: why,
+                details: Vec::new(),
+                requests: 0,
+            };
+            progress.gate_finished(&report);
+            gates.push(report);
+            continue;
+        }
         let judged = match gate {
             Gate::Concurrency => concurrency::run(&ctx).await,
             Gate::Replay => replay::run(&ctx).await,
@@ -307,6 +330,10 @@ struct Ctx<'a> {
 
 impl Ctx<'_> {
     fn fresh_key(&self, gate: &str) -> String {
+        if self.cfg.uuid_keys {
+            // AIP-155 request ids: a bare UUID4, nothing else.
+            return uuid::Uuid::new_v4().to_string();
+        }
         format!("idemkit-check-{gate}-{}", uuid::Uuid::new_v4())
     }
 

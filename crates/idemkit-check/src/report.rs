@@ -164,6 +164,10 @@ pub enum Verdict {
     /// The gate could not judge (no probe, no overlap provoked, template refused, no
     /// answer, …). Never counted as a pass.
     Inconclusive,
+    /// The gate cannot apply to this kind of API (the `x-idempotency` policy gate
+    /// over gRPC): nothing was sent, nothing judged. Never counted as a pass; the
+    /// overall verdict is that of the gates that applied.
+    NotApplicable,
 }
 
 impl fmt::Display for Verdict {
@@ -172,6 +176,7 @@ impl fmt::Display for Verdict {
             Verdict::Pass => "pass",
             Verdict::Fail => "fail",
             Verdict::Inconclusive => "inconclusive",
+            Verdict::NotApplicable => "not-applicable",
         })
     }
 }
@@ -202,11 +207,15 @@ pub struct Report {
 
 impl Report {
     /// The overall verdict: `Fail` if any gate failed, else `Inconclusive` if any
-    /// gate could not judge (or none ran), else `Pass`.
+    /// gate could not judge (or none that applies ran), else `Pass`. Gates that do
+    /// not apply ([`Verdict::NotApplicable`]) count for nothing either way.
     pub fn verdict(&self) -> Verdict {
+        let applied = self.gates.iter().filter(|g| g.verdict != Verdict::NotApplicable);
         if self.gates.iter().any(|g| g.verdict == Verdict::Fail) {
             Verdict::Fail
-        } else if self.gates.is_empty() || self.gates.iter().any(|g| g.verdict == Verdict::Inconclusive) {
+        } else if applied.clone().next().is_none()
+            || self.gates.iter().any(|g| g.verdict == Verdict::Inconclusive)
+        {
             Verdict::Inconclusive
         } else {
             Verdict::Pass
@@ -218,7 +227,8 @@ impl Report {
         match self.verdict() {
             Verdict::Pass => 0,
             Verdict::Fail => 1,
-            Verdict::Inconclusive => 2,
+            // `verdict()` is never `NotApplicable`; nothing judged is not a pass.
+            Verdict::Inconclusive | Verdict::NotApplicable => 2,
         }
     }
 
@@ -230,5 +240,46 @@ impl Report {
     /// How many gates got `verdict`.
     pub fn count(&self, verdict: Verdict) -> usize {
         self.gates.iter().filter(|g| g.verdict == verdict).count()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(verdicts: &[(Gate, Verdict)]) -> Report {
+        Report {
+            gates: verdicts
+                .iter()
+                .map(|&(gate, verdict)| GateReport {
+                    gate,
+                    number: gate.number(),
+                    verdict,
+                    evidence: String::new(),
+                    details: Vec::new(),
+                    requests: 0,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn not_applicable_gates_neither_pass_nor_fail() {
+        let na = (Gate::Policy, Verdict::NotApplicable);
+        let r = report(&[(Gate::Concurrency, Verdict::Pass), na]);
+        assert_eq!((r.verdict(), r.exit_code()), (Verdict::Pass, 0));
+        assert_eq!(r.count(Verdict::NotApplicable), 1);
+        let r = report(&[(Gate::Concurrency, Verdict::Fail), na]);
+        assert_eq!(r.exit_code(), 1);
+        let r = report(&[(Gate::Concurrency, Verdict::Inconclusive), na]);
+        assert_eq!(r.exit_code(), 2);
+        // Nothing that applied ran: nothing was judged, never a pass.
+        let r = report(&[na]);
+        assert_eq!((r.verdict(), r.exit_code()), (Verdict::Inconclusive, 2));
+        assert_eq!(Verdict::NotApplicable.to_string(), "not-applicable");
+        assert_eq!(
+            serde_json::to_value(Verdict::NotApplicable).unwrap(),
+            "not-applicable"
+        );
     }
 }

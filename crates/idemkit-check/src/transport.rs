@@ -3,6 +3,8 @@
 use async_trait::async_trait;
 use http::{HeaderMap, Method};
 
+use crate::Gate;
+
 /// One request the gates send.
 #[derive(Debug, Clone)]
 pub struct Request {
@@ -58,4 +60,13 @@ pub struct TransportError(pub String);
 pub trait Transport: Send + Sync {
     /// Sends `request` and returns the server's answer.
     async fn send(&self, request: Request) -> Result<Answer, TransportError>;
+
+    /// Why `gate` cannot apply over this transport's protocol, if it cannot (the
+    /// `x-idempotency` policy gate over gRPC): the gate is then reported
+    /// [`Verdict::NotApplicable`](crate::Verdict::NotApplicable) and sends nothing.
+    /// Defaults to every gate applying.
+    fn not_applicable(&self, gate: Gate) -> Option<String> {
+        let _ = gate;
+        None
+    }
 }

@@ -1,5 +1,5 @@
 //! `idemkit check`: the black-box conformance gates (the behaviour contract, `docs/spec.md` §9) against any
-//! idempotent HTTP endpoint.
+//! idempotent HTTP endpoint, or (feature `grpc`) a unary gRPC method.
 //!
 //! The gates themselves live in [`idemkit_check`]; this module turns the
 //! command line into a [`CheckConfig`], sends the requests with reqwest, shows
@@ -42,15 +42,37 @@ with --allow-host. Plain http only.
 Example (the quickstart):
   idemkit check --url http://127.0.0.1:3000/orders -H 'Authorization: Bearer checker' \\
     --body '{\"sku\":\"BOOK-1\",\"quantity\":1}' --count-url /orders/count \\
-    --other-account-header 'Authorization: Bearer other'";
+    --other-account-header 'Authorization: Bearer other'
+
+gRPC (instead of --url): --grpc http://HOST:PORT --grpc-method pkg.Service/Method; the body is
+the request message's proto3 JSON mapping, the descriptors come from server reflection, the
+key travels in the idempotency-key metadata (or, with --grpc-key-field request_id, as a UUID4
+in that field). Unary methods only, plaintext HTTP/2 only; the policy gate (9) does not apply.";
 
 /// Arguments of `idemkit check`.
 #[derive(Debug, Clone, Args)]
 #[command(after_help = AFTER_HELP)]
 pub struct CheckArgs {
-    /// The endpoint to check, e.g. http://127.0.0.1:3000/orders.
+    /// The endpoint to check, e.g. http://127.0.0.1:3000/orders (or --grpc).
     #[arg(long, value_name = "URL")]
-    pub url: String,
+    pub url: Option<String>,
+
+    /// Check a gRPC method instead: the server, e.g. http://127.0.0.1:50051
+    /// (plaintext HTTP/2; its reflection service describes the method).
+    #[cfg(feature = "grpc")]
+    #[arg(long, value_name = "URL", conflicts_with = "url", requires = "grpc_method")]
+    pub grpc: Option<String>,
+
+    /// The unary gRPC method to check, `package.Service/Method`.
+    #[cfg(feature = "grpc")]
+    #[arg(long, value_name = "METHOD", requires = "grpc")]
+    pub grpc_method: Option<String>,
+
+    /// The key is this request field (AIP-155, e.g. request_id) instead of the
+    /// idempotency-key metadata: every key is then a bare UUID4 written into it.
+    #[cfg(feature = "grpc")]
+    #[arg(long, value_name = "FIELD", requires = "grpc", conflicts_with_all = ["key_field", "key_header"])]
+    pub grpc_key_field: Option<String>,
 
     /// The request template's HTTP method.
     #[arg(short = 'X', long, default_value = "POST")]
@@ -180,15 +202,28 @@ fn parse_gate(s: &str) -> Result<Gate, String> {
 
 /// Runs `idemkit check` and returns its exit code (0 pass, 1 fail, 2 inconclusive).
 pub fn run(args: CheckArgs) -> anyhow::Result<ExitCode> {
-    let plan = Plan::from_args(&args)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    let transport = idemkit_check::HttpTransport::new(Duration::from_secs(args.timeout))?;
+    let timeout = Duration::from_secs(args.timeout);
+    let http = idemkit_check::HttpTransport::new(timeout)?;
+    #[cfg(feature = "grpc")]
+    let grpc = runtime.block_on(grpc_target(&args))?;
+    #[cfg(feature = "grpc")]
+    let plan = Plan::from_args(&args, grpc.as_ref())?;
+    #[cfg(not(feature = "grpc"))]
+    let plan = Plan::from_args(&args, None)?;
+    #[cfg(feature = "grpc")]
+    let transport: Box<dyn gates::Transport> = match grpc {
+        Some(g) => Box::new(g.transport.with_probes(std::sync::Arc::new(http))),
+        None => Box::new(http),
+    };
+    #[cfg(not(feature = "grpc"))]
+    let transport: Box<dyn gates::Transport> = Box::new(http);
     let show_progress = !args.json && std::io::stderr().is_terminal();
     let bar = progress::Bar::new(show_progress);
-    let report = runtime.block_on(gates::run(&plan.config, &transport, &bar));
+    let report = runtime.block_on(gates::run(&plan.config, transport.as_ref(), &bar));
     bar.finish();
     // The exit code is the verdict's whatever happens to stdout (`| head`).
     let mut out = crate::VerdictOutput::new(std::io::stdout().lock());
@@ -201,18 +236,100 @@ pub fn run(args: CheckArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::from(report.exit_code()))
 }
 
+/// The gRPC method under test: its transport, and what the plan needs of it.
+#[cfg_attr(not(feature = "grpc"), allow(dead_code))]
+struct GrpcTarget {
+    /// `pkg.Service/Method`.
+    method: String,
+    /// The template URL (`http://host:port/pkg.Service/Method`).
+    url: String,
+    /// `--grpc-key-field`: the field's name and its JSON pointer.
+    key_field: Option<(String, String)>,
+    /// Whether a body maps to the request message (`Err`: why not).
+    #[allow(clippy::type_complexity)]
+    maps: Box<dyn Fn(&[u8]) -> Result<(), String> + Send + Sync>,
+    #[cfg(feature = "grpc")]
+    transport: idemkit_check::GrpcTransport,
+}
+
+/// Connects to `--grpc` and finds `--grpc-method` by reflection (`None`: HTTP).
+#[cfg(feature = "grpc")]
+async fn grpc_target(args: &CheckArgs) -> anyhow::Result<Option<GrpcTarget>> {
+    let Some(endpoint) = &args.grpc else {
+        return Ok(None);
+    };
+    let url = Url::parse(endpoint).with_context(|| format!("--grpc `{endpoint}`"))?;
+    hosts::check(&url, &args.allow_hosts).context("--grpc")?;
+    if url.path() != "/" || url.query().is_some() {
+        bail!("--grpc `{endpoint}`: give the server only (http://host:port), the method with --grpc-method");
+    }
+    let method = args
+        .grpc_method
+        .clone()
+        .context("--grpc needs --grpc-method pkg.Service/Method")?;
+    let transport =
+        idemkit_check::GrpcTransport::connect(url.as_str(), &method, Duration::from_secs(args.timeout))
+            .await
+            .with_context(|| format!("--grpc {endpoint} --grpc-method {method}"))?;
+    let key_field = args
+        .grpc_key_field
+        .as_deref()
+        .map(|f| {
+            transport
+                .key_pointer(f.trim())
+                .map(|p| (f.trim().to_owned(), p))
+                .context("--grpc-key-field")
+        })
+        .transpose()?;
+    let input = transport.method().input();
+    Ok(Some(GrpcTarget {
+        method: method.trim().trim_start_matches('/').to_owned(),
+        url: transport.url().to_owned(),
+        key_field,
+        maps: Box::new(move |body| {
+            idemkit_check::grpc_request_message(&input, body)
+                .map(drop)
+                .map_err(|e| e.0)
+        }),
+        transport,
+    }))
+}
+
 /// The validated check: its configuration and what to say about it.
 struct Plan {
     config: CheckConfig,
     url: Url,
     count_url: Option<Url>,
     key_header: String,
+    /// The gRPC method under test, and its key field.
+    grpc: Option<(String, Option<String>)>,
 }
 
 impl Plan {
-    fn from_args(args: &CheckArgs) -> anyhow::Result<Self> {
-        let url = Url::parse(&args.url).with_context(|| format!("--url `{}`", args.url))?;
-        hosts::check(&url, &args.allow_hosts).context("--url")?;
+    fn from_args(args: &CheckArgs, grpc: Option<&GrpcTarget>) -> anyhow::Result<Self> {
+        let url = match (grpc, &args.url) {
+            (Some(g), _) => {
+                Url::parse(&g.url).with_context(|| format!("the gRPC method's URL `{}`", g.url))?
+            }
+            (None, Some(u)) => Url::parse(u).with_context(|| format!("--url `{u}`"))?,
+            (None, None) => bail!(
+                "give the endpoint to check: --url URL (or --grpc URL --grpc-method pkg.Service/Method)"
+            ),
+        };
+        hosts::check(&url, &args.allow_hosts).context(if grpc.is_some() { "--grpc" } else { "--url" })?;
+        if grpc.is_some() {
+            if !args.method.eq_ignore_ascii_case("POST") {
+                bail!(
+                    "--method {}: a gRPC call has no HTTP method to choose (leave -X out)",
+                    args.method
+                );
+            }
+            if args.policy.is_some() {
+                bail!(
+                    "--policy: the x-idempotency policy describes HTTP operations; a gRPC method has none (the policy gate does not apply to gRPC)"
+                );
+            }
+        }
         let count_url = args
             .count_url
             .as_deref()
@@ -239,7 +356,11 @@ impl Plan {
                 policy::load(&u, &method, &url, Duration::from_secs(args.timeout)).context("--policy")
             })
             .transpose()?;
+        let grpc_key = grpc.and_then(|g| g.key_field.as_ref());
         let key = match (&args.key_field, &args.key_header, &published) {
+            _ if grpc_key.is_some() => {
+                KeyPlacement::Field(grpc_key.map(|(_, p)| p.clone()).unwrap_or_default())
+            }
             (Some(pointer), _, _) => KeyPlacement::Field(pointer.clone()),
             (None, Some(header), _) => KeyPlacement::Header(
                 HeaderName::from_bytes(header.trim().as_bytes())
@@ -256,21 +377,44 @@ impl Plan {
             KeyPlacement::Field(_) => String::new(),
         };
         let mut template = Template::new(method.clone(), url.as_str()).with_headers(headers);
-        if let Some(body) = &args.body {
-            template = template.with_body(&read_body(body).context("--body")?)?;
+        let body = match (&args.body, grpc) {
+            (Some(body), _) => Some(read_body(body).context("--body")?),
+            // A gRPC call always has a message: the empty one by default.
+            (None, Some(_)) => Some(b"{}".to_vec()),
+            (None, None) => None,
+        };
+        if let Some(body) = &body {
+            template = template.with_body(body)?;
         }
-        if let Some(alt) = &args.alt_body {
-            template = template.with_alt_body(&read_body(alt).context("--alt-body")?)?;
+        let alt = args
+            .alt_body
+            .as_deref()
+            .map(|alt| read_body(alt).context("--alt-body"))
+            .transpose()?;
+        if let Some(alt) = &alt {
+            template = template.with_alt_body(alt)?;
+        }
+        if let Some(g) = grpc {
+            for (flag, b) in [("--body", &body), ("--alt-body", &alt)] {
+                if let Some(b) = b {
+                    (g.maps)(b).map_err(|e| anyhow::anyhow!("{e}")).context(flag)?;
+                }
+            }
         }
         template = template.with_key(key)?;
 
         let mut config = CheckConfig::new(template).with_concurrency(args.concurrency);
+        if grpc_key.is_some() {
+            config = config.with_uuid4_keys();
+        }
         if args.gates.is_empty() {
             let mut gates = Gate::KEYED.to_vec();
             if args.claimed_idempotent || [Method::PUT, Method::PATCH, Method::DELETE].contains(&method) {
                 gates.push(Gate::ClaimedIdempotent);
             }
-            if published.is_some() {
+            // Over gRPC the policy gate is listed, as not applicable, so the report
+            // says what was not checked.
+            if published.is_some() || grpc.is_some() {
                 gates.push(Gate::Policy);
             }
             config = config.with_gates(gates);
@@ -336,6 +480,7 @@ impl Plan {
             url,
             count_url,
             key_header,
+            grpc: grpc.map(|g| (g.method.clone(), g.key_field.as_ref().map(|(f, _)| f.clone()))),
         })
     }
 }
@@ -384,7 +529,7 @@ mod tests {
         let Command::Check(args) = cli.command else {
             unreachable!("the command line starts with `check`")
         };
-        Plan::from_args(&args)
+        Plan::from_args(&args, None)
     }
 
     #[test]

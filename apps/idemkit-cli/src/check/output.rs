@@ -8,9 +8,26 @@ use serde::Serialize;
 use super::Plan;
 
 fn key_text(plan: &Plan) -> String {
-    match plan.config.template().key() {
-        KeyPlacement::Header(_) => format!("key in header {}", plan.key_header),
-        KeyPlacement::Field(pointer) => format!("key in body at {pointer}"),
+    match (plan.config.template().key(), &plan.grpc) {
+        (KeyPlacement::Header(h), Some(_)) => format!("key in metadata {h}"),
+        (KeyPlacement::Field(_), Some((_, Some(field)))) => format!("key in field {field} (a UUID4)"),
+        (KeyPlacement::Field(pointer), Some(_)) => format!("key in the message at {pointer}"),
+        (KeyPlacement::Header(_), None) => format!("key in header {}", plan.key_header),
+        (KeyPlacement::Field(pointer), None) => format!("key in body at {pointer}"),
+    }
+}
+
+/// `POST http://…/orders`, or `gRPC pkg.Service/Method at http://host:port`.
+fn target_text(plan: &Plan) -> String {
+    match &plan.grpc {
+        Some((method, _)) => format!(
+            "gRPC {method} at {}",
+            plan.url
+                .as_str()
+                .trim_end_matches(method.as_str())
+                .trim_end_matches('/')
+        ),
+        None => format!("{} {}", plan.config.template().method(), plan.url),
     }
 }
 
@@ -26,9 +43,8 @@ fn probe_text(plan: &Plan) -> String {
 pub(super) fn table(out: &mut impl Write, plan: &Plan, report: &Report) -> anyhow::Result<()> {
     writeln!(
         out,
-        "idemkit check: {} {} ({}; {}; {} at once)\n",
-        plan.config.template().method(),
-        plan.url,
+        "idemkit check: {} ({}; {}; {} at once)\n",
+        target_text(plan),
         key_text(plan),
         probe_text(plan),
         plan.config.concurrency()
@@ -40,7 +56,13 @@ pub(super) fn table(out: &mut impl Write, plan: &Plan, report: &Report) -> anyho
         .chain([4])
         .max()
         .unwrap_or(4);
-    let verdict_w = "inconclusive".len();
+    let verdict_w = report
+        .gates
+        .iter()
+        .map(|g| g.verdict.to_string().len())
+        .chain(["inconclusive".len()])
+        .max()
+        .unwrap_or(12);
     writeln!(out, "{:<gate_w$}  {:<verdict_w$}  evidence", "gate", "verdict")?;
     writeln!(out, "{:-<gate_w$}  {:-<verdict_w$}  {:-<8}", "", "", "")?;
     for g in &report.gates {
@@ -73,9 +95,13 @@ pub(super) fn table(out: &mut impl Write, plan: &Plan, report: &Report) -> anyho
             }
         }
     }
+    let not_applicable = match report.count(Verdict::NotApplicable) {
+        0 => String::new(),
+        n => format!(", {n} not applicable"),
+    };
     writeln!(
         out,
-        "\n{} gate(s): {} pass, {} fail, {} inconclusive → exit {}",
+        "\n{} gate(s): {} pass, {} fail, {} inconclusive{not_applicable} → exit {}",
         report.gates.len(),
         report.count(Verdict::Pass),
         report.count(Verdict::Fail),
@@ -96,6 +122,11 @@ struct JsonReport<'a> {
 
 #[derive(Serialize)]
 struct Target<'a> {
+    /// `http` or `grpc`.
+    protocol: &'static str,
+    /// The gRPC method (`pkg.Service/Method`), over gRPC.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    grpc_method: Option<&'a str>,
     method: &'a str,
     url: &'a str,
     key: String,
@@ -108,6 +139,8 @@ struct Target<'a> {
 pub(super) fn json(out: &mut impl Write, plan: &Plan, report: &Report) -> anyhow::Result<()> {
     let doc = JsonReport {
         target: Target {
+            protocol: if plan.grpc.is_some() { "grpc" } else { "http" },
+            grpc_method: plan.grpc.as_ref().map(|(m, _)| m.as_str()),
             method: plan.config.template().method().as_str(),
             url: plan.url.as_str(),
             key: key_text(plan),

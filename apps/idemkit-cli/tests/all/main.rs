@@ -13,6 +13,8 @@ mod cluster;
 mod courier;
 mod fixtures;
 mod grpc;
+#[cfg(feature = "grpc")]
+mod grpc_check;
 mod keys;
 mod labels;
 mod lint_openapi;

@@ -10,6 +10,7 @@ use serde_json::{Value, json};
 
 #[cfg(feature = "failpoints")]
 mod crash;
+mod docs;
 mod redis;
 mod serve;
 
