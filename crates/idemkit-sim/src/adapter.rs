@@ -19,12 +19,18 @@ pub fn account_of(token: &str) -> idemkit_core::Account {
 }
 
 /// The lease-mode (generic) layer every instance puts in front of its keyed
-/// lease-mode routes: the route policy, accounts from the bearer token.
-pub fn lease_layer(store: Arc<dyn KeyStore>) -> IdempotencyLayer {
-    IdempotencyLayer::lease(store, BearerTokenAccount::new(ACCOUNT_SECRET))
-        .policy(policy())
-        .build()
-        .expect("a valid layer")
+/// lease-mode routes: the route policy, accounts from the bearer token. With
+/// `replay_cache`, the layer keeps the answers it stored in process
+/// (`IdempotencyLayerBuilder::replay_cache`), so the cached replay path runs
+/// beside the store's own: the world turns it on for every other instance.
+pub fn lease_layer(store: Arc<dyn KeyStore>, replay_cache: bool) -> IdempotencyLayer {
+    let layer = IdempotencyLayer::lease(store, BearerTokenAccount::new(ACCOUNT_SECRET)).policy(policy());
+    let layer = if replay_cache {
+        layer.replay_cache(64)
+    } else {
+        layer
+    };
+    layer.build().expect("a valid layer")
 }
 
 /// The single-step layer over a SQL store handle (claim, business write and

@@ -148,7 +148,8 @@ impl Spec {
 
 /// The requests of a scenario: a request sent by two clients, another
 /// account's request under the same key, a different request under the first
-/// one's key (a mismatch), and a second key (single-step on SQLite).
+/// one's key (a mismatch), a second key (single-step on SQLite), and a plain
+/// lease-mode request with a mismatch of its own.
 pub fn scenario(store: StoreKind, always_panic: bool) -> Vec<Spec> {
     let second = match store {
         StoreKind::Sqlite | StoreKind::Postgres => "/order",
@@ -184,9 +185,20 @@ pub fn scenario(store: StoreKind, always_panic: bool) -> Vec<Spec> {
             item: "a2",
         },
     ];
+    // A plain lease-mode route whose answer the layer stores (and caches on
+    // the instances with a replay cache), and a different request under its key.
+    for item in ["e1", "e1-other"] {
+        specs.push(Spec {
+            id: specs.len(),
+            account: "acct-a",
+            key: "key-4",
+            path: "/echo",
+            item,
+        });
+    }
     if always_panic {
         specs.push(Spec {
-            id: 4,
+            id: specs.len(),
             account: "acct-c",
             key: "key-3",
             path: "/pay",
@@ -284,6 +296,19 @@ fn maybe_panic(shared: &Shared) {
 }
 
 type HandlerError = (StatusCode, String);
+
+/// A plain lease-mode handler (no phases, no downstream): its answer is
+/// stored by the layer itself, so the layer's own completion and its
+/// in-process replay cache run (a `Phases` handler completes the record
+/// itself). It echoes the request's marker.
+async fn echo(body: Bytes) -> Response {
+    let item = item_of(&body);
+    (
+        StatusCode::CREATED,
+        axum::Json(serde_json::json!({ "item": item })),
+    )
+        .into_response()
+}
 
 /// The lease-mode handler: a phase, a call to a downstream that ignores keys,
 /// a call to one that honours them, and the final phase, written with the real
@@ -476,13 +501,15 @@ impl World {
                     id,
                     self.log.clone(),
                 ))));
-                let app = Router::new().route("/pay", post(pay::<MemTx<Instrumented<Mutant<dyn KeyStore>>>>));
+                let app = Router::new()
+                    .route("/pay", post(pay::<MemTx<Instrumented<Mutant<dyn KeyStore>>>>))
+                    .route("/echo", post(echo));
                 let app = app
                     .with_state(AppState {
                         store: handle.clone(),
                         shared: self.shared.clone(),
                     })
-                    .layer(lease_layer(handle.clone()));
+                    .layer(lease_layer(handle.clone(), slot % 2 == 1));
                 Instance {
                     id,
                     store: handle,
@@ -500,11 +527,12 @@ impl World {
                 type H = Instrumented<Mutant<SqliteStore>>;
                 let pay_app = Router::new()
                     .route("/pay", post(pay::<H>))
+                    .route("/echo", post(echo))
                     .with_state(AppState {
                         store: handle.clone(),
                         shared: self.shared.clone(),
                     })
-                    .layer(lease_layer(handle.clone()));
+                    .layer(lease_layer(handle.clone(), slot % 2 == 1));
                 let order_app = Router::new()
                     .route("/order", post(order))
                     .with_state(OrderState {
@@ -534,11 +562,12 @@ impl World {
                 type H = MemTx<Instrumented<Mutant<RedisStore>>>;
                 let app = Router::new()
                     .route("/pay", post(pay::<H>))
+                    .route("/echo", post(echo))
                     .with_state(AppState {
                         store: handle.clone(),
                         shared: self.shared.clone(),
                     })
-                    .layer(lease_layer(handle.clone()));
+                    .layer(lease_layer(handle.clone(), slot % 2 == 1));
                 Instance {
                     id,
                     store: handle,
@@ -558,11 +587,12 @@ impl World {
                 type H = Instrumented<Mutant<PgStore>>;
                 let pay_app = Router::new()
                     .route("/pay", post(pay::<H>))
+                    .route("/echo", post(echo))
                     .with_state(AppState {
                         store: handle.clone(),
                         shared: self.shared.clone(),
                     })
-                    .layer(lease_layer(handle.clone()));
+                    .layer(lease_layer(handle.clone(), slot % 2 == 1));
                 let order_app = Router::new()
                     .route("/order", post(order_pg))
                     .with_state(OrderState {

@@ -214,7 +214,9 @@ impl IdempotencyLayerBuilder {
     /// share a store it only serves retries that reach the instance that stored
     /// the answer (the store answers the rest, identically). A completed record
     /// does not change within its window, so the cache never answers differently
-    /// from the store.
+    /// from the store. It holds only answers the layer stores itself: a handler
+    /// written with `Phases` completes its record in its final phase, so its
+    /// retries are answered by the store.
     pub fn replay_cache(mut self, capacity: usize) -> Self {
         self.replay_cache = Some(capacity);
         self
