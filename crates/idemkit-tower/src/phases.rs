@@ -33,12 +33,16 @@ use crate::{IdempotencyContext, Override, ProblemResponse};
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum PhaseError<E> {
-    /// The phase's own work failed; its transaction rolled back.
-    #[error("phase failed: {0}")]
-    Work(E),
-    /// The external call failed (see [`CallError`] for whether it may have run).
-    #[error("external call failed: {0}")]
-    Call(E),
+    /// The phase's own work failed; its transaction rolled back. The handler's
+    /// error is the [`source`](std::error::Error::source), not repeated in the
+    /// message.
+    #[error("phase failed")]
+    Work(#[source] E),
+    /// The external call failed, with whether it may have run: a
+    /// [`CallError::NotExecuted`] call's intent was withdrawn, a
+    /// [`CallError::Unknown`] call's intent stays for the next attempt.
+    #[error(transparent)]
+    Call(CallError<E>),
     /// The request was parked for human review: an earlier attempt recorded the
     /// intent to call a downstream that does not honour idempotency keys, and its
     /// result is unknown.
@@ -69,7 +73,7 @@ impl<E> PhaseError<E> {
     pub fn map_work<F>(self, f: impl FnOnce(E) -> F) -> PhaseError<F> {
         match self {
             Self::Work(e) => PhaseError::Work(f(e)),
-            Self::Call(e) => PhaseError::Call(f(e)),
+            Self::Call(e) => PhaseError::Call(e.map(f)),
             Self::Parked(r) => PhaseError::Parked(r),
             Self::Store(e) => PhaseError::Store(e),
             Self::Output(s, e) => PhaseError::Output(s, e),
@@ -82,7 +86,8 @@ impl<E: IntoResponse> IntoResponse for PhaseError<E> {
     /// Parked and lease-lost answers leave the record as it is.
     fn into_response(self) -> Response {
         match self {
-            Self::Work(e) | Self::Call(e) => e.into_response(),
+            Self::Work(e) => e.into_response(),
+            Self::Call(e) => e.into_inner().into_response(),
             Self::Parked(reason) => (
                 Override::Settled,
                 axum::Extension(Settled(outcome::PARKED)),
@@ -110,19 +115,41 @@ impl<E: IntoResponse> IntoResponse for PhaseError<E> {
     }
 }
 
-/// How an external call failed.
-#[derive(Debug)]
+/// How an external call failed: the downstream's error, and whether the call
+/// may have taken effect.
+#[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum CallError<E> {
     /// The call certainly did not take effect (connection refused, a definite
     /// rejection): the intent is withdrawn and a later attempt may call again.
-    NotExecuted(E),
+    #[error("external call did not take effect")]
+    NotExecuted(#[source] E),
     /// The call may have taken effect (timeout, reset after sending): the intent
     /// stays, and a later attempt re-issues it only if the downstream honours keys.
-    Unknown(E),
+    #[error("external call may have taken effect")]
+    Unknown(#[source] E),
 }
 
 impl<E> CallError<E> {
+    /// Whether the call may have taken effect ([`CallError::Unknown`]).
+    pub fn may_have_run(&self) -> bool {
+        matches!(self, Self::Unknown(_))
+    }
+
+    /// The downstream's error.
+    pub fn inner(&self) -> &E {
+        match self {
+            Self::NotExecuted(e) | Self::Unknown(e) => e,
+        }
+    }
+
+    /// The downstream's error, dropping whether the call may have run.
+    pub fn into_inner(self) -> E {
+        match self {
+            Self::NotExecuted(e) | Self::Unknown(e) => e,
+        }
+    }
+
     /// Maps the error inside, keeping whether the call may have run.
     pub fn map<F>(self, f: impl FnOnce(E) -> F) -> CallError<F> {
         match self {
@@ -430,9 +457,9 @@ impl<S: TransactionalStore> Phases<S> {
                 let tx = self.begin_fenced().await?;
                 self.commit_progress(tx, name, json!({ "withdrawn": true }), false)
                     .await?;
-                Err(PhaseError::Call(e))
+                Err(PhaseError::Call(CallError::NotExecuted(e)))
             }
-            Err(CallError::Unknown(e)) => Err(PhaseError::Call(e)),
+            Err(e @ CallError::Unknown(_)) => Err(PhaseError::Call(e)),
         }
     }
 
@@ -564,5 +591,43 @@ fn phase_outcome<T, E>(saved: bool, result: &Result<T, PhaseError<E>>) -> &'stat
         Ok(_) if saved => "saved",
         Ok(_) => "done",
         Err(e) => e.label(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error as _;
+
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("courier refused")]
+    struct Courier;
+
+    /// Each cause once in a chain, and whether the call may have run kept.
+    #[test]
+    fn phase_errors_keep_their_source_and_whether_the_call_may_have_run() {
+        let work: PhaseError<Courier> = PhaseError::Work(Courier);
+        assert_eq!(work.to_string(), "phase failed");
+        assert_eq!(
+            work.source().map(ToString::to_string).as_deref(),
+            Some("courier refused")
+        );
+
+        let call: PhaseError<Courier> = PhaseError::Call(CallError::Unknown(Courier));
+        assert_eq!(call.to_string(), "external call may have taken effect");
+        assert_eq!(
+            call.source().map(ToString::to_string).as_deref(),
+            Some("courier refused")
+        );
+        let PhaseError::Call(inner) = call.map_work(|_| "mapped") else {
+            panic!("map_work keeps the variant")
+        };
+        assert!(inner.may_have_run());
+        assert_eq!(*inner.inner(), "mapped");
+
+        let refused = CallError::NotExecuted(Courier);
+        assert!(!refused.may_have_run());
+        assert_eq!(refused.to_string(), "external call did not take effect");
     }
 }

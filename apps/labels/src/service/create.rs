@@ -70,12 +70,14 @@ impl Booked {
     fn of(booked: Result<Shipment, PhaseError<CourierFailure>>) -> Result<Self, PhaseError<Problem>> {
         match booked {
             Ok(s) => Ok(Self::Created(s)),
-            Err(PhaseError::Call(CourierFailure::Rejected(e))) => Ok(Self::Rejected(e)),
-            Err(PhaseError::Call(CourierFailure::Transient(message))) => Ok(Self::Transient(LabelError {
-                code: "courier_unavailable".into(),
-                message,
-                retryable: true,
-            })),
+            Err(PhaseError::Call(call)) => match call.into_inner() {
+                CourierFailure::Rejected(e) => Ok(Self::Rejected(e)),
+                CourierFailure::Transient(message) => Ok(Self::Transient(LabelError {
+                    code: "courier_unavailable".into(),
+                    message,
+                    retryable: true,
+                })),
+            },
             Err(other) => Err(other.map_work(|e| internal(format!("{e:?}")))),
         }
     }

@@ -55,7 +55,8 @@ fn status(p: &Problem) -> Status {
 /// the phases already settled as it is.
 fn phase_status(e: PhaseError<Problem>) -> Status {
     match e {
-        PhaseError::Work(p) | PhaseError::Call(p) => status(&p),
+        PhaseError::Work(p) => status(&p),
+        PhaseError::Call(call) => status(call.inner()),
         PhaseError::Parked(reason) => with_outcome(
             status(&Problem::new(idemkit_core::ErrorCode::RequestParked, reason)),
             Override::Settled,

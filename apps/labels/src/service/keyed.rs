@@ -136,18 +136,10 @@ impl KeyedPhases {
             Err(err) => {
                 // Only a call that certainly did not run withdraws its intent;
                 // anything else (`Unknown`) keeps it, to be re-issued.
-                let not_executed = matches!(err, CallError::NotExecuted(_));
-                let mut inner = None;
-                let _ = err.map(|e| inner = Some(e));
-                let Some(e) = inner else {
-                    return Err(PhaseError::Store(StoreError::Unsupported(
-                        "a call error without its cause",
-                    )));
-                };
-                if not_executed {
+                if !err.may_have_run() {
                     self.record(name, json!({ "withdrawn": true }), false).await?;
                 }
-                Err(PhaseError::Call(e))
+                Err(PhaseError::Call(err))
             }
         }
     }
