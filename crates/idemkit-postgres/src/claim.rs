@@ -526,6 +526,7 @@ impl PgStore {
             Resolution::Settled(outcome) => return Ok(outcome),
         };
         fail::fail_point!("idemkit_postgres::claim::before_move");
+        self.test_pause("claim::before_move").await;
         attempt.takeover.store(takeover, Ordering::Relaxed);
         match self
             .move_claim(&mut *conn, req, &existing, now, takeover, Some(attempt))

@@ -98,6 +98,8 @@ pub struct PgStore {
     clock: Arc<dyn Clock>,
     /// Replaces the database's clock in every statement (tests only).
     test_clock: Option<Arc<dyn Clock>>,
+    /// Awaited at named points inside an operation (tests only).
+    test_pause: Option<PauseHook>,
     config: Arc<PgConfig>,
     /// Keys this process claimed in single-step mode lately: which way to open
     /// the next claim of a key (see `recent`).
@@ -105,6 +107,11 @@ pub struct PgStore {
     changes: broadcast::Sender<(String, String)>,
     _listener: Arc<AbortOnDrop>,
 }
+
+/// An async pause at a named point inside an operation (tests only).
+type PauseHook = Arc<
+    dyn Fn(&'static str) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> + Send + Sync,
+>;
 
 impl std::fmt::Debug for PgStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -136,9 +143,46 @@ impl PgStore {
         self
     }
 
+    /// Awaits `pause(point)` at named points inside an operation, between two
+    /// statements that another actor may act between: today
+    /// `claim::before_move`, after a lease-mode claim read a record it may
+    /// take over and before its compare-and-swap, and `retry`, which replaces
+    /// the backoff sleep before an operation's next attempt (after a
+    /// compare-and-swap found the record changed, say). For a scheduler that decides
+    /// who runs there (the simulator); never in production. A test hook behind
+    /// the `testing` feature, outside the semver promise.
+    #[cfg(feature = "testing")]
+    pub fn with_test_pause(
+        mut self,
+        pause: impl Fn(&'static str) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>
+        + Send
+        + Sync
+        + 'static,
+    ) -> Self {
+        self.test_pause = Some(Arc::new(pause));
+        self
+    }
+
     /// The test clock's time, bound where SQL reads the store's clock.
     fn test_now(&self) -> Option<i64> {
         self.test_clock.as_ref().map(|c| c.now().0)
+    }
+
+    /// The test pause at `point`, if one is set (see `with_test_pause`).
+    async fn test_pause(&self, point: &'static str) {
+        if let Some(pause) = &self.test_pause {
+            pause(point).await;
+        }
+    }
+
+    /// The wait before an operation's next attempt: the test pause at
+    /// `retry` instead when one is set (the scheduler then decides when the
+    /// attempt runs; a sleep inside a store call would stall it).
+    async fn backoff(&self, backoff: std::time::Duration) {
+        match &self.test_pause {
+            Some(pause) => pause("retry").await,
+            None => tokio::time::sleep(backoff).await,
+        }
     }
 
     /// The pool, for the application's own queries.

@@ -126,6 +126,7 @@ impl PgStore {
             pool,
             clock: Arc::new(SystemClock),
             test_clock: None,
+            test_pause: None,
             config: Arc::new(config),
             recent: Arc::new(crate::recent::RecentKeys::new()),
             changes,

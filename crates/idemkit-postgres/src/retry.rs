@@ -55,10 +55,8 @@ impl PgStore {
                 Err(Retry::Transient(e)) if attempt < self.config.max_attempts => {
                     tracing::debug!(error = %e, attempt, "idemkit-postgres: retrying after a transient conflict");
                     let pause = 5u64 << attempt;
-                    tokio::time::sleep(Duration::from_millis(
-                        pause / 2 + pause * u64::from(attempt % 2) / 2,
-                    ))
-                    .await;
+                    let backoff = Duration::from_millis(pause / 2 + pause * u64::from(attempt % 2) / 2);
+                    self.backoff(backoff).await;
                     attempt += 1;
                 }
                 Err(Retry::Transient(e)) => return Err(StoreError::Unavailable(Box::new(e))),

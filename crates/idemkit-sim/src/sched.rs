@@ -79,6 +79,9 @@ pub enum Phase {
     Before,
     /// After the store answered, before the caller sees the answer.
     After,
+    /// Inside a running store call, between two of its statements (where the
+    /// store's test hook pauses): only a crash is drawn here.
+    Inside,
 }
 
 /// What the driver hands a released task.
@@ -373,6 +376,35 @@ impl Sched {
         }
     }
 
+    /// A yield point inside a running store call of `instance` (the store's
+    /// test pause between two statements): while parked the call does not
+    /// count as running, so the driver releases another task at once instead
+    /// of waiting for it; the driver may also crash the instance here, which
+    /// drops the call half-way, as a process that dies between two statements.
+    pub async fn inside(self: &Arc<Self>, instance: usize, op: &'static str) {
+        struct Back(Option<Arc<Sched>>);
+        impl Drop for Back {
+            fn drop(&mut self) {
+                if let Some(s) = &self.0 {
+                    let mut g = s.lock();
+                    g.in_store += 1;
+                    g.progress += 1;
+                }
+            }
+        }
+        let _back = {
+            let mut g = self.lock();
+            if g.in_store > 0 {
+                g.in_store -= 1;
+                g.progress += 1;
+                Back(Some(self.clone()))
+            } else {
+                Back(None)
+            }
+        };
+        let _ = self.point(instance, Phase::Inside, op).await;
+    }
+
     /// The yield point before a call of `instance` (a store call or an
     /// actor's own I/O): waits out a freeze of the instance, parks, and
     /// returns the permit (a drawn freeze already waited out).
@@ -623,6 +655,7 @@ impl Sched {
                 }
                 Some(Permit::Go)
             }
+            Phase::Inside => Some(Permit::Go),
             Phase::After => {
                 if g.rng.chance(f.lose_reply) {
                     g.faults_injected += 1;

@@ -577,7 +577,16 @@ impl World {
             Backing::Postgres { store, mutation, .. } => {
                 // The database's clock is shared; only the mutant skews it.
                 let skew = if skew > 1000 { skew } else { 0 };
-                let inner = store.clone().with_test_clock(Arc::new(self.clock.skewed(skew)));
+                // A yield point between the lease claim's read and its
+                // compare-and-swap, where another actor may act.
+                let sched = self.sched.clone();
+                let inner = store
+                    .clone()
+                    .with_test_clock(Arc::new(self.clock.skewed(skew)))
+                    .with_test_pause(move |point| {
+                        let sched = sched.clone();
+                        Box::pin(async move { sched.inside(id, point).await })
+                    });
                 let handle = Arc::new(Instrumented::new(
                     Arc::new(Mutant::new(Arc::new(inner), *mutation)),
                     self.sched.clone(),
@@ -842,7 +851,13 @@ async fn open_postgres(seed: u64) -> Result<(PgStore, String), String> {
     let url = std::env::var("IDEMKIT_TEST_POSTGRES_URL")
         .map_err(|_| "set IDEMKIT_TEST_POSTGRES_URL to simulate PostgreSQL".to_owned())?;
     let schema = format!("idemkit_sim_{}_{seed:x}", std::process::id());
-    let config = PgConfig::default().with_schema(schema.clone());
+    // One pool for every instance, with room for each actor's connection: a
+    // call parked inside a claim (the store's test pause) keeps its
+    // connection, and one waiting on the pool is a wait the scheduler cannot
+    // see (it would only slow every schedule).
+    let config = PgConfig::default()
+        .with_schema(schema.clone())
+        .with_max_connections(32);
     let store = PgStore::connect_with(&url, config)
         .await
         .map_err(|e| e.to_string())?;
