@@ -1036,6 +1036,9 @@ async fn run_inner(config: &Config) -> Outcome {
 
     let specs = scenario(config.store, config.always_panic);
     let mut violations = Vec::new();
+    // Every record is completed after this instant, so it is still inside
+    // its replay window until this instant plus the window.
+    let started = tokio::time::Instant::now();
 
     // Phase 1: clients (two for the first request), jobs and the operator, with faults.
     let mut handles = Vec::new();
@@ -1104,6 +1107,29 @@ async fn run_inner(config: &Config) -> Outcome {
     let handles = vec![finals];
     if let Err(e) = drive(&sched, || all_done(&handles), Duration::from_secs(900)).await {
         violations.push(Violation::stuck(format!("final requests did not finish: {e}")));
+    }
+    // Phase 4: every request once more, late but inside every record's
+    // window (nine tenths of it after the run began, before any record was
+    // completed): each must replay its stored answer. A store that measures
+    // the window short (by more than about a tenth plus the run's length)
+    // runs the request again instead, which the checker sees as a reopened
+    // record, a second effect or another answer.
+    let late = {
+        let world = world.clone();
+        let specs = specs.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep_until(started + policy().replay_window * 9 / 10).await;
+            world
+                .sched
+                .note(|| format!("late replays at +{:?}", clock_elapsed(&world.clock)));
+            for s in &specs {
+                world.send(s, true).await;
+            }
+        })
+    };
+    let handles = vec![late];
+    if let Err(e) = drive(&sched, || all_done(&handles), Duration::from_secs(900)).await {
+        violations.push(Violation::stuck(format!("late replays did not finish: {e}")));
     }
     let answers = world.answers.lock().unwrap_or_else(|p| p.into_inner()).clone();
     let events = log.lock().unwrap_or_else(|p| p.into_inner()).clone();
