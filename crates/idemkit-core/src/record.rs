@@ -353,6 +353,90 @@ mod tests {
         }
     }
 
+    /// The persisted names are the ones every store's schema and script
+    /// compare against, and each parses back to its state.
+    #[test]
+    fn persisted_state_names_round_trip() {
+        let states = [
+            (RecordState::InFlight, "in_flight"),
+            (RecordState::Completed, "completed"),
+            (RecordState::Released, "released"),
+            (RecordState::Parked, "parked"),
+        ];
+        for (state, name) in states {
+            assert_eq!(state.as_str(), name);
+            assert_eq!(RecordState::parse(name), Some(state));
+        }
+        assert_eq!(RecordState::parse("IN_FLIGHT"), None);
+        assert_eq!(RecordState::parse(""), None);
+    }
+
+    /// A recovery point alone, or a step output alone, is progress: either
+    /// keeps the record resumable instead of released.
+    #[test]
+    fn either_a_recovery_point_or_a_step_output_is_progress() {
+        let mut r = Record {
+            scope: crate::Scope::new(crate::Account::new("a"), crate::IdempotencyKey::parse("k").unwrap()),
+            fingerprint: Fingerprinter::new().compute("POST", "/", b""),
+            state: RecordState::InFlight,
+            created_at: Millis(0),
+            completed_at: None,
+            lease_expires_at: Millis(0),
+            fencing_token: FencingToken(1),
+            recovery_point: None,
+            step_outputs: BTreeMap::new(),
+            request: StoredRequest {
+                method: "POST".into(),
+                path: "/".into(),
+                headers: Vec::new(),
+                body: Vec::new(),
+            },
+            response: None,
+            last_error: None,
+        };
+        assert!(!r.has_progress());
+        r.recovery_point = Some("booked".into());
+        assert!(r.has_progress());
+        r.recovery_point = None;
+        r.step_outputs.insert("courier".into(), serde_json::json!({ "intent": "k:courier" }));
+        assert!(r.has_progress());
+    }
+
+    /// Header lists persist as JSON and come back byte for byte (values
+    /// that are not UTF-8 included); anything else is a corrupt record.
+    #[test]
+    fn header_lists_round_trip_through_their_persisted_form() {
+        let headers = vec![
+            StoredHeader {
+                name: "location".into(),
+                value: b"/labels/1".to_vec(),
+            },
+            StoredHeader {
+                name: "x-raw".into(),
+                value: vec![0xff, 0x00, b'a'],
+            },
+        ];
+        let encoded = StoredHeader::encode_list(&headers).unwrap();
+        assert!(encoded.contains("location"), "{encoded}");
+        assert_eq!(StoredHeader::decode_list(&encoded).unwrap(), headers);
+        assert_eq!(StoredHeader::decode_list("[]").unwrap(), Vec::new());
+        assert!(matches!(
+            StoredHeader::decode_list("{not json"),
+            Err(crate::StoreError::Corrupt(_))
+        ));
+    }
+
+    /// The derivation is a promise to every downstream: a request resumed by
+    /// a later release must send the key the first attempt sent, so the
+    /// value is pinned (SHA-256 over the length-prefixed parts, 32 hex digits).
+    #[test]
+    fn downstream_keys_are_pinned_and_print_as_sent() {
+        let scope = crate::Scope::new(crate::Account::new("acct"), crate::IdempotencyKey::parse("k1").unwrap());
+        let key = DownstreamKey::derive(&scope, Millis(1), "courier");
+        assert_eq!(key.as_str(), "a4c421f001d45fd1f18d2334dd8f1e0a");
+        assert_eq!(key.to_string(), key.as_str());
+    }
+
     #[test]
     fn state_machine() {
         let f = Fingerprinter::new();
