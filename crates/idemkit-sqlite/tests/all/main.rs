@@ -121,6 +121,30 @@ async fn advance_in_a_single_step_claim_is_unsupported() {
         .unwrap();
 }
 
+/// A single-step completion whose insert fails for any reason but another
+/// process's row (here the database refuses writes) is that failure, not a
+/// `Conflict`: a conflict tells the engine to read the other row and answer
+/// from it, which would hide a database that cannot write.
+#[tokio::test]
+async fn a_completion_that_cannot_write_is_not_a_conflict() {
+    use idemkit_core::{StoreError, TransactionalStore, TxClaim};
+    use idemkit_testkit::suite::{claim_req, response, scope};
+    let store = fresh(Arc::new(ManualClock::new())).await;
+    let s = scope("a", "read-only-at-commit");
+    let TxClaim::Claimed { mut tx, lease } = store.claim_in_tx(&claim_req(&s, "{}")).await.unwrap() else {
+        panic!("claims")
+    };
+    sqlx::query("PRAGMA query_only = ON")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let err = store
+        .complete_in_tx(tx, &s, lease.token, &response(201, "ok"))
+        .await
+        .expect_err("a read-only database cannot take the record");
+    assert!(!matches!(err, StoreError::Conflict), "{err:?}");
+}
+
 /// A database created before the lifecycle migration keeps its records and
 /// gains the `parked` state and the review table.
 #[tokio::test]
