@@ -376,7 +376,10 @@ mod tests {
     #[test]
     fn either_a_recovery_point_or_a_step_output_is_progress() {
         let mut r = Record {
-            scope: crate::Scope::new(crate::Account::new("a"), crate::IdempotencyKey::parse("k").unwrap()),
+            scope: crate::Scope::new(
+                crate::Account::new("a"),
+                crate::IdempotencyKey::parse("k").unwrap(),
+            ),
             fingerprint: Fingerprinter::new().compute("POST", "/", b""),
             state: RecordState::InFlight,
             created_at: Millis(0),
@@ -398,7 +401,8 @@ mod tests {
         r.recovery_point = Some("booked".into());
         assert!(r.has_progress());
         r.recovery_point = None;
-        r.step_outputs.insert("courier".into(), serde_json::json!({ "intent": "k:courier" }));
+        r.step_outputs
+            .insert("courier".into(), serde_json::json!({ "intent": "k:courier" }));
         assert!(r.has_progress());
     }
 
@@ -431,7 +435,10 @@ mod tests {
     /// value is pinned (SHA-256 over the length-prefixed parts, 32 hex digits).
     #[test]
     fn downstream_keys_are_pinned_and_print_as_sent() {
-        let scope = crate::Scope::new(crate::Account::new("acct"), crate::IdempotencyKey::parse("k1").unwrap());
+        let scope = crate::Scope::new(
+            crate::Account::new("acct"),
+            crate::IdempotencyKey::parse("k1").unwrap(),
+        );
         let key = DownstreamKey::derive(&scope, Millis(1), "courier");
         assert_eq!(key.as_str(), "a4c421f001d45fd1f18d2334dd8f1e0a");
         assert_eq!(key.to_string(), key.as_str());

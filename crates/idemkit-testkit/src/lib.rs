@@ -84,7 +84,9 @@ macro_rules! __tx_cases {
             dropped_transaction_rolls_back_claim_and_writes,
             stale_token_cannot_open_a_transaction,
             fenced_completion_rolls_back_business_writes,
-            concurrent_single_step_requests_write_once
+            concurrent_single_step_requests_write_once,
+            single_step_claim_over_a_record_raises_its_token,
+            single_step_takeover_keeps_progress
         }
     };
 }

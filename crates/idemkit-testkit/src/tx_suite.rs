@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use idemkit_core::{ClaimOutcome, StoreError, TransactionalStore, TxClaim};
+use idemkit_core::{ClaimOutcome, PhaseUpdate, StoreError, TransactionalStore, TxClaim};
 
 use crate::ManualClock;
 use crate::suite::{LEASE, claim_req, must_claim, response, scope};
@@ -202,4 +202,62 @@ pub async fn concurrent_single_step_requests_write_once<S, P>(
     }
     assert_eq!(executed, 1);
     assert_eq!(probe.count("tx-race").await, 1);
+}
+
+/// A single-step claim over an existing record (here a released one) takes a
+/// token above that record's, so fencing tokens keep growing for the key.
+pub async fn single_step_claim_over_a_record_raises_its_token<S, P>(
+    store: Arc<S>,
+    _probe: P,
+    _clock: Arc<ManualClock>,
+) where
+    S: TransactionalStore,
+    P: BusinessProbe<S>,
+{
+    let s = scope("acct-a", "tx-token");
+    let req = claim_req(&s, "{}");
+    let a = must_claim(&*store, &req).await;
+    store.release(&s, a.token).await.unwrap();
+    let seen = store
+        .get(&s)
+        .await
+        .unwrap()
+        .expect("a released record")
+        .fencing_token;
+    let (tx, lease) = claim_tx(&*store, &req).await;
+    assert!(lease.token > seen, "token {:?} after {seen:?}", lease.token);
+    store
+        .complete_in_tx(tx, &s, lease.token, &response(201, "ok"))
+        .await
+        .unwrap();
+    assert_eq!(store.get(&s).await.unwrap().unwrap().fencing_token, lease.token);
+}
+
+/// A single-step takeover of a lapsed attempt that recorded progress resumes
+/// from it and keeps it in the completed record.
+pub async fn single_step_takeover_keeps_progress<S, P>(store: Arc<S>, _probe: P, clock: Arc<ManualClock>)
+where
+    S: TransactionalStore,
+    P: BusinessProbe<S>,
+{
+    let s = scope("acct-a", "tx-keep");
+    let req = claim_req(&s, "{}");
+    let a = must_claim(&*store, &req).await;
+    let mut tx = store.begin_fenced(&s, a.token).await.unwrap();
+    let update = PhaseUpdate {
+        recovery_point: "booked".into(),
+        step: Some(("courier".into(), serde_json::json!({ "done": "TRK-1" }))),
+    };
+    store.advance_in_tx(&mut tx, &s, a.token, &update).await.unwrap();
+    store.commit(tx).await.unwrap();
+    clock.advance(LEASE * 2);
+    let (tx, lease) = claim_tx(&*store, &req).await;
+    assert_eq!(lease.resumed_from.as_deref(), Some("booked"));
+    store
+        .complete_in_tx(tx, &s, lease.token, &response(201, "ok"))
+        .await
+        .unwrap();
+    let r = store.get(&s).await.unwrap().unwrap();
+    assert_eq!(r.recovery_point.as_deref(), Some("booked"));
+    assert!(r.step_outputs.contains_key("courier"), "{:?}", r.step_outputs);
 }
