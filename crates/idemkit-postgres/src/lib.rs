@@ -108,10 +108,11 @@ pub struct PgStore {
     _listener: Arc<AbortOnDrop>,
 }
 
+/// What a test pause awaits (see `PgStore::with_test_pause`).
+type PauseFuture = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+
 /// An async pause at a named point inside an operation (tests only).
-type PauseHook = Arc<
-    dyn Fn(&'static str) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> + Send + Sync,
->;
+type PauseHook = Arc<dyn Fn(&'static str) -> PauseFuture + Send + Sync>;
 
 impl std::fmt::Debug for PgStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -154,10 +155,7 @@ impl PgStore {
     #[cfg(feature = "testing")]
     pub fn with_test_pause(
         mut self,
-        pause: impl Fn(&'static str) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>
-        + Send
-        + Sync
-        + 'static,
+        pause: impl Fn(&'static str) -> PauseFuture + Send + Sync + 'static,
     ) -> Self {
         self.test_pause = Some(Arc::new(pause));
         self
