@@ -24,7 +24,8 @@
 //! default) by 16 tasks, with a reaper pass every `keep / 4` deleting what was
 //! completed more than `keep` (a fifth of the run) ago; the store's size
 //! (SQLite: the database file and its WAL; PostgreSQL: the key table with its
-//! indexes and TOAST, `pg_total_relation_size`, autovacuum as configured;
+//! indexes and TOAST, `pg_total_relation_size`, with autovacuum, or, where
+//! the server has it off, a `VACUUM` of the table after each reaper pass;
 //! Redis: `used_memory`) is sampled twenty times. It **levels off** when the
 //! largest sample of the last quarter is within 15 % of the largest of the
 //! second quarter.
@@ -143,6 +144,18 @@ impl Backend {
                     .expect("used_memory")
             }
         }
+    }
+
+    /// PostgreSQL with autovacuum off on the server (the server's setting):
+    /// the pool and table the sustained run vacuums after each reaper pass, as
+    /// autovacuum would; `None` otherwise.
+    async fn vacuum_for_autovacuum(&self) -> Option<(sqlx::PgPool, String)> {
+        let Self::Postgres { store, schema } = self else { return None };
+        let on: String = sqlx::query_scalar("SHOW autovacuum")
+            .fetch_one(store.pool())
+            .await
+            .expect("SHOW autovacuum");
+        (on != "on").then(|| (store.pool().clone(), format!("{schema}.idemkit_keys")))
     }
 
     async fn cleanup(self) {
@@ -366,6 +379,10 @@ async fn levels(kind: &str, backend: &Backend, run: Duration) {
     let keep = run / 5;
     let stop = Arc::new(AtomicBool::new(false));
     let loader = tokio::spawn(load(store.clone(), "level", None, stop.clone()));
+    let vacuum = backend.vacuum_for_autovacuum().await;
+    if vacuum.is_some() {
+        println!("{kind}: autovacuum is off on this server: the run vacuums the key table after each reaper pass");
+    }
     let reaper = {
         let (store, stop) = (store.clone(), stop.clone());
         tokio::spawn(async move {
@@ -374,6 +391,11 @@ async fn levels(kind: &str, backend: &Backend, run: Duration) {
                 tokio::time::sleep(keep / 4).await;
                 let before = Millis(store.now().0 - keep.as_millis() as i64);
                 deleted += store.reap(before).await.expect("reap").deleted;
+                if let Some((pool, table)) = &vacuum {
+                    // The table name is ours (`idemkit_scale_<tag>_<pid>`), not input.
+                    let sql = sqlx::AssertSqlSafe(format!("VACUUM {table}"));
+                    sqlx::query(sql).execute(pool).await.expect("VACUUM");
+                }
             }
             deleted
         })
