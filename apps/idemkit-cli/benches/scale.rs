@@ -150,7 +150,9 @@ impl Backend {
     /// the pool and table the sustained run vacuums after each reaper pass, as
     /// autovacuum would; `None` otherwise.
     async fn vacuum_for_autovacuum(&self) -> Option<(sqlx::PgPool, String)> {
-        let Self::Postgres { store, schema } = self else { return None };
+        let Self::Postgres { store, schema } = self else {
+            return None;
+        };
         let on: String = sqlx::query_scalar("SHOW autovacuum")
             .fetch_one(store.pool())
             .await
@@ -381,7 +383,9 @@ async fn levels(kind: &str, backend: &Backend, run: Duration) {
     let loader = tokio::spawn(load(store.clone(), "level", None, stop.clone()));
     let vacuum = backend.vacuum_for_autovacuum().await;
     if vacuum.is_some() {
-        println!("{kind}: autovacuum is off on this server: the run vacuums the key table after each reaper pass");
+        println!(
+            "{kind}: autovacuum is off on this server: the run vacuums the key table after each reaper pass"
+        );
     }
     let reaper = {
         let (store, stop) = (store.clone(), stop.clone());
