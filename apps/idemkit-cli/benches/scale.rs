@@ -53,19 +53,9 @@ const BODY: &str = r#"{"sku":"SKU-1","quantity":2}"#;
 /// A store under test, with what the bench needs beside the trait: its size
 /// and its cleanup.
 enum Backend {
-    Sqlite {
-        store: SqliteStore,
-        dir: PathBuf,
-    },
-    Postgres {
-        store: PgStore,
-        schema: String,
-    },
-    Redis {
-        store: RedisStore,
-        url: String,
-        prefix: String,
-    },
+    Sqlite { store: SqliteStore, dir: PathBuf },
+    Postgres { store: PgStore, schema: String },
+    Redis { store: RedisStore, url: String },
 }
 
 impl Backend {
@@ -98,11 +88,10 @@ impl Backend {
                 let url = std::env::var("IDEMKIT_TEST_REDIS_URL")
                     .map_err(|_| "IDEMKIT_TEST_REDIS_URL is not set".to_owned())?;
                 let prefix = format!("idemkit-scale:{unique}:");
-                let store =
-                    RedisStore::connect_with(&url, RedisConfig::default().with_prefix(prefix.clone()))
-                        .await
-                        .map_err(|e| e.to_string())?;
-                Ok(Self::Redis { store, url, prefix })
+                let store = RedisStore::connect_with(&url, RedisConfig::default().with_prefix(prefix))
+                    .await
+                    .map_err(|e| e.to_string())?;
+                Ok(Self::Redis { store, url })
             }
             other => Err(format!("no store named {other}")),
         }
@@ -170,31 +159,8 @@ impl Backend {
                 let sql = sqlx::AssertSqlSafe(format!("DROP SCHEMA IF EXISTS {schema} CASCADE"));
                 let _ = sqlx::query(sql).execute(store.pool()).await;
             }
-            Self::Redis { url, prefix, .. } => {
-                let mut c = redis_conn(&url).await;
-                let mut cursor = 0u64;
-                loop {
-                    let (next, names): (u64, Vec<String>) = redis::cmd("SCAN")
-                        .arg(cursor)
-                        .arg("MATCH")
-                        .arg(format!("{prefix}*"))
-                        .arg("COUNT")
-                        .arg(10_000)
-                        .query_async(&mut c)
-                        .await
-                        .expect("SCAN");
-                    if !names.is_empty() {
-                        let _: () = redis::cmd("UNLINK")
-                            .arg(&names)
-                            .query_async(&mut c)
-                            .await
-                            .expect("UNLINK");
-                    }
-                    if next == 0 {
-                        break;
-                    }
-                    cursor = next;
-                }
+            Self::Redis { store, .. } => {
+                store.clear_prefix().await.expect("clear the bench's prefix");
             }
         }
     }

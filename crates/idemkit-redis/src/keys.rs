@@ -84,7 +84,7 @@ pub(crate) fn token_key(prefix: &str, scope: &Scope) -> String {
 }
 
 /// Escapes the glob metacharacters of `MATCH` patterns.
-fn push_glob_literal(s: &str, out: &mut String) {
+pub(crate) fn push_glob_literal(s: &str, out: &mut String) {
     for c in s.chars() {
         if matches!(c, '*' | '?' | '[' | ']' | '\\') {
             out.push('\\');

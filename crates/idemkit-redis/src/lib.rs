@@ -196,6 +196,23 @@ impl RedisStore {
         self
     }
 
+    /// Deletes every key under this handle's prefix (records, review list,
+    /// token marks), for a test or bench that made the prefix its own. A test
+    /// hook behind the `testing` feature, outside the semver promise.
+    #[cfg(feature = "testing")]
+    pub async fn clear_prefix(&self) -> StoreResult<()> {
+        let mut pattern = String::new();
+        keys::push_glob_literal(&self.config.key_prefix, &mut pattern);
+        pattern.push('*');
+        let names = self.scan_all(&pattern).await?;
+        for batch in self.batches(names) {
+            let mut cmd = redis::cmd("UNLINK");
+            cmd.arg(&batch);
+            self.conn().query(&cmd).await.map_err(map_err)?;
+        }
+        Ok(())
+    }
+
     /// The same connections under another key prefix: a separate store in
     /// effect (records, review list, token marks), without new connections.
     /// Refused like [`RedisConfig::validate`] refuses a bad prefix.

@@ -455,10 +455,9 @@ enum Backing {
         schema: String,
     },
     Redis {
+        /// Under a key prefix of this run's own (cleared at the end).
         store: RedisStore,
         mutation: Option<Mutation>,
-        prefix: String,
-        url: String,
     },
 }
 
@@ -853,8 +852,8 @@ async fn open_postgres(seed: u64) -> Result<(PgStore, String), String> {
     let schema = format!("idemkit_sim_{}_{seed:x}", std::process::id());
     // One pool for every instance, with room for each actor's connection: a
     // call parked inside a claim (the store's test pause) keeps its
-    // connection, and one waiting on the pool is a wait the scheduler cannot
-    // see (it would only slow every schedule).
+    // connection, and a call waiting on the pool is a wait the scheduler
+    // cannot see.
     let config = PgConfig::default()
         .with_schema(schema.clone())
         .with_max_connections(32);
@@ -869,39 +868,14 @@ async fn open_postgres(seed: u64) -> Result<(PgStore, String), String> {
 }
 
 /// Connects to `IDEMKIT_TEST_REDIS_URL` under a fresh key prefix.
-async fn open_redis(seed: u64) -> Result<(RedisStore, String, String), String> {
+async fn open_redis(seed: u64) -> Result<RedisStore, String> {
     let url = std::env::var("IDEMKIT_TEST_REDIS_URL")
         .map_err(|_| "set IDEMKIT_TEST_REDIS_URL to simulate Redis".to_owned())?;
     let prefix = format!("idemkit-sim:{}:{seed:x}:", std::process::id());
-    let config = RedisConfig::default().with_prefix(prefix.clone());
-    let store = RedisStore::connect_with(&url, config)
+    let config = RedisConfig::default().with_prefix(prefix);
+    RedisStore::connect_with(&url, config)
         .await
-        .map_err(|e| e.to_string())?;
-    Ok((store, prefix, url))
-}
-
-/// Deletes every key under `prefix` (never anything else: the server is shared).
-async fn clear_redis(url: &str, prefix: &str) -> redis::RedisResult<()> {
-    let client = redis::Client::open(url)?;
-    let mut conn = client.get_multiplexed_async_connection().await?;
-    let mut cursor: u64 = 0;
-    loop {
-        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(format!("{prefix}*"))
-            .arg("COUNT")
-            .arg(500)
-            .query_async(&mut conn)
-            .await?;
-        if !keys.is_empty() {
-            let () = redis::cmd("DEL").arg(&keys).query_async(&mut conn).await?;
-        }
-        if next == 0 {
-            return Ok(());
-        }
-        cursor = next;
-    }
+        .map_err(|e| e.to_string())
 }
 
 async fn open_sqlite(seed: u64) -> (SqliteStore, std::path::PathBuf) {
@@ -977,12 +951,10 @@ async fn run_inner(config: &Config) -> Outcome {
     let log: Log = Arc::default();
     let backing = match (sqlite, postgres) {
         (None, None) if redis.is_some() => {
-            let (store, prefix, url) = redis.expect("checked");
+            let store = redis.expect("checked");
             Backing::Redis {
                 store: store.with_test_clock(Arc::new(clock.clone())),
                 mutation: config.mutation,
-                prefix,
-                url,
             }
         }
         (Some((store, path)), _) => Backing::Sqlite {
@@ -1183,10 +1155,11 @@ async fn run_inner(config: &Config) -> Outcome {
             })
             .await;
         }
-        Backing::Redis { url, prefix, .. } => {
-            let (url, prefix) = (url.clone(), prefix.clone());
+        Backing::Redis { store, .. } => {
+            // Only this run's prefix: the server is shared.
+            let store = store.clone();
             busy_wait(async move {
-                let _ = clear_redis(&url, &prefix).await;
+                let _ = store.clear_prefix().await;
             })
             .await;
         }
