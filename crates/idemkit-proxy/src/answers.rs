@@ -26,7 +26,7 @@ pub(super) fn problem(code: ErrorCode, detail: impl Into<String>) -> Response {
     ProblemResponse::new(code, detail).into_response()
 }
 
-pub(super) fn bad_gateway(e: &hyper_util::client::legacy::Error) -> Response {
+pub(super) fn bad_gateway(e: &UpstreamError) -> Response {
     tracing::warn!(error = %e, "proxy: upstream failed");
     ProblemResponse::new(
         ErrorCode::Internal,

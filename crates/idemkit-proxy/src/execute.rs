@@ -12,7 +12,7 @@ const STORE_RETRY_FOR: Duration = Duration::from_secs(300);
 /// The longest pause between two of those writes.
 const STORE_RETRY_MAX_PAUSE: Duration = Duration::from_secs(5);
 
-type Sent = Result<Answer, hyper_util::client::legacy::Error>;
+type Sent = Result<Answer, UpstreamError>;
 
 impl Proxy {
     /// Forwards a claimed request and finishes its record.
@@ -23,12 +23,26 @@ impl Proxy {
         parts: Parts,
         bytes: Bytes,
     ) -> (&'static str, Response) {
-        if attempt.lease().resumed_from.as_deref() == Some(FORWARDED) && !self.honours_keys {
+        let forwarded = attempt.lease().resumed_from.as_deref() == Some(FORWARDED);
+        if forwarded && !self.honours_keys {
             return self
                 .park(
                     &attempt,
                     "an earlier attempt claimed this request to forward it (and may have) and never stored \
                      the upstream's answer",
+                )
+                .await;
+        }
+        if forwarded && idemkit_engine::completer_resume(&parts.extensions).is_some() {
+            // The completer resends without the caller's credential (the
+            // proxy never stores it): the upstream could not authenticate the
+            // re-send, and a refusal would free a key whose first send may
+            // have run. The caller's own retry re-sends; the completer parks.
+            return self
+                .park(
+                    &attempt,
+                    "the completer resumed a forwarded request: the proxy never stores the caller's credential, \
+                     so only the caller's retry can re-send it",
                 )
                 .await;
         }
@@ -152,7 +166,7 @@ impl Proxy {
             // or (a key-honouring upstream) a 5xx under `retry`: answered, not
             // executed. Not stored, and the key is free again, as below.
             Ok(Answer::Pass(res)) => (attempt.settle(None, Disposition::Discard).await, res),
-            Err(e) if e.is_connect() || not_sent(&e) => {
+            Err(e) if e.not_sent() => {
                 // Nothing was sent: the key is free again. The recorded intent is
                 // discarded with the release, in one write fenced by this attempt's
                 // token: a proxy that lost its lease meanwhile (another attempt took
@@ -440,19 +454,6 @@ impl Proxy {
 /// A refusal that says the key store could not be reached.
 fn store_unavailable(refused: &Refused) -> bool {
     matches!(&refused.refusal, Refusal::Problem { problem, .. } if problem.code == ErrorCode::StoreUnavailable)
-}
-
-/// A failure hyper reports for a request it never sent (the connection it
-/// was queued on closed first).
-fn not_sent(e: &hyper_util::client::legacy::Error) -> bool {
-    let mut source = std::error::Error::source(e);
-    while let Some(s) = source {
-        if let Some(h) = s.downcast_ref::<hyper::Error>() {
-            return h.is_canceled();
-        }
-        source = s.source();
-    }
-    false
 }
 
 /// Whether an upstream's answer is its own "a request with this key is in

@@ -85,6 +85,7 @@ mod linger;
 mod listen;
 mod options;
 mod paths;
+mod upstream;
 
 use answers::{accept_encoding, bad_gateway, key_outcome, problem, refusal_response};
 use tracing::Instrument;
@@ -92,6 +93,7 @@ use tracing::Instrument;
 pub use config::{ProxyConfig, route_name};
 pub use listen::shutdown_signal;
 pub use options::*;
+pub use upstream::{UpstreamError, UpstreamService};
 
 /// The recovery point recorded just before a request is forwarded: the upstream
 /// may have executed it. A record found here without an answer is re-sent only
@@ -165,7 +167,9 @@ impl Route {
 struct Proxy {
     routes: Vec<Route>,
     store: Arc<dyn KeyStore>,
-    client: Client<hyper_rustls::HttpsConnector<HttpConnector>, Body>,
+    /// Where forwards go.
+    client: upstream::Upstream,
+    /// The upstream's base URL.
     upstream: String,
     account_header: HeaderName,
     secret: Vec<u8>,
@@ -248,18 +252,29 @@ impl ProxyServer {
     /// Checks `options`, reads the configuration, opens the key store and
     /// starts the reaper on the current runtime.
     pub async fn new(options: ProxyOptions) -> Result<Self, ProxyError> {
-        let limits = listen::Limits {
-            header_read_timeout: Duration::from_millis(options.header_read_timeout_ms),
-            max_connections: options.max_connections,
-            shutdown_grace: Duration::from_millis(options.upstream_timeout_ms)
-                + Duration::from_millis(if options.upstream_honours_keys {
-                    options.timeout_grace_ms
-                } else {
-                    0
-                })
-                + STORE_MARGIN,
-        };
-        let (router, proxy) = build(options).await?;
+        let limits = listen::Limits::of(&options);
+        let (router, proxy) = build(options, None).await?;
+        Ok(Self {
+            router,
+            proxy,
+            limits,
+        })
+    }
+
+    /// The proxy over a key store already open and an upstream served in
+    /// the same process: what a test or a simulator builds (the project's
+    /// simulator runs the proxy's request path this way, over its
+    /// instrumented stores). `options.database_url` is not opened and
+    /// `options.upstream` is not dialled; the upstream URL still names the
+    /// authority of the forwarded requests' URIs. The reaper starts on the
+    /// current runtime, as with [`new`](Self::new).
+    pub async fn in_process(
+        options: ProxyOptions,
+        store: Arc<dyn KeyStore>,
+        upstream: UpstreamService,
+    ) -> Result<Self, ProxyError> {
+        let limits = listen::Limits::of(&options);
+        let (router, proxy) = build(options, Some((store, upstream))).await?;
         Ok(Self {
             router,
             proxy,
@@ -309,7 +324,7 @@ const STORE_MARGIN: Duration = Duration::from_secs(5);
 /// other `/_idemkit/` path `404`, everything else to the upstream. Also starts
 /// the reaper on the current runtime.
 pub async fn router(options: ProxyOptions) -> Result<Router, ProxyError> {
-    Ok(build(options).await?.0)
+    Ok(build(options, None).await?.0)
 }
 
 /// The password of a URL's user information replaced by `***`, for messages.
@@ -334,7 +349,12 @@ pub fn redact_url(url: &str) -> String {
     format!("{}{user}{}", &url[..scheme_end + 3], &rest[at..])
 }
 
-async fn build(args: ProxyOptions) -> Result<(Router, Arc<Proxy>), ProxyError> {
+/// Builds the proxy; `parts` replaces the store its URL names and the HTTP
+/// upstream ([`ProxyServer::in_process`]).
+async fn build(
+    args: ProxyOptions,
+    parts: Option<(Arc<dyn KeyStore>, UpstreamService)>,
+) -> Result<(Router, Arc<Proxy>), ProxyError> {
     if args.scope_secret.is_empty() {
         return Err(ProxyError::Invalid("--scope-secret must not be empty".to_owned()));
     }
@@ -352,7 +372,10 @@ async fn build(args: ProxyOptions) -> Result<(Router, Arc<Proxy>), ProxyError> {
             "--upstream-ca is for an https:// upstream".to_owned(),
         ));
     }
-    let client = upstream_client(&args)?;
+    let (given_store, client) = match parts {
+        Some((store, service)) => (Some(store), upstream::Upstream::Service(service)),
+        None => (None, upstream::Upstream::Http(Box::new(upstream_client(&args)?))),
+    };
     // Read before the store is opened: a bad file is reported as itself.
     let config = match &args.config {
         Some(path) => {
@@ -370,16 +393,21 @@ async fn build(args: ProxyOptions) -> Result<(Router, Arc<Proxy>), ProxyError> {
         }
         None => None,
     };
-    // The URL's password never reaches a log or a terminal, nor does the
-    // store's own message (a driver may quote its connection string).
-    let (store_url, open_options) = args.store_target()?;
-    let opened = idemkit::open_store(&store_url, &open_options)
-        .await
-        .map_err(|e| ProxyError::Store {
-            url: redact_url(&args.database_url),
-            message: redact_all(&e.to_string(), &args.database_url),
-        })?;
-    let store = opened.key_store();
+    let store = match given_store {
+        Some(store) => store,
+        None => {
+            // The URL's password never reaches a log or a terminal, nor does the
+            // store's own message (a driver may quote its connection string).
+            let (store_url, open_options) = args.store_target()?;
+            let opened = idemkit::open_store(&store_url, &open_options)
+                .await
+                .map_err(|e| ProxyError::Store {
+                    url: redact_url(&args.database_url),
+                    message: redact_all(&e.to_string(), &args.database_url),
+                })?;
+            opened.key_store()
+        }
+    };
     let mut reap = Policy::new();
     let routes = match &config {
         Some(config) => {
@@ -721,7 +749,7 @@ impl Proxy {
     /// An unkeyed request: forwarded as it streams; a protocol upgrade
     /// (WebSocket) is passed through, and once the upstream switches, bytes
     /// are copied both ways until either side closes.
-    async fn pass_through(&self, mut req: Request) -> Result<Response, hyper_util::client::legacy::Error> {
+    async fn pass_through(&self, mut req: Request) -> Result<Response, UpstreamError> {
         if self.http2 || !is_upgrade(req.headers()) {
             return self.forward(req).await;
         }
@@ -740,11 +768,11 @@ impl Proxy {
         parts.version = version;
         let host = parts.headers.remove(header::HOST);
         self.forwarding_headers(&mut parts.headers, listen::client_addr(&parts.extensions), host);
-        let mut res = self.client.request(Request::from_parts(parts, body)).await?;
+        let mut res = self.client.send(Request::from_parts(parts, body)).await?;
         if res.status() != http::StatusCode::SWITCHING_PROTOCOLS {
             let (mut parts, body) = res.into_parts();
             strip_hop_by_hop(&mut parts.headers);
-            return Ok(Response::from_parts(parts, Body::new(body)));
+            return Ok(Response::from_parts(parts, body));
         }
         let upstream_side = hyper::upgrade::on(&mut res);
         tokio::spawn(async move {
@@ -775,7 +803,7 @@ impl Proxy {
     }
 
     /// Sends `req` to the upstream, streaming both bodies.
-    async fn forward(&self, req: Request) -> Result<Response, hyper_util::client::legacy::Error> {
+    async fn forward(&self, req: Request) -> Result<Response, UpstreamError> {
         let (mut parts, body) = req.into_parts();
         let (target, version) = self.target(&parts.uri);
         parts.uri = target;
@@ -788,10 +816,10 @@ impl Proxy {
                 .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
         });
         self.forwarding_headers(&mut parts.headers, listen::client_addr(&parts.extensions), host);
-        let res = self.client.request(Request::from_parts(parts, body)).await?;
+        let res = self.client.send(Request::from_parts(parts, body)).await?;
         let (mut parts, body) = res.into_parts();
         strip_hop_by_hop(&mut parts.headers);
-        Ok(Response::from_parts(parts, Body::new(body)))
+        Ok(Response::from_parts(parts, body))
     }
 
     /// Adds the client's address to `X-Forwarded-For` and `Forwarded`, and
@@ -930,9 +958,14 @@ impl Proxy {
         // Exactly one non-empty credential: an empty one would put every caller
         // that sends it in one scope, and of two, the upstream may authenticate
         // another than the one the scope is made of.
+        // The completer's replay of an abandoned record (`idemkit keys
+        // complete`, or a `Completer` over this router) carries the record's
+        // scope: no credential is stored, so none is read.
+        let resumed = idemkit_engine::completer_resume(&parts.extensions).map(|(s, t)| (s.clone(), t));
         let mut credentials = parts.headers.get_all(&self.account_header).iter();
         let credential = match (credentials.next(), credentials.next()) {
-            (Some(v), None) if !v.as_bytes().trim_ascii().is_empty() => v,
+            _ if resumed.is_some() => None,
+            (Some(v), None) if !v.as_bytes().trim_ascii().is_empty() => Some(v),
             (first, _) => {
                 let which = if first.is_none() {
                     "requires"
@@ -951,8 +984,8 @@ impl Proxy {
                 );
             }
         };
-        let account = self.account(credential.as_bytes());
         let header_key = match &route.key {
+            _ if resumed.is_some() => None,
             KeySource::Header(name) => Some(IdempotencyKey::from_header_values(
                 parts.headers.get_all(name).iter().map(HeaderValue::as_bytes),
             )),
@@ -1013,32 +1046,37 @@ impl Proxy {
                 );
             }
         };
-        let key = match (header_key, &route.key) {
-            (Some(Ok(k)), _) => k,
-            (_, KeySource::JsonField(pointer)) => match key_from_json(&bytes, pointer) {
-                Ok(k) => k,
-                Err(p) => {
-                    let counted = match p.code {
-                        ErrorCode::KeyMissing => outcome::KEY_MISSING,
-                        ErrorCode::KeyInvalid => outcome::KEY_INVALID,
-                        _ => outcome::REJECTED,
-                    };
-                    return (counted, ProblemResponse::from(p).into_response());
+        let (scope, resume) = match (resumed, credential, header_key, &route.key) {
+            (Some((scope, token)), ..) => (scope, Some(token)),
+            (None, Some(credential), Some(Ok(k)), _) => {
+                (Scope::new(self.account(credential.as_bytes()), k), None)
+            }
+            (None, Some(credential), _, KeySource::JsonField(pointer)) => {
+                match key_from_json(&bytes, pointer) {
+                    Ok(k) => (Scope::new(self.account(credential.as_bytes()), k), None),
+                    Err(p) => {
+                        let counted = match p.code {
+                            ErrorCode::KeyMissing => outcome::KEY_MISSING,
+                            ErrorCode::KeyInvalid => outcome::KEY_INVALID,
+                            _ => outcome::REJECTED,
+                        };
+                        return (counted, ProblemResponse::from(p).into_response());
+                    }
                 }
-            },
-            _ => unreachable!("header keys were checked above"),
+            }
+            _ => unreachable!("the credential and header keys were checked above"),
         };
         let target = parts
             .uri
             .path_and_query()
             .map_or_else(|| parts.uri.path(), |p| p.as_str());
         let mut claim = route.engine.claim_request(Incoming {
-            scope: Scope::new(account, key),
+            scope,
             method: parts.method.as_str(),
             target,
             headers: stored_request_headers(&parts.headers, STORED_REQUEST_HEADERS),
             body: &bytes,
-            resume: None,
+            resume,
         });
         // One copy per body: the claim's, which the store writes and the
         // attempt then hands back for the forward (`Attempt::take_request_body`).

@@ -29,6 +29,23 @@ pub(super) struct Limits {
     pub shutdown_grace: Duration,
 }
 
+impl Limits {
+    /// The limits `options` set.
+    pub(super) fn of(options: &super::ProxyOptions) -> Self {
+        Self {
+            header_read_timeout: Duration::from_millis(options.header_read_timeout_ms),
+            max_connections: options.max_connections,
+            shutdown_grace: Duration::from_millis(options.upstream_timeout_ms)
+                + Duration::from_millis(if options.upstream_honours_keys {
+                    options.timeout_grace_ms
+                } else {
+                    0
+                })
+                + super::STORE_MARGIN,
+        }
+    }
+}
+
 /// Work that must finish before the process exits: detached forwards and the
 /// background writes of their answers.
 #[derive(Debug, Default)]

@@ -112,16 +112,17 @@ impl Answer {
         (200..300).contains(&self.status)
     }
 
-    fn is(&self, code: &str) -> bool {
-        self.code.as_deref() == Some(code)
+    /// The request marker its body echoes: an answer a handler or the
+    /// upstream produced, which becomes the key's answer once stored (a
+    /// refusal of a layer, the proxy or the engine echoes none).
+    fn echoed(&self) -> Option<String> {
+        serde_json::from_slice::<serde_json::Value>(&self.body)
+            .ok()
+            .and_then(|v| v.get("item").and_then(|i| i.as_str()).map(str::to_owned))
     }
 
-    /// Whether a client retries on it.
-    pub fn retryable(&self) -> bool {
-        self.status == 0
-            || self.status >= 500
-            || self.is("idempotency_request_in_progress")
-            || self.is("idempotency_lease_lost")
+    fn is(&self, code: &str) -> bool {
+        self.code.as_deref() == Some(code)
     }
 
     fn documented_refusal(&self) -> bool {
@@ -137,6 +138,8 @@ impl Answer {
             .any(|c| self.is(c)),
             // The handler's own error (a downstream failed), a panic, the store.
             500 | 502 | 503 => true,
+            // The attempt's `Request-Timeout` ran out before it could be served.
+            504 => self.is("deadline_exceeded"),
             _ => false,
         }
     }
@@ -277,10 +280,10 @@ pub async fn safety(
     let mut by_scope: Vec<(idemkit_core::Scope, Vec<&Answer>)> = Vec::new();
     for a in answers {
         let spec = spec_of(a.spec);
-        if a.success() {
-            let echoed = serde_json::from_slice::<serde_json::Value>(&a.body)
-                .ok()
-                .and_then(|v| v.get("item").and_then(|i| i.as_str()).map(str::to_owned));
+        // A success, or an error an application produced (the upstream's
+        // `503` after it acted, which the proxy stores): the key's answer.
+        let echoed = a.echoed();
+        if a.success() || echoed.is_some() {
             if echoed.as_deref() != Some(spec.item) {
                 out.push(Violation::new(
                     Kind::WrongAnswer,
@@ -321,7 +324,8 @@ pub async fn safety(
                 ),
             ));
         }
-        if a.final_check && (a.is("idempotency_request_in_progress") || a.status == 0 || a.status == 503) {
+        let unavailable = a.status == 503 && echoed.is_none();
+        if a.final_check && (a.is("idempotency_request_in_progress") || a.status == 0 || unavailable) {
             out.push(Violation::stuck(format!(
                 "request {}: after faults stopped and the completer ran, it still answers {} {}",
                 spec.item,

@@ -29,6 +29,9 @@ use crate::operator;
 use crate::sched::{Faults, Sched, SchedStats, Strategy, VirtualClock};
 use crate::store::{Instrumented, Log, MemTx};
 
+mod client;
+mod proxy;
+
 /// Which store a schedule runs on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
@@ -128,28 +131,40 @@ impl Spec {
         self.path == "/order"
     }
 
-    /// Its scope.
-    pub fn scope(&self) -> Scope {
-        Scope::new(
-            crate::adapter::account_of(self.account),
-            IdempotencyKey::parse(self.key).expect("a valid key"),
-        )
+    /// Whether it goes through the proxy to the simulated upstream.
+    pub fn proxied(&self) -> bool {
+        self.path.starts_with("/up/")
     }
 
-    fn request(&self) -> Request<Body> {
+    /// Its scope: the layers derive the account from the bearer token, the
+    /// proxy from the whole `Authorization` header.
+    pub fn scope(&self) -> Scope {
+        let account = if self.proxied() {
+            idemkit_core::Account::keyed(
+                proxy::PROXY_SECRET.as_bytes(),
+                format!("Bearer {}", self.account).as_bytes(),
+            )
+        } else {
+            crate::adapter::account_of(self.account)
+        };
+        Scope::new(account, IdempotencyKey::parse(self.key).expect("a valid key"))
+    }
+
+    fn request(&self) -> Request<Bytes> {
         Request::post(self.path)
             .header("authorization", format!("Bearer {}", self.account))
             .header("idempotency-key", self.key)
             .header("content-type", "application/json")
-            .body(Body::from(format!(r#"{{"item":"{}"}}"#, self.item)))
+            .body(Bytes::from(format!(r#"{{"item":"{}"}}"#, self.item)))
             .expect("a valid request")
     }
 }
 
 /// The requests of a scenario: a request sent by two clients, another
 /// account's request under the same key, a different request under the first
-/// one's key (a mismatch), a second key (single-step on SQLite), and a plain
-/// lease-mode request with a mismatch of its own.
+/// one's key (a mismatch), a second key (single-step on SQLite), a plain
+/// lease-mode request with a mismatch of its own, and a request through the
+/// proxy (sent by two clients) with a mismatch of its own.
 pub fn scenario(store: StoreKind, always_panic: bool) -> Vec<Spec> {
     let second = match store {
         StoreKind::Sqlite | StoreKind::Postgres => "/order",
@@ -193,6 +208,15 @@ pub fn scenario(store: StoreKind, always_panic: bool) -> Vec<Spec> {
             account: "acct-a",
             key: "key-4",
             path: "/echo",
+            item,
+        });
+    }
+    for item in ["p1", "p1-other"] {
+        specs.push(Spec {
+            id: specs.len(),
+            account: "acct-p",
+            key: "key-5",
+            path: "/up/ship",
             item,
         });
     }
@@ -486,7 +510,16 @@ struct World {
 }
 
 impl World {
+    /// A new process in `slot`: its store handle, its routes behind the real
+    /// layers, and its proxy.
     fn instance(&self, slot: usize) -> Instance {
+        let mut inst = self.application(slot);
+        let proxy = proxy::service(inst.store.clone(), self.shared.clone());
+        inst.app = inst.app.route_service(proxy::PROXY_ROUTE, proxy);
+        inst
+    }
+
+    fn application(&self, slot: usize) -> Instance {
         let id = self.sched.new_instance();
         let mut skew = if slot == 0 { 0 } else { (slot as i64) * 150 };
         if slot == 1 && self.mutation == Some(Mutation::LeaseByCallerClock) {
@@ -646,19 +679,15 @@ impl World {
         self.pick()
     }
 
-    /// Sends `spec` once; records the answer.
-    async fn send(&self, spec: &Spec, final_check: bool) -> Answer {
+    /// Sends `spec` once, after the faults stopped, with a minute to answer
+    /// (the liveness and late-replay checks); records the answer.
+    async fn send_final(&self, spec: &Spec) -> Answer {
         let inst = self.live();
-        let timeout = if final_check {
-            Duration::from_secs(60)
-        } else {
-            self.sched.with_rng(|r| r.millis(300, 9000))
-        };
         let call = async {
             let res = inst
                 .app
                 .clone()
-                .oneshot(spec.request())
+                .oneshot(spec.request().map(Body::from))
                 .await
                 .expect("infallible router");
             let status = res.status().as_u16();
@@ -668,27 +697,21 @@ impl World {
             (status, body.to_vec())
         };
         let call = std::panic::AssertUnwindSafe(call).catch_unwind();
-        let answer = match tokio::time::timeout(timeout, call).await {
-            Ok(Ok((status, body))) => Answer::new(spec.id, status, body, final_check),
+        let answer = match tokio::time::timeout(Duration::from_secs(60), call).await {
+            Ok(Ok((status, body))) => Answer::new(spec.id, status, body, true),
             // The instance crashed under the request: the connection reset.
-            Ok(Err(_)) | Err(_) => Answer::hung_up(spec.id, final_check),
+            Ok(Err(_)) | Err(_) => Answer::hung_up(spec.id, true),
         };
-        self.answers
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(answer.clone());
+        self.record(answer.clone());
         answer
     }
 
-    async fn client(self: Arc<Self>, spec: Spec) {
-        for _ in 0..5 {
-            let a = self.send(&spec, false).await;
-            if !a.retryable() {
-                return;
-            }
-            let wait = self.sched.with_rng(|r| r.millis(100, 3000));
-            tokio::time::sleep(wait).await;
-        }
+    /// Records an answer a client saw.
+    fn record(&self, answer: Answer) {
+        self.answers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(answer);
     }
 
     async fn jobs(self: Arc<Self>) {
@@ -1014,7 +1037,8 @@ async fn run_inner(config: &Config) -> Outcome {
 
     // Phase 1: clients (two for the first request), jobs and the operator, with faults.
     let mut handles = Vec::new();
-    for spec in specs.iter().chain(std::iter::once(&specs[0])) {
+    let twice = specs.iter().filter(|s| s.item == "a1" || s.item == "p1");
+    for spec in specs.iter().chain(twice) {
         handles.push(tokio::spawn(world.clone().client(spec.clone())));
     }
     let background = vec![
@@ -1072,7 +1096,7 @@ async fn run_inner(config: &Config) -> Outcome {
         let specs = specs.clone();
         tokio::spawn(async move {
             for s in &specs {
-                world.send(s, true).await;
+                world.send_final(s).await;
             }
         })
     };
@@ -1095,7 +1119,7 @@ async fn run_inner(config: &Config) -> Outcome {
                 .sched
                 .note(|| format!("late replays at +{:?}", clock_elapsed(&world.clock)));
             for s in &specs {
-                world.send(s, true).await;
+                world.send_final(s).await;
             }
         })
     };
