@@ -120,7 +120,9 @@ impl Mutation {
             Self::LeaseByCallerClock => &[Kind::StolenLease],
             Self::ReplayWindowMismeasured => &[Kind::DuplicateEffect, Kind::Reopened, Kind::WrongAnswer],
             Self::ClaimCommittedEarly => &[Kind::Stuck],
-            Self::CompletionOutsideTx => &[Kind::DuplicateEffect],
+            // A second business row once the retry runs again; or, when no
+            // retry came, the claim left in flight with no transaction open.
+            Self::CompletionOutsideTx => &[Kind::DuplicateEffect, Kind::Stuck],
             Self::RollbackKeepsLock => &[Kind::Stuck],
             Self::OperatorLies => &[Kind::DuplicateEffect],
             Self::Testkit(m) => match m {

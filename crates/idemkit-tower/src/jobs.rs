@@ -1,11 +1,14 @@
-//! The completer and the reaper (the behaviour contract, `docs/spec.md` §7).
+//! The completer, the reaper (the behaviour contract, `docs/spec.md` §7) and
+//! the operator's release (`idemkit keys release`).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
 use http::{HeaderName, HeaderValue, Request};
-use idemkit_core::{IntoKeyStore, KeyStore, Policy, ReapReport, Record, RecordState, Scope, StoreResult};
+use idemkit_core::{
+    IntoKeyStore, KeyStore, Millis, Policy, ReapReport, Record, RecordState, Scope, StoreResult,
+};
 use tower::{Service, ServiceExt};
 
 use crate::metrics::{self, op, timed};
@@ -265,6 +268,84 @@ impl Reaper {
             }
         })
     }
+}
+
+/// What [`release_key`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Released {
+    /// Released with its recorded progress kept: the next request with the
+    /// key resumes from its recovery point (`KeyStore::force_release`).
+    KeptProgress,
+    /// Released and its progress discarded: the next request runs as a
+    /// first attempt (`KeyStore::discard_progress`).
+    DiscardedProgress,
+}
+
+/// Why [`release_key`] did not release a record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ReleaseRefused {
+    /// No record with this account and key.
+    NoRecord,
+    /// Completed: its answer is replayed until the replay window ends.
+    Completed,
+    /// Already released.
+    AlreadyReleased,
+    /// Held by a lease that has not run out.
+    LiveLease {
+        /// When the lease ends.
+        until: Millis,
+    },
+    /// A state the operator does not release.
+    State(RecordState),
+    /// The record could be released when it was read, but the store refused
+    /// the write: a holder claimed it meanwhile.
+    Raced,
+}
+
+/// `idemkit keys release`: frees a parked record, or an in-flight one whose
+/// lease ran out, so the next request with its key runs. With
+/// `downstream_did_nothing` (the operator checked every downstream the
+/// request calls and found no effect of it), recorded progress is discarded
+/// and the next request runs as a first attempt; without it, progress is kept
+/// and the next request resumes (a call with an intent and no result parks
+/// again rather than call a downstream that ignores keys twice). Completed
+/// and released records, and live leases, are refused. The store's own
+/// write decides a race: a holder that claimed the record after the read
+/// makes it [`ReleaseRefused::Raced`].
+pub async fn release_key(
+    store: &dyn KeyStore,
+    scope: &Scope,
+    downstream_did_nothing: bool,
+) -> StoreResult<Result<Released, ReleaseRefused>> {
+    let now = store.now();
+    let record = match timed(op::GET, store.get(scope)).await? {
+        None => return Ok(Err(ReleaseRefused::NoRecord)),
+        Some(r) => r,
+    };
+    match record.state {
+        RecordState::Completed => return Ok(Err(ReleaseRefused::Completed)),
+        RecordState::Released => return Ok(Err(ReleaseRefused::AlreadyReleased)),
+        RecordState::InFlight if record.lease_expires_at > now => {
+            return Ok(Err(ReleaseRefused::LiveLease {
+                until: record.lease_expires_at,
+            }));
+        }
+        RecordState::InFlight | RecordState::Parked => {}
+        other => return Ok(Err(ReleaseRefused::State(other))),
+    }
+    let discard = downstream_did_nothing && record.has_progress();
+    let released = if discard {
+        store.discard_progress(scope).await?
+    } else {
+        store.force_release(scope).await?
+    };
+    Ok(match (released, discard) {
+        (false, _) => Err(ReleaseRefused::Raced),
+        (true, true) => Ok(Released::DiscardedProgress),
+        (true, false) => Ok(Released::KeptProgress),
+    })
 }
 
 #[cfg(test)]

@@ -55,7 +55,9 @@ pub use idemkit_engine::{
     AccountResolver, BearerTokenAccount, ClaimMode, IdempotencyContext, Override, ProblemResponse,
     TrustedHeaderAccount, Unscoped, bearer_token,
 };
-pub use jobs::{Completer, CompleterReport, ReapThresholdTooShort, Reaper};
+pub use jobs::{
+    Completer, CompleterReport, ReapThresholdTooShort, Reaper, ReleaseRefused, Released, release_key,
+};
 pub use layer::{BuildError, IdempotencyLayer, IdempotencyLayerBuilder};
 pub use phases::{CallError, Downstream, PhaseError, Phases};
 pub use problem::{Json, method_not_allowed, not_found};

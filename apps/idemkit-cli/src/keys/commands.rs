@@ -186,38 +186,10 @@ pub(super) async fn release(
     a: &ReleaseArgs,
 ) -> anyhow::Result<ExitCode> {
     let scope = scope_arg(&a.scope)?;
-    let now = store.now();
-    let before = store.get(&scope).await.context("reading the record")?;
-    // Why not, from the record as it is.
-    let refused = match &before {
-        None => Some("no record with this account and key".to_owned()),
-        Some(r) => match r.state {
-            RecordState::Completed => Some(
-                "completed: its response is replayed until the replay window ends; not released".to_owned(),
-            ),
-            RecordState::Released => Some("already released".to_owned()),
-            RecordState::InFlight if r.lease_expires_at > now => Some(format!(
-                "held by a live lease until {}; not released (try again once it has expired)",
-                time(r.lease_expires_at)
-            )),
-            RecordState::InFlight | RecordState::Parked => None,
-            other => Some(format!("{}: not released", other.as_str())),
-        },
-    };
-    // The operator says an unfinished call did nothing: discard the progress so
-    // the key reruns as a first attempt; otherwise keep it (the rerun resumes).
-    let discard = a.downstream_did_nothing && before.as_ref().is_some_and(Record::has_progress);
-    let released = match refused {
-        Some(_) => false,
-        None if discard => store
-            .discard_progress(&scope)
-            .await
-            .context("releasing the record and discarding its progress")?,
-        None => store
-            .force_release(&scope)
-            .await
-            .context("releasing the record")?,
-    };
+    let released = idemkit_tower::release_key(store, &scope, a.downstream_did_nothing)
+        .await
+        .context("releasing the record")?
+        .is_ok();
     let after = store.get(&scope).await.context("reading the record")?;
     let now = store.now();
     let (state, reason) = match (released, &after) {

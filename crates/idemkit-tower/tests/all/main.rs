@@ -175,6 +175,7 @@ mod deadlines;
 mod hardening;
 mod leases;
 mod metrics;
+mod release;
 mod released;
 mod replay_cache;
 mod request_body;
