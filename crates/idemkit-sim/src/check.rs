@@ -173,6 +173,84 @@ pub async fn settled(store: &Arc<dyn KeyStore>, specs: &[Spec]) -> Vec<Violation
     out
 }
 
+/// The scopes whose record is unfinished (parked or in flight).
+pub async fn unfinished(store: &Arc<dyn KeyStore>, specs: &[Spec]) -> Vec<idemkit_core::Scope> {
+    let mut out = Vec::new();
+    for s in specs {
+        let scope = s.scope();
+        if out.contains(&scope) {
+            continue;
+        }
+        if let Ok(Some(r)) = store.get(&scope).await
+            && matches!(r.state, RecordState::Parked | RecordState::InFlight)
+        {
+            out.push(scope);
+        }
+    }
+    out
+}
+
+/// The reaper, past every record's reap threshold: a request that never
+/// completed (`unfinished`: parked or in flight before the pass) is listed
+/// for review and stays in the key table, parked, so its key never runs
+/// again as a new request (it may have reached a downstream that ignores
+/// keys); `after` are the answers to those requests sent after the pass,
+/// and `fx` the downstream calls made since the safety check.
+pub async fn reaped(
+    store: &Arc<dyn KeyStore>,
+    specs: &[Spec],
+    unfinished: &[idemkit_core::Scope],
+    after: &[Answer],
+    fx: &Effects,
+) -> Vec<Violation> {
+    let mut out = Vec::new();
+    let review = store.review(1000).await.unwrap_or_default();
+    for scope in unfinished {
+        let name = format!("{}/{}", scope.account.as_str(), scope.key.as_str());
+        match store.get(scope).await {
+            Ok(Some(r)) if r.state == RecordState::Parked => {}
+            Ok(r) => out.push(Violation::new(
+                Kind::Lost,
+                format!(
+                    "{name}: unfinished before the reaper's pass, now {:?}: its key can run again as a new request",
+                    r.map(|r| r.state)
+                ),
+            )),
+            Err(e) => out.push(Violation::stuck(format!("{name}: {e}"))),
+        }
+        if !review.iter().any(|e| &e.scope == scope) {
+            out.push(Violation::new(
+                Kind::Lost,
+                format!("{name}: unfinished past the reap threshold and not in the review list"),
+            ));
+        }
+    }
+    for (item, calls) in fx.ignoring.iter().chain(&fx.honouring) {
+        if !calls.is_empty() {
+            out.push(Violation::new(
+                Kind::DuplicateEffect,
+                format!("request {item}: unfinished, then reaped, it ran again: {calls:?}"),
+            ));
+        }
+    }
+    for a in after {
+        let spec = &specs[a.spec];
+        // Its own request is answered parked; another under its key, reused.
+        if !a.is("idempotency_request_parked") && !a.is("idempotency_key_reused") {
+            out.push(Violation::new(
+                Kind::WrongAnswer,
+                format!(
+                    "request {} (unfinished, then reaped) answered {} {}, not parked",
+                    spec.item,
+                    a.status,
+                    String::from_utf8_lossy(&a.body)
+                ),
+            ));
+        }
+    }
+    out
+}
+
 /// Single-step atomicity, checked once every client is done: a single-step
 /// claim is committed with its business writes and its answer, or not at
 /// all, so no key of a single-step route has a record in flight (the behaviour contract: a

@@ -864,7 +864,7 @@ async fn drive(sched: &Sched, done: impl Fn() -> bool, horizon: Duration) -> Res
     }
 }
 
-fn all_done(handles: &[tokio::task::JoinHandle<()>]) -> bool {
+fn all_done<T>(handles: &[tokio::task::JoinHandle<T>]) -> bool {
     handles.iter().all(|h| h.is_finished())
 }
 
@@ -1158,6 +1158,57 @@ async fn run_inner(config: &Config) -> Outcome {
         let found =
             busy_wait(async move { check::safety(&specs, &answers, &events, &fx, &rows, &raw).await }).await;
         violations.extend(found);
+    }
+    // Phase 5 (after the safety check, which reads the records the reaper
+    // deletes): past every record's reap threshold, the reaper's pass; then
+    // every request whose record was unfinished (parked) before it, once more:
+    // each is in the review list, still parked, and never runs again.
+    let wait = tokio::spawn(async move {
+        tokio::time::sleep_until(started + policy().reap_threshold * 2).await;
+    });
+    let handles = vec![wait];
+    if let Err(e) = drive(&sched, || all_done(&handles), Duration::from_secs(3000)).await {
+        violations.push(Violation::stuck(format!(
+            "the clock did not reach the reap threshold: {e}"
+        )));
+    }
+    let unfinished = {
+        let (raw, specs) = (world.raw.clone(), specs.clone());
+        busy_wait(async move { check::unfinished(&raw, &specs).await }).await
+    };
+    let reaped = {
+        let world = world.clone();
+        let (specs, unfinished) = (specs.clone(), unfinished.clone());
+        tokio::spawn(async move {
+            let inst = world.live();
+            let pass = Reaper::new(inst.store.clone(), &policy()).run_once().await;
+            world.sched.note(|| {
+                format!(
+                    "reaper at +{:?}: {pass:?}; unfinished before it: {}",
+                    clock_elapsed(&world.clock),
+                    unfinished.len()
+                )
+            });
+            let mut after = Vec::new();
+            for s in specs.iter().filter(|s| unfinished.contains(&s.scope())) {
+                after.push(world.send_final(s).await);
+            }
+            after
+        })
+    };
+    let handles = vec![reaped];
+    match drive(&sched, || all_done(&handles), Duration::from_secs(900)).await {
+        Err(e) => violations.push(Violation::stuck(format!("the reaper's pass did not finish: {e}"))),
+        Ok(()) => {
+            let [reaped] = <[_; 1]>::try_from(handles).expect("one handle");
+            let after = busy_wait(async move { reaped.await.unwrap_or_default() }).await;
+            let (raw, specs) = (world.raw.clone(), specs.clone());
+            // Every call a downstream got since the safety check is a run after the pass.
+            let fx = std::mem::take(&mut *world.shared.effects.lock().unwrap_or_else(|p| p.into_inner()));
+            let found =
+                busy_wait(async move { check::reaped(&raw, &specs, &unfinished, &after, &fx).await }).await;
+            violations.extend(found);
+        }
     }
     let stats = sched.stats();
     let trace = sched.trace();

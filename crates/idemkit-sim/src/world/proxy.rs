@@ -100,7 +100,8 @@ pub(super) fn service(
     let mut options = ProxyOptions::new("http://upstream.sim", "memory://unused", PROXY_SECRET);
     options.lease_ms = Some(u64::try_from(super::LEASE.as_millis()).unwrap_or(6_000));
     options.upstream_timeout_ms = UPSTREAM_TIMEOUT_MS;
-    options.reap_interval_ms = 60_000;
+    // Its reaper passes are store calls like any other; a few per schedule.
+    options.reap_interval_ms = 600_000;
     // With a store given, building awaits nothing.
     let proxy = ProxyServer::in_process(options, store, upstream(shared))
         .now_or_never()
