@@ -141,11 +141,6 @@ impl Attempt {
         self.deadline
     }
 
-    /// The time left until the caller's deadline (zero once it has passed).
-    pub fn remaining(&self) -> Option<Duration> {
-        super::remaining(self.deadline)
-    }
-
     /// (account, key).
     pub fn scope(&self) -> &Scope {
         &self.claim.scope
@@ -657,6 +652,22 @@ mod tests {
         assert_eq!(d(201, Some(Override::Retryable)), Disposition::Abandon);
         let replay = Policy::new().with_server_error_policy(ServerErrorPolicy::Replay);
         assert_eq!(Disposition::of(502, None, &replay), Disposition::Store);
+    }
+
+    /// The `disposition` field of the `idemkit.complete` span, which
+    /// operators filter traces on: one stable name each.
+    #[test]
+    fn each_disposition_has_its_own_stable_label() {
+        let all = [
+            (Disposition::Store, "store"),
+            (Disposition::Release, "release"),
+            (Disposition::Abandon, "abandon"),
+            (Disposition::Leave, "leave"),
+            (Disposition::Discard, "discard"),
+        ];
+        for (d, label) in all {
+            assert_eq!(d.label(), label);
+        }
     }
 
     #[test]
