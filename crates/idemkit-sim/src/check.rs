@@ -80,6 +80,9 @@ pub struct Answer {
     pub body: Vec<u8>,
     /// Sent after faults stopped and the completer ran.
     pub final_check: bool,
+    /// What the body shows the checker when it is not JSON itself (a gRPC
+    /// reply's frames: the JSON its message carries).
+    pub view: Option<Vec<u8>>,
 }
 
 impl Answer {
@@ -94,6 +97,27 @@ impl Answer {
             code,
             body,
             final_check,
+            view: None,
+        }
+    }
+
+    /// A gRPC answer: its status in HTTP terms, its problem code, the bytes
+    /// the layer stores (frames), and their JSON view.
+    pub fn grpc(
+        spec: usize,
+        status: u16,
+        code: Option<String>,
+        body: Vec<u8>,
+        view: Option<Vec<u8>>,
+        final_check: bool,
+    ) -> Self {
+        Self {
+            spec,
+            status,
+            code,
+            body,
+            final_check,
+            view,
         }
     }
 
@@ -105,6 +129,7 @@ impl Answer {
             code: None,
             body: Vec::new(),
             final_check,
+            view: None,
         }
     }
 
@@ -116,7 +141,7 @@ impl Answer {
     /// upstream produced, which becomes the key's answer once stored (a
     /// refusal of a layer, the proxy or the engine echoes none).
     fn echoed(&self) -> Option<String> {
-        serde_json::from_slice::<serde_json::Value>(&self.body)
+        serde_json::from_slice::<serde_json::Value>(self.view.as_deref().unwrap_or(&self.body))
             .ok()
             .and_then(|v| v.get("item").and_then(|i| i.as_str()).map(str::to_owned))
     }

@@ -30,6 +30,7 @@ use crate::sched::{Faults, Sched, SchedStats, Strategy, VirtualClock};
 use crate::store::{Instrumented, Log, MemTx};
 
 mod client;
+mod grpc;
 mod proxy;
 
 /// Which store a schedule runs on.
@@ -131,6 +132,11 @@ impl Spec {
         self.path == "/order"
     }
 
+    /// Whether it is a gRPC call (the tonic adapter's method).
+    pub fn grpc(&self) -> bool {
+        self.path == grpc::PAY
+    }
+
     /// Whether it goes through the proxy to the simulated upstream.
     pub fn proxied(&self) -> bool {
         self.path.starts_with("/up/")
@@ -164,7 +170,8 @@ impl Spec {
 /// account's request under the same key, a different request under the first
 /// one's key (a mismatch), a second key (single-step on SQLite), a plain
 /// lease-mode request with a mismatch of its own, and a request through the
-/// proxy (sent by two clients) with a mismatch of its own.
+/// proxy and one over gRPC (each sent by two clients), each with a mismatch of
+/// its own (and, over gRPC, another account's request under the same key).
 pub fn scenario(store: StoreKind, always_panic: bool) -> Vec<Spec> {
     let second = match store {
         StoreKind::Sqlite | StoreKind::Postgres => "/order",
@@ -208,6 +215,15 @@ pub fn scenario(store: StoreKind, always_panic: bool) -> Vec<Spec> {
             account: "acct-a",
             key: "key-4",
             path: "/echo",
+            item,
+        });
+    }
+    for (account, item) in [("acct-g", "g1"), ("acct-g", "g1-other"), ("acct-h", "h1")] {
+        specs.push(Spec {
+            id: specs.len(),
+            account,
+            key: "key-6",
+            path: grpc::PAY,
             item,
         });
     }
@@ -334,17 +350,37 @@ async fn echo(body: Bytes) -> Response {
         .into_response()
 }
 
-/// The lease-mode handler: a phase, a call to a downstream that ignores keys,
-/// a call to one that honours them, and the final phase, written with the real
-/// [`Phases`].
-async fn pay<St: TransactionalStore>(
-    State(app): State<AppState<St>>,
-    ctx: IdempotencyContext,
-    body: Bytes,
-) -> Result<Response, PhaseError<HandlerError>> {
-    let item = item_of(&body);
+/// What the lease-mode handlers' phases recorded: the reservation, the charge
+/// at the downstream that ignores keys, the note at the one that honours them.
+struct Steps<St: TransactionalStore> {
+    phases: Phases<St>,
+    item: String,
+    reserved: String,
+    charge: String,
+    note: String,
+}
+
+impl<St: TransactionalStore> Steps<St> {
+    /// The answer's fields (every one recorded, so a resumed run answers
+    /// the same).
+    fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "item": self.item, "reserved": self.reserved, "charge": self.charge, "note": self.note
+        })
+    }
+}
+
+/// The lease-mode handlers' steps, written with the real [`Phases`]: a
+/// phase, a call to a downstream that ignores keys, a call to one that
+/// honours them. The REST handler ends them with `finish`; the gRPC one with
+/// a last phase, the layer storing its reply.
+async fn pay_steps<St: TransactionalStore>(
+    app: &AppState<St>,
+    ctx: &IdempotencyContext,
+    item: String,
+) -> Result<Steps<St>, PhaseError<HandlerError>> {
     maybe_panic(&app.shared);
-    let mut phases = Phases::begin(app.store.clone(), &ctx).await?;
+    let mut phases = Phases::begin(app.store.clone(), ctx).await?;
     let reserved: String = phases
         .phase("reserve", async |_tx| Ok::<_, HandlerError>(format!("r-{item}")))
         .await?;
@@ -404,13 +440,29 @@ async fn pay<St: TransactionalStore>(
             Ok(answer)
         })
         .await?;
-    let token = ctx.token.0;
-    phases
+    Ok(Steps {
+        phases,
+        item,
+        reserved,
+        charge,
+        note,
+    })
+}
+
+/// The REST lease-mode handler: [`pay_steps`], then the final phase, which
+/// stores the answer with its last write.
+async fn pay<St: TransactionalStore>(
+    State(app): State<AppState<St>>,
+    ctx: IdempotencyContext,
+    body: Bytes,
+) -> Result<Response, PhaseError<HandlerError>> {
+    let steps = pay_steps(&app, &ctx, item_of(&body)).await?;
+    let mut answer = steps.json();
+    answer["token"] = ctx.token.0.into();
+    steps
+        .phases
         .finish("done", async |_tx| {
-            let body = serde_json::json!({
-                "item": item, "reserved": reserved, "charge": charge, "note": note, "token": token
-            });
-            Ok((StatusCode::CREATED, axum::Json(body)).into_response())
+            Ok((StatusCode::CREATED, axum::Json(answer)).into_response())
         })
         .await
 }
@@ -491,6 +543,8 @@ struct Instance {
     id: usize,
     store: Arc<dyn KeyStore>,
     app: Router,
+    /// The gRPC server (the tonic adapter).
+    grpc: grpc::GrpcServer,
 }
 
 struct World {
@@ -515,7 +569,14 @@ impl World {
     fn instance(&self, slot: usize) -> Instance {
         let mut inst = self.application(slot);
         let proxy = proxy::service(inst.store.clone(), self.shared.clone());
-        inst.app = inst.app.route_service(proxy::PROXY_ROUTE, proxy);
+        // One router for everything the process serves, gRPC included: it is
+        // what the completer replays records through, and a gRPC record
+        // replayed through the REST routes alone is answered by their 404
+        // fallback (behind a layer, that 404 is stored as the key's answer).
+        inst.app = inst
+            .app
+            .route_service(proxy::PROXY_ROUTE, proxy)
+            .route_service(grpc::PAY, grpc::routable(inst.grpc.clone()));
         inst
     }
 
@@ -544,6 +605,10 @@ impl World {
                     .layer(lease_layer(handle.clone(), slot % 2 == 1));
                 Instance {
                     id,
+                    grpc: grpc::server(AppState {
+                        store: handle.clone(),
+                        shared: self.shared.clone(),
+                    }),
                     store: handle,
                     app,
                 }
@@ -578,6 +643,10 @@ impl World {
                     ))));
                 Instance {
                     id,
+                    grpc: grpc::server(AppState {
+                        store: handle.clone(),
+                        shared: self.shared.clone(),
+                    }),
                     store: handle,
                     app: pay_app.merge(order_app),
                 }
@@ -602,6 +671,10 @@ impl World {
                     .layer(lease_layer(handle.clone(), slot % 2 == 1));
                 Instance {
                     id,
+                    grpc: grpc::server(AppState {
+                        store: handle.clone(),
+                        shared: self.shared.clone(),
+                    }),
                     store: handle,
                     app,
                 }
@@ -647,6 +720,10 @@ impl World {
                     ))));
                 Instance {
                     id,
+                    grpc: grpc::server(AppState {
+                        store: handle.clone(),
+                        shared: self.shared.clone(),
+                    }),
                     store: handle,
                     app: pay_app.merge(order_app),
                 }
@@ -682,6 +759,9 @@ impl World {
     /// Sends `spec` once, after the faults stopped, with a minute to answer
     /// (the liveness and late-replay checks); records the answer.
     async fn send_final(&self, spec: &Spec) -> Answer {
+        if spec.grpc() {
+            return self.grpc_final(spec).await;
+        }
         let inst = self.live();
         let call = async {
             let res = inst
@@ -1037,7 +1117,7 @@ async fn run_inner(config: &Config) -> Outcome {
 
     // Phase 1: clients (two for the first request), jobs and the operator, with faults.
     let mut handles = Vec::new();
-    let twice = specs.iter().filter(|s| s.item == "a1" || s.item == "p1");
+    let twice = specs.iter().filter(|s| ["a1", "g1", "p1"].contains(&s.item));
     for spec in specs.iter().chain(twice) {
         handles.push(tokio::spawn(world.clone().client(spec.clone())));
     }

@@ -42,6 +42,9 @@ impl World {
     /// random attempt timeout (the client hangs up and retries), a deadline
     /// over all attempts, and its backoff's randomness seeded by the schedule.
     pub(super) async fn client(self: Arc<Self>, spec: Spec) {
+        if spec.grpc() {
+            return self.grpc_client(spec).await;
+        }
         let (attempt_timeout, retry_500, seed) = self
             .sched
             .with_rng(|r| (r.millis(300, 9000), r.chance(0.5), r.next_u64()));
