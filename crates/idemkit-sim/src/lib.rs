@@ -83,5 +83,23 @@ pub fn config_for(store: StoreKind, run_seed: u64, n: u64, mutation: Option<Muta
         mutation,
         instances: 2,
         always_panic: false,
+        small: false,
+        prefix: Vec::new(),
+    }
+}
+
+/// A run of the exhaustive strategy on the memory store: the small scenario,
+/// no faults, one fixed seed, following `prefix` ([`sched::next_prefix`]).
+pub fn exhaustive_config(preemptions: usize, prefix: Vec<usize>, mutation: Option<Mutation>) -> Config {
+    Config {
+        store: StoreKind::Memory,
+        seed: 1,
+        strategy: Strategy::Exhaustive { preemptions },
+        faults: Faults::NONE,
+        mutation,
+        instances: 2,
+        always_panic: false,
+        small: true,
+        prefix,
     }
 }

@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use idemkit_sim::{Mutation, StoreKind, config_for, run};
+use idemkit_sim::{Mutation, StoreKind, config_for, exhaustive_config, run, sched::next_prefix};
 
 struct Args {
     stores: Vec<StoreKind>,
@@ -15,6 +15,10 @@ struct Args {
     schedule: Option<u64>,
     mutation: Option<Mutation>,
     always_panic: bool,
+    /// `--exhaustive`: the preemption bound of a depth-first run.
+    exhaustive: Option<usize>,
+    /// `--prefix`: the one exhaustive schedule to replay.
+    prefix: Option<Vec<usize>>,
 }
 
 fn parse() -> Result<Args, String> {
@@ -25,6 +29,8 @@ fn parse() -> Result<Args, String> {
         schedule: None,
         mutation: None,
         always_panic: false,
+        exhaustive: None,
+        prefix: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -61,9 +67,23 @@ fn parse() -> Result<Args, String> {
                 args.mutation = Some(Mutation::parse(&v).ok_or(format!("unknown mutant {v}"))?);
             }
             "--always-panic" => args.always_panic = true,
+            "--exhaustive" => args.exhaustive = Some(args.exhaustive.unwrap_or(2)),
+            "--prefix" => {
+                let v = value()?;
+                let choices = v
+                    .split(',')
+                    .filter(|c| !c.is_empty())
+                    .map(|c| c.parse::<usize>().map_err(|e| format!("--prefix: {e}")))
+                    .collect::<Result<Vec<_>, _>>()?;
+                args.prefix = Some(choices);
+                args.exhaustive = Some(args.exhaustive.unwrap_or(2));
+            }
+            "--preemptions" => {
+                args.exhaustive = Some(value()?.parse().map_err(|e| format!("--preemptions: {e}"))?);
+            }
             "--help" | "-h" => {
                 println!(
-                    "usage: idemkit-sim [--store memory|sqlite|postgres|redis|all] [--seconds N] [--seed S] [--schedule N] [--mutant NAME] [--always-panic]"
+                    "usage: idemkit-sim [--store memory|sqlite|postgres|redis|all] [--seconds N] [--seed S] [--schedule N] [--mutant NAME] [--always-panic] [--exhaustive [--preemptions K] [--prefix C,C,..]]"
                 );
                 std::process::exit(0);
             }
@@ -96,6 +116,9 @@ fn main() -> ExitCode {
             default_hook(info);
         }
     }));
+    if let Some(bound) = args.exhaustive {
+        return exhaustive(bound, args.seconds, args.mutation, args.prefix);
+    }
     let run_seed = args.seed.unwrap_or_else(|| {
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -167,6 +190,69 @@ fn main() -> ExitCode {
         faults += store_faults;
     }
     println!("sim: {schedules} schedules, {faults} faults, {violations} violations");
+    if violations > 0 {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+/// `--exhaustive`: every schedule of the small scenario on the memory store
+/// within the preemption bound, depth first, until done or out of time.
+/// With `only`, runs that one schedule (a replay).
+fn exhaustive(bound: usize, seconds: f64, mutation: Option<Mutation>, only: Option<Vec<usize>>) -> ExitCode {
+    let started = Instant::now();
+    let budget = Duration::from_secs_f64(seconds);
+    let (mut n, mut violations) = (0u64, 0u64);
+    let mut hashes = HashSet::new();
+    let replay = only.is_some();
+    let mut prefix = Some(only.unwrap_or_default());
+    while let Some(p) = prefix.take() {
+        if started.elapsed() >= budget {
+            prefix = Some(p);
+            break;
+        }
+        let outcome = run(&exhaustive_config(bound, p.clone(), mutation));
+        n += 1;
+        hashes.insert(outcome.stats.hash);
+        if !outcome.violations.is_empty() {
+            violations += outcome.violations.len() as u64;
+            // The path taken, up to its last choice other than the default 0.
+            let mut taken: Vec<String> = outcome.choices.iter().map(|(c, _)| c.to_string()).collect();
+            while taken.len() > 1 && taken.last().is_some_and(|c| c == "0") {
+                taken.pop();
+            }
+            println!("sim: VIOLATION on memory (exhaustive, preemption bound {bound}):");
+            for v in &outcome.violations {
+                println!("  {v}");
+            }
+            let extra = mutation
+                .map(|m| format!(" --mutant {}", m.name()))
+                .unwrap_or_default();
+            println!(
+                "sim: replay with: bash .ci/sim --exhaustive --preemptions {bound} --prefix {}{extra}",
+                taken.join(",")
+            );
+        }
+        for line in &outcome.trace {
+            println!("  {line}");
+        }
+        if replay {
+            break;
+        }
+        prefix = next_prefix(&outcome.choices);
+    }
+    let secs = started.elapsed().as_secs_f64();
+    println!(
+        "sim: memory (exhaustive, preemption bound {bound}): {n} schedules in {secs:.1}s, {} distinct interleavings, {}",
+        hashes.len(),
+        match (replay, prefix.is_none()) {
+            (true, _) => "one schedule replayed",
+            (false, true) => "every schedule within the bound explored",
+            (false, false) => "stopped by the time budget",
+        }
+    );
+    println!("sim: {n} schedules, 0 faults, {violations} violations");
     if violations > 0 {
         ExitCode::from(1)
     } else {

@@ -70,6 +70,27 @@ pub enum Strategy {
         /// The bug depth aimed at (d).
         depth: usize,
     },
+    /// Every interleaving, depth first, with at most `preemptions` context
+    /// switches away from a task that could have gone on (preemption
+    /// bounding, as CHESS does): choice 0 at each step lets the task that ran
+    /// last go on, the others preempt it. A run follows the prefix of choices
+    /// it is given ([`Sched::follow`]) and takes choice 0 past it; the log of
+    /// its choices ([`Sched::choices`]) gives the next prefix
+    /// ([`next_prefix`]). For small scenarios on the memory store.
+    Exhaustive {
+        /// The preemption bound.
+        preemptions: usize,
+    },
+}
+
+/// The prefix of the schedule after the one whose choices were `log`
+/// (chosen, options) in depth-first order, or `None` when every schedule
+/// within the bound has run.
+pub fn next_prefix(log: &[(usize, usize)]) -> Option<Vec<usize>> {
+    let last = log.iter().rposition(|&(chosen, options)| chosen + 1 < options)?;
+    let mut prefix: Vec<usize> = log[..last].iter().map(|&(c, _)| c).collect();
+    prefix.push(log[last].0 + 1);
+    Some(prefix)
 }
 
 /// Where in a store call a task parked.
@@ -198,6 +219,13 @@ struct Inner {
     real_io: bool,
     trace: Vec<String>,
     tracing: bool,
+    /// Exhaustive: the choices to follow, then choice 0.
+    forced: Vec<usize>,
+    /// Exhaustive: every choice made (chosen, options).
+    choices: Vec<(usize, usize)>,
+    /// Exhaustive: the task released last, and the preemptions so far.
+    last_owner: Option<usize>,
+    preempted: usize,
 }
 
 /// The scheduler shared by every instrumented store handle of one schedule.
@@ -229,7 +257,7 @@ impl Sched {
         let mut rng = Rng::new(seed);
         let change_points = match strategy {
             Strategy::Pct { depth } => (1..depth).map(|_| rng.next_u64() % 400).collect(),
-            Strategy::Random => Vec::new(),
+            Strategy::Random | Strategy::Exhaustive { .. } => Vec::new(),
         };
         Arc::new(Self {
             inner: Mutex::new(Inner {
@@ -254,9 +282,23 @@ impl Sched {
                 real_io: true,
                 trace: Vec::new(),
                 tracing: std::env::var_os("IDEMKIT_SIM_TRACE").is_some(),
+                forced: Vec::new(),
+                choices: Vec::new(),
+                last_owner: None,
+                preempted: 0,
             }),
             notify: Notify::new(),
         })
+    }
+
+    /// Exhaustive: the choices this run follows before taking choice 0.
+    pub fn follow(&self, prefix: Vec<usize>) {
+        self.lock().forced = prefix;
+    }
+
+    /// Exhaustive: every choice this run made (chosen, options).
+    pub fn choices(&self) -> Vec<(usize, usize)> {
+        self.lock().choices.clone()
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -574,6 +616,25 @@ impl Sched {
                 }
                 idx
             }
+            Strategy::Exhaustive { preemptions } => {
+                // Choice 0 is the task that ran last, when it is parked again.
+                let current = g
+                    .last_owner
+                    .and_then(|o| g.parked.iter().position(|p| p.owner == o));
+                let mut options: Vec<usize> = current.into_iter().collect();
+                if current.is_none() || g.preempted < preemptions {
+                    options.extend((0..g.parked.len()).filter(|i| Some(*i) != current));
+                }
+                let at = g.choices.len();
+                let chosen = g.forced.get(at).copied().unwrap_or(0).min(options.len() - 1);
+                g.choices.push((chosen, options.len()));
+                let idx = options[chosen];
+                if current.is_some_and(|c| c != idx) {
+                    g.preempted += 1;
+                }
+                g.last_owner = Some(g.parked[idx].owner);
+                idx
+            }
         };
         g.steps += 1;
         let parked = g.parked.swap_remove(idx);
@@ -772,5 +833,18 @@ impl Clock for VirtualClock {
     fn now(&self) -> Millis {
         let elapsed = i64::try_from(self.start.elapsed().as_millis()).unwrap_or(i64::MAX);
         Millis(self.base.0 + elapsed + self.skew_ms)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::next_prefix;
+
+    #[test]
+    fn the_next_prefix_advances_the_deepest_choice_with_options_left() {
+        assert_eq!(next_prefix(&[(0, 2), (0, 1), (0, 3)]), Some(vec![0, 0, 1]));
+        assert_eq!(next_prefix(&[(0, 2), (2, 3), (0, 1)]), Some(vec![1]));
+        assert_eq!(next_prefix(&[(1, 2), (2, 3), (0, 1)]), None);
+        assert_eq!(next_prefix(&[]), None);
     }
 }

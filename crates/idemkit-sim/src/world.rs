@@ -65,7 +65,7 @@ impl StoreKind {
 }
 
 /// What one schedule runs.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Config {
     /// The store.
     pub store: StoreKind,
@@ -83,6 +83,12 @@ pub struct Config {
     /// phase committed (a panic must not hold the key
     /// forever; it ends parked or in the review list).
     pub always_panic: bool,
+    /// The small scenario (for the exhaustive strategy): one request sent by
+    /// two clients and a different request under its key, no completer,
+    /// reaper or operator while the clients run.
+    pub small: bool,
+    /// [`Strategy::Exhaustive`]: the choices to follow.
+    pub prefix: Vec<usize>,
 }
 
 /// The result of one schedule.
@@ -94,6 +100,8 @@ pub struct Outcome {
     pub violations: Vec<Violation>,
     /// The scheduler's choices (with `IDEMKIT_SIM_TRACE` set).
     pub trace: Vec<String>,
+    /// [`Strategy::Exhaustive`]: every choice made (chosen, options).
+    pub choices: Vec<(usize, usize)>,
 }
 
 /// The route policy every instance runs: short lease and window so the
@@ -246,6 +254,22 @@ pub fn scenario(store: StoreKind, always_panic: bool) -> Vec<Spec> {
         });
     }
     specs
+}
+
+/// The small scenario: the lease-mode request `a1` (sent by two clients) and
+/// a different request under its key.
+pub fn small_scenario() -> Vec<Spec> {
+    ["a1", "a1-other"]
+        .into_iter()
+        .enumerate()
+        .map(|(id, item)| Spec {
+            id,
+            account: "acct-a",
+            key: "key-1",
+            path: "/pay",
+            item,
+        })
+        .collect()
 }
 
 /// Effects at the simulated downstreams, by request marker.
@@ -1028,6 +1052,7 @@ async fn run_inner(config: &Config) -> Outcome {
                     stats: SchedStats::default(),
                     violations: vec![Violation::stuck(format!("cannot open Redis: {e}"))],
                     trace: Vec::new(),
+                    choices: Vec::new(),
                 };
             }
         },
@@ -1041,6 +1066,7 @@ async fn run_inner(config: &Config) -> Outcome {
                     stats: SchedStats::default(),
                     violations: vec![Violation::stuck(format!("cannot open PostgreSQL: {e}"))],
                     trace: Vec::new(),
+                    choices: Vec::new(),
                 };
             }
         },
@@ -1050,6 +1076,7 @@ async fn run_inner(config: &Config) -> Outcome {
     tokio::time::pause();
     let clock = VirtualClock::new(Millis(1_700_000_000_000), 0);
     let sched = Sched::new(config.seed, config.strategy, config.faults);
+    sched.follow(config.prefix.clone());
     sched.set_real_io(config.store != StoreKind::Memory);
     let log: Log = Arc::default();
     let backing = match (sqlite, postgres) {
@@ -1109,7 +1136,11 @@ async fn run_inner(config: &Config) -> Outcome {
     let first: Vec<Instance> = (0..config.instances.max(1)).map(|s| world.instance(s)).collect();
     *world.instances.lock().unwrap_or_else(|p| p.into_inner()) = first;
 
-    let specs = scenario(config.store, config.always_panic);
+    let specs = if config.small {
+        small_scenario()
+    } else {
+        scenario(config.store, config.always_panic)
+    };
     let mut violations = Vec::new();
     // Every record is completed after this instant, so it is still inside
     // its replay window until this instant plus the window.
@@ -1121,10 +1152,14 @@ async fn run_inner(config: &Config) -> Outcome {
     for spec in specs.iter().chain(twice) {
         handles.push(tokio::spawn(world.clone().client(spec.clone())));
     }
-    let background = vec![
-        tokio::spawn(world.clone().jobs()),
-        tokio::spawn(world.clone().operator(specs.clone())),
-    ];
+    let background = if config.small {
+        Vec::new()
+    } else {
+        vec![
+            tokio::spawn(world.clone().jobs()),
+            tokio::spawn(world.clone().operator(specs.clone())),
+        ]
+    };
     if let Err(e) = drive(&sched, || all_done(&handles), Duration::from_secs(900)).await {
         violations.push(Violation::stuck(format!("clients did not finish: {e}")));
     }
@@ -1292,6 +1327,7 @@ async fn run_inner(config: &Config) -> Outcome {
     }
     let stats = sched.stats();
     let trace = sched.trace();
+    let choices = sched.choices();
     // Kept-open transactions end before the store is cleaned up (a dropped
     // one rolls back on its connection's next use or return to the pool).
     world.leaks.lock().unwrap_or_else(|p| p.into_inner()).clear();
@@ -1324,6 +1360,7 @@ async fn run_inner(config: &Config) -> Outcome {
         stats,
         violations,
         trace,
+        choices,
     }
 }
 

@@ -377,3 +377,40 @@ fn testkit_takeover_ignores_state() {
 fn testkit_takeover_ignores_lease() {
     testkit(T::TakeoverIgnoresLease, 400);
 }
+
+/// The exhaustive strategy: every schedule of the small scenario without a
+/// preemption is explored and clean on the real memory store, and a defect
+/// that only an interleaving shows (a claim that checks, then inserts) is
+/// found depth first within one preemption.
+#[test]
+fn the_exhaustive_strategy_explores_its_bound_and_finds_an_interleaving_defect() {
+    use idemkit_sim::exhaustive_config;
+    use idemkit_sim::sched::next_prefix;
+    quiet_injected_panics();
+    let mut prefix = Some(Vec::new());
+    let mut schedules = 0;
+    while let Some(p) = prefix.take() {
+        let outcome = run(&exhaustive_config(0, p, None));
+        assert!(outcome.violations.is_empty(), "{:?}", outcome.violations);
+        schedules += 1;
+        assert!(schedules < 10_000, "the bound-0 space is small");
+        prefix = next_prefix(&outcome.choices);
+    }
+    assert!(schedules > 1, "more than one schedule within the bound");
+
+    let mutation = Some(Mutation::Testkit(T::CheckThenInsert));
+    let mut prefix = Some(Vec::new());
+    for n in 0..2_000 {
+        let Some(p) = prefix.take() else {
+            panic!("every schedule within one preemption ran ({n}) and none caught {mutation:?}");
+        };
+        let outcome = run(&exhaustive_config(1, p, mutation));
+        if !outcome.violations.is_empty() {
+            let kinds: Vec<Kind> = outcome.violations.iter().map(|v| v.kind).collect();
+            assert!(kinds.contains(&Kind::StolenLease), "caught as {kinds:?}");
+            return;
+        }
+        prefix = next_prefix(&outcome.choices);
+    }
+    panic!("{mutation:?} survived 2000 schedules within one preemption");
+}
