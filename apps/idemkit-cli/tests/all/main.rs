@@ -26,6 +26,7 @@ mod proxy_docs;
 mod quickstart;
 mod readme;
 mod repeatable;
+mod soak;
 
 /// The Redis Cluster harness of idemkit-redis's tests (std only).
 #[path = "../../../../crates/idemkit-redis/tests/all/harness.rs"]

@@ -23,6 +23,13 @@ pub(crate) use redis::{abandon_after_intent, finished_without_retry};
 
 pub(crate) struct Proc(Child);
 
+impl Proc {
+    /// The process id.
+    pub(crate) fn pid(&self) -> u32 {
+        self.0.id()
+    }
+}
+
 impl Drop for Proc {
     fn drop(&mut self) {
         let _ = self.0.kill();
@@ -30,7 +37,7 @@ impl Drop for Proc {
     }
 }
 
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -38,7 +45,7 @@ fn free_port() -> u16 {
         .port()
 }
 
-fn spawn(args: &[&str], env: &[(&str, &str)]) -> (Proc, std::sync::mpsc::Receiver<String>) {
+pub(crate) fn spawn(args: &[&str], env: &[(&str, &str)]) -> (Proc, std::sync::mpsc::Receiver<String>) {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_idemkit"));
     cmd.args(args)
         .env("RUST_LOG", "error")
@@ -149,6 +156,11 @@ impl Labels {
     /// The service's SQLite file (labels and key store).
     pub(crate) fn db(&self) -> std::path::PathBuf {
         self.dir.join("labels.db")
+    }
+
+    /// The courier's SQLite database (its shipments).
+    pub(crate) fn courier_db(&self) -> std::path::PathBuf {
+        self.dir.join("courier.db")
     }
 
     pub(crate) fn start_service(&mut self, env: &[(&str, &str)]) {
