@@ -1,9 +1,8 @@
 //! The checker: safety over the answers, the store's event log and the
 //! downstreams' effects; liveness over the records once faults stopped.
 //!
-//! The rules of the race suite's history checker
-//! (`idemkit_testkit::race::history`) are here, over the shipped code's
-//! history: at most one effect per request at a downstream that ignores keys
+//! The rules of the retired race suite's history checker are here, over the
+//! shipped code's history: at most one effect per request at a downstream that ignores keys
 //! (and one downstream key per request at one that honours them); one answer
 //! per key (every 2xx answer byte-identical and the stored one); no completed
 //! record completed again; no write of a holder whose lease was taken over

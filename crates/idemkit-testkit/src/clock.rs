@@ -1,3 +1,4 @@
+use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
@@ -29,5 +30,21 @@ impl Default for ManualClock {
 impl Clock for ManualClock {
     fn now(&self) -> Millis {
         Millis(self.0.load(Ordering::SeqCst))
+    }
+}
+
+/// A clock running a fixed time ahead of another: the application clock of an
+/// instance whose clock is skewed.
+#[derive(Debug)]
+pub struct SkewedClock {
+    /// The true time.
+    pub base: Arc<dyn Clock>,
+    /// How far ahead this clock runs.
+    pub ahead: Duration,
+}
+
+impl Clock for SkewedClock {
+    fn now(&self) -> Millis {
+        self.base.now().plus(self.ahead)
     }
 }

@@ -12,9 +12,6 @@
 //! - the **lifecycle suite** ([`lifecycle`]: phases, parking, the completer's work
 //!   list, the reaper and its review list) with [`lifecycle_conformance_tests!`]
 //!   and [`transactional_lifecycle_tests!`];
-//! - the **race suite** ([`race`]): holder, retrier, completer, reaper and
-//!   operator interleaved at every store-operation boundary on one key, with a
-//!   history checker after each schedule; [`race_tests!`] runs it on a backend;
 //! - [`mutants`]: deliberately broken stores, the suites' negative controls;
 //! - [`Probed`]: any store with its claims counted and its reads failing on
 //!   demand, for tests of what sits above the store.
@@ -37,11 +34,10 @@ mod memory;
 pub mod mutants;
 mod probe;
 mod process;
-pub mod race;
 pub mod suite;
 pub mod tx_suite;
 
-pub use clock::ManualClock;
+pub use clock::{ManualClock, SkewedClock};
 pub use memory::MemoryStore;
 pub use probe::Probed;
 pub use process::example_bin;
@@ -301,35 +297,5 @@ macro_rules! transactional_lifecycle_tests {
                 $crate::lifecycle::$case(store, probe, clock).await;
             }
         )*
-    };
-}
-
-/// Generates the race suite's test for a backend: every scenario of
-/// [`race::SCENARIOS`], schedules chosen by [`race::Explore::from_env`] (a
-/// seeded sample of `$runs` per scenario by default; `IDEMKIT_RACE=all` runs
-/// the whole space).
-///
-/// `$factory` is an async fn taking `Arc<ManualClock>` and returning
-/// `Option<race::RaceTarget>` for a fresh store (`None`: not configured here,
-/// and the test says so).
-#[macro_export]
-macro_rules! race_tests {
-    ($factory:expr, $runs:expr) => {
-        #[tokio::test(flavor = "multi_thread", worker_threads = 6)]
-        async fn race_suite() {
-            let probe = ::std::sync::Arc::new($crate::ManualClock::new());
-            if ($factory)(probe).await.is_none() {
-                eprintln!("store not configured: skipped");
-                return;
-            }
-            let factory: $crate::race::TargetFactory = ::std::sync::Arc::new(|clock| {
-                ::std::boxed::Box::pin(async move {
-                    ($factory)(clock)
-                        .await
-                        .expect("the store was configured a moment ago")
-                })
-            });
-            $crate::race::run_all(factory, $crate::race::Explore::from_env($runs)).await;
-        }
     };
 }

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use idemkit_core::{ClaimOutcome, KeyStore, RecordState, SystemClock, TransactionalStore, TxClaim};
 use idemkit_postgres::{PgConfig, PgStore};
 use idemkit_testkit::ManualClock;
-use idemkit_testkit::race::SkewedClock;
+use idemkit_testkit::SkewedClock;
 use idemkit_testkit::suite::{LEASE, claim_req, must_claim, response, scope};
 
 use crate::{database_url, fresh_schema, store_in_fresh_schema};

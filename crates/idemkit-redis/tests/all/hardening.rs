@@ -7,7 +7,7 @@ use std::time::Duration;
 use idemkit_core::{ClaimOutcome, KeyStore, SystemClock};
 
 use idemkit_testkit::ManualClock;
-use idemkit_testkit::race::SkewedClock;
+use idemkit_testkit::SkewedClock;
 use idemkit_testkit::suite::{LEASE, WINDOW, claim_req, must_claim, response, scope};
 use serde_json::json;
 

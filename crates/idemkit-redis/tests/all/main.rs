@@ -12,7 +12,6 @@ mod common;
 mod fencing;
 mod hardening;
 mod harness;
-mod race;
 mod review;
 mod roundtrips;
 mod single;

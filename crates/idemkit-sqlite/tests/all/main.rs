@@ -417,39 +417,6 @@ async fn a_store_opened_on_existing_keys_reads_them_before_claiming() {
         other => panic!("expected a replay without a claim, got {other:?}"),
     }
 }
-
-mod race {
-    use std::sync::Arc;
-
-    use idemkit_core::KeyStore;
-    use idemkit_sqlite::SqliteStore;
-    use idemkit_testkit::ManualClock;
-    use idemkit_testkit::race::RaceTarget;
-    use tokio::sync::OnceCell;
-
-    /// One database file for the whole suite (each schedule has its own key);
-    /// each schedule's handle reads time from that schedule's clock.
-    async fn target(clock: Arc<ManualClock>) -> Option<RaceTarget> {
-        static BASE: OnceCell<SqliteStore> = OnceCell::const_new();
-        let base = BASE
-            .get_or_init(|| async {
-                let dir = super::test_dir("race");
-                SqliteStore::connect(dir.join("keys.db"))
-                    .await
-                    .expect("open sqlite")
-            })
-            .await;
-        let store: Arc<dyn KeyStore> = Arc::new(base.clone().with_clock(clock));
-        Some(RaceTarget {
-            second: store.clone(),
-            store,
-            yield_points: &[],
-        })
-    }
-
-    idemkit_testkit::race_tests!(target, 400);
-}
-
 /// The negative control of the transactional suites: with fencing gone from
 /// every lease-holder write (inside transactions too), some case fails.
 mod negative_control {
