@@ -19,6 +19,8 @@
 //! 4. Redis: bytes per stored record (`used_memory` before and after ÷ N).
 //! 5. **Reap**: one reaper pass that deletes all N (every record completed
 //!    before now); deletions per second ÷ the insert rate (target: at least 5).
+//!    Then Redis refills N records and deletes them the leanest way (`SCAN` +
+//!    `UNLINK`, no state check, no script): the floor of the reaper's rate.
 //!
 //! Then, from an empty store, **sustained load** for `--level-seconds` (600 by
 //! default) by 16 tasks, with a reaper pass every `keep / 4` deleting what was
@@ -339,6 +341,21 @@ async fn grows(kind: &str, backend: &Backend, n: u64, samples: usize) {
             ": MISSED"
         }
     );
+    if let Backend::Redis { store: redis, .. } = backend {
+        // The leanest deletion of the same records on the same server, the
+        // floor the reaper's rate is judged against: a `SCAN` of the prefix
+        // and `UNLINK` of every key in batches, with no state check and no
+        // script (`RedisStore::clear_prefix`).
+        load(store.clone(), "refill", Some(n), Arc::new(AtomicBool::new(false))).await;
+        let started = Instant::now();
+        redis.clear_prefix().await.expect("clear the bench's prefix");
+        let floor = n as f64 / started.elapsed().as_secs_f64();
+        println!(
+            "  leanest deletion of the same {n} records (SCAN + UNLINK, no state check): {floor:.0}/s, {:.1}× the insert rate; the reaper runs at {:.2} of it",
+            floor / insert_rate,
+            delete_rate / floor
+        );
+    }
 }
 
 /// The sustained-load run of the module documentation.

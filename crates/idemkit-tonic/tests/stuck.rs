@@ -254,6 +254,16 @@ async fn a_call_whose_deadline_ends_mid_claim_leaves_no_key_held_by_nobody() {
         .await
         .expect("the server never ended the call");
     gate.notify_one(); // the claim lands now
+    // The detached run goes on alone: a retry sent before its claim landed
+    // would claim the fresh key itself and race it.
+    let began = Instant::now();
+    while h.counter.runs.load(Ordering::SeqCst) == 0 {
+        assert!(
+            began.elapsed() < Duration::from_secs(5),
+            "the detached claim never ran the handler: the key is held by nobody"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 
     let replay = retry_until_settled(&h, "mid-claim", "ok").await.unwrap();
     assert!(replayed(&replay), "the retry gets the detached run's answer");
