@@ -38,16 +38,12 @@ impl Drop for HangUp<'_> {
 }
 
 impl World {
-    /// One client's call: `spec` through the real retry policy, with a
-    /// random attempt timeout (the client hangs up and retries), a deadline
-    /// over all attempts, and its backoff's randomness seeded by the schedule.
-    pub(super) async fn client(self: Arc<Self>, spec: Spec) {
-        if spec.grpc() {
-            return self.grpc_client(spec).await;
-        }
-        let (attempt_timeout, retry_500, seed) = self
-            .sched
-            .with_rng(|r| (r.millis(300, 9000), r.chance(0.5), r.next_u64()));
+    /// A client's retry policy (the REST and the gRPC ones alike): 5 attempts
+    /// within 45 s, a random attempt timeout (the client hangs up and
+    /// retries), full jitter from 100 ms to 3 s, its randomness seeded by the
+    /// schedule; `adjust` adds what one kind of client sets on top.
+    pub(super) fn retry_policy(&self, adjust: impl FnOnce(RetryConfig) -> RetryConfig) -> RetryPolicy {
+        let (attempt_timeout, seed) = self.sched.with_rng(|r| (r.millis(300, 9000), r.next_u64()));
         let config = RetryConfig::new()
             .with_max_attempts(5)
             .with_deadline(Duration::from_secs(45))
@@ -55,9 +51,19 @@ impl World {
             .with_backoff(Backoff::full_jitter(
                 Duration::from_millis(100),
                 Duration::from_secs(3),
-            ))
-            .with_classifier(Classifier::new().with_retry_500(retry_500));
-        let policy = RetryPolicy::new(config).with_seed(seed);
+            ));
+        RetryPolicy::new(adjust(config)).with_seed(seed)
+    }
+
+    /// One client's call: `spec` through the real retry policy
+    /// ([`World::retry_policy`]; 500 retried for half of the clients).
+    pub(super) async fn client(self: Arc<Self>, spec: Spec) {
+        if spec.grpc() {
+            return self.grpc_client(spec).await;
+        }
+        let retry_500 = self.sched.with_rng(|r| r.chance(0.5));
+        let policy =
+            self.retry_policy(|config| config.with_classifier(Classifier::new().with_retry_500(retry_500)));
         let world = self.clone();
         let id = spec.id;
         let transport = tower::service_fn(move |req: Request<Full<Bytes>>| {

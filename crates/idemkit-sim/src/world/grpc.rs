@@ -16,7 +16,7 @@ use futures::FutureExt;
 use http::uri::PathAndQuery;
 use http::{HeaderMap, Request, Response};
 use http_body_util::BodyExt;
-use idemkit_client::{Backoff, GrpcRetryLayer, RetryConfig, RetryPolicy};
+use idemkit_client::GrpcRetryLayer;
 use idemkit_core::{ErrorCode, TransactionalStore};
 use idemkit_engine::IdempotencyContext;
 use idemkit_tonic::{BearerTokenAccount, IdempotencyLayer};
@@ -253,16 +253,7 @@ impl World {
 
     /// A gRPC client's call through the real gRPC retry policy.
     pub(super) async fn grpc_client(self: Arc<Self>, spec: Spec) {
-        let (attempt_timeout, seed) = self.sched.with_rng(|r| (r.millis(300, 9000), r.next_u64()));
-        let config = RetryConfig::new()
-            .with_max_attempts(5)
-            .with_deadline(Duration::from_secs(45))
-            .with_attempt_timeout(attempt_timeout)
-            .with_backoff(Backoff::full_jitter(
-                Duration::from_millis(100),
-                Duration::from_secs(3),
-            ));
-        let policy = RetryPolicy::new(config).with_seed(seed);
+        let policy = self.retry_policy(|config| config);
         let world = self.clone();
         let id = spec.id;
         let transport = tower::service_fn(move |req: Request<Body>| {
