@@ -23,7 +23,7 @@ struct Args {
 
 fn parse() -> Result<Args, String> {
     let mut args = Args {
-        stores: vec![StoreKind::Memory, StoreKind::Sqlite],
+        stores: Vec::new(),
         seconds: 20.0,
         seed: None,
         schedule: None,
@@ -41,20 +41,7 @@ fn parse() -> Result<Args, String> {
                     "memory" => vec![StoreKind::Memory],
                     "sqlite" => vec![StoreKind::Sqlite],
                     "postgres" => vec![StoreKind::Postgres],
-                    "all" => {
-                        let mut all = vec![StoreKind::Memory, StoreKind::Sqlite];
-                        if std::env::var_os("IDEMKIT_TEST_POSTGRES_URL").is_some() {
-                            all.push(StoreKind::Postgres);
-                        } else {
-                            eprintln!("sim: IDEMKIT_TEST_POSTGRES_URL is not set; PostgreSQL skipped");
-                        }
-                        if std::env::var_os("IDEMKIT_TEST_REDIS_URL").is_some() {
-                            all.push(StoreKind::Redis);
-                        } else {
-                            eprintln!("sim: IDEMKIT_TEST_REDIS_URL is not set; Redis skipped");
-                        }
-                        all
-                    }
+                    "all" => every_store()?,
                     "redis" => vec![StoreKind::Redis],
                     s => return Err(format!("unknown store {s}")),
                 }
@@ -90,7 +77,33 @@ fn parse() -> Result<Args, String> {
             other => return Err(format!("unknown argument {other}")),
         }
     }
+    if args.stores.is_empty() {
+        args.stores = every_store()?;
+    }
     Ok(args)
+}
+
+/// Every store (the default, and `--store all`): memory and SQLite, then
+/// PostgreSQL and Redis where their URLs are set. Under `CI=true` a missing
+/// URL is an error, never a silent skip.
+fn every_store() -> Result<Vec<StoreKind>, String> {
+    let ci = std::env::var("CI").is_ok_and(|v| v == "true");
+    let mut all = vec![StoreKind::Memory, StoreKind::Sqlite];
+    for (var, kind) in [
+        ("IDEMKIT_TEST_POSTGRES_URL", StoreKind::Postgres),
+        ("IDEMKIT_TEST_REDIS_URL", StoreKind::Redis),
+    ] {
+        if std::env::var_os(var).is_some() {
+            all.push(kind);
+        } else if ci {
+            return Err(format!(
+                "{var} is not set (CI=true: a missing store is a failure)"
+            ));
+        } else {
+            eprintln!("sim: {var} is not set; {} skipped", kind.name());
+        }
+    }
+    Ok(all)
 }
 
 fn main() -> ExitCode {

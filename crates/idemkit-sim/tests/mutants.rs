@@ -332,14 +332,12 @@ fn rollback_keeps_lock_postgres() {
 }
 
 /// The testkit's `MutantStore` defects, each the memory store of the
-/// simulation. Six are caught (below); four are not, for reasons recorded in
-/// docs/decisions.md: `RestartAfterWindow` needs a record still in flight past
-/// the 600 s window (every schedule's records have settled by then);
-/// `ReleaseWipesProgress` and `AbandonKeepsToken` are unreachable
-/// from the shipped engine (it never releases a record with progress, and it
-/// stops its heartbeat before it abandons); `ResumeIgnoresToken` needs an
-/// operator release between the completer's listing and its resume, which the
-/// budget did not reach.
+/// simulation. Eight are caught (below); two are not, for reasons recorded
+/// in docs/decisions.md: `AbandonKeepsToken` is unreachable from the shipped
+/// engine (it stops its heartbeat before it abandons, so no heartbeat of the
+/// old holder is on its way), and `ResumeIgnoresToken` turns the completer's
+/// resume into a plain claim, which answers a record's new state the same way
+/// (what the token adds is held by `idemkit-core`'s `record::tests`).
 fn testkit(m: idemkit_sim::mutants::TestkitMutation, budget: u64) {
     assert_caught(StoreKind::Memory, Mutation::Testkit(m), budget);
 }
@@ -351,6 +349,20 @@ use idemkit_sim::mutants::TestkitMutation as T;
 #[test]
 fn testkit_reaper_deletes_unfinished() {
     testkit(T::ReaperDeletesUnfinished, 200);
+}
+
+/// Caught through the operator's `keys release` (without
+/// `--downstream-did-nothing`) of a parked record with progress.
+#[test]
+fn testkit_release_wipes_progress() {
+    testkit(T::ReleaseWipesProgress, 400);
+}
+
+/// Caught in each schedule's fifth phase: a parked request sent again past
+/// its window must not run again.
+#[test]
+fn testkit_restart_after_window() {
+    testkit(T::RestartAfterWindow, 200);
 }
 
 #[test]

@@ -21,7 +21,8 @@ use crate::{ManualClock, MemoryStore};
 #[non_exhaustive]
 pub enum Mutation {
     /// An unfinished record older than the replay window is restarted as a new
-    /// request, its intents dropped (the window applied to in-flight records).
+    /// request, its intents dropped (the window applied to unfinished records:
+    /// an in-flight one whose lease ran out, or one parked for review).
     RestartAfterWindow,
     /// The reaper deletes the records it lists for review, so their keys can be
     /// claimed again as new requests.
@@ -32,8 +33,9 @@ pub enum Mutation {
     /// Lease-holder writes ignore the fencing token: a holder whose lease was
     /// taken over still completes.
     NoFencing,
-    /// A release wipes recorded progress (the store's release is not
-    /// conditional on "no progress recorded").
+    /// A release wipes recorded progress: the holder's `release` is not
+    /// conditional on "no progress recorded", and the operator's
+    /// `force_release` drops the progress it must keep.
     ReleaseWipesProgress,
     /// A takeover or reuse of an existing record hands out the record's
     /// current token again instead of a higher one, so the holder it replaced
@@ -118,8 +120,8 @@ impl KeyStore for MutantStore {
             Mutation::RestartAfterWindow => {
                 let now = self.inner.now();
                 if let Some(r) = self.inner.get(&req.scope).await?
-                    && r.state == RecordState::InFlight
-                    && r.lease_expires_at <= now
+                    && (r.state == RecordState::InFlight && r.lease_expires_at <= now
+                        || r.state == RecordState::Parked)
                     && r.created_at.plus(req.replay_window) <= now
                 {
                     self.inner.remove(&req.scope);
@@ -269,6 +271,14 @@ impl KeyStore for MutantStore {
     }
 
     async fn force_release(&self, scope: &Scope) -> StoreResult<bool> {
+        if self.mutation == Mutation::ReleaseWipesProgress
+            && let Some(r) = self.inner.get(scope).await?
+            && matches!(r.state, RecordState::InFlight | RecordState::Parked)
+            && r.has_progress()
+        {
+            self.inner.remove(scope);
+            return Ok(true);
+        }
         self.inner.force_release(scope).await
     }
 }

@@ -5,8 +5,9 @@
 //! the request reached an instance); the courier behind a relay of its own
 //! that does the same. Client tasks send label requests through the real
 //! `idemkit-client` retry policy while a chaos task SIGKILLs (and restarts) and
-//! SIGSTOPs (and resumes) random instances and now and then terminates every
-//! backend of the database (what a PostgreSQL restart does to its clients).
+//! SIGSTOPs (and resumes) random instances and now and then restarts the
+//! PostgreSQL server (an immediate shutdown, then crash recovery: a server of
+//! the soak's own, see [`server`]) or terminates every backend of the database.
 //! Then the chaos stops, the completers get time to finish what was left, and
 //! the checker looks at what the processes left behind:
 //!
@@ -17,8 +18,12 @@
 //!   "in progress", not "unavailable", not a hang.
 //!
 //! `IDEMKIT_SOAK_SECONDS` sets the chaos phase (default 12); `bash .ci/soak
-//! MINUTES` runs it for longer. Needs `IDEMKIT_TEST_POSTGRES_URL` (a failure
-//! under CI, a skip elsewhere).
+//! MINUTES` runs it for longer. Needs PostgreSQL's server binaries (`initdb`,
+//! `pg_ctl`); without them it runs on `IDEMKIT_TEST_POSTGRES_URL`'s server with
+//! connection cuts in place of restarts, and without either it skips (both
+//! are failures under CI).
+
+mod server;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -189,13 +194,26 @@ async fn send(client: &reqwest_middleware::ClientWithMiddleware, base: &str, key
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_soak_keeps_one_label_and_one_shipment_per_key() {
-    let Some(pg) = std::env::var("IDEMKIT_TEST_POSTGRES_URL").ok() else {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "IDEMKIT_TEST_POSTGRES_URL is not set under CI"
-        );
-        eprintln!("IDEMKIT_TEST_POSTGRES_URL is not set: skipping the chaos soak");
-        return;
+    let ci = std::env::var_os("CI").is_some();
+    let own = server::PgServer::start();
+    assert!(
+        own.is_some() || !ci,
+        "PostgreSQL's server binaries (initdb, pg_ctl) are not installed: under CI the soak restarts a server of its own"
+    );
+    let pg = match &own {
+        Some(server) => server.url("postgres"),
+        None => match std::env::var("IDEMKIT_TEST_POSTGRES_URL") {
+            Ok(url) => {
+                eprintln!("soak: no PostgreSQL binaries: connection cuts in place of server restarts");
+                url
+            }
+            Err(_) => {
+                eprintln!(
+                    "no PostgreSQL binaries and IDEMKIT_TEST_POSTGRES_URL is not set: skipping the chaos soak"
+                );
+                return;
+            }
+        },
     };
     let seconds: f64 = std::env::var("IDEMKIT_SOAK_SECONDS")
         .ok()
@@ -276,12 +294,16 @@ async fn chaos_soak_keeps_one_label_and_one_shipment_per_key() {
 
     // Chaos.
     let pg_pool = sqlx::PgPool::connect(&database).await.unwrap();
-    let (mut kills, mut stops, mut restarts_pg, mut courier_faults_set) = (0, 0, 0, 0);
+    let (mut kills, mut stops, mut courier_faults_set) = (0, 0, 0);
+    let (mut pg_restarts, mut pg_cuts) = (0, 0);
     let until = Instant::now() + Duration::from_secs_f64(seconds);
+    let halfway = Duration::from_secs_f64(seconds / 2.0);
     while Instant::now() < until {
         tokio::time::sleep(Duration::from_millis(300 + rng.below(1200))).await;
         let i = rng.below(3) as usize;
-        match rng.below(12) {
+        // At least one server restart in every run, however short.
+        let must_restart = own.is_some() && pg_restarts == 0 && until - Instant::now() < halfway;
+        match if must_restart { 11 } else { rng.below(12) } {
             0..=3 => {
                 if let Some(p) = instances[i].proc.take() {
                     live.lock().unwrap().retain(|port| *port != instances[i].port);
@@ -312,16 +334,24 @@ async fn chaos_soak_keeps_one_label_and_one_shipment_per_key() {
                 courier.faults(fault).await;
                 courier_faults_set += 1;
             }
+            _ if own.is_some() && (must_restart || rng.chance(0.6)) => {
+                // The server goes down at once and comes back after crash
+                // recovery; every instance's connections fail meanwhile.
+                let started = Instant::now();
+                tokio::task::block_in_place(|| own.as_ref().unwrap().restart());
+                eprintln!("soak: PostgreSQL restarted in {:?}", started.elapsed());
+                pg_restarts += 1;
+            }
             _ => {
-                // What a server restart does to its clients: every connection
-                // of the soak's database is cut.
+                // Every connection of the soak's database is cut (what a
+                // restart does to its clients, without the downtime).
                 let _ = sqlx::query(
                     "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
                      WHERE datname = current_database() AND pid <> pg_backend_pid()",
                 )
                 .execute(&pg_pool)
                 .await;
-                restarts_pg += 1;
+                pg_cuts += 1;
             }
         }
     }
@@ -365,7 +395,7 @@ async fn chaos_soak_keeps_one_label_and_one_shipment_per_key() {
         courier_faults.dropped_replies.load(Ordering::Relaxed),
     );
     eprintln!(
-        "soak: {requests} requests; {kills} SIGKILLs, {stops} SIGSTOPs, {restarts_pg} database connection cuts, \
+        "soak: {requests} requests; {kills} SIGKILLs, {stops} SIGSTOPs, {pg_restarts} PostgreSQL restarts, {pg_cuts} connection cuts, \
          {courier_faults_set} courier faults; relay in front: {} connections and {} replies dropped; courier relay: {} and {}",
         dropped.0, dropped.1, dropped.2, dropped.3
     );
@@ -419,6 +449,7 @@ async fn chaos_soak_keeps_one_label_and_one_shipment_per_key() {
     assert!(requests > 10, "the clients got {requests} requests through");
     assert!(labels > 0, "labels were created");
     assert!(kills + stops > 0, "the chaos did something");
+    assert!(own.is_none() || pg_restarts > 0, "the server was restarted");
     assert!(doubled.is_empty(), "two label rows for one key: {doubled:?}");
     assert!(
         shipped.is_empty(),
