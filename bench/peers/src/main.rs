@@ -12,6 +12,7 @@
 //! | idemkit single-step PostgreSQL| `IdempotencyLayer::single_step` (same)                   |
 //! | bare memory                   | nothing: echo with an id from an `AtomicU64`             |
 //! | idemkit lease, MemoryStore    | `IdempotencyLayer::lease(MemoryStore)` (lease mode)      |
+//! | lean floor, memory            | the leanest layer of the same guarantee (`lean.rs`)     |
 //! | idempotent, memory backend    | `idempotent::middleware::IdempotencyLayer`               |
 //! | axum-idempotent, moka session | `axum_idempotent::IdempotentLayer` inside a ruts session |
 //!
@@ -48,6 +49,7 @@ use serde::{Deserialize, Serialize};
 use tokio::runtime::Handle;
 
 mod handlers;
+mod lean;
 mod load;
 mod setups;
 
@@ -307,6 +309,31 @@ async fn run(server: Handle, serve: bool, latency: bool) {
             Some("idempotent-replayed"),
             Runs::Memory(ids),
             Box::pin(async move { lease_router(Arc::new(MemoryStore::new()), s) }),
+        )
+        .await,
+    );
+
+    // (6a) the leanest layer of the same guarantee in one process (see
+    // `lean.rs`): the floor the MemoryStore setup is measured against.
+    let ids = Arc::new(AtomicU64::new(0));
+    let s = ids.clone();
+    setups.push(
+        setup(
+            &server,
+            "lean floor, memory",
+            Family::Memory,
+            Some("idempotent-replayed"),
+            Runs::Memory(ids),
+            Box::pin(async move {
+                let store = Arc::new(lean::LeanStore::default());
+                Router::new()
+                    .route(
+                        "/orders",
+                        post(create_order_memory)
+                            .layer(axum::middleware::from_fn_with_state(store, lean::lean_layer)),
+                    )
+                    .with_state(s)
+            }),
         )
         .await,
     );
