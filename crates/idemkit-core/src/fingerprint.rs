@@ -131,9 +131,10 @@ impl Fingerprinter {
         if !matches!(text.as_bytes().first(), Some(b'{' | b'[')) {
             return None;
         }
-        let raw: &RawValue = serde_json::from_str(text).ok()?;
+        // The walk's parse of the document validates all of it (values are
+        // parsed as `RawValue`s, trailing text refused): no separate pass.
         let mut pointer = String::new();
-        self.walk(raw, &mut pointer, h).ok()
+        self.walk(text, &mut pointer, h).ok()
     }
 
     /// Hashes one value as a prefix-free sequence of tokens (`{`, `}`, `[`, `]`,
@@ -144,8 +145,10 @@ impl Fingerprinter {
     /// and the JSON pointer of each value is only built when a route excludes
     /// fields: a request's fingerprint allocates per object and array, not per
     /// member.
-    fn walk(&self, raw: &RawValue, pointer: &mut String, h: &mut Sha256) -> Result<(), serde_json::Error> {
-        let text = raw.get().trim_matches(JSON_WS);
+    ///
+    /// `text` is one JSON value without surrounding whitespace (a
+    /// `RawValue`'s text has none).
+    fn walk(&self, text: &str, pointer: &mut String, h: &mut Sha256) -> Result<(), serde_json::Error> {
         match text.as_bytes().first() {
             Some(b'{') => {
                 // Member names are decoded (escapes resolved) and sorted; a
@@ -163,7 +166,7 @@ impl Fingerprinter {
                         }
                     }
                     put(h, b'k', name.as_bytes());
-                    self.walk(value, pointer, h)?;
+                    self.walk(value.get(), pointer, h)?;
                     pointer.truncate(at);
                 }
                 h.update(b"}");
@@ -181,7 +184,7 @@ impl Fingerprinter {
                             continue;
                         }
                     }
-                    self.walk(item, pointer, h)?;
+                    self.walk(item.get(), pointer, h)?;
                     pointer.truncate(at);
                 }
                 h.update(b"]");

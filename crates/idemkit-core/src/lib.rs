@@ -53,7 +53,7 @@ pub use record::{
 pub mod storage {
     pub use crate::record::{RecordRow, ReviewRow};
 }
-pub use scope::{Account, Scope};
+pub use scope::{Account, AccountKey, Scope};
 pub use store::{
     ClaimOutcome, ClaimRequest, FORCE_RELEASED, IntoKeyStore, IntoTransactionalStore, KeyStore, Lease,
     ListFilter, MOVED_TO_REVIEW, RELEASE_REFUSED, Resolution, StoreError, StoreResult, TransactionalStore,

@@ -38,7 +38,7 @@ impl Account {
     /// assert_eq!(a.as_str().len(), 64);
     /// ```
     pub fn keyed(secret: &[u8], credential: &[u8]) -> Self {
-        Self(hex::encode(hmac_sha256(secret, credential)))
+        AccountKey::new(secret).account(credential)
     }
 
     /// The single account of an explicitly unscoped (single-tenant) deployment.
@@ -58,12 +58,41 @@ impl fmt::Display for Account {
     }
 }
 
-/// HMAC-SHA256 (RFC 2104), with the `hmac` crate.
-pub(crate) fn hmac_sha256(secret: &[u8], message: &[u8]) -> [u8; 32] {
-    use hmac::{KeyInit, Mac};
-    let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(secret).expect("HMAC takes a key of any length");
-    mac.update(message);
-    mac.finalize().into_bytes().into()
+/// A secret keyed once, from which [`Account::keyed`] derives accounts: a
+/// resolver that derives one per request keeps one of these instead of the
+/// secret, so the HMAC's key schedule is not redone on every request. The
+/// same secret and credential give the same account as [`Account::keyed`].
+///
+/// ```
+/// use idemkit_core::{Account, AccountKey};
+/// let key = AccountKey::new(b"server secret");
+/// assert_eq!(key.account(b"tok_live_123"), Account::keyed(b"server secret", b"tok_live_123"));
+/// ```
+#[derive(Clone)]
+pub struct AccountKey(hmac::Hmac<sha2::Sha256>);
+
+impl AccountKey {
+    /// Keys the HMAC with `secret`.
+    pub fn new(secret: &[u8]) -> Self {
+        use hmac::KeyInit;
+        Self(hmac::Hmac::new_from_slice(secret).expect("HMAC takes a key of any length"))
+    }
+
+    /// The account of `credential`: hex `HMAC-SHA256(secret, credential)`.
+    pub fn account(&self, credential: &[u8]) -> Account {
+        use hmac::Mac;
+        let mut mac = self.0.clone();
+        mac.update(credential);
+        let mut hex = [0u8; 64];
+        hex::encode_to_slice(mac.finalize().into_bytes(), &mut hex).expect("64 hex digits for 32 bytes");
+        Account(String::from_utf8(hex.to_vec()).expect("hex digits are ASCII"))
+    }
+}
+
+impl fmt::Debug for AccountKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("AccountKey(<redacted>)")
+    }
 }
 
 /// The identity of one idempotency record.
@@ -89,7 +118,9 @@ mod tests {
     #[test]
     fn hmac_matches_rfc_4231_case_2() {
         assert_eq!(
-            hex::encode(hmac_sha256(b"Jefe", b"what do ya want for nothing?")),
+            AccountKey::new(b"Jefe")
+                .account(b"what do ya want for nothing?")
+                .as_str(),
             "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
         );
     }

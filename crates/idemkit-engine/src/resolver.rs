@@ -1,10 +1,8 @@
 //! Resolving the account a key belongs to: keys are scoped per account.
 
-use std::sync::Arc;
-
 use http::request::Parts;
 use http::{HeaderName, header};
-use idemkit_core::{Account, ErrorCode};
+use idemkit_core::{Account, AccountKey, ErrorCode};
 
 use crate::ProblemResponse;
 
@@ -20,7 +18,7 @@ use crate::ProblemResponse;
 ///
 /// ```
 /// use http::request::Parts;
-/// use idemkit_core::{Account, ErrorCode};
+/// use idemkit_core::{Account, AccountKey, ErrorCode};
 /// use idemkit_engine::{AccountResolver, ProblemResponse};
 ///
 /// /// What the application's authentication middleware puts in the extensions.
@@ -78,7 +76,7 @@ where
 /// ```
 #[derive(Clone)]
 pub struct BearerTokenAccount {
-    secret: Arc<[u8]>,
+    key: AccountKey,
 }
 
 impl BearerTokenAccount {
@@ -96,7 +94,7 @@ impl BearerTokenAccount {
             "BearerTokenAccount needs a non-empty secret: an empty one would make the account a plain hash of the token"
         );
         Self {
-            secret: secret.into(),
+            key: AccountKey::new(&secret),
         }
     }
 }
@@ -112,7 +110,7 @@ impl std::fmt::Debug for BearerTokenAccount {
 impl AccountResolver for BearerTokenAccount {
     fn resolve(&self, parts: &Parts) -> Result<Account, ProblemResponse> {
         bearer_token(parts)
-            .map(|token| Account::keyed(&self.secret, token.as_bytes()))
+            .map(|token| self.key.account(token.as_bytes()))
             .ok_or_else(|| {
                 ProblemResponse::new(ErrorCode::Unauthorized, "send `Authorization: Bearer <token>`")
             })

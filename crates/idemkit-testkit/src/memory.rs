@@ -1,3 +1,4 @@
+use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -21,13 +22,17 @@ pub struct MemoryStore {
 #[derive(Debug, Default)]
 struct Records {
     /// Boxed: a record is a few hundred bytes, and a growing map moves every
-    /// entry when it rehashes.
-    keys: HashMap<Scope, Box<Record>>,
+    /// entry when it rehashes. Hashed with aHash, keyed at random per
+    /// process (keys are client-chosen: a keyed hash, as SipHash is, but a
+    /// quarter of its cost on a scope's ~90 bytes).
+    keys: Keys,
     review: Vec<ReviewEntry>,
     /// The last fencing token handed out, store-wide: tokens never repeat, even
     /// for a key whose record the reaper deleted.
     last_token: i64,
 }
+
+type Keys = HashMap<Scope, Box<Record>, ahash::RandomState>;
 
 impl Records {
     fn next_token(&mut self) -> FencingToken {
@@ -37,7 +42,7 @@ impl Records {
 }
 
 impl std::ops::Deref for Records {
-    type Target = HashMap<Scope, Box<Record>>;
+    type Target = Keys;
     fn deref(&self) -> &Self::Target {
         &self.keys
     }
@@ -145,43 +150,59 @@ impl MemoryStore {
     ) -> StoreResult<ClaimOutcome> {
         let now = self.clock.now();
         let expires_at = now.plus(req.lease);
-        let mut map = self.lock();
-        let decision = decide(
-            map.keys.get(&req.scope).map(|r| RecordHead::from(&**r)).as_ref(),
-            now,
-        );
-        let next = match decision {
-            Decision::Insert | Decision::Reuse | Decision::Takeover => map.next_token(),
-            _ => FencingToken(0),
-        };
-        let existing = map.keys.get(&req.scope);
-        let fresh = || Record {
+        // Built before the lock is taken (a first request is the common case),
+        // so the lock covers one hash, the decision and the write.
+        let fresh = Box::new(Record {
             scope: req.scope.clone(),
             fingerprint: req.fingerprint,
             state: RecordState::InFlight,
             created_at: now,
             completed_at: None,
             lease_expires_at: expires_at,
-            fencing_token: next,
+            fencing_token: FencingToken(0),
             recovery_point: req.recovery_point.clone(),
             step_outputs: BTreeMap::new(),
             request: req.request.clone(),
             response: None,
             last_error: None,
+        });
+        let key = req.scope.clone();
+        let mut guard = self.lock();
+        let records = &mut *guard;
+        let entry = records.keys.entry(key);
+        let decision = decide(
+            match &entry {
+                Entry::Occupied(o) => Some(RecordHead::from(&**o.get())),
+                Entry::Vacant(_) => None,
+            }
+            .as_ref(),
+            now,
+        );
+        let next = match decision {
+            Decision::Insert | Decision::Reuse | Decision::Takeover => {
+                records.last_token += 1;
+                FencingToken(records.last_token)
+            }
+            _ => FencingToken(0),
         };
-        Ok(match decision {
-            Decision::Insert | Decision::Reuse => {
-                map.insert(req.scope.clone(), Box::new(fresh()));
+        Ok(match (decision, entry) {
+            (Decision::Insert | Decision::Reuse, entry) => {
+                let mut fresh = fresh;
+                fresh.fencing_token = next;
+                match entry {
+                    Entry::Occupied(mut o) => *o.get_mut() = fresh,
+                    Entry::Vacant(v) => {
+                        v.insert(fresh);
+                    }
+                }
                 ClaimOutcome::Claimed(Lease {
                     token: next,
                     expires_at,
                     resumed_from: None,
                 })
             }
-            Decision::Takeover => {
-                let r = map
-                    .get_mut(&req.scope)
-                    .ok_or_else(|| StoreError::Corrupt("vanished".into()))?;
+            (Decision::Takeover, Entry::Occupied(mut o)) => {
+                let r = o.get_mut();
                 r.state = RecordState::InFlight;
                 r.fencing_token = next;
                 r.lease_expires_at = expires_at;
@@ -194,15 +215,21 @@ impl MemoryStore {
                     resumed_from: r.recovery_point.clone(),
                 })
             }
-            Decision::Replay => ClaimOutcome::Replay(
-                existing
-                    .and_then(|r| r.response.clone())
+            (Decision::Replay, Entry::Occupied(o)) => ClaimOutcome::Replay(
+                o.get()
+                    .response
+                    .clone()
                     .ok_or_else(|| StoreError::Corrupt("completed without response".into()))?,
             ),
-            Decision::Mismatch => ClaimOutcome::Mismatch,
-            Decision::InProgress { retry_after } => ClaimOutcome::InProgress { retry_after },
-            Decision::Parked => ClaimOutcome::Parked,
-            Decision::Stale => ClaimOutcome::Stale,
+            (Decision::Takeover | Decision::Replay, Entry::Vacant(_)) => {
+                return Err(StoreError::Corrupt(
+                    "a decision about a record that is not there".into(),
+                ));
+            }
+            (Decision::Mismatch, _) => ClaimOutcome::Mismatch,
+            (Decision::InProgress { retry_after }, _) => ClaimOutcome::InProgress { retry_after },
+            (Decision::Parked, _) => ClaimOutcome::Parked,
+            (Decision::Stale, _) => ClaimOutcome::Stale,
         })
     }
 }
@@ -233,7 +260,7 @@ impl KeyStore for MemoryStore {
             r.last_error = None;
             // A completed record replays its answer: its request body is
             // never read again.
-            r.request.body.clear();
+            r.request.body = Vec::new();
         })
     }
 
@@ -246,7 +273,7 @@ impl KeyStore for MemoryStore {
             } else {
                 r.state = RecordState::Released;
                 r.lease_expires_at = Millis(0);
-                r.request.body.clear();
+                r.request.body = Vec::new();
             }
         })
     }
@@ -257,7 +284,7 @@ impl KeyStore for MemoryStore {
             r.step_outputs.clear();
             r.state = RecordState::Released;
             r.lease_expires_at = Millis(0);
-            r.request.body.clear();
+            r.request.body = Vec::new();
         })
     }
 
@@ -423,7 +450,7 @@ impl KeyStore for MemoryStore {
             } else {
                 r.state = RecordState::Released;
                 r.lease_expires_at = Millis(0);
-                r.request.body.clear();
+                r.request.body = Vec::new();
             }
         }
         Ok(unheld)
@@ -447,7 +474,7 @@ impl KeyStore for MemoryStore {
             r.lease_expires_at = Millis(0);
             r.recovery_point = None;
             r.step_outputs.clear();
-            r.request.body.clear();
+            r.request.body = Vec::new();
             r.last_error = Some(FORCE_RELEASED.to_owned());
         }
         Ok(unheld)
