@@ -27,17 +27,21 @@ struct Records {
     /// quarter of its cost on a scope's ~90 bytes).
     keys: Keys,
     review: Vec<ReviewEntry>,
-    /// The last fencing token handed out, store-wide: tokens never repeat, even
-    /// for a key whose record the reaper deleted.
-    last_token: i64,
+    tokens: Tokens,
 }
 
 type Keys = HashMap<Scope, Box<Record>, ahash::RandomState>;
 
-impl Records {
-    fn next_token(&mut self) -> FencingToken {
-        self.last_token += 1;
-        FencingToken(self.last_token)
+/// The last fencing token handed out, store-wide: tokens never repeat, even
+/// for a key whose record the reaper deleted. A field of its own, so a
+/// caller holding an entry of `keys` can still draw one.
+#[derive(Debug, Default)]
+struct Tokens(i64);
+
+impl Tokens {
+    fn next(&mut self) -> FencingToken {
+        self.0 += 1;
+        FencingToken(self.0)
     }
 }
 
@@ -106,7 +110,7 @@ impl MemoryStore {
     ) -> StoreResult<T> {
         let now = self.clock.now();
         let mut guard = self.lock();
-        let next = if bump { Some(guard.next_token()) } else { None };
+        let next = if bump { Some(guard.tokens.next()) } else { None };
         match guard.keys.get_mut(scope) {
             Some(r) if r.fencing_token == token && r.state == RecordState::InFlight => {
                 if let Some(next) = next {
@@ -179,10 +183,7 @@ impl MemoryStore {
             now,
         );
         let next = match decision {
-            Decision::Insert | Decision::Reuse | Decision::Takeover => {
-                records.last_token += 1;
-                FencingToken(records.last_token)
-            }
+            Decision::Insert | Decision::Reuse | Decision::Takeover => records.tokens.next(),
             _ => FencingToken(0),
         };
         Ok(match (decision, entry) {
@@ -345,11 +346,7 @@ impl KeyStore for MemoryStore {
     async fn reap(&self, before: Millis) -> StoreResult<ReapReport> {
         let now = self.clock.now();
         let mut guard = self.lock();
-        let Records {
-            keys,
-            review,
-            last_token,
-        } = &mut *guard;
+        let Records { keys, review, tokens } = &mut *guard;
         let mut report = ReapReport::default();
         let mut moved = Vec::new();
         keys.retain(|_, r| {
@@ -375,8 +372,7 @@ impl KeyStore for MemoryStore {
                     });
                     // The record stays, parked, so it keeps fencing and is never
                     // claimed again as a new request (see `KeyStore::reap`).
-                    *last_token += 1;
-                    r.fencing_token = FencingToken(*last_token);
+                    r.fencing_token = tokens.next();
                     r.state = RecordState::Parked;
                     r.lease_expires_at = r.lease_expires_at.min(now);
                     r.last_error = Some(MOVED_TO_REVIEW.to_owned());
@@ -429,7 +425,7 @@ impl KeyStore for MemoryStore {
     async fn force_release(&self, scope: &Scope) -> StoreResult<bool> {
         let now = self.clock.now();
         let mut map = self.lock();
-        let next = map.next_token();
+        let next = map.tokens.next();
         let Some(r) = map.keys.get_mut(scope) else {
             return Ok(false);
         };
@@ -459,7 +455,7 @@ impl KeyStore for MemoryStore {
     async fn discard_progress(&self, scope: &Scope) -> StoreResult<bool> {
         let now = self.clock.now();
         let mut map = self.lock();
-        let next = map.next_token();
+        let next = map.tokens.next();
         let Some(r) = map.keys.get_mut(scope) else {
             return Ok(false);
         };
