@@ -118,6 +118,12 @@ pub async fn shutdown_signal() {
     }
 }
 
+/// The most a connection's read buffer grows to (hyper's default is about
+/// 400 KiB): a body streams through it in frames of at most this size, so
+/// hundreds of connections sending large bodies at once hold a bounded
+/// amount each. Also the cap on a request's head (larger is refused `431`).
+const READ_BUFFER: usize = 64 << 10;
+
 /// Serves `app` on `listener` until `stop`; then stops accepting, lets open
 /// requests and `tracker`'s work finish (within `limits.shutdown_grace`) and
 /// returns.
@@ -134,7 +140,8 @@ pub(super) async fn serve(
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_read_timeout);
+        .header_read_timeout(limits.header_read_timeout)
+        .max_buf_size(READ_BUFFER);
     builder
         .http2()
         .timer(TokioTimer::new())

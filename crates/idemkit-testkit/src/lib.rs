@@ -14,7 +14,9 @@
 //!   and [`transactional_lifecycle_tests!`];
 //! - [`mutants`]: deliberately broken stores, the suites' negative controls;
 //! - [`Probed`]: any store with its claims counted and its reads failing on
-//!   demand, for tests of what sits above the store.
+//!   demand, for tests of what sits above the store;
+//! - [`PgServer`]: a PostgreSQL server of a test's own, to crash and restart
+//!   for real.
 //!
 //! ```
 //! use std::sync::Arc;
@@ -32,6 +34,7 @@ mod clock;
 pub mod lifecycle;
 mod memory;
 pub mod mutants;
+mod pg_server;
 mod probe;
 mod process;
 pub mod suite;
@@ -39,6 +42,7 @@ pub mod tx_suite;
 
 pub use clock::{ManualClock, SkewedClock};
 pub use memory::MemoryStore;
+pub use pg_server::{PgServer, free_port, pg_bindir};
 pub use probe::Probed;
 pub use process::example_bin;
 

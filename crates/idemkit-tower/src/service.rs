@@ -323,7 +323,12 @@ const OVERSIZE_DRAIN: usize = 8 * 1024 * 1024;
 /// is `400 validation_failed`. `idemkit proxy` reads its keyed requests with it.
 pub async fn read_body(mut body: Body, limit: usize) -> Result<Bytes, ProblemResponse> {
     // A body that arrives in one frame (most small ones) is kept as it came;
-    // later frames are appended to a copy.
+    // later frames are appended to a copy, sized once from the body's length
+    // when it is declared (hyper's `Content-Length`): no buffer grown by
+    // doubling, and no second copy left behind by each growth.
+    let declared = usize::try_from(http_body::Body::size_hint(&body).lower())
+        .unwrap_or(usize::MAX)
+        .min(limit);
     let mut first: Option<Bytes> = None;
     let mut buf = bytes::BytesMut::new();
     let mut seen = 0usize;
@@ -341,6 +346,7 @@ pub async fn read_body(mut body: Body, limit: usize) -> Result<Bytes, ProblemRes
                 None if buf.is_empty() => first = Some(data),
                 held => {
                     if let Some(held) = held {
+                        buf.reserve(declared.max(held.len() + data.len()));
                         buf.extend_from_slice(&held);
                     }
                     buf.extend_from_slice(&data);

@@ -182,13 +182,7 @@ impl Drop for Server {
 /// these tests: its rows name `Account::keyed(ACCOUNT_SECRET, token)`.
 pub(crate) const ACCOUNT_SECRET: &str = "quickstart test secret";
 
-pub(crate) fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+pub(crate) use idemkit_testkit::free_port;
 
 /// One response, fully read.
 #[derive(Debug, Clone)]

@@ -8,14 +8,14 @@
 //! Runs in nextest's serial `pg-cluster` group (see `.config/nextest.toml`).
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::Mutex;
 
-use crate::{Backend, Server, TempDir, order};
+use idemkit_testkit::PgServer;
+
+use crate::{Backend, Server, order};
 
 /// Keys each of the 8 client workers sends, one after another.
 const KEYS_PER_WORKER: usize = 120;
@@ -30,140 +30,18 @@ const HEARTBEAT: Duration = Duration::from_millis(1000 / 3);
 /// retry (every 100 ms) to get through, on top of lease + heartbeat.
 const RECONNECT_MARGIN: Duration = Duration::from_secs(3);
 
-/// A throwaway PostgreSQL cluster, stopped on drop.
-struct Cluster {
-    bin: PathBuf,
-    data: PathBuf,
-    port: u16,
-    _dir: TempDir,
-}
-
-fn pg_bin() -> Option<PathBuf> {
-    let mut dirs: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
-        .ok()?
-        .flatten()
-        .map(|e| e.path().join("bin"))
-        .collect();
-    dirs.sort();
-    dirs.into_iter().rev().find(|d| d.join("initdb").exists())
-}
-
-fn is_root() -> bool {
-    Command::new("id")
-        .arg("-u")
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
-        .unwrap_or(false)
-}
-
-/// Runs a PostgreSQL server binary as the `postgres` user when we are root
-/// (PostgreSQL refuses to run as root).
-fn pg(bin: &Path, args: &[&str]) -> bool {
-    let mut cmd = if is_root() {
-        let mut c = Command::new("runuser");
-        c.args(["-u", "postgres", "--"]).arg(bin);
-        c
-    } else {
-        Command::new(bin)
-    };
-    cmd.args(args)
-        .stdout(std::process::Stdio::null())
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false)
-}
-
-impl Cluster {
-    fn create() -> Self {
-        let bin =
-            pg_bin().expect("PostgreSQL server binaries under /usr/lib/postgresql (install `postgresql`)");
-        let dir = TempDir::new("pgcluster");
-        if is_root() {
-            assert!(
-                Command::new("chown")
-                    .args(["-R", "postgres:postgres"])
-                    .arg(&dir.0)
-                    .status()
-                    .unwrap()
-                    .success()
-            );
-        }
-        let data = dir.0.join("data");
-        let port = crate::free_port();
-        assert!(pg(
-            &bin.join("initdb"),
-            &[
-                "-D",
-                data.to_str().unwrap(),
-                "-A",
-                "trust",
-                "-U",
-                "postgres",
-                "--no-sync"
-            ]
-        ));
-        let cluster = Self {
-            bin,
-            data,
-            port,
-            _dir: dir,
-        };
-        cluster.start();
-        cluster
-    }
-
-    fn start(&self) {
-        let opts = format!(
-            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=on",
-            self.port,
-            self.data.display()
-        );
-        let log = self.data.join("server.log");
-        assert!(pg(
-            &self.bin.join("pg_ctl"),
-            &[
-                "-D",
-                self.data.to_str().unwrap(),
-                "-o",
-                &opts,
-                "-l",
-                log.to_str().unwrap(),
-                "-w",
-                "start"
-            ]
-        ));
-    }
-
-    fn crash(&self) {
-        assert!(pg(
-            &self.bin.join("pg_ctl"),
-            &["-D", self.data.to_str().unwrap(), "-m", "immediate", "stop"]
-        ));
-    }
-
-    fn url(&self) -> String {
-        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        pg(
-            &self.bin.join("pg_ctl"),
-            &["-D", self.data.to_str().unwrap(), "-m", "immediate", "stop"],
-        );
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn database_restart_under_load_loses_no_acknowledged_order() {
-    if std::env::var_os("CI").is_none() && pg_bin().is_none() {
+    let Some(cluster) = PgServer::start(&["fsync=on"]) else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "PostgreSQL server binaries (initdb, pg_ctl) are not installed: install `postgresql`"
+        );
         eprintln!("no PostgreSQL server binaries: skipping");
         return;
-    }
-    let cluster = Cluster::create();
+    };
     let backend = Backend::Postgres {
-        url: cluster.url(),
+        url: cluster.url("postgres"),
         schema: "restart".into(),
     };
     let lease_ms = LEASE.as_millis().to_string();
@@ -244,20 +122,20 @@ async fn database_restart_under_load_loses_no_acknowledged_order() {
         pool.close().await;
         t
     };
-    let first_start = started_at(cluster.url()).await;
+    let first_start = started_at(cluster.url("postgres")).await;
     // Crash well inside the load: each worker needs over a second for its keys.
     tokio::time::sleep(Duration::from_millis(400)).await;
     let before = acknowledged.lock().await.len();
     cluster.crash();
     tokio::time::sleep(Duration::from_millis(500)).await;
-    cluster.start();
+    cluster.start_again();
     let restarted_at = Instant::now();
 
     // Right after the restart, by the store's clock: no in-flight record holds
     // a lease ending later than lease + heartbeat from now (a holder that died
     // with the connection cannot have extended it; a live one extends it to at
     // most now + lease).
-    let keys_pool = sqlx::PgPool::connect(&cluster.url()).await.unwrap();
+    let keys_pool = sqlx::PgPool::connect(&cluster.url("postgres")).await.unwrap();
     let (now_ms, in_flight): (i64, Vec<(String, i64)>) = {
         let now: i64 = sqlx::query_scalar("SELECT (extract(epoch from clock_timestamp()) * 1000)::bigint")
             .fetch_one(&keys_pool)
@@ -298,7 +176,7 @@ async fn database_restart_under_load_loses_no_acknowledged_order() {
     // The server really went down and came back (requests may only have waited for
     // the pool to reconnect, or failed and been retried; both are fine).
     assert_ne!(
-        started_at(cluster.url()).await,
+        started_at(cluster.url("postgres")).await,
         first_start,
         "the database was restarted"
     );
@@ -322,9 +200,12 @@ async fn database_restart_under_load_loses_no_acknowledged_order() {
     }
 
     // Every acknowledged order exists, one per key.
-    let pool = sqlx::PgPool::connect(&format!("{}?options=-csearch_path%3Drestart", cluster.url()))
-        .await
-        .unwrap();
+    let pool = sqlx::PgPool::connect(&format!(
+        "{}?options=-csearch_path%3Drestart",
+        cluster.url("postgres")
+    ))
+    .await
+    .unwrap();
     let account = idemkit::Account::keyed(crate::ACCOUNT_SECRET.as_bytes(), b"restart");
     let ids: Vec<i64> = sqlx::query_scalar("SELECT id FROM orders WHERE account = $1")
         .bind(account.as_str())

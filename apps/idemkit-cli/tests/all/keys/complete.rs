@@ -15,13 +15,7 @@ impl Drop for Proc {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use idemkit_testkit::free_port;
 
 /// Starts `idemkit <args>`; returns it and its stdout lines after the
 /// `listening on` line.

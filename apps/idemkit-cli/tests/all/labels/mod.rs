@@ -37,13 +37,7 @@ impl Drop for Proc {
     }
 }
 
-pub(crate) fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+pub(crate) use idemkit_testkit::free_port;
 
 pub(crate) fn spawn(args: &[&str], env: &[(&str, &str)]) -> (Proc, std::sync::mpsc::Receiver<String>) {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_idemkit"));

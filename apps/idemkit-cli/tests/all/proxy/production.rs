@@ -711,6 +711,27 @@ async fn connections_beyond_the_cap_wait() {
     assert_eq!(res.text().await.unwrap(), "upstream-healthy");
 }
 
+/// A connection's read buffer is bounded (64 KiB): a request head larger
+/// than that is refused `431` before anything reaches the upstream, and one
+/// well inside it is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_head_beyond_the_read_buffer_is_refused_431() {
+    let upstream = serve(Router::new().route("/healthz", get(upstream_healthz))).await;
+    let proxy = ProxyProcess::start(&upstream, &temp_db("head"), false, None);
+    let head = |pad: usize| {
+        format!(
+            "GET /healthz HTTP/1.1\r\nHost: x\r\nX-Pad: {}\r\nConnection: close\r\n\r\n",
+            "p".repeat(pad)
+        )
+    };
+    let (status, text) = raw(&proxy.base, &head(40 << 10)).await;
+    assert_eq!(status, 200, "{text}");
+    assert!(text.contains("upstream-healthy"), "{text}");
+    let (status, text) = raw(&proxy.base, &head(70 << 10)).await;
+    assert_eq!(status, 431, "{text}");
+    assert!(!text.contains("upstream-healthy"), "{text}");
+}
+
 // Item 12 --------------------------------------------------------------------
 
 async fn echo_forwarding(headers: HeaderMap) -> String {

@@ -23,8 +23,6 @@
 //! connection cuts in place of restarts, and without either it skips (both
 //! are failures under CI).
 
-mod server;
-
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -195,7 +193,9 @@ async fn send(client: &reqwest_middleware::ClientWithMiddleware, base: &str, key
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_soak_keeps_one_label_and_one_shipment_per_key() {
     let ci = std::env::var_os("CI").is_some();
-    let own = server::PgServer::start();
+    // A server of the soak's own (not the shared one), so its restarts touch
+    // no other test; fsync off: an immediate shutdown keeps the page cache.
+    let own = idemkit_testkit::PgServer::start(&["fsync=off"]);
     assert!(
         own.is_some() || !ci,
         "PostgreSQL's server binaries (initdb, pg_ctl) are not installed: under CI the soak restarts a server of its own"

@@ -24,8 +24,15 @@
 //!   and that ÷ the upstream's own p50. What a keyed row adds is roughly the
 //!   `pass` row's forwarding plus this pair.
 //!
+//! Beside the Redis rows, rows `lean` and `lean/pg-up` put the leanest proxy
+//! that keeps the guarantee (`lean.rs`: one `SET NX` before the forward, one
+//! `SET` of the answer after it) in the same place: the ceiling any proxy on
+//! Redis keys reaches on this machine.
+//!
 //! Single absolute times on a shared machine are noise; compare the ratios.
 //! `IDEMKIT_BENCH_REQUESTS` sets the requests per round (default 2000).
+//! `IDEMKIT_BENCH_ONLY` runs only the rows it names, comma-separated (for
+//! example `pass,redis/pg-up,memory`; without `pass` the bounds print `-`).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -38,6 +45,8 @@ use http::StatusCode;
 use idemkit_core::{ClaimOutcome, KeyStore, StoredResponse};
 use idemkit_proxy::{ProxyOptions, SqliteSync};
 use idemkit_sqlite::SqliteStore;
+
+mod lean;
 
 const ROUNDS: usize = 3;
 /// Slices per round, alternating direct and through the proxy.
@@ -248,6 +257,26 @@ async fn upstream(pg: Option<Arc<(sqlx::PgPool, String)>>) -> String {
     .await
 }
 
+/// The lean proxy (`lean.rs`): this bench's executable run again as
+/// `--lean-proxy UPSTREAM REDIS_URL`, a process of its own.
+fn lean_proxy(upstream: &str, redis_url: &str) -> ProxyProcess {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--lean-proxy", upstream, redis_url])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn the lean proxy");
+    let mut first = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    let base = first
+        .trim()
+        .trim_start_matches("lean proxy listening on ")
+        .to_owned();
+    ProxyProcess { child, base }
+}
+
 /// A real `idemkit proxy` process (out of this process, so the load
 /// generator and the upstream here do not share its runtime), killed on drop.
 struct ProxyProcess {
@@ -306,6 +335,21 @@ async fn proxy(
 struct Target {
     url: String,
     http: reqwest::Client,
+    /// The proxy process behind it, whose CPU time per request is reported.
+    pid: Option<u32>,
+}
+
+/// User + system CPU time of process `pid` so far, in clock ticks (1/100 s).
+fn cpu_ticks(pid: Option<u32>) -> u64 {
+    pid.and_then(|pid| std::fs::read_to_string(format!("/proc/{pid}/stat")).ok())
+        .and_then(|stat| {
+            // The fields after the command name (which may hold spaces):
+            // utime and stime are the 14th and 15th of the whole line.
+            let rest = &stat[stat.rfind(')')? + 2..];
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+        })
+        .unwrap_or(0)
 }
 
 impl Target {
@@ -320,6 +364,15 @@ impl Target {
                 .pool_max_idle_per_host(CONCURRENCY)
                 .build()
                 .unwrap(),
+            pid: None,
+        }
+    }
+
+    /// `path` on proxy process `proxy`.
+    fn on(proxy: &ProxyProcess, path: &str) -> Self {
+        Self {
+            pid: Some(proxy.child.id()),
+            ..Self::at(&proxy.base, path)
         }
     }
 
@@ -437,13 +490,16 @@ async fn measure(
     let mut ratios = Vec::new();
     let (mut d50, mut d99, mut p50, mut p99) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut s50 = Vec::new();
+    let mut ticks = 0;
     for round in 0..ROUNDS {
         // Throughput in interleaved slices: a change of the machine's speed
         // mid-round weighs on both sides.
         let (mut a, mut b) = (Duration::ZERO, Duration::ZERO);
         for slice in 0..SLICES {
             a += drive(direct, n / SLICES, &format!("{run}-r{round}s{slice}-a")).await;
+            let before = cpu_ticks(proxied.pid);
             b += drive(proxied, n / SLICES, &format!("{run}-r{round}s{slice}-b")).await;
+            ticks += cpu_ticks(proxied.pid) - before;
         }
         ratios.push(a.as_secs_f64() / b.as_secs_f64());
         let (la, lb) = latencies(direct, proxied, n / 8, &format!("{run}-l{round}")).await;
@@ -473,8 +529,16 @@ async fn measure(
         _ => format!("{:>9} {:>5}", "-", "-"),
     };
     let thr = median(ratios);
+    // The proxy's own CPU per proxied request in the throughput slices.
+    let cpu = match proxied.pid {
+        Some(_) => format!(
+            "{:>8.0}",
+            ticks as f64 * 1e4 / (ROUNDS * (n / SLICES / CONCURRENCY) * CONCURRENCY * SLICES) as f64
+        ),
+        None => format!("{:>8}", "-"),
+    };
     println!(
-        "{name:<11} {thr:>9.2} {d50:>9.0} {p50:>9.0} {d99:>9.0} {p99:>9.0} {added:>9.0} {:>12.2} {store} {target}",
+        "{name:<11} {thr:>9.2} {d50:>9.0} {p50:>9.0} {d99:>9.0} {p99:>9.0} {added:>9.0} {:>12.2} {store} {target} {cpu}",
         (p99 - d99) / d99,
     );
     (added, thr, pair)
@@ -484,10 +548,21 @@ fn env(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.is_empty())
 }
 
+/// Whether row `name` runs (`IDEMKIT_BENCH_ONLY`, comma-separated; all by default).
+fn selected(name: &str) -> bool {
+    env("IDEMKIT_BENCH_ONLY").is_none_or(|only| only.split(',').any(|row| row.trim() == name))
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    if std::env::args().any(|a| a == "--list") {
+    let args: Vec<String> = std::env::args().collect();
+    if args.iter().any(|a| a == "--list") {
         return;
+    }
+    if let [_, flag, upstream, redis_url] = &args[..]
+        && flag == "--lean-proxy"
+    {
+        return lean::run(upstream.clone(), redis_url.clone()).await;
     }
     let n = requests();
     // The durable upstream: the order write committed to PostgreSQL.
@@ -518,7 +593,7 @@ async fn main() {
          {n} requests per round, {CONCURRENCY} concurrent callers, median of {ROUNDS} rounds of {SLICES} alternating slices"
     );
     println!(
-        "{:<11} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>12} {:>9} {:>10} {:>9} {:>5}",
+        "{:<11} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>12} {:>9} {:>10} {:>9} {:>5} {:>8}",
         "store",
         "thr ratio",
         "p50 dir",
@@ -530,33 +605,39 @@ async fn main() {
         "store p50",
         "store/own50",
         "bound50",
-        "target"
+        "target",
+        "cpu/req"
     );
     // The proxy's forwarding alone: a route it does not key, so no store is
     // touched. What the keyed rows add beyond it is their store's two writes.
-    let pass_added = {
+    let pass_added = if selected("pass") {
         let dir = tempdir("pass");
         let config = dir.join("idemkit.toml");
         std::fs::write(&config, "[[routes]]\nmethod = \"POST\"\npath = \"/orders\"\n").unwrap();
         let sqlite = format!("sqlite://{}", dir.join("keys.db").display());
         let (proxy, _) = proxy(&upstream, sqlite, "claims", Some(config)).await;
-        let (direct, proxied) = (Target::at(&upstream, "/plain"), Target::at(&proxy.base, "/plain"));
-        measure("pass", &direct, &proxied, None, n, None).await.0
+        let (direct, proxied) = (Target::at(&upstream, "/plain"), Target::on(&proxy, "/plain"));
+        Some(measure("pass", &direct, &proxied, None, n, None).await.0)
+    } else {
+        None
     };
     for (name, sync) in [
         ("sqlite", "claims"),
         ("sqlite-full", "full"),
         ("sqlite-nrm", "normal"),
     ] {
+        if !selected(name) {
+            continue;
+        }
         let sqlite = format!("sqlite://{}", tempdir(name).join("keys.db").display());
         let (proxy, store) = proxy(&upstream, sqlite, sync, None).await;
         measure(
             name,
             &direct,
-            &Target::new(&proxy.base),
+            &Target::on(&proxy, "/orders"),
             Some(&*store),
             n,
-            Some(pass_added),
+            pass_added,
         )
         .await;
     }
@@ -564,45 +645,68 @@ async fn main() {
         ("postgres", "IDEMKIT_TEST_POSTGRES_URL"),
         ("redis", "IDEMKIT_TEST_REDIS_URL"),
     ] {
-        if let Some(url) = env(var) {
+        if let Some(url) = env(var).filter(|_| selected(name)) {
             let (proxy, store) = proxy(&upstream, url, "claims", None).await;
             measure(
                 name,
                 &direct,
-                &Target::new(&proxy.base),
+                &Target::on(&proxy, "/orders"),
                 Some(&*store),
                 n,
-                Some(pass_added),
+                pass_added,
             )
             .await;
         }
     }
+    if let (Some(url), true) = (env("IDEMKIT_TEST_REDIS_URL"), selected("lean")) {
+        let lean = lean_proxy(&upstream, &url);
+        measure("lean", &direct, &Target::on(&lean, "/orders"), None, n, None).await;
+    }
     // The issue's throughput target: an upstream whose write commits durably
     // to PostgreSQL, through the proxy on Redis keys, ≥ 0.8 of direct.
-    if let (Some(pg), Some(url)) = (&pg, env("IDEMKIT_TEST_REDIS_URL")) {
-        let (proxy, store) = proxy(&upstream, url, "claims", None).await;
+    if let (Some(pg), Some(url), true) = (&pg, env("IDEMKIT_TEST_REDIS_URL"), selected("redis/pg-up")) {
+        let (proxy, store) = proxy(&upstream, url.clone(), "claims", None).await;
         let (_, thr, _) = measure(
             "redis/pg-up",
             &Target::at(&upstream, "/pg-orders"),
-            &Target::at(&proxy.base, "/pg-orders"),
+            &Target::on(&proxy, "/pg-orders"),
             Some(&*store),
             n,
-            Some(pass_added),
+            pass_added,
         )
         .await;
         println!(
             "redis keys in front of the PostgreSQL upstream: throughput through the proxy {thr:.2} of direct (target ≥ 0.8: {})",
             if thr >= 0.8 { "met" } else { "NOT met" }
         );
+        if selected("lean/pg-up") {
+            let lean = lean_proxy(&upstream, &url);
+            let (_, floor, _) = measure(
+                "lean/pg-up",
+                &Target::at(&upstream, "/pg-orders"),
+                &Target::on(&lean, "/pg-orders"),
+                None,
+                n,
+                None,
+            )
+            .await;
+            println!(
+                "the leanest proxy on Redis keys in front of the same upstream: {floor:.2} of direct; idemkit proxy ÷ lean = {:.2}",
+                thr / floor
+            );
+        }
         let _ = sqlx::query(sqlx::AssertSqlSafe(format!("DROP TABLE {}", pg.1)))
             .execute(&pg.0)
             .await;
     }
-    peak_memory(&upstream, 300, 1 << 20).await;
+    if selected("memory") {
+        peak_memory(&upstream, 300, 1 << 20).await;
+    }
     println!(
         "thr ratio = throughput through the proxy ÷ direct; p50/p99 in µs of sequential requests; added50 = p50 prx − p50 dir; \
          added/own99 = (p99 prx − p99 dir) ÷ p99 dir; store p50 = a claim and its completion on the proxy's store, sequential, \
          in this process (store/own50: ÷ p50 dir); bound50 = 1.25 × (pass's added50 + store p50), the issue's target for \
-         added50 on each keyed row"
+         added50 on each keyed row; cpu/req = the proxy process's CPU time (user + system) per proxied request in the \
+         throughput slices, µs"
     );
 }

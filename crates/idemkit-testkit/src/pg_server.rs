@@ -1,25 +1,36 @@
-//! A PostgreSQL server of the soak's own: `initdb` into a temporary
-//! directory, `pg_ctl` on a free port, so that the chaos can restart it for
-//! real (an immediate shutdown: what a crash of the server does, with crash
-//! recovery on the way up) without touching the server the other tests
-//! share. Run as the `postgres` user when the tests run as root (`initdb`
-//! refuses root).
+//! A PostgreSQL server of a test's own: `initdb` into a temporary directory,
+//! `pg_ctl` on a free port, so a test can stop it the way a crash of the
+//! server does (an immediate shutdown: every backend killed, crash recovery on
+//! the way up) without touching the server the other tests share. The
+//! server's tools run as the `postgres` user when the tests run as root
+//! (`initdb` refuses root).
 
 use std::path::PathBuf;
 use std::process::Command;
 
-use crate::labels::free_port;
-
-pub(crate) struct PgServer {
+/// A throwaway PostgreSQL server, stopped and deleted on drop.
+#[derive(Debug)]
+pub struct PgServer {
     bin: PathBuf,
     dir: PathBuf,
     port: u16,
+    settings: String,
     as_postgres: bool,
 }
 
+/// A free loopback TCP port (bound, read and released: another process may
+/// take it before the caller binds it, which is a test's accepted risk).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free loopback port")
+        .port()
+}
+
 /// The directory of `initdb` and `pg_ctl`: `pg_config --bindir`, else the
-/// newest `/usr/lib/postgresql/*/bin` (Debian's layout).
-fn bindir() -> Option<PathBuf> {
+/// newest `/usr/lib/postgresql/*/bin` (Debian's layout); `None` when the
+/// server's binaries are not installed.
+pub fn pg_bindir() -> Option<PathBuf> {
     if let Ok(out) = Command::new("pg_config").arg("--bindir").output()
         && out.status.success()
     {
@@ -42,32 +53,41 @@ fn bindir() -> Option<PathBuf> {
 }
 
 impl PgServer {
-    /// Creates and starts a server; `None` when no PostgreSQL binaries are
-    /// installed.
-    pub(crate) fn start() -> Option<Self> {
-        let bin = bindir()?;
+    /// Creates a server (`initdb`) and starts it, with each of `settings`
+    /// passed as a `-c` option (for example `fsync=off`); `None` when no
+    /// PostgreSQL server binaries are installed. Panics, with the server's
+    /// log, when `initdb` or the start fails.
+    pub fn start(settings: &[&str]) -> Option<Self> {
+        let bin = pg_bindir()?;
         let as_postgres = Command::new("id")
             .arg("-u")
             .output()
             .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
         let dir = std::env::temp_dir().join(format!(
-            "idemkit-soak-pg-{}-{}",
+            "idemkit-pg-{}-{}",
             std::process::id(),
             std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_micros()
+                .expect("a clock after 1970")
+                .as_nanos()
         ));
         std::fs::create_dir_all(&dir).expect("the server's directory");
-        let server = Self {
+        let mut server = Self {
             bin,
             dir,
             port: free_port(),
+            settings: String::new(),
             as_postgres,
         };
+        server.settings = format!(
+            "-p {} -k {} -c listen_addresses=127.0.0.1 -c max_connections=200{}",
+            server.port,
+            server.dir.display(),
+            settings.iter().map(|s| format!(" -c {s}")).collect::<String>()
+        );
         if as_postgres {
             let status = Command::new("chown")
-                .args(["postgres:postgres"])
+                .arg("postgres:postgres")
                 .arg(&server.dir)
                 .status()
                 .expect("chown");
@@ -78,7 +98,7 @@ impl PgServer {
             "initdb",
             &[
                 "-D",
-                data.to_str().unwrap(),
+                path(&data),
                 "-A",
                 "trust",
                 "-U",
@@ -94,6 +114,10 @@ impl PgServer {
 
     fn data(&self) -> PathBuf {
         self.dir.join("data")
+    }
+
+    fn log(&self) -> PathBuf {
+        self.dir.join("server.log")
     }
 
     /// One of the server's tools, run as `postgres` when we are root.
@@ -123,51 +147,56 @@ impl PgServer {
         );
     }
 
-    fn log(&self) -> PathBuf {
-        self.dir.join("server.log")
-    }
-
-    /// `pg_ctl ACTION` with an immediate shutdown and a wait for the server
-    /// to accept connections again (`-w`).
+    /// `pg_ctl ACTION` with an immediate shutdown and, for a start, a wait
+    /// until the server accepts connections (`-w`).
     fn pg_ctl(&self, action: &str) {
-        let options = format!(
-            "-p {} -k {} -c listen_addresses=127.0.0.1 -c max_connections=200 -c fsync=off",
-            self.port,
-            self.dir.display()
-        );
-        let data = self.data();
-        let log = self.log();
+        let (data, log) = (self.data(), self.log());
         self.run(
             "pg_ctl",
             &[
                 "-D",
-                data.to_str().unwrap(),
+                path(&data),
                 "-l",
-                log.to_str().unwrap(),
+                path(&log),
                 "-m",
                 "immediate",
                 "-w",
                 "-t",
                 "60",
                 "-o",
-                &options,
+                &self.settings,
                 action,
             ],
         );
     }
 
-    /// The URL of database `name` on this server.
-    pub(crate) fn url(&self, name: &str) -> String {
+    /// The URL of database `name` on this server (`postgres` always exists).
+    pub fn url(&self, name: &str) -> String {
         format!("postgres://postgres@127.0.0.1:{}/{name}", self.port)
     }
 
-    /// Stops the server at once (every backend killed, nothing flushed
-    /// beyond what the WAL holds) and starts it again, waiting until it
-    /// accepts connections: its clients see every connection fail, then a
-    /// server that ran crash recovery.
-    pub(crate) fn restart(&self) {
+    /// Stops the server at once, as a crash of it would: every backend is
+    /// killed and nothing is flushed beyond what the WAL holds.
+    pub fn crash(&self) {
+        self.pg_ctl("stop");
+    }
+
+    /// Starts a crashed server again (crash recovery runs) and waits until it
+    /// accepts connections.
+    pub fn start_again(&self) {
+        self.pg_ctl("start");
+    }
+
+    /// [`PgServer::crash`] then [`PgServer::start_again`] in one step: the
+    /// server's clients see every connection fail, then a server that ran
+    /// crash recovery.
+    pub fn restart(&self) {
         self.pg_ctl("restart");
     }
+}
+
+fn path(p: &std::path::Path) -> &str {
+    p.to_str().expect("a UTF-8 temporary path")
 }
 
 impl Drop for PgServer {
@@ -175,7 +204,7 @@ impl Drop for PgServer {
         let data = self.data();
         let _ = self
             .command("pg_ctl")
-            .args(["-D", data.to_str().unwrap(), "-m", "immediate", "stop"])
+            .args(["-D", path(&data), "-m", "immediate", "stop"])
             .output();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
