@@ -1,6 +1,6 @@
 //! The leanest proxy that keeps the guarantee on Redis keys, the floor the
 //! `redis/pg-up` row is measured beside (the bench's own executable run as
-//! `--lean-proxy UPSTREAM REDIS_URL`, a process of its own as `idemkit proxy`
+//! `--lean-proxy UPSTREAM REDIS_URL PREFIX`, a process of its own as `idemkit proxy`
 //! is).
 //!
 //! Per keyed request it does only what the contract cannot drop: the body
@@ -30,6 +30,8 @@ struct Lean {
     upstream: String,
     client: Client<HttpConnector, Full<Bytes>>,
     redis: redis::aio::MultiplexedConnection,
+    /// The prefix of every key it writes.
+    prefix: String,
 }
 
 fn answer(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
@@ -52,7 +54,8 @@ async fn handle(lean: Arc<Lean>, req: Request<Incoming>) -> Result<Response<Full
         return Ok(answer(StatusCode::BAD_REQUEST, "credential and key required"));
     };
     let scope = format!(
-        "lean:{}:{}",
+        "{}:{}:{}",
+        lean.prefix,
         hex::encode(Sha256::digest(account.as_bytes())),
         String::from_utf8_lossy(key.as_bytes())
     );
@@ -136,9 +139,10 @@ async fn handle(lean: Arc<Lean>, req: Request<Incoming>) -> Result<Response<Full
     Ok(Response::from_parts(head, Full::new(body)))
 }
 
-/// Runs the lean proxy in front of `upstream` on `redis_url`; prints `lean
+/// Runs the lean proxy in front of `upstream` on `redis_url`, its keys under
+/// `prefix`; prints `lean
 /// proxy listening on http://ADDR` once it accepts connections.
-pub(crate) async fn run(upstream: String, redis_url: String) {
+pub(crate) async fn run(upstream: String, redis_url: String, prefix: String) {
     let redis = redis::Client::open(redis_url)
         .expect("a Redis URL")
         .get_multiplexed_async_connection()
@@ -150,6 +154,7 @@ pub(crate) async fn run(upstream: String, redis_url: String) {
         upstream,
         client: Client::builder(TokioExecutor::new()).build(connector),
         redis,
+        prefix,
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     println!(

@@ -258,11 +258,16 @@ async fn upstream(pg: Option<Arc<(sqlx::PgPool, String)>>) -> String {
 }
 
 /// The lean proxy (`lean.rs`): this bench's executable run again as
-/// `--lean-proxy UPSTREAM REDIS_URL`, a process of its own.
+/// `--lean-proxy UPSTREAM REDIS_URL PREFIX`, a process of its own.
 fn lean_proxy(upstream: &str, redis_url: &str) -> ProxyProcess {
     use std::io::BufRead;
     let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--lean-proxy", upstream, redis_url])
+        .args([
+            "--lean-proxy",
+            upstream,
+            redis_url,
+            &format!("{}-{}", LEAN_PREFIX, std::process::id()),
+        ])
         .stdout(std::process::Stdio::piped())
         .spawn()
         .expect("spawn the lean proxy");
@@ -548,6 +553,41 @@ fn env(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.is_empty())
 }
 
+/// The key prefix of this run's proxies on Redis (`?prefix=`), and of the lean
+/// proxy's keys, so that the run can delete what it wrote.
+const REDIS_PREFIX: &str = "idemkit-bench-proxy";
+const LEAN_PREFIX: &str = "idemkit-bench-lean";
+
+/// `IDEMKIT_TEST_REDIS_URL` with this run's key prefix.
+fn redis_url() -> Option<String> {
+    env("IDEMKIT_TEST_REDIS_URL").map(|url| {
+        let sep = if url.contains('?') { '&' } else { '?' };
+        format!("{url}{sep}prefix={REDIS_PREFIX}-{}", std::process::id())
+    })
+}
+
+/// Deletes every key this run wrote to Redis (its proxies' records and
+/// tokens, the lean proxy's keys): a later run, or a test suite's reaper
+/// scanning the server, does not pay for them.
+async fn delete_redis_keys() {
+    let Some(url) = env("IDEMKIT_TEST_REDIS_URL") else {
+        return;
+    };
+    let Ok(mut conn) = redis::Client::open(url).and_then(|c| c.get_connection()) else {
+        return;
+    };
+    for prefix in [REDIS_PREFIX, LEAN_PREFIX] {
+        let pattern = format!("{prefix}-{}*", std::process::id());
+        let keys: Vec<String> = match redis::cmd("KEYS").arg(&pattern).query(&mut conn) {
+            Ok(keys) => keys,
+            Err(_) => continue,
+        };
+        for chunk in keys.chunks(1000) {
+            let _: redis::RedisResult<()> = redis::cmd("DEL").arg(chunk).query(&mut conn);
+        }
+    }
+}
+
 /// Whether row `name` runs (`IDEMKIT_BENCH_ONLY`, comma-separated; all by default).
 fn selected(name: &str) -> bool {
     env("IDEMKIT_BENCH_ONLY").is_none_or(|only| only.split(',').any(|row| row.trim() == name))
@@ -559,10 +599,10 @@ async fn main() {
     if args.iter().any(|a| a == "--list") {
         return;
     }
-    if let [_, flag, upstream, redis_url] = &args[..]
+    if let [_, flag, upstream, redis_url, prefix] = &args[..]
         && flag == "--lean-proxy"
     {
-        return lean::run(upstream.clone(), redis_url.clone()).await;
+        return lean::run(upstream.clone(), redis_url.clone(), prefix.clone()).await;
     }
     let n = requests();
     // The durable upstream: the order write committed to PostgreSQL.
@@ -645,7 +685,8 @@ async fn main() {
         ("postgres", "IDEMKIT_TEST_POSTGRES_URL"),
         ("redis", "IDEMKIT_TEST_REDIS_URL"),
     ] {
-        if let Some(url) = env(var).filter(|_| selected(name)) {
+        let url = if name == "redis" { redis_url() } else { env(var) };
+        if let Some(url) = url.filter(|_| selected(name)) {
             let (proxy, store) = proxy(&upstream, url, "claims", None).await;
             measure(
                 name,
@@ -664,7 +705,7 @@ async fn main() {
     }
     // The issue's throughput target: an upstream whose write commits durably
     // to PostgreSQL, through the proxy on Redis keys, ≥ 0.8 of direct.
-    if let (Some(pg), Some(url), true) = (&pg, env("IDEMKIT_TEST_REDIS_URL"), selected("redis/pg-up")) {
+    if let (Some(pg), Some(url), true) = (&pg, redis_url(), selected("redis/pg-up")) {
         let (proxy, store) = proxy(&upstream, url.clone(), "claims", None).await;
         let (_, thr, _) = measure(
             "redis/pg-up",
@@ -680,7 +721,7 @@ async fn main() {
             if thr >= 0.8 { "met" } else { "NOT met" }
         );
         if selected("lean/pg-up") {
-            let lean = lean_proxy(&upstream, &url);
+            let lean = lean_proxy(&upstream, &env("IDEMKIT_TEST_REDIS_URL").unwrap());
             let (_, floor, _) = measure(
                 "lean/pg-up",
                 &Target::at(&upstream, "/pg-orders"),
@@ -702,6 +743,7 @@ async fn main() {
     if selected("memory") {
         peak_memory(&upstream, 300, 1 << 20).await;
     }
+    delete_redis_keys().await;
     println!(
         "thr ratio = throughput through the proxy ÷ direct; p50/p99 in µs of sequential requests; added50 = p50 prx − p50 dir; \
          added/own99 = (p99 prx − p99 dir) ÷ p99 dir; store p50 = a claim and its completion on the proxy's store, sequential, \
