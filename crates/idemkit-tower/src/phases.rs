@@ -604,6 +604,42 @@ mod tests {
     #[error("courier refused")]
     struct Courier;
 
+    /// A phase span's `outcome` for each way a phase ends: the values
+    /// `docs/metrics.md` publishes for `idemkit.phase` (keep the two lists
+    /// alike), each distinct.
+    #[test]
+    fn phase_outcomes_are_the_documented_span_values() {
+        let json = serde_json::from_str::<u8>("x").unwrap_err();
+        let cases: Vec<(Result<(), PhaseError<Courier>>, bool, &str)> = vec![
+            (Ok(()), true, "saved"),
+            (Ok(()), false, "done"),
+            (Err(PhaseError::Work(Courier)), false, "failed"),
+            (
+                Err(PhaseError::Call(CallError::Unknown(Courier))),
+                false,
+                "call_failed",
+            ),
+            (Err(PhaseError::Parked("why".into())), false, "parked"),
+            (Err(PhaseError::Store(StoreError::Fenced)), false, "lease_lost"),
+            (
+                Err(PhaseError::Store(StoreError::Unavailable("down".into()))),
+                false,
+                "store_error",
+            ),
+            (
+                Err(PhaseError::Output("label".into(), json)),
+                false,
+                "output_mismatch",
+            ),
+        ];
+        let mut seen = std::collections::HashSet::new();
+        for (result, saved, want) in &cases {
+            let got = phase_outcome(*saved, result);
+            assert_eq!(got, *want);
+            assert!(seen.insert(got), "{got} names two endings");
+        }
+    }
+
     /// Each cause once in a chain, and whether the call may have run kept.
     #[test]
     fn phase_errors_keep_their_source_and_whether_the_call_may_have_run() {

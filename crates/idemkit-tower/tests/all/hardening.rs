@@ -292,3 +292,84 @@ async fn status_urls_stop_replaying_after_the_window() {
     clock.advance(Policy::new().replay_window + Duration::from_secs(1));
     assert_eq!(get().await.unwrap().status(), 404, "no replay past the window");
 }
+
+/// `Phases::begin` checks that the record it loads is still this attempt's
+/// (its fencing token): a holder whose record was taken over before it began
+/// (its lease ran out while it was paused) is refused at once, and never runs
+/// on the new holder's recovery point and saved outputs; the new holder begins
+/// from that recovery point.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn phases_begin_refuses_a_holder_whose_record_was_taken_over() {
+    let clock = Arc::new(ManualClock::new());
+    let store = sqlite(Some(clock.clone())).await;
+    let layer = IdempotencyLayer::lease(
+        store.clone(),
+        idemkit_tower::BearerTokenAccount::new("test-secret"),
+    )
+    .build()
+    .unwrap();
+    let began: Arc<Mutex<Option<(Result<(), String>, Result<Option<String>, String>)>>> = Arc::default();
+    let app = Router::new()
+        .route(
+            "/op",
+            post(
+                move |State((store, clock, began)): State<(
+                    Arc<SqliteStore>,
+                    Arc<ManualClock>,
+                    Arc<Mutex<Option<(Result<(), String>, Result<Option<String>, String>)>>>,
+                )>,
+                      ctx: IdempotencyContext| async move {
+                    // This holder pauses past its lease; another attempt takes
+                    // the record over (a new token) and records progress.
+                    clock.advance(Duration::from_secs(3600));
+                    let record = store.get(&ctx.scope).await.unwrap().expect("the claimed record");
+                    let takeover = idemkit_core::ClaimRequest {
+                        scope: ctx.scope.clone(),
+                        fingerprint: record.fingerprint.clone(),
+                        request: record.request.clone(),
+                        lease: Duration::from_secs(30),
+                        replay_window: Duration::from_secs(86_400),
+                        lock_wait: Duration::ZERO,
+                        resume: None,
+                        recovery_point: Some("charged".into()),
+                    };
+                    let idemkit_core::ClaimOutcome::Claimed(lease) = store.claim(&takeover).await.unwrap()
+                    else {
+                        panic!("a record whose lease ran out is taken over");
+                    };
+                    assert!(lease.token > ctx.token);
+                    let result = Phases::begin(store.clone(), &ctx)
+                        .await
+                        .map(|_| ())
+                        .map_err(|e| e.to_string());
+                    // The new holder begins, from the recovery point its claim recorded.
+                    let new_holder = IdempotencyContext::new(
+                        ctx.scope.clone(),
+                        lease.token,
+                        lease.resumed_from.clone(),
+                        ctx.policy.clone(),
+                        None,
+                        idemkit_tower::ClaimMode::Lease,
+                    );
+                    let resumed = Phases::begin(store, &new_holder)
+                        .await
+                        .map(|p| p.recovery_point().map(str::to_owned))
+                        .map_err(|e| e.to_string());
+                    *began.lock().unwrap() = Some((result, resumed));
+                    StatusCode::SERVICE_UNAVAILABLE
+                },
+            )
+            .layer(layer),
+        )
+        .with_state((store.clone(), clock.clone(), began.clone()));
+    let base = serve(app).await;
+    send(&base, Some("taken-over"), "a", &json!({})).await;
+    let (stale, resumed) = began.lock().unwrap().take().expect("the handler ran to its end");
+    let err = stale.expect_err("a holder whose record was taken over cannot begin its phases");
+    assert_eq!(err, idemkit_core::StoreError::Fenced.to_string());
+    assert_eq!(
+        resumed,
+        Ok(Some("charged".to_owned())),
+        "the new holder begins from its recovery point"
+    );
+}

@@ -284,10 +284,17 @@ fn completer_and_reaper_report_what_they_did() {
     assert_eq!(counter(&snap, m::REAPER_REVIEW, &[]), 1);
 }
 
-/// Claim and completion are `info` spans with their outcome; neither they nor
-/// any `info` event carries the raw key, the account or the body.
-#[test]
-fn spans_carry_outcomes_and_never_the_key_or_the_body() {
+/// Every span closed while `scenario` runs on a current-thread runtime, as
+/// `tracing_subscriber`'s `fmt` writes them (`name{field=value …}: close`).
+///
+/// tracing caches each callsite's interest process-wide. While a single
+/// subscriber exists, a callsite that a test on another thread hits first
+/// (with no subscriber of its own) is cached as "not interested" for every
+/// thread, so a run may miss spans; the caller runs the scenario again until
+/// its needles are all there, and the next run's `rebuild_interest_cache`
+/// fixes every callsite registered by then. (nextest runs each test in its
+/// own process, where this cannot happen.)
+fn closed_spans<F: std::future::Future<Output = ()>>(scenario: impl Fn() -> F, needles: &[&str]) -> String {
     #[derive(Clone, Default)]
     struct Buf(Arc<Mutex<Vec<u8>>>);
     impl std::io::Write for Buf {
@@ -315,28 +322,28 @@ fn spans_carry_outcomes_and_never_the_key_or_the_body() {
             })
             .finish(),
     );
-    let scenario = || {
+    let run = || {
         buf.0.lock().unwrap().clear();
         tracing::dispatcher::with_default(&dispatch, || {
             tracing::callsite::rebuild_interest_cache();
-            runtime.block_on(async {
-                let layer = generic(memory(), Policy::new()).build().unwrap();
-                let base = serve(gated(layer, Runs::default(), Arc::default())).await;
-                let body = json!({"card": "4111-SECRET-BODY"});
-                let first = send(&base, Some("SECRET-KEY-42"), "tenant-x", &body).await;
-                assert_eq!(first.status, 201);
-                let again = send(&base, Some("SECRET-KEY-42"), "tenant-x", &body).await;
-                assert!(again.replayed());
-            });
+            runtime.block_on(scenario());
         });
         String::from_utf8(buf.0.lock().unwrap().clone()).unwrap()
     };
-    // tracing caches each callsite's interest process-wide. While a single
-    // subscriber exists, a callsite that a test on another thread hits first
-    // (with no subscriber of its own) is cached as "not interested" for every
-    // thread, so a run may miss spans; the next run's `rebuild_interest_cache`
-    // fixes every callsite registered by then. (nextest runs each test in its
-    // own process, where this cannot happen.)
+    let mut out = run();
+    for _ in 0..5 {
+        if needles.iter().all(|n| out.contains(n)) {
+            break;
+        }
+        out = run();
+    }
+    out
+}
+
+/// Claim and completion are `info` spans with their outcome; neither they nor
+/// any `info` event carries the raw key, the account or the body.
+#[test]
+fn spans_carry_outcomes_and_never_the_key_or_the_body() {
     let needles = [
         "idemkit.request{",
         "idemkit.claim{",
@@ -346,17 +353,89 @@ fn spans_carry_outcomes_and_never_the_key_or_the_body() {
         "outcome=\"replayed\"",
         "key_hash=",
     ];
-    let mut out = scenario();
-    for _ in 0..5 {
-        if needles.iter().all(|n| out.contains(n)) {
-            break;
-        }
-        out = scenario();
-    }
+    let out = closed_spans(
+        || async {
+            let layer = generic(memory(), Policy::new()).build().unwrap();
+            let base = serve(gated(layer, Runs::default(), Arc::default())).await;
+            let body = json!({"card": "4111-SECRET-BODY"});
+            let first = send(&base, Some("SECRET-KEY-42"), "tenant-x", &body).await;
+            assert_eq!(first.status, 201);
+            let again = send(&base, Some("SECRET-KEY-42"), "tenant-x", &body).await;
+            assert!(again.replayed());
+        },
+        &needles,
+    );
     for needle in needles {
         assert!(out.contains(needle), "no {needle} in:\n{out}");
     }
     for secret in ["SECRET-KEY-42", "SECRET-BODY", "tenant-x"] {
         assert!(!out.contains(secret), "{secret} leaked into:\n{out}");
+    }
+}
+
+/// `idemkit.phase` spans carry the outcomes `docs/metrics.md` publishes: `done`
+/// for a phase and a final phase that ran, `saved` for a phase skipped when a
+/// retry resumes after it, `response_too_large` for a final phase whose answer
+/// is over the storage cap.
+#[test]
+fn phase_spans_carry_their_outcomes() {
+    use axum::response::IntoResponse;
+    use idemkit_sqlite::SqliteStore;
+    use idemkit_tower::{IdempotencyContext, IdempotencyLayer, Phases};
+    let needles = [
+        "step=\"insert\" kind=\"phase\" outcome=\"done\"",
+        "step=\"insert\" kind=\"phase\" outcome=\"saved\"",
+        "step=\"answer\" kind=\"finish\" outcome=\"done\"",
+        "step=\"answer\" kind=\"finish\" outcome=\"response_too_large\"",
+    ];
+    let out = closed_spans(
+        || async {
+            let store = super::sqlite(None).await;
+            let layer = IdempotencyLayer::lease(
+                store.clone(),
+                idemkit_tower::BearerTokenAccount::new("test-secret"),
+            )
+            .policy(Policy::new().with_max_stored_body(64))
+            .build()
+            .unwrap();
+            let app = Router::new()
+                .route(
+                    "/op",
+                    post(
+                        |State((store, runs)): State<(Arc<SqliteStore>, Runs)>,
+                         ctx: IdempotencyContext,
+                         axum::Json(body): axum::Json<serde_json::Value>| async move {
+                            let n = runs.next();
+                            let mut phases = Phases::begin(store, &ctx).await?;
+                            phases
+                                .phase("insert", async |_tx| Ok::<_, (StatusCode, String)>(()))
+                                .await?;
+                            // The first attempt dies after its phase committed.
+                            assert!(n > 1, "the first attempt dies after its first phase");
+                            let size = if body["big"] == json!(true) { 128 } else { 2 };
+                            phases
+                                .finish("answer", async |_tx| {
+                                    Ok::<_, (StatusCode, String)>(
+                                        (StatusCode::CREATED, "x".repeat(size)).into_response(),
+                                    )
+                                })
+                                .await
+                        },
+                    )
+                    .layer(layer),
+                )
+                .with_state((store.clone(), Runs::default()));
+            let base = serve(app).await;
+            let died = send(&base, Some("phased"), "a", &json!({})).await;
+            assert_eq!(died.status, 500, "{died:?}");
+            let resumed = send(&base, Some("phased"), "a", &json!({})).await;
+            assert_eq!(resumed.status, 201, "{resumed:?}");
+            let big = send(&base, Some("phased-big"), "a", &json!({"big": true})).await;
+            assert_eq!(big.status, 500, "{big:?}");
+        },
+        &needles,
+    );
+    for needle in needles {
+        assert!(out.contains(needle), "no {needle} in:\n{out}");
     }
 }
