@@ -610,7 +610,8 @@ mod tests {
     #[test]
     fn phase_outcomes_are_the_documented_span_values() {
         let json = serde_json::from_str::<u8>("x").unwrap_err();
-        let cases: Vec<(Result<(), PhaseError<Courier>>, bool, &str)> = vec![
+        type Case = (Result<(), PhaseError<Courier>>, bool, &'static str);
+        let cases: Vec<Case> = vec![
             (Ok(()), true, "saved"),
             (Ok(()), false, "done"),
             (Err(PhaseError::Work(Courier)), false, "failed"),

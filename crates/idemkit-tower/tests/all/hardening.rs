@@ -293,6 +293,10 @@ async fn status_urls_stop_replaying_after_the_window() {
     assert_eq!(get().await.unwrap().status(), 404, "no replay past the window");
 }
 
+/// What the handler of `phases_begin_refuses_a_holder_whose_record_was_taken_over`
+/// saw: the stale holder's `Phases::begin`, and the new holder's recovery point.
+type Began = Arc<Mutex<Option<(Result<(), String>, Result<Option<String>, String>)>>>;
+
 /// `Phases::begin` checks that the record it loads is still this attempt's
 /// (its fencing token): a holder whose record was taken over before it began
 /// (its lease ran out while it was paused) is refused at once, and never runs
@@ -308,16 +312,12 @@ async fn phases_begin_refuses_a_holder_whose_record_was_taken_over() {
     )
     .build()
     .unwrap();
-    let began: Arc<Mutex<Option<(Result<(), String>, Result<Option<String>, String>)>>> = Arc::default();
+    let began: Began = Arc::default();
     let app = Router::new()
         .route(
             "/op",
             post(
-                move |State((store, clock, began)): State<(
-                    Arc<SqliteStore>,
-                    Arc<ManualClock>,
-                    Arc<Mutex<Option<(Result<(), String>, Result<Option<String>, String>)>>>,
-                )>,
+                move |State((store, clock, began)): State<(Arc<SqliteStore>, Arc<ManualClock>, Began)>,
                       ctx: IdempotencyContext| async move {
                     // This holder pauses past its lease; another attempt takes
                     // the record over (a new token) and records progress.
@@ -325,7 +325,7 @@ async fn phases_begin_refuses_a_holder_whose_record_was_taken_over() {
                     let record = store.get(&ctx.scope).await.unwrap().expect("the claimed record");
                     let takeover = idemkit_core::ClaimRequest {
                         scope: ctx.scope.clone(),
-                        fingerprint: record.fingerprint.clone(),
+                        fingerprint: record.fingerprint,
                         request: record.request.clone(),
                         lease: Duration::from_secs(30),
                         replay_window: Duration::from_secs(86_400),
