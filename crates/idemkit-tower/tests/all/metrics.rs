@@ -438,4 +438,11 @@ fn phase_spans_carry_their_outcomes() {
     for needle in needles {
         assert!(out.contains(needle), "no {needle} in:\n{out}");
     }
+    // In the order the requests ran: the resumed request's final phase, then
+    // the one over the cap (each outcome belongs to its own request).
+    let at = |needle: &str| out.find(needle).unwrap_or(usize::MAX);
+    assert!(
+        at(needles[1]) < at(needles[2]) && at(needles[2]) < at(needles[3]),
+        "the outcomes in another order than the requests:\n{out}"
+    );
 }
