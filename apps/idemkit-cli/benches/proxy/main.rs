@@ -145,7 +145,6 @@ async fn sink(body: axum::body::Bytes) -> (StatusCode, String) {
 /// Peak memory of a real `idemkit proxy` process under `concurrent` keyed
 /// requests of `size` bytes each, all at once: its `VmHWM` before and after.
 async fn peak_memory(upstream: &str, concurrent: usize, size: usize) {
-    use std::io::BufRead;
     let dir = tempdir("memory");
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_idemkit"))
         .args(["proxy", "--listen", "127.0.0.1:0", "--upstream", upstream])
@@ -156,14 +155,7 @@ async fn peak_memory(upstream: &str, concurrent: usize, size: usize) {
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let mut first = String::new();
-    std::io::BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut first)
-        .unwrap();
-    let base = first
-        .trim()
-        .trim_start_matches("idemkit proxy listening on ")
-        .to_owned();
+    let base = listening_on(&mut child, "idemkit proxy listening on ");
     let hwm = |pid: u32| -> u64 {
         std::fs::read_to_string(format!("/proc/{pid}/status"))
             .ok()
@@ -257,10 +249,19 @@ async fn upstream(pg: Option<Arc<(sqlx::PgPool, String)>>) -> String {
     .await
 }
 
+/// The base URL a spawned proxy prints on its first line (`PREFIX URL`).
+fn listening_on(child: &mut std::process::Child, prefix: &str) -> String {
+    use std::io::BufRead;
+    let mut first = String::new();
+    std::io::BufReader::new(child.stdout.take().expect("a piped stdout"))
+        .read_line(&mut first)
+        .unwrap();
+    first.trim().trim_start_matches(prefix).to_owned()
+}
+
 /// The lean proxy (`lean.rs`): this bench's executable run again as
 /// `--lean-proxy UPSTREAM REDIS_URL PREFIX`, a process of its own.
 fn lean_proxy(upstream: &str, redis_url: &str) -> ProxyProcess {
-    use std::io::BufRead;
     let mut child = std::process::Command::new(std::env::current_exe().unwrap())
         .args([
             "--lean-proxy",
@@ -271,14 +272,7 @@ fn lean_proxy(upstream: &str, redis_url: &str) -> ProxyProcess {
         .stdout(std::process::Stdio::piped())
         .spawn()
         .expect("spawn the lean proxy");
-    let mut first = String::new();
-    std::io::BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut first)
-        .unwrap();
-    let base = first
-        .trim()
-        .trim_start_matches("lean proxy listening on ")
-        .to_owned();
+    let base = listening_on(&mut child, "lean proxy listening on ");
     ProxyProcess { child, base }
 }
 
@@ -305,7 +299,6 @@ async fn proxy(
     sqlite_synchronous: &str,
     config: Option<std::path::PathBuf>,
 ) -> (ProxyProcess, Arc<dyn KeyStore>) {
-    use std::io::BufRead;
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_idemkit"));
     cmd.args(["proxy", "--listen", "127.0.0.1:0", "--upstream", upstream])
         .args(["--database-url", &database_url])
@@ -317,14 +310,7 @@ async fn proxy(
         cmd.arg("--config").arg(config);
     }
     let mut child = cmd.spawn().expect("spawn idemkit proxy");
-    let mut first = String::new();
-    std::io::BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut first)
-        .unwrap();
-    let base = first
-        .trim()
-        .trim_start_matches("idemkit proxy listening on ")
-        .to_owned();
+    let base = listening_on(&mut child, "idemkit proxy listening on ");
     let mut options = ProxyOptions::new(upstream, &database_url, "bench");
     options.sqlite_synchronous = match sqlite_synchronous {
         "full" => SqliteSync::Full,

@@ -306,12 +306,7 @@ type Began = Arc<Mutex<Option<(Result<(), String>, Result<Option<String>, String
 async fn phases_begin_refuses_a_holder_whose_record_was_taken_over() {
     let clock = Arc::new(ManualClock::new());
     let store = sqlite(Some(clock.clone())).await;
-    let layer = IdempotencyLayer::lease(
-        store.clone(),
-        idemkit_tower::BearerTokenAccount::new("test-secret"),
-    )
-    .build()
-    .unwrap();
+    let layer = generic(store.clone(), Policy::new()).build().unwrap();
     let began: Began = Arc::default();
     let app = Router::new()
         .route(

@@ -381,7 +381,7 @@ fn spans_carry_outcomes_and_never_the_key_or_the_body() {
 fn phase_spans_carry_their_outcomes() {
     use axum::response::IntoResponse;
     use idemkit_sqlite::SqliteStore;
-    use idemkit_tower::{IdempotencyContext, IdempotencyLayer, Phases};
+    use idemkit_tower::{IdempotencyContext, Phases};
     let needles = [
         "step=\"insert\" kind=\"phase\" outcome=\"done\"",
         "step=\"insert\" kind=\"phase\" outcome=\"saved\"",
@@ -391,13 +391,9 @@ fn phase_spans_carry_their_outcomes() {
     let out = closed_spans(
         || async {
             let store = super::sqlite(None).await;
-            let layer = IdempotencyLayer::lease(
-                store.clone(),
-                idemkit_tower::BearerTokenAccount::new("test-secret"),
-            )
-            .policy(Policy::new().with_max_stored_body(64))
-            .build()
-            .unwrap();
+            let layer = generic(store.clone(), Policy::new().with_max_stored_body(64))
+                .build()
+                .unwrap();
             let app = Router::new()
                 .route(
                     "/op",
